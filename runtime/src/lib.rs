@@ -1,0 +1,1 @@
+//! The runtime: devices, the arena, the executor that walks a static plan.
