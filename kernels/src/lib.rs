@@ -1,1 +1,30 @@
-//! CPU kernels (and CUDA sources) for every op the planner emits; they know nothing of plans.
+//! CPU kernels (and later CUDA sources) for every op the planner emits; they know nothing of plans.
+//!
+//! Every kernel is a plain function over slices: inputs, outputs and any scratch it needs are
+//! handed in by the caller (the runtime's executor, which cuts them out of the arena at the
+//! planned offsets). A kernel never allocates. Storage may be `f32`, `half::f16` or
+//! `half::bf16` (see [`element::Element`]); arithmetic is always `f32`.
+//!
+//! Layouts follow Keras: activations are row-major NHWC, dense weights `[in, out]`,
+//! conv weights `[kh, kw, c_in, c_out]`, depthwise `[kh, kw, c, multiplier]`,
+//! transposed-conv weights `[kh, kw, c_out, c_in]`.
+
+pub mod element;
+pub mod error;
+// GEMM-based ops
+pub mod gemm;
+pub mod dense;
+pub mod conv;
+pub mod attention;
+pub mod embedding;
+// everything else
+pub mod elementwise;
+pub mod activation;
+pub mod pool;
+pub mod norm;
+pub mod random;
+pub mod loss;
+pub mod optimizer;
+
+pub use element::Element;
+pub use error::{check_len, KResult, KernelError};

@@ -1,1 +1,46 @@
-//! The memory planner: from a model description to a validated static memory plan. Needs no device.
+//! The memory planner: from a model description to a validated static memory plan.
+//!
+//! Pure Rust, no device code: it runs inside the `#[memwise::model]` macro at compile time
+//! and in the runtime (re-planning for another batch). The pipeline, one type per stage:
+//! [`ModelSpec`] → [`graph::Graph`] → [`autodiff::StepGraph`] → [`schedule::Schedule`] →
+//! [`liveness::Lifetimes`] → [`arena::ArenaPlan`] → [`StaticPlan`] with its [`MemoryReport`].
+
+pub mod arena;
+pub mod autodiff;
+pub mod dtype;
+pub mod error;
+pub mod estimate;
+pub mod graph;
+pub mod liveness;
+pub mod op;
+pub mod plan;
+pub mod schedule;
+pub mod spec;
+
+pub use dtype::{DType, Precision};
+pub use error::PlanError;
+pub use op::{Op, Window2d};
+pub use plan::{
+    LayerMemory, List, MemoryReport, Phase, PlanParam, PlanStep, PlanTensor, Role, StaticPlan,
+    Text, NONE, NO_OFFSET,
+};
+pub use spec::{
+    Activation, LayerKind, LayerSpec, LossKind, LossTerm, Metric, ModelSpec, Optimizer, Padding,
+    Reduction,
+};
+
+/// Arena alignment in bytes (cudaMalloc's guarantee; also a cache-line multiple).
+pub const ALIGNMENT: u64 = 256;
+
+/// Plans one training step of `spec`: every step, every tensor's lifetime and offset,
+/// and the memory report. The plan is validated before it is returned.
+pub fn plan(spec: &ModelSpec) -> Result<StaticPlan, PlanError> {
+    let graph = graph::Graph::build(spec)?;
+    let step = autodiff::StepGraph::build(&graph, spec)?;
+    let schedule = schedule::Schedule::build(&graph, &step);
+    let lifetimes = liveness::Lifetimes::compute(&schedule, ALIGNMENT);
+    let arena = arena::ArenaPlan::build(&schedule, &lifetimes, ALIGNMENT);
+    let plan = estimate::assemble(spec, &graph, &schedule, &lifetimes, &arena);
+    arena::validate(&plan).map_err(|e| PlanError::internal(format!("plan failed validation: {e}")))?;
+    Ok(plan)
+}

@@ -1,1 +1,2 @@
 //! The runtime: devices, the arena, the executor that walks a static plan.
+pub mod data;

@@ -1,0 +1,338 @@
+//! Activation functions and their gradients: relu, sigmoid, tanh, gelu (exact erf form), silu,
+//! and softmax over the last axis.
+//!
+//! What each backward reads (the planner keeps exactly that tensor alive):
+//!
+//! | op      | backward reads | why                                             |
+//! |---------|----------------|-------------------------------------------------|
+//! | relu    | output `y`     | `y > 0 ⇔ x > 0`, and `y` is usually live anyway |
+//! | sigmoid | output `y`     | `σ' = y(1 − y)`                                 |
+//! | tanh    | output `y`     | `tanh' = 1 − y²`                                |
+//! | gelu    | input `x`      | no closed form in terms of `y`                  |
+//! | silu    | input `x`      | `x σ(x)` is not invertible                      |
+//! | softmax | output `y`     | `dx = y ⊙ (dy − Σ dy·y)`                        |
+//!
+//! In place: every forward has a `*_inplace` variant (output over input). For relu, sigmoid,
+//! tanh and softmax that is always safe for training because the backward reads `y`; for gelu
+//! and silu it is only usable when `x` is not needed later (inference, or `x` recomputed).
+//! Every backward has a `*_backward_inplace` variant that writes `dx` over `dy`.
+//! Activation gradients are OVERWRITTEN (`dx = …`), never accumulated.
+//!
+//! Pointwise kernels require equal slice lengths (see [`crate::elementwise`]). Arithmetic is
+//! f32; storage is any [`Element`].
+
+use crate::elementwise::{map1, map1_inplace, map2, map2_inplace, rows, same_len};
+use crate::{check_len, Element, KResult};
+
+/// Numerically stable logistic: never evaluates `exp` of a positive number.
+#[inline(always)]
+pub(crate) fn sigmoid_f32(x: f32) -> f32 {
+    if x >= 0.0 {
+        1.0 / (1.0 + (-x).exp())
+    } else {
+        let e = x.exp();
+        e / (1.0 + e)
+    }
+}
+
+const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
+/// 1/√(2π)
+const INV_SQRT_2PI: f32 = 0.398_942_3;
+
+#[inline(always)]
+fn gelu_f32(x: f32) -> f32 {
+    0.5 * x * (1.0 + libm::erff(x * FRAC_1_SQRT_2))
+}
+
+/// d/dx [x Φ(x)] = Φ(x) + x φ(x).
+#[inline(always)]
+fn gelu_grad_f32(x: f32) -> f32 {
+    let cdf = 0.5 * (1.0 + libm::erff(x * FRAC_1_SQRT_2));
+    let pdf = INV_SQRT_2PI * (-0.5 * x * x).exp();
+    cdf + x * pdf
+}
+
+#[inline(always)]
+fn silu_grad_f32(x: f32) -> f32 {
+    let s = sigmoid_f32(x);
+    s * (1.0 + x * (1.0 - s))
+}
+
+/// Defines forward, forward-in-place, backward, backward-in-place for one pointwise activation.
+/// `$saved` names what the backward reads (`y` or `x`); `$grad(saved, dy) -> dx`.
+macro_rules! pointwise_activation {
+    ($name:literal, $fwd:ident, $fwd_ip:ident, $bwd:ident, $bwd_ip:ident,
+     $saved:ident, $f:expr, $grad:expr) => {
+        #[doc = concat!("Forward ", $name, ": `y = f(x)`.")]
+        pub fn $fwd<T: Element>(x: &[T], y: &mut [T]) -> KResult {
+            same_len(stringify!($fwd), "x", x.len(), "y", y.len())?;
+            map1(x, y, $f);
+            Ok(())
+        }
+
+        #[doc = concat!("Forward ", $name, " in place: `x = f(x)`.")]
+        pub fn $fwd_ip<T: Element>(x: &mut [T]) {
+            map1_inplace(x, $f);
+        }
+
+        #[doc = concat!("Backward ", $name, " from the saved `", stringify!($saved),
+                        "`: `dx = f'(·) · dy` (overwritten).")]
+        pub fn $bwd<T: Element>($saved: &[T], dy: &[T], dx: &mut [T]) -> KResult {
+            same_len(stringify!($bwd), stringify!($saved), $saved.len(), "dy", dy.len())?;
+            same_len(stringify!($bwd), "dy", dy.len(), "dx", dx.len())?;
+            map2($saved, dy, dx, $grad);
+            Ok(())
+        }
+
+        #[doc = concat!("Backward ", $name, " writing `dx` over `dy`.")]
+        pub fn $bwd_ip<T: Element>($saved: &[T], dy_dx: &mut [T]) -> KResult {
+            same_len(stringify!($bwd_ip), stringify!($saved), $saved.len(), "dy", dy_dx.len())?;
+            map2_inplace($saved, dy_dx, $grad);
+            Ok(())
+        }
+    };
+}
+
+pointwise_activation!(
+    "relu",
+    relu_forward,
+    relu_inplace,
+    relu_backward,
+    relu_backward_inplace,
+    y,
+    |x| if x > 0.0 { x } else { 0.0 },
+    |y, dy| if y > 0.0 { dy } else { 0.0 }
+);
+
+pointwise_activation!(
+    "sigmoid",
+    sigmoid_forward,
+    sigmoid_inplace,
+    sigmoid_backward,
+    sigmoid_backward_inplace,
+    y,
+    sigmoid_f32,
+    |y, dy| dy * y * (1.0 - y)
+);
+
+pointwise_activation!(
+    "tanh",
+    tanh_forward,
+    tanh_inplace,
+    tanh_backward,
+    tanh_backward_inplace,
+    y,
+    f32::tanh,
+    |y, dy| dy * (1.0 - y * y)
+);
+
+pointwise_activation!(
+    "gelu (exact: x·Φ(x) with erf, Keras `approximate=False` / PyTorch default)",
+    gelu_forward,
+    gelu_inplace,
+    gelu_backward,
+    gelu_backward_inplace,
+    x,
+    gelu_f32,
+    |x, dy| dy * gelu_grad_f32(x)
+);
+
+pointwise_activation!(
+    "silu (swish): x·σ(x)",
+    silu_forward,
+    silu_inplace,
+    silu_backward,
+    silu_backward_inplace,
+    x,
+    |x| x * sigmoid_f32(x),
+    |x, dy| dy * silu_grad_f32(x)
+);
+
+/// A pointwise activation chosen at run time (what a layer's `activation = …` names), so the
+/// executor can dispatch without matching on names. Softmax is not here: it needs the row
+/// length; call [`softmax_forward`] directly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    Linear,
+    Relu,
+    Sigmoid,
+    Tanh,
+    Gelu,
+    Silu,
+}
+
+/// Which tensor an activation's backward reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Saved {
+    /// Nothing (linear: `dx = dy`).
+    Nothing,
+    /// The forward input `x`.
+    Input,
+    /// The forward output `y`.
+    Output,
+}
+
+impl Activation {
+    /// What the backward reads; the planner keeps it alive until the backward step.
+    pub fn saved(self) -> Saved {
+        match self {
+            Activation::Linear => Saved::Nothing,
+            Activation::Relu | Activation::Sigmoid | Activation::Tanh => Saved::Output,
+            Activation::Gelu | Activation::Silu => Saved::Input,
+        }
+    }
+
+    /// `true` when an in-place forward still leaves the backward what it reads.
+    pub fn inplace_safe_for_training(self) -> bool {
+        self.saved() != Saved::Input
+    }
+
+    /// Forward, out of place (linear copies).
+    pub fn forward<T: Element>(self, x: &[T], y: &mut [T]) -> KResult {
+        match self {
+            Activation::Linear => crate::elementwise::cast(x, y),
+            Activation::Relu => relu_forward(x, y),
+            Activation::Sigmoid => sigmoid_forward(x, y),
+            Activation::Tanh => tanh_forward(x, y),
+            Activation::Gelu => gelu_forward(x, y),
+            Activation::Silu => silu_forward(x, y),
+        }
+    }
+
+    /// Forward in place (linear does nothing).
+    pub fn forward_inplace<T: Element>(self, x: &mut [T]) {
+        match self {
+            Activation::Linear => {}
+            Activation::Relu => relu_inplace(x),
+            Activation::Sigmoid => sigmoid_inplace(x),
+            Activation::Tanh => tanh_inplace(x),
+            Activation::Gelu => gelu_inplace(x),
+            Activation::Silu => silu_inplace(x),
+        }
+    }
+
+    /// Backward; `saved` is `y` or `x` per [`Activation::saved`] (ignored for linear).
+    pub fn backward<T: Element>(self, saved: &[T], dy: &[T], dx: &mut [T]) -> KResult {
+        match self {
+            Activation::Linear => crate::elementwise::cast(dy, dx),
+            Activation::Relu => relu_backward(saved, dy, dx),
+            Activation::Sigmoid => sigmoid_backward(saved, dy, dx),
+            Activation::Tanh => tanh_backward(saved, dy, dx),
+            Activation::Gelu => gelu_backward(saved, dy, dx),
+            Activation::Silu => silu_backward(saved, dy, dx),
+        }
+    }
+
+    /// Backward writing `dx` over `dy` (linear does nothing).
+    pub fn backward_inplace<T: Element>(self, saved: &[T], dy_dx: &mut [T]) -> KResult {
+        match self {
+            Activation::Linear => Ok(()),
+            Activation::Relu => relu_backward_inplace(saved, dy_dx),
+            Activation::Sigmoid => sigmoid_backward_inplace(saved, dy_dx),
+            Activation::Tanh => tanh_backward_inplace(saved, dy_dx),
+            Activation::Gelu => gelu_backward_inplace(saved, dy_dx),
+            Activation::Silu => silu_backward_inplace(saved, dy_dx),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// softmax over the last axis
+// ---------------------------------------------------------------------------------------------
+
+fn softmax_dims(op: &str, a: (&str, usize), b: (&str, usize), rows: usize, cols: usize) -> KResult {
+    let need = rows * cols;
+    check_len(&format!("{op}: {}", a.0), a.1, need)?;
+    check_len(&format!("{op}: {}", b.0), b.1, need)
+}
+
+/// Row statistics for a stable softmax: the max and `1 / Σ exp(x − max)`.
+#[inline]
+fn softmax_row_stats<I: Element>(x: &[I]) -> (f32, f32) {
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, v| m.max(v.to_f32()));
+    // A fully masked row (all −inf) would give NaN from (−inf) − (−inf): shift by 0 instead,
+    // every exp is 0 and the row comes out as zeros rather than NaN. A NaN or +inf input still
+    // makes NaN (sum NaN, or inf · 0), so the loss scaler's finite check sees it.
+    let shift = if max.is_finite() { max } else { 0.0 };
+    let sum: f32 = x.iter().map(|v| (v.to_f32() - shift).exp()).sum();
+    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+    (shift, inv)
+}
+
+/// Softmax over the last axis of a `[rows, cols]` tensor: `y = exp(x − max) / Σ exp(x − max)`
+/// (max-shifted, so no overflow). Input and output types may differ (f16 scores in, f32
+/// probabilities out). A row of all −inf gives zeros; NaN or +inf inputs give NaN outputs.
+pub fn softmax_forward<I: Element, O: Element>(
+    x: &[I],
+    y: &mut [O],
+    rows_n: usize,
+    cols: usize,
+) -> KResult {
+    softmax_dims("softmax_forward", ("x", x.len()), ("y", y.len()), rows_n, cols)?;
+    rows(&mut y[..rows_n * cols], cols, 3 * cols, |r, yr| {
+        let xr = &x[r * cols..(r + 1) * cols];
+        let (shift, inv) = softmax_row_stats(xr);
+        for (o, v) in yr.iter_mut().zip(xr) {
+            *o = O::from_f32((v.to_f32() - shift).exp() * inv);
+        }
+    });
+    Ok(())
+}
+
+/// Softmax over the last axis, in place (`x` becomes `y`).
+pub fn softmax_inplace<T: Element>(x: &mut [T], rows_n: usize, cols: usize) -> KResult {
+    check_len("softmax_inplace: x", x.len(), rows_n * cols)?;
+    rows(&mut x[..rows_n * cols], cols, 3 * cols, |_, xr| {
+        let (shift, inv) = softmax_row_stats(xr);
+        for v in xr.iter_mut() {
+            *v = T::from_f32((v.to_f32() - shift).exp() * inv);
+        }
+    });
+    Ok(())
+}
+
+/// Softmax backward from the output: `dx = y ⊙ (dy − Σ_j dy_j y_j)` per row (overwritten).
+/// `y`, `dy` and `dx` may each have their own element type.
+pub fn softmax_backward<Y: Element, G: Element, D: Element>(
+    y: &[Y],
+    dy: &[G],
+    dx: &mut [D],
+    rows_n: usize,
+    cols: usize,
+) -> KResult {
+    softmax_dims("softmax_backward", ("y", y.len()), ("dy", dy.len()), rows_n, cols)?;
+    check_len("softmax_backward: dx", dx.len(), rows_n * cols)?;
+    rows(&mut dx[..rows_n * cols], cols, 2 * cols, |r, dxr| {
+        let yr = &y[r * cols..(r + 1) * cols];
+        let gr = &dy[r * cols..(r + 1) * cols];
+        let dot: f32 = yr.iter().zip(gr).map(|(a, b)| a.to_f32() * b.to_f32()).sum();
+        for ((o, a), b) in dxr.iter_mut().zip(yr).zip(gr) {
+            *o = D::from_f32(a.to_f32() * (b.to_f32() - dot));
+        }
+    });
+    Ok(())
+}
+
+/// Softmax backward writing `dx` over `dy`.
+pub fn softmax_backward_inplace<Y: Element, G: Element>(
+    y: &[Y],
+    dy_dx: &mut [G],
+    rows_n: usize,
+    cols: usize,
+) -> KResult {
+    softmax_dims(
+        "softmax_backward_inplace",
+        ("y", y.len()),
+        ("dy", dy_dx.len()),
+        rows_n,
+        cols,
+    )?;
+    rows(&mut dy_dx[..rows_n * cols], cols, 2 * cols, |r, gr| {
+        let yr = &y[r * cols..(r + 1) * cols];
+        let dot: f32 = yr.iter().zip(gr.iter()).map(|(a, b)| a.to_f32() * b.to_f32()).sum();
+        for (g, a) in gr.iter_mut().zip(yr) {
+            *g = G::from_f32(a.to_f32() * (g.to_f32() - dot));
+        }
+    });
+    Ok(())
+}

@@ -1,0 +1,277 @@
+//! Multi-head self-attention's two GEMM stages, forward and backward, over a packed `qkv`.
+//!
+//! `qkv[b, s, 3h]` holds q in columns `0..h`, k in `h..2h`, v in `2h..3h`; head `i` uses
+//! columns `i·d..(i+1)·d` of each (`d = h / heads`). The stages are
+//!
+//! - scores: `scores[b, i] = scale · q_bi · k_biᵀ` (`[s, s]` per batch item and head);
+//! - (softmax over the last axis — written elsewhere);
+//! - context: `ctx[b, :, i·d..(i+1)·d] = probs[b, i] · v_bi` (heads merged back into `[b, s, h]`).
+//!
+//! **Gradient split of `dqkv`.** [`scores_backward`] writes the q and k column ranges of
+//! `dqkv`, [`context_backward`] the v range; together they overwrite all of it, in either order.
+//!
+//! Every (batch item, head) pair is an independent set of small GEMMs: pairs run in parallel,
+//! each GEMM single-threaded. Half storage converts blocks to f32 in a per-lane workspace
+//! ([`attention_ws_len`]); the number of lanes that fit in `ws` bounds that parallelism.
+
+use crate::gemm::{for_each_lane, gemm_core, matmul_mixed_ws_len, Mat, MatMut};
+use crate::{check_len, Element, KResult, KernelError};
+use gemm::Parallelism;
+
+/// Value written at masked (future) positions by a causal [`scores_forward`]; rounds to `-inf`
+/// in f16 and stays finite in f32/bf16. Softmax maps it to exactly 0.
+pub const CAUSAL_MASK: f32 = -1.0e30;
+
+/// Workspace lanes [`attention_ws_len`] provisions for half storage: this many (batch, head)
+/// pairs convert and multiply at once.
+pub const ATTENTION_LANES: usize = 8;
+
+/// Shape of one attention call: `qkv[batch, seq, 3·hidden]`, `heads` heads of
+/// `hidden / heads` columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionDims {
+    pub batch: usize,
+    pub seq: usize,
+    pub hidden: usize,
+    pub heads: usize,
+}
+
+impl AttentionDims {
+    /// Columns per head, `hidden / heads`.
+    pub fn head_dim(&self) -> usize {
+        self.hidden / self.heads.max(1)
+    }
+    /// Elements of `qkv` / `dqkv`: `batch·seq·3·hidden`.
+    pub fn qkv_len(&self) -> usize {
+        self.batch * self.seq * 3 * self.hidden
+    }
+    /// Elements of `scores` / `probs` / their gradients: `batch·heads·seq·seq`.
+    pub fn scores_len(&self) -> usize {
+        self.batch * self.heads * self.seq * self.seq
+    }
+    /// Elements of `ctx` / `dctx`: `batch·seq·hidden`.
+    pub fn ctx_len(&self) -> usize {
+        self.batch * self.seq * self.hidden
+    }
+    fn pairs(&self) -> usize {
+        self.batch * self.heads
+    }
+    fn validate(&self, what: &str) -> KResult {
+        if self.heads == 0 || self.hidden % self.heads != 0 {
+            return Err(KernelError(format!(
+                "{what}: hidden {} is not a multiple of heads {}",
+                self.hidden, self.heads
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// f32 workspace of one (batch, head) pair: the largest GEMM of the four kernels.
+fn lane_ws_len<T: Element>(d: AttentionDims) -> usize {
+    let (s, hd) = (d.seq, d.head_dim());
+    matmul_mixed_ws_len::<T, T, T>(s, s, hd).max(matmul_mixed_ws_len::<T, T, T>(s, hd, s))
+}
+
+/// `f32` workspace for every kernel in this module: `min(batch·heads, 8)` lanes of
+/// `max(ws<T,T,T>(s, s, d), ws<T,T,T>(s, d, s))` ([`crate::gemm::matmul_mixed_ws_len`]);
+/// `0` for f32. Any `ws` holding at least one lane is accepted; more lanes, more parallelism.
+pub fn attention_ws_len<T: Element>(d: AttentionDims) -> usize {
+    lane_ws_len::<T>(d) * d.pairs().min(ATTENTION_LANES)
+}
+
+/// Runs `f(pair, lane_ws, parallelism)` for every (batch, head) pair: pairs in parallel when
+/// there are several and the workspace allows, else one after another with threaded GEMMs.
+fn run_pairs<F>(d: AttentionDims, per: usize, ws: &mut [f32], f: F)
+where
+    F: Fn(usize, usize, &mut [f32], Parallelism) + Sync,
+{
+    let pairs = d.pairs();
+    let lanes = if per == 0 { pairs } else { ws.len() / per };
+    if pairs >= 2 && lanes >= 2 {
+        for_each_lane(pairs, per, ws, |p, w| f(p / d.heads, p % d.heads, w, Parallelism::None));
+    } else {
+        for p in 0..pairs {
+            f(p / d.heads, p % d.heads, &mut ws[..per], Parallelism::Rayon(0));
+        }
+    }
+}
+
+fn check_ws<T: Element>(what: &str, d: AttentionDims, ws: &[f32]) -> Result<usize, KernelError> {
+    let per = lane_ws_len::<T>(d);
+    check_len(&format!("{what} ws"), ws.len(), per)?;
+    Ok(per)
+}
+
+/// Views of q, k, v of pair (b, head) inside a packed `[b, s, 3h]` tensor.
+struct Qkv<T> {
+    base: *const T,
+    s: usize,
+    h: usize,
+    hd: usize,
+}
+
+impl<T> Clone for Qkv<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Qkv<T> {}
+// SAFETY: only reads through the pointer; the slice it came from outlives every use.
+unsafe impl<T: Sync> Send for Qkv<T> {}
+unsafe impl<T: Sync> Sync for Qkv<T> {}
+
+impl<T> Qkv<T> {
+    /// `part` 0 = q, 1 = k, 2 = v: the `[s, d]` view of head `head` of batch item `b`.
+    fn part(&self, b: usize, head: usize, part: usize) -> Mat<T> {
+        let off = b * self.s * 3 * self.h + part * self.h + head * self.hd;
+        Mat { ptr: self.base.wrapping_add(off), rs: 3 * self.h, cs: 1 }
+    }
+    fn part_mut(&self, b: usize, head: usize, part: usize) -> MatMut<T> {
+        let m = self.part(b, head, part);
+        MatMut { ptr: m.ptr as *mut T, rs: m.rs, cs: m.cs }
+    }
+}
+
+/// Forward scores: `scores[b, i] = scale · q_bi · k_biᵀ`, `[batch, heads, s, s]`, overwritten.
+/// With `causal`, entries `j > i` (keys after the query) are set to [`CAUSAL_MASK`] so the
+/// softmax gives them probability 0. `ws`: [`attention_ws_len`] (empty for f32).
+pub fn scores_forward<T: Element>(
+    d: AttentionDims,
+    qkv: &[T],
+    scores: &mut [T],
+    scale: f32,
+    causal: bool,
+    ws: &mut [f32],
+) -> KResult {
+    let what = "attention scores_forward";
+    d.validate(what)?;
+    check_len("attention scores_forward qkv", qkv.len(), d.qkv_len())?;
+    check_len("attention scores_forward scores", scores.len(), d.scores_len())?;
+    let per = check_ws::<T>(what, d, ws)?;
+    let (s, hd) = (d.seq, d.head_dim());
+    let v = Qkv { base: qkv.as_ptr(), s, h: d.hidden, hd };
+    let out = MatMut { ptr: scores.as_mut_ptr(), rs: s, cs: 1 };
+    let mask = T::from_f32(CAUSAL_MASK);
+    run_pairs(d, per, ws, |b, head, w, par| {
+        let sc = out.offset((b * d.heads + head) * s * s);
+        // SAFETY: lengths checked above; each pair writes its own [s, s] block of scores.
+        unsafe {
+            gemm_core(s, s, hd, scale, v.part(b, head, 0), v.part(b, head, 1).t(), 0.0, sc, None, w, par);
+            if causal {
+                for i in 0..s {
+                    for j in i + 1..s {
+                        *sc.ptr.add(i * s + j) = mask;
+                    }
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Backward of [`scores_forward`] given `dscores[batch, heads, s, s]` (the softmax's input
+/// gradient): writes (**overwrites**) the q and k column ranges of `dqkv`:
+/// `dq_bi = scale · dS · k_bi`, `dk_bi = scale · dSᵀ · q_bi`. The v range is left to
+/// [`context_backward`].
+///
+/// With a causal mask `dscores` must be 0 at the masked positions — which the softmax backward
+/// gives exactly, since their probabilities are 0 — so no mask argument is needed here.
+pub fn scores_backward<T: Element>(
+    d: AttentionDims,
+    dscores: &[T],
+    qkv: &[T],
+    dqkv: &mut [T],
+    scale: f32,
+    ws: &mut [f32],
+) -> KResult {
+    let what = "attention scores_backward";
+    d.validate(what)?;
+    check_len("attention scores_backward dscores", dscores.len(), d.scores_len())?;
+    check_len("attention scores_backward qkv", qkv.len(), d.qkv_len())?;
+    check_len("attention scores_backward dqkv", dqkv.len(), d.qkv_len())?;
+    let per = check_ws::<T>(what, d, ws)?;
+    let (s, hd) = (d.seq, d.head_dim());
+    let v = Qkv { base: qkv.as_ptr(), s, h: d.hidden, hd };
+    let g = Qkv { base: dqkv.as_mut_ptr() as *const T, s, h: d.hidden, hd };
+    let ds = Mat { ptr: dscores.as_ptr(), rs: s, cs: 1 };
+    run_pairs(d, per, ws, |b, head, w, par| {
+        let dsp = ds.offset((b * d.heads + head) * s * s);
+        // SAFETY: lengths checked above; each pair writes only its own head's q and k columns
+        // of batch item b, which no other pair touches.
+        unsafe {
+            gemm_core(s, hd, s, scale, dsp, v.part(b, head, 1), 0.0, g.part_mut(b, head, 0), None, w, par);
+            gemm_core(s, hd, s, scale, dsp.t(), v.part(b, head, 0), 0.0, g.part_mut(b, head, 1), None, w, par);
+        }
+    });
+    Ok(())
+}
+
+/// Forward context: `ctx[b, :, i·d..(i+1)·d] = probs[b, i] · v_bi`, heads merged into
+/// `ctx[batch, s, hidden]`, overwritten. `ws`: [`attention_ws_len`] (empty for f32).
+pub fn context_forward<T: Element>(
+    d: AttentionDims,
+    probs: &[T],
+    qkv: &[T],
+    ctx: &mut [T],
+    ws: &mut [f32],
+) -> KResult {
+    let what = "attention context_forward";
+    d.validate(what)?;
+    check_len("attention context_forward probs", probs.len(), d.scores_len())?;
+    check_len("attention context_forward qkv", qkv.len(), d.qkv_len())?;
+    check_len("attention context_forward ctx", ctx.len(), d.ctx_len())?;
+    let per = check_ws::<T>(what, d, ws)?;
+    let (s, hd, h) = (d.seq, d.head_dim(), d.hidden);
+    let v = Qkv { base: qkv.as_ptr(), s, h, hd };
+    let p = Mat { ptr: probs.as_ptr(), rs: s, cs: 1 };
+    let out = MatMut { ptr: ctx.as_mut_ptr(), rs: h, cs: 1 };
+    run_pairs(d, per, ws, |b, head, w, par| {
+        let pp = p.offset((b * d.heads + head) * s * s);
+        let c = out.offset(b * s * h + head * hd);
+        // SAFETY: lengths checked above; each pair writes its own head's columns of item b.
+        unsafe { gemm_core(s, hd, s, 1.0, pp, v.part(b, head, 2), 0.0, c, None, w, par) };
+    });
+    Ok(())
+}
+
+/// Backward of [`context_forward`] given `dctx[batch, s, hidden]`:
+/// `dprobs[b, i] = dctx_bi · v_biᵀ` (**overwritten**, `[batch, heads, s, s]`) and the v column
+/// range of `dqkv`, `dv_bi = probs[b, i]ᵀ · dctx_bi` (**overwritten**; q and k ranges are
+/// [`scores_backward`]'s).
+#[allow(clippy::too_many_arguments)]
+pub fn context_backward<T: Element>(
+    d: AttentionDims,
+    dctx: &[T],
+    probs: &[T],
+    qkv: &[T],
+    dprobs: &mut [T],
+    dqkv: &mut [T],
+    ws: &mut [f32],
+) -> KResult {
+    let what = "attention context_backward";
+    d.validate(what)?;
+    check_len("attention context_backward dctx", dctx.len(), d.ctx_len())?;
+    check_len("attention context_backward probs", probs.len(), d.scores_len())?;
+    check_len("attention context_backward qkv", qkv.len(), d.qkv_len())?;
+    check_len("attention context_backward dprobs", dprobs.len(), d.scores_len())?;
+    check_len("attention context_backward dqkv", dqkv.len(), d.qkv_len())?;
+    let per = check_ws::<T>(what, d, ws)?;
+    let (s, hd, h) = (d.seq, d.head_dim(), d.hidden);
+    let v = Qkv { base: qkv.as_ptr(), s, h, hd };
+    let g = Qkv { base: dqkv.as_mut_ptr() as *const T, s, h, hd };
+    let p = Mat { ptr: probs.as_ptr(), rs: s, cs: 1 };
+    let dc = Mat { ptr: dctx.as_ptr(), rs: h, cs: 1 };
+    let dp = MatMut { ptr: dprobs.as_mut_ptr(), rs: s, cs: 1 };
+    run_pairs(d, per, ws, |b, head, w, par| {
+        let pair = (b * d.heads + head) * s * s;
+        let dcp = dc.offset(b * s * h + head * hd);
+        // SAFETY: lengths checked above; each pair writes its own [s, s] block of dprobs and
+        // its own head's v columns of item b in dqkv.
+        unsafe {
+            gemm_core(s, s, hd, 1.0, dcp, v.part(b, head, 2).t(), 0.0, dp.offset(pair), None, w, par);
+            gemm_core(s, hd, s, 1.0, p.offset(pair).t(), dcp, 0.0, g.part_mut(b, head, 2), None, w, par);
+        }
+    });
+    Ok(())
+}

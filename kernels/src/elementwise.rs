@@ -1,0 +1,482 @@
+//! Elementwise data movement: u8 → float input casts, dtype casts, n-ary add, gradient
+//! accumulation, last-axis concat, the finite check and the scaling that loss scaling needs.
+//!
+//! Length rule for this module and the other pointwise modules (`activation`, `random`): a
+//! kernel without dims requires its slices to have *equal* lengths (the executor cuts views of
+//! exactly the planned element count, so a mismatch is a planning bug worth an `Err`). Kernels
+//! with dims (`concat_last`, pools, norms, losses) follow [`crate::check_len`]: a slice may be
+//! longer than the dims need and only its prefix is touched.
+//!
+//! In-place capable (output may be the input buffer, via the `*_inplace` variants):
+//! [`scale_inplace`], [`add_n_inplace`] (output over the first input), [`accumulate`]
+//! (by definition). Casts change the element size, so they cannot run in place.
+//!
+//! This file also holds the crate-private loop helpers (`map*`, `rows*`, `reduce_rows`) that
+//! every non-GEMM kernel uses, so the rayon policy lives in one place.
+
+use rayon::prelude::*;
+
+use crate::{check_len, Element, KResult, KernelError};
+
+/// Below this many elements of work a loop stays on the calling thread: a rayon fork/join
+/// costs a few microseconds, more than a 32 Ki-element pointwise pass does.
+pub(crate) const PAR_MIN: usize = 1 << 15;
+/// Elements of work per rayon task once a loop does go parallel.
+pub(crate) const PAR_CHUNK: usize = 1 << 13;
+/// Most partial sums a deterministic reduction keeps (on the stack). The split depends only on
+/// the shape, never on the thread count, so a reduction gives the same bits on every machine.
+pub(crate) const MAX_PARTS: usize = 64;
+
+/// How a backward kernel stores a gradient that several consumers contribute to.
+///
+/// The crate-wide rule is: activation gradients are overwritten, parameter gradients are
+/// accumulated. Kernels whose input typically also receives another gradient (the VAE's
+/// `z_mean`/`z_log_var` get one from the KL loss and one from the sampling layer) take this
+/// flag, so the planner can sum into one buffer instead of planning a second one and an add.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GradWrite {
+    /// `dx = g` (the default for activation gradients).
+    Overwrite,
+    /// `dx += g`.
+    Accumulate,
+}
+
+impl GradWrite {
+    #[inline(always)]
+    pub(crate) fn store<T: Element>(self, dst: &mut T, g: f32) {
+        *dst = match self {
+            GradWrite::Overwrite => T::from_f32(g),
+            GradWrite::Accumulate => T::from_f32(dst.to_f32() + g),
+        };
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// crate-private loop helpers
+// ---------------------------------------------------------------------------------------------
+
+/// `Err` unless two slices that a pointwise kernel pairs up have the same length.
+pub(crate) fn same_len(op: &str, a: &str, a_len: usize, b: &str, b_len: usize) -> KResult {
+    if a_len == b_len {
+        Ok(())
+    } else {
+        Err(KernelError(format!(
+            "{op}: {a} has {a_len} elements but {b} has {b_len}; pointwise operands must match"
+        )))
+    }
+}
+
+/// `y[i] = f(x[i])`, in f32, parallel in chunks when large.
+pub(crate) fn map1<S: Element, D: Element>(x: &[S], y: &mut [D], f: impl Fn(f32) -> f32 + Sync) {
+    let body = |x: &[S], y: &mut [D]| {
+        for (yo, xi) in y.iter_mut().zip(x) {
+            *yo = D::from_f32(f(xi.to_f32()));
+        }
+    };
+    if y.len() >= PAR_MIN {
+        y.par_chunks_mut(PAR_CHUNK)
+            .zip(x.par_chunks(PAR_CHUNK))
+            .for_each(|(y, x)| body(x, y));
+    } else {
+        body(x, y);
+    }
+}
+
+/// `x[i] = f(x[i])` in place.
+pub(crate) fn map1_inplace<T: Element>(x: &mut [T], f: impl Fn(f32) -> f32 + Sync) {
+    let body = |x: &mut [T]| {
+        for v in x.iter_mut() {
+            *v = T::from_f32(f(v.to_f32()));
+        }
+    };
+    if x.len() >= PAR_MIN {
+        x.par_chunks_mut(PAR_CHUNK).for_each(body);
+    } else {
+        body(x);
+    }
+}
+
+/// `y[i] = f(a[i], b[i])`.
+pub(crate) fn map2<A: Element, B: Element, D: Element>(
+    a: &[A],
+    b: &[B],
+    y: &mut [D],
+    f: impl Fn(f32, f32) -> f32 + Sync,
+) {
+    let body = |a: &[A], b: &[B], y: &mut [D]| {
+        for ((yo, ai), bi) in y.iter_mut().zip(a).zip(b) {
+            *yo = D::from_f32(f(ai.to_f32(), bi.to_f32()));
+        }
+    };
+    if y.len() >= PAR_MIN {
+        y.par_chunks_mut(PAR_CHUNK)
+            .zip(a.par_chunks(PAR_CHUNK))
+            .zip(b.par_chunks(PAR_CHUNK))
+            .for_each(|((y, a), b)| body(a, b, y));
+    } else {
+        body(a, b, y);
+    }
+}
+
+/// `y[i] = f(a[i], y[i])`: the second operand is read from, and replaced by, the output.
+pub(crate) fn map2_inplace<A: Element, T: Element>(
+    a: &[A],
+    y: &mut [T],
+    f: impl Fn(f32, f32) -> f32 + Sync,
+) {
+    let body = |a: &[A], y: &mut [T]| {
+        for (yo, ai) in y.iter_mut().zip(a) {
+            *yo = T::from_f32(f(ai.to_f32(), yo.to_f32()));
+        }
+    };
+    if y.len() >= PAR_MIN {
+        y.par_chunks_mut(PAR_CHUNK)
+            .zip(a.par_chunks(PAR_CHUNK))
+            .for_each(|(y, a)| body(a, y));
+    } else {
+        body(a, y);
+    }
+}
+
+/// Rows per rayon task so that each task does about [`PAR_CHUNK`] elements of work.
+fn min_rows(work_per_row: usize) -> usize {
+    (PAR_CHUNK / work_per_row.max(1)).max(1)
+}
+
+/// Calls `f(row_index, row)` for every `row_len`-element row of `out` (whose length must be a
+/// multiple of `row_len`); parallel when the total work is large.
+pub(crate) fn rows<D: Send>(
+    out: &mut [D],
+    row_len: usize,
+    work_per_row: usize,
+    f: impl Fn(usize, &mut [D]) + Sync + Send,
+) {
+    if row_len == 0 || out.is_empty() {
+        return;
+    }
+    let n = out.len() / row_len;
+    if n > 1 && n.saturating_mul(work_per_row) >= PAR_MIN {
+        out.par_chunks_mut(row_len)
+            .with_min_len(min_rows(work_per_row))
+            .enumerate()
+            .for_each(|(i, r)| f(i, r));
+    } else {
+        out.chunks_mut(row_len)
+            .enumerate()
+            .for_each(|(i, r)| f(i, r));
+    }
+}
+
+/// [`rows`] over two outputs cut into the same number of rows.
+pub(crate) fn rows2<A: Send, B: Send>(
+    a: &mut [A],
+    a_row: usize,
+    b: &mut [B],
+    b_row: usize,
+    work_per_row: usize,
+    f: impl Fn(usize, &mut [A], &mut [B]) + Sync + Send,
+) {
+    if a_row == 0 || b_row == 0 || a.is_empty() {
+        return;
+    }
+    let n = a.len() / a_row;
+    if n > 1 && n.saturating_mul(work_per_row) >= PAR_MIN {
+        a.par_chunks_mut(a_row)
+            .zip(b.par_chunks_mut(b_row))
+            .with_min_len(min_rows(work_per_row))
+            .enumerate()
+            .for_each(|(i, (ra, rb))| f(i, ra, rb));
+    } else {
+        a.chunks_mut(a_row)
+            .zip(b.chunks_mut(b_row))
+            .enumerate()
+            .for_each(|(i, (ra, rb))| f(i, ra, rb));
+    }
+}
+
+/// [`rows`] over three outputs cut into the same number of rows.
+pub(crate) fn rows3<A: Send, B: Send, C: Send>(
+    a: (&mut [A], usize),
+    b: (&mut [B], usize),
+    c: (&mut [C], usize),
+    work_per_row: usize,
+    f: impl Fn(usize, &mut [A], &mut [B], &mut [C]) + Sync + Send,
+) {
+    let ((a, ar), (b, br), (c, cr)) = (a, b, c);
+    if ar == 0 || br == 0 || cr == 0 || a.is_empty() {
+        return;
+    }
+    let n = a.len() / ar;
+    if n > 1 && n.saturating_mul(work_per_row) >= PAR_MIN {
+        a.par_chunks_mut(ar)
+            .zip(b.par_chunks_mut(br))
+            .zip(c.par_chunks_mut(cr))
+            .with_min_len(min_rows(work_per_row))
+            .enumerate()
+            .for_each(|(i, ((ra, rb), rc))| f(i, ra, rb, rc));
+    } else {
+        a.chunks_mut(ar)
+            .zip(b.chunks_mut(br))
+            .zip(c.chunks_mut(cr))
+            .enumerate()
+            .for_each(|(i, ((ra, rb), rc))| f(i, ra, rb, rc));
+    }
+}
+
+/// Deterministic parallel reduction over `n_rows` rows: the rows are cut into at most
+/// [`MAX_PARTS`] contiguous parts (a function of `n_rows` only), `part(first, end)` reduces
+/// one part, and the partials are combined left to right. Same bits with 1 thread or 64.
+pub(crate) fn reduce_rows<R: Copy + Send + Sync + Default>(
+    n_rows: usize,
+    work_per_row: usize,
+    part: impl Fn(usize, usize) -> R + Sync + Send,
+    combine: impl Fn(R, R) -> R,
+) -> R {
+    if n_rows == 0 {
+        return R::default();
+    }
+    let n_parts = n_rows.min(MAX_PARTS);
+    let per = n_rows.div_ceil(n_parts);
+    let n_parts = n_rows.div_ceil(per);
+    let mut partials = [R::default(); MAX_PARTS];
+    let run = |(k, slot): (usize, &mut R)| {
+        let first = k * per;
+        *slot = part(first, (first + per).min(n_rows));
+    };
+    if n_parts > 1 && n_rows.saturating_mul(work_per_row) >= PAR_MIN {
+        partials[..n_parts].par_iter_mut().enumerate().for_each(run);
+    } else {
+        partials[..n_parts].iter_mut().enumerate().for_each(run);
+    }
+    let mut acc = partials[0];
+    for p in &partials[1..n_parts] {
+        acc = combine(acc, *p);
+    }
+    acc
+}
+
+/// [`reduce_rows`] that also writes: `out` is cut into the same parts (`row_len` elements per
+/// row) and `part(first_row, out_part)` fills its part and returns its partial.
+pub(crate) fn reduce_rows_mut<D: Send, R: Copy + Send + Sync + Default>(
+    out: &mut [D],
+    row_len: usize,
+    work_per_row: usize,
+    part: impl Fn(usize, &mut [D]) -> R + Sync + Send,
+    combine: impl Fn(R, R) -> R,
+) -> R {
+    if row_len == 0 || out.is_empty() {
+        return R::default();
+    }
+    let n_rows = out.len() / row_len;
+    let n_parts = n_rows.min(MAX_PARTS);
+    let per = n_rows.div_ceil(n_parts);
+    let mut partials = [R::default(); MAX_PARTS];
+    let par = n_rows > per && n_rows.saturating_mul(work_per_row) >= PAR_MIN;
+    let run = |(k, (chunk, slot)): (usize, (&mut [D], &mut R))| {
+        *slot = part(k * per, chunk);
+    };
+    if par {
+        out.par_chunks_mut(per * row_len)
+            .zip(partials.par_iter_mut())
+            .enumerate()
+            .for_each(run);
+    } else {
+        out.chunks_mut(per * row_len)
+            .zip(partials.iter_mut())
+            .enumerate()
+            .for_each(run);
+    }
+    let used = n_rows.div_ceil(per);
+    let mut acc = partials[0];
+    for p in &partials[1..used] {
+        acc = combine(acc, *p);
+    }
+    acc
+}
+
+// ---------------------------------------------------------------------------------------------
+// public kernels
+// ---------------------------------------------------------------------------------------------
+
+/// Input rescaling of u8 data (pixels): `y = x · scale + offset`, e.g. `scale = 1/255`, like
+/// Keras `Rescaling(scale, offset)`. Inputs carry no gradient, so there is no backward.
+pub fn cast_u8<T: Element>(x: &[u8], y: &mut [T], scale: f32, offset: f32) -> KResult {
+    same_len("cast_u8", "x", x.len(), "y", y.len())?;
+    let body = |x: &[u8], y: &mut [T]| {
+        for (yo, &xi) in y.iter_mut().zip(x) {
+            *yo = T::from_f32(xi as f32 * scale + offset);
+        }
+    };
+    if y.len() >= PAR_MIN {
+        y.par_chunks_mut(PAR_CHUNK)
+            .zip(x.par_chunks(PAR_CHUNK))
+            .for_each(|(y, x)| body(x, y));
+    } else {
+        body(x, y);
+    }
+    Ok(())
+}
+
+/// Converts between storage types (f32 ↔ f16 ↔ bf16), round-to-nearest-even. Also a plain
+/// copy when `S == D`.
+pub fn cast<S: Element, D: Element>(x: &[S], y: &mut [D]) -> KResult {
+    same_len("cast", "x", x.len(), "y", y.len())?;
+    map1(x, y, |v| v);
+    Ok(())
+}
+
+/// Backward of [`cast`]: the gradient is cast back to the source type (`dx = dy`, overwritten).
+pub fn cast_backward<S: Element, D: Element>(dy: &[D], dx: &mut [S]) -> KResult {
+    same_len("cast_backward", "dy", dy.len(), "dx", dx.len())?;
+    map1(dy, dx, |v| v);
+    Ok(())
+}
+
+/// `y = Σ inputs[k]`, summed in f32 in input order (one rounding to `T` per element).
+///
+/// Backward: every input's gradient equals `dy`; the planner aliases it or uses [`cast`] to
+/// copy, so there is no separate kernel.
+pub fn add_n<T: Element>(inputs: &[&[T]], y: &mut [T]) -> KResult {
+    if inputs.is_empty() {
+        return Err(KernelError("add_n: needs at least one input".into()));
+    }
+    for (k, x) in inputs.iter().enumerate() {
+        same_len("add_n", &format!("inputs[{k}]"), x.len(), "y", y.len())?;
+    }
+    sum_into(inputs, y, false);
+    Ok(())
+}
+
+/// In-place n-ary add: `acc = acc + Σ others[k]` (the output takes the first input's buffer).
+pub fn add_n_inplace<T: Element>(acc: &mut [T], others: &[&[T]]) -> KResult {
+    for (k, x) in others.iter().enumerate() {
+        same_len("add_n_inplace", &format!("others[{k}]"), x.len(), "acc", acc.len())?;
+    }
+    sum_into(others, acc, true);
+    Ok(())
+}
+
+/// Sums `inputs` (plus `y`'s own values when `keep`) into `y`, through an f32 stack buffer so a
+/// half-precision output is rounded once, not once per input.
+fn sum_into<T: Element>(inputs: &[&[T]], y: &mut [T], keep: bool) {
+    const BLOCK: usize = 256;
+    let body = |base: usize, y: &mut [T]| {
+        let mut acc = [0f32; BLOCK];
+        for (b, yb) in y.chunks_mut(BLOCK).enumerate() {
+            let start = base + b * BLOCK;
+            let acc = &mut acc[..yb.len()];
+            if keep {
+                for (a, v) in acc.iter_mut().zip(yb.iter()) {
+                    *a = v.to_f32();
+                }
+            } else {
+                acc.fill(0.0);
+            }
+            for x in inputs {
+                for (a, v) in acc.iter_mut().zip(&x[start..start + yb.len()]) {
+                    *a += v.to_f32();
+                }
+            }
+            for (o, a) in yb.iter_mut().zip(acc.iter()) {
+                *o = T::from_f32(*a);
+            }
+        }
+    };
+    if y.len() >= PAR_MIN {
+        y.par_chunks_mut(PAR_CHUNK)
+            .enumerate()
+            .for_each(|(k, y)| body(k * PAR_CHUNK, y));
+    } else {
+        body(0, y);
+    }
+}
+
+/// Gradient accumulation `dst += src` (e.g. a parameter's f32 gradient += a micro-batch
+/// contribution, or a residual branch's gradient into the trunk's). Types may differ.
+pub fn accumulate<D: Element, S: Element>(dst: &mut [D], src: &[S]) -> KResult {
+    same_len("accumulate", "src", src.len(), "dst", dst.len())?;
+    map2_inplace(src, dst, |s, d| d + s);
+    Ok(())
+}
+
+fn concat_check(op: &str, n_parts: usize, widths: &[usize]) -> Result<usize, KernelError> {
+    if n_parts != widths.len() {
+        return Err(KernelError(format!(
+            "{op}: {n_parts} tensors but {} widths",
+            widths.len()
+        )));
+    }
+    Ok(widths.iter().sum())
+}
+
+/// Concatenation along the last axis: `inputs[k]` is `[rows, widths[k]]`, `y` is
+/// `[rows, Σ widths]`. Pure copy (no dtype change).
+pub fn concat_last<T: Element>(
+    inputs: &[&[T]],
+    widths: &[usize],
+    rows: usize,
+    y: &mut [T],
+) -> KResult {
+    let total = concat_check("concat_last", inputs.len(), widths)?;
+    for (k, (x, &w)) in inputs.iter().zip(widths).enumerate() {
+        check_len(&format!("concat_last: inputs[{k}]"), x.len(), rows * w)?;
+    }
+    check_len("concat_last: y", y.len(), rows * total)?;
+    rows_par(&mut y[..rows * total], total, |r, yr| {
+        let mut at = 0;
+        for (x, &w) in inputs.iter().zip(widths) {
+            yr[at..at + w].copy_from_slice(&x[r * w..(r + 1) * w]);
+            at += w;
+        }
+    });
+    Ok(())
+}
+
+/// Backward of [`concat_last`]: splits `dy` (`[rows, Σ widths]`) into the inputs' gradients
+/// (each overwritten).
+pub fn concat_last_backward<T: Element>(
+    dy: &[T],
+    widths: &[usize],
+    rows: usize,
+    dxs: &mut [&mut [T]],
+) -> KResult {
+    let total = concat_check("concat_last_backward", dxs.len(), widths)?;
+    check_len("concat_last_backward: dy", dy.len(), rows * total)?;
+    for (k, (dx, &w)) in dxs.iter().zip(widths).enumerate() {
+        check_len(&format!("concat_last_backward: dxs[{k}]"), dx.len(), rows * w)?;
+    }
+    let mut at = 0;
+    for (dx, &w) in dxs.iter_mut().zip(widths) {
+        rows_par(&mut dx[..rows * w], w, |r, dr| {
+            dr.copy_from_slice(&dy[r * total + at..r * total + at + w]);
+        });
+        at += w;
+    }
+    Ok(())
+}
+
+fn rows_par<T: Element>(out: &mut [T], row_len: usize, f: impl Fn(usize, &mut [T]) + Sync + Send) {
+    rows(out, row_len, row_len, f);
+}
+
+/// `true` when no element is NaN or ±inf: the loss scaler's overflow check on gradients.
+pub fn all_finite<T: Element>(x: &[T]) -> bool {
+    let ok = |c: &[T]| c.iter().all(|v| v.to_f32().is_finite());
+    if x.len() >= PAR_MIN {
+        x.par_chunks(PAR_CHUNK).all(ok)
+    } else {
+        ok(x)
+    }
+}
+
+/// `x *= s` in place (unscaling gradients by `1 / loss_scale`, or any rescale).
+pub fn scale_inplace<T: Element>(x: &mut [T], s: f32) {
+    map1_inplace(x, |v| v * s);
+}
+
+/// `y = x · s`, out of place.
+pub fn scale<S: Element, D: Element>(x: &[S], y: &mut [D], s: f32) -> KResult {
+    same_len("scale", "x", x.len(), "y", y.len())?;
+    map1(x, y, |v| v * s);
+    Ok(())
+}

@@ -1,0 +1,669 @@
+//! Normalisation layers: batch norm over NHWC (training with batch statistics and running-stat
+//! update, inference from running stats, backward) and layer norm over the last axis.
+//!
+//! Both see their input as a `[rows, channels]` matrix ([`NormDims`]): batch norm reduces over
+//! `rows = n·h·w` per channel, layer norm over `channels` per row.
+//!
+//! Saved for backward: batch norm keeps `x_hat` (storage type `T`) and `inv_std` (f32 `[c]`);
+//! layer norm keeps `x_hat` (`T`) and `rstd` (f32 `[rows]`). Neither needs `x`, so the forwards
+//! have `*_inplace` variants that write `y` over `x`, and the backwards have `*_inplace`
+//! variants that write `dx` over `dy`. `dx` is overwritten; `dgamma`/`dbeta` (f32 master
+//! gradients) are ACCUMULATED (`+=`).
+//!
+//! Statistics are accumulated in f64 over a fixed split of the rows (see
+//! `elementwise::reduce_rows`), so results do not depend on the thread count.
+//!
+//! Keras semantics: `y = gamma · (x − mean) / sqrt(var + epsilon) + beta` with the *biased*
+//! (population, divide by N) batch variance, which is what Keras 3 `BatchNormalization` uses
+//! both to normalise and to update `moving_variance` (`ops.moments`). PyTorch, and tf.keras
+//! 2.x's fused kernel, store the unbiased (N − 1) variance in the running stat instead; we
+//! follow Keras 3. Running update: `running = running · momentum + batch · (1 − momentum)`,
+//! defaults `momentum = 0.99`, `epsilon = 1e-3`. Layer norm's Keras default epsilon is 1e-3.
+
+use crate::elementwise::{reduce_rows, rows, rows2, rows3};
+use crate::{check_len, Element, KResult, KernelError};
+
+/// Channels summed per pass over the rows, with f64 accumulators on the stack.
+const CB: usize = 32;
+
+/// A normalisation input seen as `[rows, channels]` (row-major; NHWC flattens to
+/// `rows = n·h·w`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NormDims {
+    pub rows: usize,
+    pub channels: usize,
+}
+
+impl NormDims {
+    pub fn len(&self) -> usize {
+        self.rows * self.channels
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Batch-norm hyper-parameters; [`BatchNormConfig::KERAS`] holds Keras's defaults.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BatchNormConfig {
+    pub epsilon: f32,
+    pub momentum: f32,
+}
+
+impl BatchNormConfig {
+    /// Keras `BatchNormalization()` defaults: epsilon 1e-3, momentum 0.99.
+    pub const KERAS: BatchNormConfig = BatchNormConfig {
+        epsilon: 1e-3,
+        momentum: 0.99,
+    };
+}
+
+impl Default for BatchNormConfig {
+    fn default() -> Self {
+        Self::KERAS
+    }
+}
+
+/// Keras `LayerNormalization()` default epsilon.
+pub const LAYER_NORM_EPSILON: f32 = 1e-3;
+
+/// The learned scale and shift, f32 `[channels]` (Keras keeps them f32 under mixed precision).
+#[derive(Debug, Clone, Copy)]
+pub struct Affine<'a> {
+    pub gamma: &'a [f32],
+    pub beta: &'a [f32],
+}
+
+/// Parameter gradients, f32 `[channels]`, ACCUMULATED (`+=`).
+#[derive(Debug)]
+pub struct AffineGrads<'a> {
+    pub dgamma: &'a mut [f32],
+    pub dbeta: &'a mut [f32],
+}
+
+/// What batch-norm training forward saves for backward.
+#[derive(Debug)]
+pub struct BatchNormSaved<'a, T> {
+    /// `(x − mean) · inv_std`, `[rows, channels]`.
+    pub x_hat: &'a mut [T],
+    /// Batch mean, `[channels]` (not read by backward; kept for inspection and tests).
+    pub mean: &'a mut [f32],
+    /// `1 / sqrt(var + epsilon)`, `[channels]`.
+    pub inv_std: &'a mut [f32],
+}
+
+/// Moving statistics, f32 `[channels]`.
+#[derive(Debug)]
+pub struct RunningStats<'a> {
+    pub mean: &'a mut [f32],
+    pub var: &'a mut [f32],
+}
+
+fn check_affine(op: &str, c: usize, a: &Affine) -> KResult {
+    check_len(&format!("{op}: gamma"), a.gamma.len(), c)?;
+    check_len(&format!("{op}: beta"), a.beta.len(), c)
+}
+
+fn check_grads(op: &str, c: usize, g: &AffineGrads) -> KResult {
+    check_len(&format!("{op}: dgamma"), g.dgamma.len(), c)?;
+    check_len(&format!("{op}: dbeta"), g.dbeta.len(), c)
+}
+
+/// Per-channel f64 sums over all rows for the channel block `[c0, c0 + cb)`: `f(row, j)`
+/// yields two addends for channel `c0 + j`. Deterministic split (see `reduce_rows`).
+fn channel_sums(
+    d: NormDims,
+    c0: usize,
+    cb: usize,
+    f: impl Fn(usize, usize) -> (f64, f64) + Sync + Send,
+) -> [[f64; CB]; 2] {
+    reduce_rows(
+        d.rows,
+        cb,
+        |first, end| {
+            let mut s = [[0f64; CB]; 2];
+            for r in first..end {
+                for j in 0..cb {
+                    let (a, b) = f(r, c0 + j);
+                    s[0][j] += a;
+                    s[1][j] += b;
+                }
+            }
+            s
+        },
+        |mut a, b| {
+            for k in 0..2 {
+                for j in 0..CB {
+                    a[k][j] += b[k][j];
+                }
+            }
+            a
+        },
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// batch norm
+// ---------------------------------------------------------------------------------------------
+
+/// Computes batch mean and inv_std per channel and updates the running stats (Keras rule).
+fn bn_stats<T: Element>(
+    d: NormDims,
+    cfg: BatchNormConfig,
+    x: &[T],
+    mean: &mut [f32],
+    inv_std: &mut [f32],
+    running: &mut RunningStats,
+) {
+    let c = d.channels;
+    let m = d.rows as f64;
+    for c0 in (0..c).step_by(CB) {
+        let cb = CB.min(c - c0);
+        let s = channel_sums(d, c0, cb, |r, ch| (x[r * c + ch].to_f32() as f64, 0.0));
+        let mut mu = [0f64; CB];
+        for j in 0..cb {
+            mu[j] = s[0][j] / m;
+        }
+        // Second pass around the mean: no catastrophic cancellation, unlike E[x²] − E[x]².
+        let v = channel_sums(d, c0, cb, |r, ch| {
+            let t = x[r * c + ch].to_f32() as f64 - mu[ch - c0];
+            (t * t, 0.0)
+        });
+        for j in 0..cb {
+            let ch = c0 + j;
+            let var = v[0][j] / m;
+            mean[ch] = mu[j] as f32;
+            inv_std[ch] = (1.0 / (var + cfg.epsilon as f64).sqrt()) as f32;
+            let k = cfg.momentum;
+            running.mean[ch] = running.mean[ch] * k + mu[j] as f32 * (1.0 - k);
+            running.var[ch] = running.var[ch] * k + var as f32 * (1.0 - k);
+        }
+    }
+}
+
+fn bn_train_check<T>(
+    op: &str,
+    d: NormDims,
+    x_len: usize,
+    y_len: usize,
+    affine: &Affine,
+    saved: &BatchNormSaved<T>,
+    running: &RunningStats,
+) -> KResult {
+    let c = d.channels;
+    check_len(&format!("{op}: x"), x_len, d.len())?;
+    check_len(&format!("{op}: y"), y_len, d.len())?;
+    check_len(&format!("{op}: x_hat"), saved.x_hat.len(), d.len())?;
+    check_len(&format!("{op}: mean"), saved.mean.len(), c)?;
+    check_len(&format!("{op}: inv_std"), saved.inv_std.len(), c)?;
+    check_len(&format!("{op}: running mean"), running.mean.len(), c)?;
+    check_len(&format!("{op}: running var"), running.var.len(), c)?;
+    check_affine(op, c, affine)?;
+    if d.rows == 0 {
+        return Err(KernelError(format!(
+            "{op}: batch statistics over 0 rows are undefined"
+        )));
+    }
+    Ok(())
+}
+
+/// Writes `x_hat` and `y` rows; `src` is `None` when `y` holds `x` (in place).
+fn bn_normalize_rows<T: Element>(
+    d: NormDims,
+    src: Option<&[T]>,
+    y: &mut [T],
+    x_hat: &mut [T],
+    mean: &[f32],
+    inv_std: &[f32],
+    affine: &Affine,
+) {
+    let c = d.channels;
+    rows2(&mut y[..d.len()], c, &mut x_hat[..d.len()], c, c, |r, yr, hr| {
+        for ch in 0..c {
+            let xv = match src {
+                Some(x) => x[r * c + ch],
+                None => yr[ch],
+            }
+            .to_f32();
+            let h = (xv - mean[ch]) * inv_std[ch];
+            hr[ch] = T::from_f32(h);
+            yr[ch] = T::from_f32(affine.gamma[ch] * h + affine.beta[ch]);
+        }
+    });
+}
+
+/// Batch-norm training forward: normalises with this batch's per-channel statistics, writes
+/// `y` and the saved tensors, and updates `running` (Keras rule, biased variance).
+pub fn batch_norm_train_forward<T: Element>(
+    d: NormDims,
+    cfg: BatchNormConfig,
+    x: &[T],
+    affine: Affine,
+    y: &mut [T],
+    saved: BatchNormSaved<T>,
+    mut running: RunningStats,
+) -> KResult {
+    let op = "batch_norm_train_forward";
+    bn_train_check(op, d, x.len(), y.len(), &affine, &saved, &running)?;
+    bn_stats(d, cfg, x, saved.mean, saved.inv_std, &mut running);
+    bn_normalize_rows(d, Some(x), y, saved.x_hat, saved.mean, saved.inv_std, &affine);
+    Ok(())
+}
+
+/// [`batch_norm_train_forward`] writing `y` over `x`.
+pub fn batch_norm_train_forward_inplace<T: Element>(
+    d: NormDims,
+    cfg: BatchNormConfig,
+    x_y: &mut [T],
+    affine: Affine,
+    saved: BatchNormSaved<T>,
+    mut running: RunningStats,
+) -> KResult {
+    let op = "batch_norm_train_forward_inplace";
+    bn_train_check(op, d, x_y.len(), x_y.len(), &affine, &saved, &running)?;
+    bn_stats(d, cfg, x_y, saved.mean, saved.inv_std, &mut running);
+    bn_normalize_rows(d, None, x_y, saved.x_hat, saved.mean, saved.inv_std, &affine);
+    Ok(())
+}
+
+fn bn_infer_rows<T: Element>(
+    d: NormDims,
+    epsilon: f32,
+    src: Option<&[T]>,
+    y: &mut [T],
+    affine: &Affine,
+    running_mean: &[f32],
+    running_var: &[f32],
+) {
+    let c = d.channels;
+    rows(&mut y[..d.len()], c, c, |r, yr| {
+        for ch in 0..c {
+            let xv = match src {
+                Some(x) => x[r * c + ch],
+                None => yr[ch],
+            }
+            .to_f32();
+            let inv = 1.0 / (running_var[ch] + epsilon).sqrt();
+            yr[ch] = T::from_f32(affine.gamma[ch] * (xv - running_mean[ch]) * inv + affine.beta[ch]);
+        }
+    });
+}
+
+fn bn_infer_check(
+    op: &str,
+    d: NormDims,
+    x_len: usize,
+    y_len: usize,
+    affine: &Affine,
+    rm: &[f32],
+    rv: &[f32],
+) -> KResult {
+    check_len(&format!("{op}: x"), x_len, d.len())?;
+    check_len(&format!("{op}: y"), y_len, d.len())?;
+    check_len(&format!("{op}: running mean"), rm.len(), d.channels)?;
+    check_len(&format!("{op}: running var"), rv.len(), d.channels)?;
+    check_affine(op, d.channels, affine)
+}
+
+/// Batch-norm inference forward from the running statistics (nothing saved, nothing updated).
+pub fn batch_norm_infer_forward<T: Element>(
+    d: NormDims,
+    epsilon: f32,
+    x: &[T],
+    affine: Affine,
+    running_mean: &[f32],
+    running_var: &[f32],
+    y: &mut [T],
+) -> KResult {
+    let op = "batch_norm_infer_forward";
+    bn_infer_check(op, d, x.len(), y.len(), &affine, running_mean, running_var)?;
+    bn_infer_rows(d, epsilon, Some(x), y, &affine, running_mean, running_var);
+    Ok(())
+}
+
+/// [`batch_norm_infer_forward`] writing `y` over `x`.
+pub fn batch_norm_infer_forward_inplace<T: Element>(
+    d: NormDims,
+    epsilon: f32,
+    x_y: &mut [T],
+    affine: Affine,
+    running_mean: &[f32],
+    running_var: &[f32],
+) -> KResult {
+    let op = "batch_norm_infer_forward_inplace";
+    bn_infer_check(op, d, x_y.len(), x_y.len(), &affine, running_mean, running_var)?;
+    bn_infer_rows(d, epsilon, None, x_y, &affine, running_mean, running_var);
+    Ok(())
+}
+
+fn bn_backward_check<T>(
+    op: &str,
+    d: NormDims,
+    x_hat: &[T],
+    inv_std: &[f32],
+    gamma: &[f32],
+    dy_len: usize,
+    dx_len: usize,
+    grads: &AffineGrads,
+) -> KResult {
+    check_len(&format!("{op}: x_hat"), x_hat.len(), d.len())?;
+    check_len(&format!("{op}: dy"), dy_len, d.len())?;
+    check_len(&format!("{op}: dx"), dx_len, d.len())?;
+    check_len(&format!("{op}: inv_std"), inv_std.len(), d.channels)?;
+    check_len(&format!("{op}: gamma"), gamma.len(), d.channels)?;
+    check_grads(op, d.channels, grads)?;
+    if d.rows == 0 {
+        return Err(KernelError(format!("{op}: 0 rows")));
+    }
+    Ok(())
+}
+
+/// Batch-norm backward (training mode). Reads `x_hat`, `inv_std` and `gamma`;
+/// `dx = gamma·inv_std/m · (m·dy − Σdy − x_hat·Σ(dy·x_hat))` (overwritten),
+/// `dgamma += Σ dy·x_hat`, `dbeta += Σ dy` (accumulated).
+///
+/// Works one block of channels at a time (sums, then that block's `dx`), so the per-channel
+/// sums live on the stack and the in-place variant never reads a `dy` it already overwrote.
+pub fn batch_norm_backward<T: Element>(
+    d: NormDims,
+    x_hat: &[T],
+    inv_std: &[f32],
+    gamma: &[f32],
+    dy: &[T],
+    dx: &mut [T],
+    grads: AffineGrads,
+) -> KResult {
+    let op = "batch_norm_backward";
+    bn_backward_check(op, d, x_hat, inv_std, gamma, dy.len(), dx.len(), &grads)?;
+    bn_backward_core(d, x_hat, inv_std, gamma, Some(dy), dx, grads);
+    Ok(())
+}
+
+/// [`batch_norm_backward`] writing `dx` over `dy`.
+pub fn batch_norm_backward_inplace<T: Element>(
+    d: NormDims,
+    x_hat: &[T],
+    inv_std: &[f32],
+    gamma: &[f32],
+    dy_dx: &mut [T],
+    grads: AffineGrads,
+) -> KResult {
+    let op = "batch_norm_backward_inplace";
+    bn_backward_check(op, d, x_hat, inv_std, gamma, dy_dx.len(), dy_dx.len(), &grads)?;
+    bn_backward_core(d, x_hat, inv_std, gamma, None, dy_dx, grads);
+    Ok(())
+}
+
+fn bn_backward_core<T: Element>(
+    d: NormDims,
+    x_hat: &[T],
+    inv_std: &[f32],
+    gamma: &[f32],
+    dy: Option<&[T]>,
+    dx: &mut [T],
+    grads: AffineGrads,
+) {
+    let c = d.channels;
+    let inv_m = 1.0 / d.rows as f32;
+    for c0 in (0..c).step_by(CB) {
+        let cb = CB.min(c - c0);
+        let (sum_dy, sum_dyh) = {
+            let g: &[T] = match dy {
+                Some(g) => g,
+                None => dx,
+            };
+            let mut a = [0f32; CB];
+            let mut b = [0f32; CB];
+            let s = channel_sums(d, c0, cb, |r, ch| {
+                let gv = g[r * c + ch].to_f32() as f64;
+                (gv, gv * x_hat[r * c + ch].to_f32() as f64)
+            });
+            for j in 0..cb {
+                a[j] = s[0][j] as f32;
+                b[j] = s[1][j] as f32;
+            }
+            (a, b)
+        };
+        for j in 0..cb {
+            grads.dbeta[c0 + j] += sum_dy[j];
+            grads.dgamma[c0 + j] += sum_dyh[j];
+        }
+        // dx for this channel block.
+        let blk_coef: [f32; CB] = std::array::from_fn(|j| {
+            if j < cb {
+                gamma[c0 + j] * inv_std[c0 + j]
+            } else {
+                0.0
+            }
+        });
+        rows(&mut dx[..d.len()], c, cb, |r, dxr| {
+            for j in 0..cb {
+                let ch = c0 + j;
+                let g = match dy {
+                    Some(g) => g[r * c + ch],
+                    None => dxr[ch],
+                }
+                .to_f32();
+                let h = x_hat[r * c + ch].to_f32();
+                let v = blk_coef[j] * (g - (sum_dy[j] + h * sum_dyh[j]) * inv_m);
+                dxr[ch] = T::from_f32(v);
+            }
+        });
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// layer norm
+// ---------------------------------------------------------------------------------------------
+
+/// Per-row mean and rstd in f64, two passes.
+#[inline]
+fn row_stats(xr: impl Iterator<Item = f32> + Clone, n: usize, epsilon: f32) -> (f32, f32) {
+    let mean = xr.clone().map(|v| v as f64).sum::<f64>() / n as f64;
+    let var = xr
+        .map(|v| {
+            let t = v as f64 - mean;
+            t * t
+        })
+        .sum::<f64>()
+        / n as f64;
+    (mean as f32, (1.0 / (var + epsilon as f64).sqrt()) as f32)
+}
+
+fn ln_forward_check<T>(
+    op: &str,
+    d: NormDims,
+    x_len: usize,
+    y_len: usize,
+    affine: &Affine,
+    x_hat: &[T],
+    rstd: &[f32],
+) -> KResult {
+    check_len(&format!("{op}: x"), x_len, d.len())?;
+    check_len(&format!("{op}: y"), y_len, d.len())?;
+    check_len(&format!("{op}: x_hat"), x_hat.len(), d.len())?;
+    check_len(&format!("{op}: rstd"), rstd.len(), d.rows)?;
+    check_affine(op, d.channels, affine)?;
+    if d.channels == 0 {
+        return Err(KernelError(format!("{op}: 0 features per row")));
+    }
+    Ok(())
+}
+
+fn ln_forward_core<T: Element>(
+    d: NormDims,
+    epsilon: f32,
+    src: Option<&[T]>,
+    y: &mut [T],
+    affine: &Affine,
+    x_hat: &mut [T],
+    rstd: &mut [f32],
+) {
+    let c = d.channels;
+    rows3(
+        (&mut y[..d.len()], c),
+        (&mut x_hat[..d.len()], c),
+        (&mut rstd[..d.rows], 1),
+        3 * c,
+        |r, yr, hr, sr| {
+            let xr: &[T] = match src {
+                Some(x) => &x[r * c..(r + 1) * c],
+                None => yr,
+            };
+            let (mean, rs) = row_stats(xr.iter().map(|v| v.to_f32()), c, epsilon);
+            sr[0] = rs;
+            for ch in 0..c {
+                let xv = match src {
+                    Some(x) => x[r * c + ch],
+                    None => yr[ch],
+                }
+                .to_f32();
+                let h = (xv - mean) * rs;
+                hr[ch] = T::from_f32(h);
+                yr[ch] = T::from_f32(affine.gamma[ch] * h + affine.beta[ch]);
+            }
+        },
+    );
+}
+
+/// Layer-norm forward over the last axis: per row, `x_hat = (x − mean)·rstd`,
+/// `rstd = 1/sqrt(var + epsilon)` (biased variance, as Keras), `y = gamma·x_hat + beta`.
+/// Saves `x_hat` (`T`, `[rows, channels]`) and `rstd` (f32 `[rows]`).
+pub fn layer_norm_forward<T: Element>(
+    d: NormDims,
+    epsilon: f32,
+    x: &[T],
+    affine: Affine,
+    y: &mut [T],
+    x_hat: &mut [T],
+    rstd: &mut [f32],
+) -> KResult {
+    let op = "layer_norm_forward";
+    ln_forward_check(op, d, x.len(), y.len(), &affine, x_hat, rstd)?;
+    ln_forward_core(d, epsilon, Some(x), y, &affine, x_hat, rstd);
+    Ok(())
+}
+
+/// [`layer_norm_forward`] writing `y` over `x`.
+pub fn layer_norm_forward_inplace<T: Element>(
+    d: NormDims,
+    epsilon: f32,
+    x_y: &mut [T],
+    affine: Affine,
+    x_hat: &mut [T],
+    rstd: &mut [f32],
+) -> KResult {
+    let op = "layer_norm_forward_inplace";
+    ln_forward_check(op, d, x_y.len(), x_y.len(), &affine, x_hat, rstd)?;
+    ln_forward_core(d, epsilon, None, x_y, &affine, x_hat, rstd);
+    Ok(())
+}
+
+fn ln_backward_check<T>(
+    op: &str,
+    d: NormDims,
+    x_hat: &[T],
+    rstd: &[f32],
+    gamma: &[f32],
+    dy_len: usize,
+    dx_len: usize,
+    grads: &AffineGrads,
+) -> KResult {
+    check_len(&format!("{op}: x_hat"), x_hat.len(), d.len())?;
+    check_len(&format!("{op}: rstd"), rstd.len(), d.rows)?;
+    check_len(&format!("{op}: dy"), dy_len, d.len())?;
+    check_len(&format!("{op}: dx"), dx_len, d.len())?;
+    check_len(&format!("{op}: gamma"), gamma.len(), d.channels)?;
+    check_grads(op, d.channels, grads)
+}
+
+fn ln_backward_core<T: Element>(
+    d: NormDims,
+    x_hat: &[T],
+    rstd: &[f32],
+    gamma: &[f32],
+    dy: Option<&[T]>,
+    dx: &mut [T],
+    grads: AffineGrads,
+) {
+    let c = d.channels;
+    if c == 0 || d.rows == 0 {
+        return;
+    }
+    // Parameter gradients first: they read dy, which the in-place dx pass then overwrites.
+    {
+        let g: &[T] = match dy {
+            Some(g) => g,
+            None => dx,
+        };
+        for c0 in (0..c).step_by(CB) {
+            let cb = CB.min(c - c0);
+            let s = channel_sums(d, c0, cb, |r, ch| {
+                let gv = g[r * c + ch].to_f32() as f64;
+                (gv, gv * x_hat[r * c + ch].to_f32() as f64)
+            });
+            for j in 0..cb {
+                grads.dbeta[c0 + j] += s[0][j] as f32;
+                grads.dgamma[c0 + j] += s[1][j] as f32;
+            }
+        }
+    }
+    let inv_c = 1.0 / c as f32;
+    rows(&mut dx[..d.len()], c, 3 * c, |r, dxr| {
+        let hr = &x_hat[r * c..(r + 1) * c];
+        let grad = |ch: usize, dxr: &[T]| -> f32 {
+            match dy {
+                Some(g) => g[r * c + ch],
+                None => dxr[ch],
+            }
+            .to_f32()
+                * gamma[ch]
+        };
+        let (mut s1, mut s2) = (0f32, 0f32);
+        for ch in 0..c {
+            let g = grad(ch, dxr);
+            s1 += g;
+            s2 += g * hr[ch].to_f32();
+        }
+        let (m1, m2) = (s1 * inv_c, s2 * inv_c);
+        let rs = rstd[r];
+        for ch in 0..c {
+            let g = grad(ch, dxr);
+            dxr[ch] = T::from_f32(rs * (g - m1 - hr[ch].to_f32() * m2));
+        }
+    });
+}
+
+/// Layer-norm backward. Reads `x_hat`, `rstd`, `gamma`; with `g = dy·gamma`,
+/// `dx = rstd · (g − mean(g) − x_hat · mean(g·x_hat))` per row (overwritten),
+/// `dgamma += Σ_rows dy·x_hat`, `dbeta += Σ_rows dy` (accumulated).
+pub fn layer_norm_backward<T: Element>(
+    d: NormDims,
+    x_hat: &[T],
+    rstd: &[f32],
+    gamma: &[f32],
+    dy: &[T],
+    dx: &mut [T],
+    grads: AffineGrads,
+) -> KResult {
+    let op = "layer_norm_backward";
+    ln_backward_check(op, d, x_hat, rstd, gamma, dy.len(), dx.len(), &grads)?;
+    ln_backward_core(d, x_hat, rstd, gamma, Some(dy), dx, grads);
+    Ok(())
+}
+
+/// [`layer_norm_backward`] writing `dx` over `dy`.
+pub fn layer_norm_backward_inplace<T: Element>(
+    d: NormDims,
+    x_hat: &[T],
+    rstd: &[f32],
+    gamma: &[f32],
+    dy_dx: &mut [T],
+    grads: AffineGrads,
+) -> KResult {
+    let op = "layer_norm_backward_inplace";
+    ln_backward_check(op, d, x_hat, rstd, gamma, dy_dx.len(), dy_dx.len(), &grads)?;
+    ln_backward_core(d, x_hat, rstd, gamma, None, dy_dx, grads);
+    Ok(())
+}

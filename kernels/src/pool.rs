@@ -1,0 +1,407 @@
+//! 2-D pooling over NHWC: max pool (with a u8 argmax saved for backward), average pool
+//! (TF/Keras "same" semantics: average over the valid elements only) and global average pool,
+//! plus [`Pool2d`], the dims with TF's padding rule.
+//!
+//! Backward passes are written as *gathers*: each input element sums the contributions of the
+//! output windows that cover it, in f32, and is stored once. That writes every `dx` element
+//! (so `dx` needs no zeroing by the caller and holds exactly 0 where nothing flows), runs in
+//! parallel without write conflicts, and rounds a half-precision `dx` once instead of once per
+//! overlapping window. Gradients are overwritten.
+//!
+//! Nothing here is in-place capable: outputs and inputs have different shapes.
+
+use crate::elementwise::{rows, rows2};
+use crate::{check_len, Element, KResult, KernelError};
+
+/// Channels handled per pass with an f32 accumulator array on the stack (no heap scratch).
+const CH_BLOCK: usize = 64;
+
+/// TF/Keras padding mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Padding {
+    /// No padding: `out = (in − k) / s + 1`; needs `in ≥ k`.
+    Valid,
+    /// `out = ceil(in / s)`; `pad_total = max((out − 1)·s + k − in, 0)`,
+    /// `pad_before = pad_total / 2` (the extra element, if odd, goes after, as in TF).
+    Same,
+}
+
+/// Output length and padding-before along one axis, by TF's rule (see [`Padding`]).
+pub fn tf_out_and_pad(
+    input: usize,
+    k: usize,
+    s: usize,
+    padding: Padding,
+) -> Result<(usize, usize), KernelError> {
+    if k == 0 || s == 0 {
+        return Err(KernelError(format!(
+            "pooling window {k} and stride {s} must both be at least 1"
+        )));
+    }
+    match padding {
+        Padding::Valid => {
+            if input < k {
+                Err(KernelError(format!(
+                    "valid padding needs input extent {input} >= window {k}"
+                )))
+            } else {
+                Ok(((input - k) / s + 1, 0))
+            }
+        }
+        Padding::Same => {
+            if input == 0 {
+                return Err(KernelError("same padding on an empty axis".into()));
+            }
+            let out = input.div_ceil(s);
+            let pad_total = ((out - 1) * s + k).saturating_sub(input);
+            Ok((out, pad_total / 2))
+        }
+    }
+}
+
+/// Dims of a 2-D pooling over an NHWC tensor `[n, h, w, c]`, with the derived output extent
+/// and padding. Build it with [`Pool2d::new`], which validates them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pool2d {
+    pub n: usize,
+    pub h: usize,
+    pub w: usize,
+    pub c: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub sh: usize,
+    pub sw: usize,
+    pub padding: Padding,
+    pub out_h: usize,
+    pub out_w: usize,
+    pub pad_top: usize,
+    pub pad_left: usize,
+}
+
+impl Pool2d {
+    /// `pool` is `(kh, kw)`, `strides` `(sh, sw)` (Keras defaults strides to the pool size).
+    pub fn new(
+        n: usize,
+        h: usize,
+        w: usize,
+        c: usize,
+        pool: (usize, usize),
+        strides: (usize, usize),
+        padding: Padding,
+    ) -> Result<Self, KernelError> {
+        let (out_h, pad_top) = tf_out_and_pad(h, pool.0, strides.0, padding)
+            .map_err(|e| KernelError(format!("pool2d height: {e}")))?;
+        let (out_w, pad_left) = tf_out_and_pad(w, pool.1, strides.1, padding)
+            .map_err(|e| KernelError(format!("pool2d width: {e}")))?;
+        Ok(Pool2d {
+            n,
+            h,
+            w,
+            c,
+            kh: pool.0,
+            kw: pool.1,
+            sh: strides.0,
+            sw: strides.1,
+            padding,
+            out_h,
+            out_w,
+            pad_top,
+            pad_left,
+        })
+    }
+
+    /// Elements of the input `[n, h, w, c]`.
+    pub fn in_len(&self) -> usize {
+        self.n * self.h * self.w * self.c
+    }
+
+    /// Elements of the output `[n, out_h, out_w, c]` (and of the max-pool argmax).
+    pub fn out_len(&self) -> usize {
+        self.n * self.out_h * self.out_w * self.c
+    }
+
+    /// Elements in one window (padding included).
+    pub fn window_len(&self) -> usize {
+        self.kh * self.kw
+    }
+
+    /// Window of output row `o` along H: `(unclipped start, first valid, end valid)`.
+    #[inline]
+    fn win_h(&self, o: usize) -> (isize, usize, usize) {
+        window(o, self.sh, self.pad_top, self.kh, self.h)
+    }
+
+    #[inline]
+    fn win_w(&self, o: usize) -> (isize, usize, usize) {
+        window(o, self.sw, self.pad_left, self.kw, self.w)
+    }
+
+    /// Output rows/cols whose window covers input index `i` along H: `lo..hi`.
+    #[inline]
+    fn covering_h(&self, i: usize) -> (usize, usize) {
+        covering(i, self.sh, self.pad_top, self.kh, self.out_h)
+    }
+
+    #[inline]
+    fn covering_w(&self, i: usize) -> (usize, usize) {
+        covering(i, self.sw, self.pad_left, self.kw, self.out_w)
+    }
+}
+
+#[inline]
+fn window(o: usize, s: usize, pad: usize, k: usize, extent: usize) -> (isize, usize, usize) {
+    let start = (o * s) as isize - pad as isize;
+    let lo = start.max(0) as usize;
+    let hi = ((start + k as isize).max(0) as usize).min(extent);
+    (start, lo, hi)
+}
+
+#[inline]
+fn covering(i: usize, s: usize, pad: usize, k: usize, out: usize) -> (usize, usize) {
+    // Output o covers i when o·s − pad ≤ i ≤ o·s − pad + k − 1.
+    let top = i + pad; // o·s ≤ top
+    let lo = (top + 1).saturating_sub(k).div_ceil(s);
+    let hi = (top / s + 1).min(out);
+    (lo, hi.max(lo))
+}
+
+fn check_io(op: &str, d: &Pool2d, x_len: usize, y_len: usize, x: &str, y: &str) -> KResult {
+    check_len(&format!("{op}: {x}"), x_len, d.in_len())?;
+    check_len(&format!("{op}: {y}"), y_len, d.out_len())
+}
+
+/// Max pooling forward: `y` (`[n, out_h, out_w, c]`) and, per output element, the position of
+/// the maximum within its window as a u8 `ki·kw + kj` (padding positions count in the
+/// numbering but are never chosen). Ties pick the first in row-major window order; a NaN in the
+/// window wins (propagates). Needs `kh·kw ≤ 255`.
+pub fn max_pool2d_forward<T: Element>(
+    d: &Pool2d,
+    x: &[T],
+    y: &mut [T],
+    argmax: &mut [u8],
+) -> KResult {
+    check_io("max_pool2d_forward", d, x.len(), y.len(), "x", "y")?;
+    check_len("max_pool2d_forward: argmax", argmax.len(), d.out_len())?;
+    if d.window_len() > 255 {
+        return Err(KernelError(format!(
+            "max_pool2d_forward: window {}x{} has {} elements; the u8 argmax holds at most 255",
+            d.kh,
+            d.kw,
+            d.window_len()
+        )));
+    }
+    let (row, c) = (d.out_w * d.c, d.c);
+    if row == 0 {
+        return Ok(());
+    }
+    let out = d.out_len();
+    rows2(
+        &mut y[..out],
+        row,
+        &mut argmax[..out],
+        row,
+        row * d.window_len(),
+        |r, yr, ar| {
+            let (b, oh) = (r / d.out_h, r % d.out_h);
+            let (hs, ilo, ihi) = d.win_h(oh);
+            let img = &x[b * d.h * d.w * c..(b + 1) * d.h * d.w * c];
+            for ow in 0..d.out_w {
+                let (ws, jlo, jhi) = d.win_w(ow);
+                let yo = &mut yr[ow * c..(ow + 1) * c];
+                let ao = &mut ar[ow * c..(ow + 1) * c];
+                // Seed with the first valid position (every window has one, see tf_out_and_pad).
+                let first = (ilo * d.w + jlo) * c;
+                yo.copy_from_slice(&img[first..first + c]);
+                ao.fill(((ilo as isize - hs) as usize * d.kw + (jlo as isize - ws) as usize) as u8);
+                for i in ilo..ihi {
+                    for j in jlo..jhi {
+                        if i == ilo && j == jlo {
+                            continue;
+                        }
+                        let idx = ((i as isize - hs) as usize * d.kw + (j as isize - ws) as usize) as u8;
+                        let src = &img[(i * d.w + j) * c..(i * d.w + j + 1) * c];
+                        for ((yv, av), xv) in yo.iter_mut().zip(ao.iter_mut()).zip(src) {
+                            let (v, cur) = (xv.to_f32(), yv.to_f32());
+                            if v > cur || (v.is_nan() && !cur.is_nan()) {
+                                *yv = *xv;
+                                *av = idx;
+                            }
+                        }
+                    }
+                }
+            }
+        },
+    );
+    Ok(())
+}
+
+/// Max pooling backward: `dx` (overwritten, fully) gets each `dy` at the argmax position its
+/// forward recorded; positions that were no window's max get 0. Reads only `argmax` and `dy`.
+pub fn max_pool2d_backward<T: Element>(
+    d: &Pool2d,
+    argmax: &[u8],
+    dy: &[T],
+    dx: &mut [T],
+) -> KResult {
+    check_io("max_pool2d_backward", d, dx.len(), dy.len(), "dx", "dy")?;
+    check_len("max_pool2d_backward: argmax", argmax.len(), d.out_len())?;
+    let (c, row) = (d.c, d.w * d.c);
+    let cover = d.kh.div_ceil(d.sh) * d.kw.div_ceil(d.sw);
+    let len = d.in_len();
+    rows(&mut dx[..len], row, row * cover, |r, dxr| {
+        let (b, ih) = (r / d.h, r % d.h);
+        let (oh_lo, oh_hi) = d.covering_h(ih);
+        let out_img = b * d.out_h * d.out_w * c;
+        for iw in 0..d.w {
+            let (ow_lo, ow_hi) = d.covering_w(iw);
+            for c0 in (0..c).step_by(CH_BLOCK) {
+                let cb = CH_BLOCK.min(c - c0);
+                let mut acc = [0f32; CH_BLOCK];
+                for oh in oh_lo..oh_hi {
+                    let ki = ih + d.pad_top - oh * d.sh;
+                    for ow in ow_lo..ow_hi {
+                        let kj = iw + d.pad_left - ow * d.sw;
+                        let want = (ki * d.kw + kj) as u8;
+                        let o = out_img + (oh * d.out_w + ow) * c + c0;
+                        for (k, a) in acc[..cb].iter_mut().enumerate() {
+                            if argmax[o + k] == want {
+                                *a += dy[o + k].to_f32();
+                            }
+                        }
+                    }
+                }
+                for (k, a) in acc[..cb].iter().enumerate() {
+                    dxr[iw * c + c0 + k] = T::from_f32(*a);
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Average pooling forward. With `Same` padding each window averages only its valid (non-pad)
+/// elements, as Keras/TF do (`count_include_pad = false`).
+pub fn avg_pool2d_forward<T: Element>(d: &Pool2d, x: &[T], y: &mut [T]) -> KResult {
+    check_io("avg_pool2d_forward", d, x.len(), y.len(), "x", "y")?;
+    let (row, c) = (d.out_w * d.c, d.c);
+    let out = d.out_len();
+    rows(&mut y[..out], row, row * d.window_len(), |r, yr| {
+        let (b, oh) = (r / d.out_h, r % d.out_h);
+        let (_, ilo, ihi) = d.win_h(oh);
+        let img = &x[b * d.h * d.w * c..(b + 1) * d.h * d.w * c];
+        for ow in 0..d.out_w {
+            let (_, jlo, jhi) = d.win_w(ow);
+            let inv = 1.0 / ((ihi - ilo) * (jhi - jlo)) as f32;
+            for c0 in (0..c).step_by(CH_BLOCK) {
+                let cb = CH_BLOCK.min(c - c0);
+                let mut acc = [0f32; CH_BLOCK];
+                for i in ilo..ihi {
+                    for j in jlo..jhi {
+                        let src = &img[(i * d.w + j) * c + c0..(i * d.w + j) * c + c0 + cb];
+                        for (a, v) in acc.iter_mut().zip(src) {
+                            *a += v.to_f32();
+                        }
+                    }
+                }
+                for (o, a) in yr[ow * c + c0..ow * c + c0 + cb].iter_mut().zip(acc.iter()) {
+                    *o = T::from_f32(*a * inv);
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Average pooling backward: `dx` (overwritten) = Σ over covering windows of `dy / count`,
+/// where `count` is that window's number of valid elements. Reads only `dy`.
+pub fn avg_pool2d_backward<T: Element>(d: &Pool2d, dy: &[T], dx: &mut [T]) -> KResult {
+    check_io("avg_pool2d_backward", d, dx.len(), dy.len(), "dx", "dy")?;
+    let (c, row) = (d.c, d.w * d.c);
+    let cover = d.kh.div_ceil(d.sh) * d.kw.div_ceil(d.sw);
+    let len = d.in_len();
+    rows(&mut dx[..len], row, row * cover, |r, dxr| {
+        let (b, ih) = (r / d.h, r % d.h);
+        let (oh_lo, oh_hi) = d.covering_h(ih);
+        let out_img = b * d.out_h * d.out_w * c;
+        for iw in 0..d.w {
+            let (ow_lo, ow_hi) = d.covering_w(iw);
+            for c0 in (0..c).step_by(CH_BLOCK) {
+                let cb = CH_BLOCK.min(c - c0);
+                let mut acc = [0f32; CH_BLOCK];
+                for oh in oh_lo..oh_hi {
+                    let (_, ilo, ihi) = d.win_h(oh);
+                    for ow in ow_lo..ow_hi {
+                        let (_, jlo, jhi) = d.win_w(ow);
+                        let inv = 1.0 / ((ihi - ilo) * (jhi - jlo)) as f32;
+                        let o = out_img + (oh * d.out_w + ow) * c + c0;
+                        for (a, g) in acc.iter_mut().zip(&dy[o..o + cb]) {
+                            *a += g.to_f32() * inv;
+                        }
+                    }
+                }
+                for (o, a) in dxr[iw * c + c0..iw * c + c0 + cb].iter_mut().zip(acc.iter()) {
+                    *o = T::from_f32(*a);
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Global average pooling `[n, h, w, c] → [n, c]` (Keras `GlobalAveragePooling2D`), summed in
+/// f64 so large feature maps lose nothing.
+pub fn global_avg_pool_forward<T: Element>(
+    x: &[T],
+    y: &mut [T],
+    n: usize,
+    hw: usize,
+    c: usize,
+) -> KResult {
+    check_len("global_avg_pool_forward: x", x.len(), n * hw * c)?;
+    check_len("global_avg_pool_forward: y", y.len(), n * c)?;
+    if hw == 0 {
+        return Err(KernelError(
+            "global_avg_pool_forward: empty spatial extent (h·w = 0)".into(),
+        ));
+    }
+    let inv = 1.0 / hw as f64;
+    rows(&mut y[..n * c], c, hw * c, |b, yr| {
+        let img = &x[b * hw * c..(b + 1) * hw * c];
+        for c0 in (0..c).step_by(CH_BLOCK) {
+            let cb = CH_BLOCK.min(c - c0);
+            let mut acc = [0f64; CH_BLOCK];
+            for p in 0..hw {
+                for (a, v) in acc.iter_mut().zip(&img[p * c + c0..p * c + c0 + cb]) {
+                    *a += v.to_f32() as f64;
+                }
+            }
+            for (o, a) in yr[c0..c0 + cb].iter_mut().zip(acc.iter()) {
+                *o = T::from_f32((*a * inv) as f32);
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Global average pooling backward: `dx[b, p, ch] = dy[b, ch] / (h·w)` (overwritten).
+pub fn global_avg_pool_backward<T: Element>(
+    dy: &[T],
+    dx: &mut [T],
+    n: usize,
+    hw: usize,
+    c: usize,
+) -> KResult {
+    check_len("global_avg_pool_backward: dy", dy.len(), n * c)?;
+    check_len("global_avg_pool_backward: dx", dx.len(), n * hw * c)?;
+    if hw == 0 {
+        return Ok(());
+    }
+    let inv = 1.0 / hw as f32;
+    rows(&mut dx[..n * hw * c], c, c, |r, dxr| {
+        let b = r / hw;
+        for (o, g) in dxr.iter_mut().zip(&dy[b * c..(b + 1) * c]) {
+            *o = T::from_f32(g.to_f32() * inv);
+        }
+    });
+    Ok(())
+}

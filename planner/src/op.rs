@@ -1,0 +1,242 @@
+//! `Op`: what one step computes, with every dimension its kernel needs. Shared by the
+//! planner (which emits steps) and the runtime (which dispatches them to kernels).
+//!
+//! A step is `(phase, op)`: the same `Op` runs its forward kernel in the forward and
+//! recompute phases and its backward kernel in the backward phase. The `reads`/`writes` of a
+//! step are positional; the order for each op is documented on its variant as
+//! `fwd: reads → writes; bwd: reads → writes`, where `dX` is the gradient of `X` and `ws`
+//! a workspace tensor. A `NONE` entry means "not needed" (an input that takes no gradient).
+
+use crate::spec::{Activation, Padding, Reduction};
+
+/// Dimensions of a 2-D convolution or pooling window over NHWC tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Window2d {
+    pub n: usize,
+    pub h: usize,
+    pub w: usize,
+    pub c_in: usize,
+    pub c_out: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub sh: usize,
+    pub sw: usize,
+    pub padding: Padding,
+}
+
+impl Window2d {
+    /// Output height (TensorFlow's rule).
+    pub const fn out_h(&self) -> usize {
+        out_len(self.h, self.kh, self.sh, self.padding)
+    }
+    pub const fn out_w(&self) -> usize {
+        out_len(self.w, self.kw, self.sw, self.padding)
+    }
+    /// Output height of the transposed convolution (Keras's rule).
+    pub const fn transpose_out_h(&self) -> usize {
+        transpose_out_len(self.h, self.kh, self.sh, self.padding)
+    }
+    pub const fn transpose_out_w(&self) -> usize {
+        transpose_out_len(self.w, self.kw, self.sw, self.padding)
+    }
+}
+
+/// Output length of a convolution or pooling window along one axis (0 if it does not fit).
+pub const fn out_len(input: usize, kernel: usize, stride: usize, padding: Padding) -> usize {
+    match padding {
+        Padding::Same => input.div_ceil(stride),
+        Padding::Valid => {
+            if kernel > input {
+                0
+            } else {
+                (input - kernel) / stride + 1
+            }
+        }
+    }
+}
+
+/// Output length of a transposed convolution along one axis.
+pub const fn transpose_out_len(input: usize, kernel: usize, stride: usize, padding: Padding) -> usize {
+    match padding {
+        Padding::Same => input * stride,
+        Padding::Valid => (input - 1) * stride + if kernel > stride { kernel } else { stride },
+    }
+}
+
+/// The operation a step performs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Op {
+    /// Stored input (u8 / float) → compute dtype, times `scale`. fwd: `[x] → [y]`; no bwd.
+    InputCast { elems: usize, scale: f32 },
+    /// Between float dtypes. fwd `[x] → [y]`; bwd `[dy] → [dx]`.
+    Cast { elems: usize },
+    /// `y = x·W + b` over `rows` rows. fwd `[x] → [y]`; bwd `[x, dy] → [dx]`.
+    Dense { rows: usize, in_features: usize, units: usize, bias: bool },
+    /// im2col + GEMM, `chunk` samples lowered at a time. fwd `[x] → [y, ws]`;
+    /// bwd `[x, dy] → [dx, ws]`.
+    Conv2d { dims: Window2d, bias: bool, chunk: usize },
+    /// Direct depthwise conv, `c_out = c_in · multiplier`. fwd `[x] → [y]`; bwd `[x, dy] → [dx]`.
+    DepthwiseConv2d { dims: Window2d, bias: bool },
+    /// Transposed conv (col2im of x·Wᵀ), chunked. fwd `[x] → [y, ws]`; bwd `[x, dy] → [dx, ws]`.
+    Conv2dTranspose { dims: Window2d, bias: bool, chunk: usize },
+    /// fwd `[x] → [y, argmax(u8)]`; bwd `[argmax, dy] → [dx]`.
+    MaxPool2d { dims: Window2d },
+    /// fwd `[x] → [y]`; bwd `[dy] → [dx]`.
+    AvgPool2d { dims: Window2d },
+    /// `[n, hw, c] → [n, c]`. fwd `[x] → [y]`; bwd `[dy] → [dx]`.
+    GlobalAvgPool { n: usize, hw: usize, c: usize },
+    /// Training-mode batch norm over `rows × channels`. fwd `[x] → [y, x_hat, mean, inv_std]`
+    /// (and the running statistics, persistent, in the forward phase only);
+    /// bwd `[x_hat, inv_std, dy] → [dx]`.
+    BatchNorm { rows: usize, channels: usize, momentum: f32, epsilon: f32 },
+    /// fwd `[x] → [y, x_hat, rstd]`; bwd `[x_hat, rstd, dy] → [dx]`.
+    LayerNorm { rows: usize, features: usize, epsilon: f32 },
+    /// Counter-based mask keyed by `key` (the layer) and the step counter, so recompute
+    /// reproduces it. fwd `[x] → [y, mask(u8)]`; bwd `[mask, dy] → [dx]`.
+    Dropout { elems: usize, rate: f32, key: u32 },
+    /// Element-wise activation; softmax is over the last axis of width `cols`.
+    /// fwd `[x] → [y]`; bwd `[y or x, dy] → [dx]` (see [`Activation::backward_reads_output`]).
+    Activation { act: Activation, elems: usize, cols: usize },
+    /// Sum of `arity` inputs. fwd `[x1, …] → [y]`; no bwd step (the gradient is shared).
+    Add { elems: usize, arity: usize },
+    /// Concatenation of two inputs along the last axis (`rows` rows of widths `a` and `b`).
+    /// fwd `[x1, x2] → [y]`; bwd `[dy] → [dx1, dx2]`.
+    Concat { rows: usize, a: usize, b: usize },
+    /// Gather rows of the table. fwd `[ids] → [y]`; bwd `[ids, dy] → []` (table grad only).
+    Embedding { tokens: usize, vocab: usize, dim: usize },
+    /// Scaled dot-product self-attention over a packed `qkv [batch, seq, 3·heads·head_dim]`.
+    /// With dropout: fwd `[qkv] → [probs, mask, probs_dropped, ctx]`, bwd
+    /// `[qkv, probs, mask, probs_dropped, dctx] → [dqkv, ws]`; without: fwd
+    /// `[qkv] → [probs, ctx]`, bwd `[qkv, probs, dctx] → [dqkv, ws]`.
+    /// `ws` holds `[batch, heads, seq, seq]` score gradients.
+    Attention { batch: usize, seq: usize, heads: usize, head_dim: usize, causal: bool, dropout: f32, key: u32 },
+    /// `z = mean + exp(log_var/2)·ε`, ε keyed like dropout. fwd `[mean, log_var] → [z]`;
+    /// bwd `[log_var, dz] → [dmean, dlog_var]`.
+    SampleNormal { elems: usize, key: u32 },
+    /// Gradient accumulation `g = a + b` (bwd phase only): `[a, b] → [g]`.
+    Accumulate { elems: usize },
+    /// Softmax output + integer labels → loss, and the gradient of the softmax's INPUT.
+    /// loss `[probs, labels] → [loss, dlogits]`.
+    SoftmaxCrossEntropy { rows: usize, classes: usize, weight: f32 },
+    /// Same from logits (no softmax layer before it). loss `[logits, labels] → [loss, dlogits]`.
+    SoftmaxCrossEntropyFromLogits { rows: usize, classes: usize, weight: f32 },
+    /// Sigmoid output + targets → loss, gradient of the sigmoid's INPUT.
+    /// loss `[probs, target] → [loss, dlogits]`.
+    SigmoidBinaryCrossentropy { rows: usize, features: usize, reduction: Reduction, weight: f32 },
+    /// BCE on probabilities. loss `[probs, target] → [loss, dprobs]`.
+    BinaryCrossentropy { rows: usize, features: usize, reduction: Reduction, weight: f32 },
+    /// loss `[pred, target] → [loss, dpred]`.
+    MeanSquaredError { rows: usize, features: usize, reduction: Reduction, weight: f32 },
+    /// loss `[mean, log_var] → [loss, dmean, dlog_var]`.
+    KlNormal { rows: usize, features: usize, reduction: Reduction, weight: f32 },
+    /// Mixed precision: are all parameter gradients finite? (update phase, no tensors).
+    CheckFinite,
+    /// Optimizer update of one layer's trainable parameters (update phase, no tensors).
+    Update,
+}
+
+impl Op {
+    /// Name used in the plan JSON.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::InputCast { .. } => "input_cast",
+            Op::Cast { .. } => "cast",
+            Op::Dense { .. } => "dense",
+            Op::Conv2d { .. } => "conv2d",
+            Op::DepthwiseConv2d { .. } => "depthwise_conv2d",
+            Op::Conv2dTranspose { .. } => "conv2d_transpose",
+            Op::MaxPool2d { .. } => "max_pool2d",
+            Op::AvgPool2d { .. } => "avg_pool2d",
+            Op::GlobalAvgPool { .. } => "global_avg_pool",
+            Op::BatchNorm { .. } => "batch_norm",
+            Op::LayerNorm { .. } => "layer_norm",
+            Op::Dropout { .. } => "dropout",
+            Op::Activation { act, .. } => act.name(),
+            Op::Add { .. } => "add",
+            Op::Concat { .. } => "concat",
+            Op::Embedding { .. } => "embedding",
+            Op::Attention { .. } => "attention",
+            Op::SampleNormal { .. } => "sample_normal",
+            Op::Accumulate { .. } => "accumulate",
+            Op::SoftmaxCrossEntropy { .. } => "softmax_cross_entropy",
+            Op::SoftmaxCrossEntropyFromLogits { .. } => "softmax_cross_entropy_from_logits",
+            Op::SigmoidBinaryCrossentropy { .. } => "sigmoid_binary_crossentropy",
+            Op::BinaryCrossentropy { .. } => "binary_crossentropy",
+            Op::MeanSquaredError { .. } => "mse",
+            Op::KlNormal { .. } => "kl_normal",
+            Op::CheckFinite => "check_finite",
+            Op::Update => "update",
+        }
+    }
+
+    /// Forward multiply-adds ×2 (FLOPs) of one execution, the cost model used to price
+    /// recomputation. Element-wise ops count one FLOP per element.
+    pub fn forward_flops(&self) -> u64 {
+        let u = |x: usize| x as u64;
+        match *self {
+            Op::Dense { rows, in_features, units, .. } => 2 * u(rows) * u(in_features) * u(units),
+            Op::Conv2d { dims: d, .. } => {
+                2 * u(d.n) * u(d.out_h()) * u(d.out_w()) * u(d.kh * d.kw * d.c_in) * u(d.c_out)
+            }
+            Op::Conv2dTranspose { dims: d, .. } => {
+                2 * u(d.n) * u(d.h) * u(d.w) * u(d.kh * d.kw * d.c_out) * u(d.c_in)
+            }
+            Op::DepthwiseConv2d { dims: d, .. } => {
+                2 * u(d.n) * u(d.out_h()) * u(d.out_w()) * u(d.kh * d.kw) * u(d.c_out)
+            }
+            Op::MaxPool2d { dims: d } | Op::AvgPool2d { dims: d } => {
+                u(d.n) * u(d.out_h()) * u(d.out_w()) * u(d.kh * d.kw) * u(d.c_out)
+            }
+            Op::Attention { batch, seq, heads, head_dim, .. } => {
+                4 * u(batch) * u(heads) * u(seq) * u(seq) * u(head_dim) + 5 * u(batch * heads * seq * seq)
+            }
+            Op::InputCast { elems, .. }
+            | Op::Cast { elems }
+            | Op::Dropout { elems, .. }
+            | Op::Activation { elems, .. }
+            | Op::Add { elems, .. }
+            | Op::SampleNormal { elems, .. }
+            | Op::Accumulate { elems } => u(elems),
+            Op::GlobalAvgPool { n, hw, c } => u(n * hw * c),
+            Op::BatchNorm { rows, channels, .. } => 8 * u(rows * channels),
+            Op::LayerNorm { rows, features, .. } => 8 * u(rows * features),
+            Op::Concat { rows, a, b } => u(rows * (a + b)),
+            Op::Embedding { tokens, dim, .. } => u(tokens * dim),
+            Op::SoftmaxCrossEntropy { rows, classes, .. }
+            | Op::SoftmaxCrossEntropyFromLogits { rows, classes, .. } => 4 * u(rows * classes),
+            Op::SigmoidBinaryCrossentropy { rows, features, .. }
+            | Op::BinaryCrossentropy { rows, features, .. }
+            | Op::MeanSquaredError { rows, features, .. }
+            | Op::KlNormal { rows, features, .. } => 4 * u(rows * features),
+            Op::CheckFinite | Op::Update => 0,
+        }
+    }
+}
+
+/// Bytes of im2col scratch a convolution may use per chunk of samples; the planner lowers
+/// `chunk = max(1, WORKSPACE_CAP / per-sample bytes)` samples at a time so the workspace stays
+/// bounded whatever the batch.
+pub const IM2COL_CAP_BYTES: u64 = 8 << 20;
+
+impl Op {
+    /// Elements of workspace (in the op's compute dtype) the forward (`backward = false`) or
+    /// backward kernel needs; 0 for none.
+    pub fn workspace_elems(&self, backward: bool) -> usize {
+        match *self {
+            Op::Conv2d { dims: d, chunk, .. } => conv2d_col_elems(&d, chunk),
+            Op::Conv2dTranspose { dims: d, chunk, .. } => chunk * d.h * d.w * d.kh * d.kw * d.c_out,
+            Op::Attention { batch, seq, heads, .. } if backward => batch * heads * seq * seq,
+            _ => 0,
+        }
+    }
+}
+
+/// im2col elements of a conv2d lowered `chunk` samples at a time; 0 for a 1×1 stride-1
+/// convolution, which is a plain GEMM over the input.
+pub const fn conv2d_col_elems(d: &Window2d, chunk: usize) -> usize {
+    if d.kh == 1 && d.kw == 1 && d.sh == 1 && d.sw == 1 {
+        0
+    } else {
+        chunk * d.out_h() * d.out_w() * d.kh * d.kw * d.c_in
+    }
+}

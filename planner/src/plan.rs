@@ -1,0 +1,484 @@
+//! `StaticPlan` and `MemoryReport`: the planner's output, in types that can be `const`
+//! (every list is a `Cow<'static, [T]>`), so the macro can bake them into the user's crate.
+//! Also their plan-JSON form (`memwise.plan/1`) and their Rust-literal form (for the macro).
+
+use std::borrow::Cow;
+use std::fmt::Write as _;
+
+use crate::dtype::{DType, Precision};
+use crate::op::{Op, Window2d};
+use crate::spec::{Activation, Optimizer, Padding, Reduction};
+
+/// A string that is `&'static str` in a const plan and `String` in a run-time one.
+pub type Text = Cow<'static, str>;
+/// A list that is `&'static [T]` in a const plan and `Vec<T>` in a run-time one.
+pub type List<T> = Cow<'static, [T]>;
+
+/// Marks an absent tensor in a step's positional `reads`/`writes`, or an absent offset.
+pub const NONE: u32 = u32::MAX;
+/// An absent persistent offset.
+pub const NO_OFFSET: u64 = u64::MAX;
+
+/// What a transient tensor is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    Activation,
+    ActivationGrad,
+    Workspace,
+    Input,
+    Recomputed,
+}
+
+impl Role {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Role::Activation => "activation",
+            Role::ActivationGrad => "activation_grad",
+            Role::Workspace => "workspace",
+            Role::Input => "input",
+            Role::Recomputed => "recomputed",
+        }
+    }
+}
+
+/// The phase a step belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    Forward,
+    Recompute,
+    Loss,
+    Backward,
+    Update,
+}
+
+impl Phase {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Phase::Forward => "forward",
+            Phase::Recompute => "recompute",
+            Phase::Loss => "loss",
+            Phase::Backward => "backward",
+            Phase::Update => "update",
+        }
+    }
+}
+
+/// One transient tensor: where it lives in the arena and when.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanTensor {
+    pub id: u32,
+    pub name: Text,
+    pub layer: Text,
+    pub role: Role,
+    pub dtype: DType,
+    pub shape: List<usize>,
+    /// Aligned size in bytes (≥ elements × dtype size).
+    pub bytes: u64,
+    pub offset: u64,
+    pub first: u32,
+    pub last: u32,
+    /// The tensor whose bytes this one takes over in place, or [`NONE`].
+    pub in_place_of: u32,
+}
+
+impl PlanTensor {
+    pub fn elems(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// One step of the training step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanStep {
+    pub index: u32,
+    pub phase: Phase,
+    pub layer: Text,
+    pub op: Op,
+    /// Positional, as documented on [`Op`]; [`NONE`] for "not needed".
+    pub reads: List<u32>,
+    pub writes: List<u32>,
+    /// Ids of the persistent parameters this step uses (weights, bias, statistics).
+    pub params: List<u32>,
+}
+
+/// One persistent parameter (or non-trainable statistic) and its place in the persistent
+/// region: the f32 master copy, its 16-bit copy for GEMMs (if any), gradient and
+/// optimizer state.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanParam {
+    pub id: u32,
+    /// `layer.weight`, `layer.bias`, `layer.running_mean` …
+    pub name: Text,
+    pub layer: Text,
+    pub shape: List<usize>,
+    pub trainable: bool,
+    /// Offset of the f32 values.
+    pub offset: u64,
+    /// 16-bit copy read by half-precision GEMMs, or `None`.
+    pub half_copy: Option<DType>,
+    pub half_offset: u64,
+    /// f32 gradient ([`NO_OFFSET`] when not trainable).
+    pub grad_offset: u64,
+    /// First of `Optimizer::state_slots()` f32 copies, each `elems × 4` bytes apart.
+    pub state_offset: u64,
+}
+
+impl PlanParam {
+    pub fn elems(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// One layer's line of the memory report.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerMemory {
+    pub name: Text,
+    /// The DSL attribute (`dense`, `conv2d` …).
+    pub kind: Text,
+    pub output_shape: List<usize>,
+    pub dtype: DType,
+    /// Parameter count (trainable and not).
+    pub params: u64,
+    /// Persistent bytes of its parameters, gradients and optimizer state.
+    pub persistent_bytes: u64,
+    /// Bytes of its forward tensors kept for the backward pass.
+    pub saved_bytes: u64,
+    /// Bytes of its forward tensors dropped and recomputed (checkpointing).
+    pub recomputed_bytes: u64,
+    pub checkpointed: bool,
+    /// Some op of the layer writes over its input.
+    pub in_place: bool,
+    pub forward_flops: u64,
+}
+
+/// Where one training step's memory goes. `total = params + grads + optimizer + arena`;
+/// `activations_peak + workspace_peak + inputs = lower_bound` (the live bytes at the
+/// peak step), and `arena - lower_bound` is what packing could not avoid.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemoryReport {
+    /// f32 parameters and statistics, plus 16-bit copies used by half-precision GEMMs.
+    pub params: u64,
+    pub grads: u64,
+    pub optimizer: u64,
+    /// Activations, recomputed activations and activation gradients live at the peak step.
+    pub activations_peak: u64,
+    /// Workspace live at the peak step.
+    pub workspace_peak: u64,
+    /// Input batches live at the peak step.
+    pub inputs: u64,
+    pub total: u64,
+    pub arena: u64,
+    pub lower_bound: u64,
+    /// The step at which the arena's live bytes peak.
+    pub peak_step: u32,
+    pub layers: List<LayerMemory>,
+}
+
+impl MemoryReport {
+    /// Persistent bytes: params + grads + optimizer.
+    pub const fn persistent(&self) -> u64 {
+        self.params + self.grads + self.optimizer
+    }
+}
+
+/// The whole static plan of one training step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StaticPlan {
+    pub model: Text,
+    pub batch: usize,
+    pub alignment: u64,
+    pub precision: Precision,
+    pub optimizer: Optimizer,
+    /// Dynamic loss scaling is on (float16 anywhere in the model).
+    pub loss_scaling: bool,
+    pub arena_bytes: u64,
+    pub lower_bound_bytes: u64,
+    pub persistent_bytes: u64,
+    pub params_count: u64,
+    pub trainable_count: u64,
+    pub memory: MemoryReport,
+    pub tensors: List<PlanTensor>,
+    pub steps: List<PlanStep>,
+    pub params: List<PlanParam>,
+    /// Tensor ids of the model's inputs, in declaration order.
+    pub inputs: List<u32>,
+    /// Tensor ids of the loss terms' scalar values.
+    pub losses: List<u32>,
+    /// Tensor id of the prediction the first loss term reads (for metrics), or [`NONE`].
+    pub prediction: u32,
+}
+
+impl StaticPlan {
+    pub fn tensor(&self, id: u32) -> &PlanTensor {
+        &self.tensors[id as usize]
+    }
+
+    /// The plan as `memwise.plan/1` JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(&self.to_json_value()).unwrap_or_default()
+    }
+
+    pub fn to_json_value(&self) -> serde_json::Value {
+        use serde_json::json;
+        let m = &self.memory;
+        let ids = |l: &[u32]| l.iter().copied().filter(|&t| t != NONE).collect::<Vec<_>>();
+        json!({
+            "schema": "memwise.plan/1",
+            "model": self.model,
+            "batch": self.batch,
+            "alignment": self.alignment,
+            "arena_bytes": self.arena_bytes,
+            "lower_bound_bytes": self.lower_bound_bytes,
+            "memory": {
+                "params": m.params, "grads": m.grads, "optimizer": m.optimizer,
+                "activations_peak": m.activations_peak, "workspace_peak": m.workspace_peak,
+                "inputs": m.inputs, "total": m.total,
+            },
+            "tensors": self.tensors.iter().map(|t| json!({
+                "id": t.id, "name": t.name, "layer": t.layer, "role": t.role.name(),
+                "dtype": t.dtype.name(), "shape": t.shape, "bytes": t.bytes,
+                "offset": t.offset, "first": t.first, "last": t.last,
+            })).collect::<Vec<_>>(),
+            "steps": self.steps.iter().map(|s| json!({
+                "index": s.index, "phase": s.phase.name(), "layer": s.layer,
+                "op": s.op.name(), "reads": ids(&s.reads), "writes": ids(&s.writes),
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    /// The plan as a Rust expression of type `StaticPlan`, usable in a `const` item.
+    /// `krate` is the path of this crate as the generated code sees it (`::memwise::plan`).
+    pub fn to_rust(&self, krate: &str) -> String {
+        let mut out = String::with_capacity(64 * (self.tensors.len() + self.steps.len()) + 4096);
+        let mut w = RustWriter { out: &mut out, krate };
+        self.write_rust(&mut w);
+        out
+    }
+}
+
+impl MemoryReport {
+    /// The report as a Rust expression of type `MemoryReport`, usable in a `const` item.
+    pub fn to_rust(&self, krate: &str) -> String {
+        let mut out = String::new();
+        let mut w = RustWriter { out: &mut out, krate };
+        self.write_rust(&mut w);
+        out
+    }
+}
+
+// ---- Rust-literal emission (for the proc macro) ----
+
+/// Writes values as Rust source. Paths are prefixed with `krate`.
+pub struct RustWriter<'a> {
+    out: &'a mut String,
+    krate: &'a str,
+}
+
+impl RustWriter<'_> {
+    fn s(&mut self, s: &str) {
+        self.out.push_str(s);
+    }
+    fn path(&mut self, p: &str) {
+        let _ = write!(self.out, "{}::{}", self.krate, p);
+    }
+}
+
+/// A value that can be written as a Rust expression.
+pub trait ToRust {
+    fn write_rust(&self, w: &mut RustWriter<'_>);
+}
+
+macro_rules! int_to_rust {
+    ($($t:ty),*) => {$(
+        impl ToRust for $t {
+            fn write_rust(&self, w: &mut RustWriter<'_>) {
+                let _ = write!(w.out, "{}{}", self, stringify!($t));
+            }
+        }
+    )*};
+}
+int_to_rust!(u32, u64, usize);
+
+impl ToRust for bool {
+    fn write_rust(&self, w: &mut RustWriter<'_>) {
+        w.s(if *self { "true" } else { "false" });
+    }
+}
+
+impl ToRust for f32 {
+    fn write_rust(&self, w: &mut RustWriter<'_>) {
+        if self.is_finite() {
+            let _ = write!(w.out, "{:?}f32", self);
+        } else if self.is_nan() {
+            w.s("f32::NAN");
+        } else if *self > 0.0 {
+            w.s("f32::INFINITY");
+        } else {
+            w.s("f32::NEG_INFINITY");
+        }
+    }
+}
+
+impl ToRust for Text {
+    fn write_rust(&self, w: &mut RustWriter<'_>) {
+        let _ = write!(w.out, "::std::borrow::Cow::Borrowed({:?})", self.as_ref());
+    }
+}
+
+impl<T: ToRust + Clone> ToRust for List<T> {
+    fn write_rust(&self, w: &mut RustWriter<'_>) {
+        w.s("::std::borrow::Cow::Borrowed(&[");
+        for (i, x) in self.iter().enumerate() {
+            if i > 0 {
+                w.s(",");
+            }
+            x.write_rust(w);
+        }
+        w.s("])");
+    }
+}
+
+impl<T: ToRust> ToRust for Option<T> {
+    fn write_rust(&self, w: &mut RustWriter<'_>) {
+        match self {
+            None => w.s("::core::option::Option::None"),
+            Some(x) => {
+                w.s("::core::option::Option::Some(");
+                x.write_rust(w);
+                w.s(")");
+            }
+        }
+    }
+}
+
+/// Writes `Path { field: value, … }`.
+macro_rules! struct_to_rust {
+    ($ty:ident, $path:literal, [$($f:ident),* $(,)?]) => {
+        impl ToRust for $ty {
+            fn write_rust(&self, w: &mut RustWriter<'_>) {
+                w.path($path);
+                w.s("{");
+                $(
+                    w.s(concat!(stringify!($f), ":"));
+                    self.$f.write_rust(w);
+                    w.s(",");
+                )*
+                w.s("}");
+            }
+        }
+    };
+}
+
+/// Writes a fieldless enum as `Path::Variant`.
+macro_rules! unit_enum_to_rust {
+    ($ty:ident, $path:literal, [$($v:ident),* $(,)?]) => {
+        impl ToRust for $ty {
+            fn write_rust(&self, w: &mut RustWriter<'_>) {
+                w.path(concat!($path, "::"));
+                w.s(match self { $($ty::$v => stringify!($v)),* });
+            }
+        }
+    };
+}
+
+unit_enum_to_rust!(DType, "DType", [F32, F16, BF16, U8, I32]);
+unit_enum_to_rust!(Precision, "Precision", [Float32, MixedFloat16, MixedBFloat16]);
+unit_enum_to_rust!(Role, "Role", [Activation, ActivationGrad, Workspace, Input, Recomputed]);
+unit_enum_to_rust!(Phase, "Phase", [Forward, Recompute, Loss, Backward, Update]);
+unit_enum_to_rust!(Activation, "Activation", [Linear, Relu, Sigmoid, Tanh, Gelu, Silu, Softmax]);
+unit_enum_to_rust!(Padding, "Padding", [Same, Valid]);
+unit_enum_to_rust!(Reduction, "Reduction", [Mean, SumOverFeatures]);
+
+struct_to_rust!(Window2d, "Window2d", [n, h, w, c_in, c_out, kh, kw, sh, sw, padding]);
+struct_to_rust!(PlanTensor, "PlanTensor", [id, name, layer, role, dtype, shape, bytes, offset, first, last, in_place_of]);
+struct_to_rust!(PlanStep, "PlanStep", [index, phase, layer, op, reads, writes, params]);
+struct_to_rust!(PlanParam, "PlanParam", [id, name, layer, shape, trainable, offset, half_copy, half_offset, grad_offset, state_offset]);
+struct_to_rust!(LayerMemory, "LayerMemory", [name, kind, output_shape, dtype, params, persistent_bytes, saved_bytes, recomputed_bytes, checkpointed, in_place, forward_flops]);
+struct_to_rust!(MemoryReport, "MemoryReport", [params, grads, optimizer, activations_peak, workspace_peak, inputs, total, arena, lower_bound, peak_step, layers]);
+struct_to_rust!(StaticPlan, "StaticPlan", [model, batch, alignment, precision, optimizer, loss_scaling, arena_bytes, lower_bound_bytes, persistent_bytes, params_count, trainable_count, memory, tensors, steps, params, inputs, losses, prediction]);
+
+/// Writes `Path::Variant { field: value, … }` for enums with named fields.
+macro_rules! write_variant {
+    ($w:expr, $path:literal, $v:ident { $($f:ident),* }) => {{
+        $w.path(concat!($path, "::", stringify!($v)));
+        $w.s("{");
+        $( $w.s(concat!(stringify!($f), ":")); $f.write_rust($w); $w.s(","); )*
+        $w.s("}");
+    }};
+}
+
+impl ToRust for Optimizer {
+    fn write_rust(&self, w: &mut RustWriter<'_>) {
+        match self {
+            Optimizer::Sgd { lr } => write_variant!(w, "Optimizer", Sgd { lr }),
+            Optimizer::Momentum { lr, momentum, nesterov } => {
+                write_variant!(w, "Optimizer", Momentum { lr, momentum, nesterov })
+            }
+            Optimizer::RmsProp { lr, rho, epsilon, momentum, centered } => {
+                write_variant!(w, "Optimizer", RmsProp { lr, rho, epsilon, momentum, centered })
+            }
+            Optimizer::Adam { lr, beta_1, beta_2, epsilon } => {
+                write_variant!(w, "Optimizer", Adam { lr, beta_1, beta_2, epsilon })
+            }
+            Optimizer::AdamW { lr, beta_1, beta_2, epsilon, weight_decay } => {
+                write_variant!(w, "Optimizer", AdamW { lr, beta_1, beta_2, epsilon, weight_decay })
+            }
+        }
+    }
+}
+
+impl ToRust for Op {
+    fn write_rust(&self, w: &mut RustWriter<'_>) {
+        match self {
+            Op::InputCast { elems, scale } => write_variant!(w, "Op", InputCast { elems, scale }),
+            Op::Cast { elems } => write_variant!(w, "Op", Cast { elems }),
+            Op::Dense { rows, in_features, units, bias } => {
+                write_variant!(w, "Op", Dense { rows, in_features, units, bias })
+            }
+            Op::Conv2d { dims, bias, chunk } => write_variant!(w, "Op", Conv2d { dims, bias, chunk }),
+            Op::DepthwiseConv2d { dims, bias } => write_variant!(w, "Op", DepthwiseConv2d { dims, bias }),
+            Op::Conv2dTranspose { dims, bias, chunk } => {
+                write_variant!(w, "Op", Conv2dTranspose { dims, bias, chunk })
+            }
+            Op::MaxPool2d { dims } => write_variant!(w, "Op", MaxPool2d { dims }),
+            Op::AvgPool2d { dims } => write_variant!(w, "Op", AvgPool2d { dims }),
+            Op::GlobalAvgPool { n, hw, c } => write_variant!(w, "Op", GlobalAvgPool { n, hw, c }),
+            Op::BatchNorm { rows, channels, momentum, epsilon } => {
+                write_variant!(w, "Op", BatchNorm { rows, channels, momentum, epsilon })
+            }
+            Op::LayerNorm { rows, features, epsilon } => {
+                write_variant!(w, "Op", LayerNorm { rows, features, epsilon })
+            }
+            Op::Dropout { elems, rate, key } => write_variant!(w, "Op", Dropout { elems, rate, key }),
+            Op::Activation { act, elems, cols } => write_variant!(w, "Op", Activation { act, elems, cols }),
+            Op::Add { elems, arity } => write_variant!(w, "Op", Add { elems, arity }),
+            Op::Concat { rows, a, b } => write_variant!(w, "Op", Concat { rows, a, b }),
+            Op::Embedding { tokens, vocab, dim } => write_variant!(w, "Op", Embedding { tokens, vocab, dim }),
+            Op::Attention { batch, seq, heads, head_dim, causal, dropout, key } => {
+                write_variant!(w, "Op", Attention { batch, seq, heads, head_dim, causal, dropout, key })
+            }
+            Op::SampleNormal { elems, key } => write_variant!(w, "Op", SampleNormal { elems, key }),
+            Op::Accumulate { elems } => write_variant!(w, "Op", Accumulate { elems }),
+            Op::SoftmaxCrossEntropy { rows, classes, weight } => {
+                write_variant!(w, "Op", SoftmaxCrossEntropy { rows, classes, weight })
+            }
+            Op::SoftmaxCrossEntropyFromLogits { rows, classes, weight } => {
+                write_variant!(w, "Op", SoftmaxCrossEntropyFromLogits { rows, classes, weight })
+            }
+            Op::SigmoidBinaryCrossentropy { rows, features, reduction, weight } => {
+                write_variant!(w, "Op", SigmoidBinaryCrossentropy { rows, features, reduction, weight })
+            }
+            Op::BinaryCrossentropy { rows, features, reduction, weight } => {
+                write_variant!(w, "Op", BinaryCrossentropy { rows, features, reduction, weight })
+            }
+            Op::MeanSquaredError { rows, features, reduction, weight } => {
+                write_variant!(w, "Op", MeanSquaredError { rows, features, reduction, weight })
+            }
+            Op::KlNormal { rows, features, reduction, weight } => {
+                write_variant!(w, "Op", KlNormal { rows, features, reduction, weight })
+            }
+            Op::CheckFinite => w.path("Op::CheckFinite"),
+            Op::Update => w.path("Op::Update"),
+        }
+    }
+}

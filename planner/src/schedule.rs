@@ -1,0 +1,360 @@
+//! `Schedule`: the training step in execution order — forward, loss, backward (with
+//! checkpoint segments recomputed just before their backward, and gradients of tensors
+//! with several consumers accumulated), then the optimizer update. Every tensor a step
+//! touches, gradients, recomputed copies and workspaces included, is created here.
+
+use std::collections::HashMap;
+
+use crate::autodiff::StepGraph;
+use crate::dtype::DType;
+use crate::graph::{Graph, TensorId};
+use crate::op::Op;
+use crate::plan::{Phase, Role, NONE};
+
+/// A tensor of the schedule.
+#[derive(Clone, Debug, PartialEq)]
+pub struct STensor {
+    pub name: String,
+    /// Layer index in the spec (for the loss and the model-wide steps: `None`).
+    pub layer: Option<usize>,
+    pub role: Role,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+}
+
+impl STensor {
+    pub fn raw_bytes(&self) -> u64 {
+        self.shape.iter().product::<usize>() as u64 * self.dtype.size()
+    }
+}
+
+/// A step of the schedule.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SStep {
+    pub phase: Phase,
+    pub layer: Option<usize>,
+    pub op: Op,
+    pub reads: Vec<u32>,
+    pub writes: Vec<u32>,
+    pub params: Vec<u32>,
+    /// `(read slot, write slot)` pairs where the write may take the read's bytes.
+    pub in_place: Vec<(usize, usize)>,
+}
+
+/// The ordered steps and all their tensors. Tensor ids `0..graph.tensors.len()` are the
+/// graph's forward tensors.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Schedule {
+    pub tensors: Vec<STensor>,
+    pub steps: Vec<SStep>,
+    /// Loss scalar tensors.
+    pub losses: Vec<u32>,
+    pub prediction: u32,
+    pub loss_scaling: bool,
+    /// Checkpoint segments: `(segment id, layer indices)`.
+    pub segments: Vec<Vec<usize>>,
+}
+
+struct Ctx<'a> {
+    graph: &'a Graph,
+    tensors: Vec<STensor>,
+    steps: Vec<SStep>,
+    /// Current (accumulated) gradient tensor of each forward tensor.
+    grad: HashMap<TensorId, u32>,
+    /// Number of contributions so far (names the partial gradients).
+    parts: HashMap<TensorId, usize>,
+}
+
+impl Ctx<'_> {
+    fn new_tensor(&mut self, name: String, layer: Option<usize>, role: Role, dtype: DType, shape: Vec<usize>) -> u32 {
+        self.tensors.push(STensor { name, layer, role, dtype, shape });
+        (self.tensors.len() - 1) as u32
+    }
+
+    fn grad_tensor(&mut self, of: TensorId) -> u32 {
+        let t = &self.graph.tensors[of];
+        let k = self.parts.entry(of).or_insert(0);
+        *k += 1;
+        let name = if *k == 1 { format!("{}.grad", t.name) } else { format!("{}.grad{}", t.name, k) };
+        let (layer, dtype, shape) = (Some(t.layer), t.dtype, t.shape.clone());
+        self.new_tensor(name, layer, Role::ActivationGrad, dtype, shape)
+    }
+
+    /// Records `g` as a gradient contribution to forward tensor `of`, accumulating into
+    /// the gradient so far when there is one.
+    fn contribute(&mut self, of: TensorId, g: u32) {
+        match self.grad.get(&of).copied() {
+            None => {
+                self.grad.insert(of, g);
+            }
+            Some(prev) => {
+                let sum = self.grad_tensor(of);
+                let elems = self.graph.tensors[of].elems();
+                self.steps.push(SStep {
+                    phase: Phase::Backward,
+                    layer: Some(self.graph.tensors[of].layer),
+                    op: Op::Accumulate { elems },
+                    reads: vec![prev, g],
+                    writes: vec![sum],
+                    params: vec![],
+                    in_place: vec![(0, 0), (1, 0)],
+                });
+                self.grad.insert(of, sum);
+            }
+        }
+    }
+
+    fn workspace(&mut self, layer: usize, op: &Op, backward: bool, dtype: DType, tag: &str) -> u32 {
+        let elems = op.workspace_elems(backward);
+        if elems == 0 {
+            return NONE;
+        }
+        let name = format!("{}.workspace{}", self.graph.layers[layer].name, tag);
+        self.new_tensor(name, Some(layer), Role::Workspace, dtype, vec![elems])
+    }
+}
+
+impl Schedule {
+    /// Orders the step and creates every tensor it touches.
+    pub fn build(graph: &Graph, step: &StepGraph) -> Schedule {
+        let mut cx = Ctx { graph, tensors: Vec::new(), steps: Vec::new(), grad: HashMap::new(), parts: HashMap::new() };
+        for t in &graph.tensors {
+            let role = if t.is_input { Role::Input } else { Role::Activation };
+            cx.tensors.push(STensor { name: t.name.clone(), layer: Some(t.layer), role, dtype: t.dtype, shape: t.shape.clone() });
+        }
+        let op_dtype = |o: usize| graph.tensors[graph.ops[o].outputs[0]].dtype;
+        let params_of = |o: usize| graph.ops[o].params.iter().map(|&p| p as u32).collect::<Vec<_>>();
+
+        // Forward.
+        for (o, op) in graph.ops.iter().enumerate() {
+            let mut writes: Vec<u32> = op.outputs.iter().map(|&t| t as u32).collect();
+            if op.op.workspace_elems(false) > 0 {
+                let ws = cx.workspace(op.layer, &op.op, false, op_dtype(o), "");
+                writes.push(ws);
+            }
+            let in_place = match step.forward_in_place[o] {
+                Some(0) if matches!(op.op, Op::Add { .. }) => (0..op.inputs.len()).map(|k| (k, 0)).collect(),
+                Some(k) => vec![(k, 0)],
+                None => vec![],
+            };
+            cx.steps.push(SStep {
+                phase: Phase::Forward,
+                layer: Some(op.layer),
+                op: op.op,
+                reads: op.inputs.iter().map(|&t| t as u32).collect(),
+                writes,
+                params: params_of(o),
+                in_place,
+            });
+        }
+
+        // Loss: each term writes its value and the gradients it starts.
+        let mut losses = Vec::new();
+        for (k, l) in graph.losses.iter().enumerate() {
+            let name = if graph.losses.len() == 1 { "loss".to_string() } else { format!("loss.{k}.{}", l.op.name()) };
+            let value = cx.new_tensor(name, None, Role::Activation, DType::F32, vec![1]);
+            losses.push(value);
+            let mut writes = vec![value];
+            let mut grads = Vec::new();
+            for &t in &l.grad_of {
+                if step.requires_grad[t] {
+                    let g = cx.grad_tensor(t);
+                    writes.push(g);
+                    grads.push((t, g));
+                } else {
+                    writes.push(NONE);
+                }
+            }
+            cx.steps.push(SStep {
+                phase: Phase::Loss,
+                layer: None,
+                op: l.op,
+                reads: l.reads.iter().map(|&t| t as u32).collect(),
+                writes,
+                params: vec![],
+                in_place: vec![],
+            });
+            for (t, g) in grads {
+                cx.contribute(t, g);
+            }
+        }
+        let prediction = graph.losses.first().map_or(NONE, |l| l.prediction as u32);
+
+        // Checkpoint segments: maximal runs of consecutive layers with one segment id.
+        let mut seg_of_layer: Vec<Option<usize>> = vec![None; graph.layers.len()];
+        let mut segments: Vec<Vec<usize>> = Vec::new();
+        let mut prev: Option<u32> = None;
+        for (i, l) in graph.layers.iter().enumerate() {
+            match l.checkpoint {
+                Some(id) if prev == Some(id) => {
+                    segments.last_mut().expect("open segment").push(i);
+                    seg_of_layer[i] = Some(segments.len() - 1);
+                }
+                Some(_) => {
+                    segments.push(vec![i]);
+                    seg_of_layer[i] = Some(segments.len() - 1);
+                }
+                None => {}
+            }
+            prev = l.checkpoint;
+        }
+        let seg_of_op = |o: usize| seg_of_layer[graph.ops[o].layer];
+        // Tensors saved by a backward outside their own segment stay alive anyway: reuse them.
+        let mut saved_outside = vec![false; graph.tensors.len()];
+        for (o, rule) in step.backward.iter().enumerate() {
+            if let Some(r) = rule {
+                for &t in &r.saved {
+                    let producer_seg = graph.ops.iter().position(|p| p.outputs.contains(&t)).and_then(seg_of_op);
+                    if producer_seg.is_none() || producer_seg != seg_of_op(o) {
+                        saved_outside[t] = true;
+                    }
+                }
+            }
+        }
+        let mut recomputed: HashMap<TensorId, u32> = HashMap::new();
+        let mut seg_done = vec![false; segments.len()];
+
+        // Backward, in reverse.
+        for o in (0..graph.ops.len()).rev() {
+            let op = &graph.ops[o];
+            if matches!(op.op, Op::Add { .. }) {
+                // The sum's gradient is each summand's gradient: shared, no step.
+                if let Some(&g) = cx.grad.get(&op.outputs[0]) {
+                    for &x in &op.inputs {
+                        if step.requires_grad[x] {
+                            cx.contribute(x, g);
+                        }
+                    }
+                }
+                continue;
+            }
+            let Some(rule) = &step.backward[o] else { continue };
+            let dys: Vec<u32> = rule.grad_outputs.iter().map(|t| cx.grad.get(t).copied().unwrap_or(NONE)).collect();
+            if dys.iter().all(|&d| d == NONE) {
+                continue; // nothing flows back through this op
+            }
+            if let Some(s) = seg_of_op(o) {
+                if !seg_done[s] {
+                    seg_done[s] = true;
+                    recompute_segment(&mut cx, graph, step, &segments[s], &seg_of_layer, s, &saved_outside, &mut recomputed);
+                }
+            }
+            let mut reads: Vec<u32> = rule.saved.iter().map(|t| recomputed.get(t).copied().unwrap_or(*t as u32)).collect();
+            let n_saved = reads.len();
+            reads.extend(&dys);
+            let mut writes = Vec::new();
+            let mut contributions = Vec::new();
+            for (k, &x) in op.inputs.iter().enumerate() {
+                if rule.grad_inputs[k] {
+                    let g = cx.grad_tensor(x);
+                    writes.push(g);
+                    contributions.push((x, g));
+                } else {
+                    writes.push(NONE);
+                }
+            }
+            if matches!(op.op, Op::Embedding { .. }) {
+                writes.clear(); // ids take no gradient
+                contributions.clear();
+            }
+            if op.op.workspace_elems(true) > 0 {
+                let ws = cx.workspace(op.layer, &op.op, true, op_dtype(o), ".bwd");
+                writes.push(ws);
+            }
+            let in_place = if rule.in_place { vec![(n_saved, 0)] } else { vec![] };
+            cx.steps.push(SStep { phase: Phase::Backward, layer: Some(op.layer), op: op.op, reads, writes, params: params_of(o), in_place });
+            for (x, g) in contributions {
+                cx.contribute(x, g);
+            }
+        }
+
+        // Update.
+        let trainable: Vec<u32> = graph.params.iter().enumerate().filter(|(_, p)| p.trainable).map(|(i, _)| i as u32).collect();
+        if step.loss_scaling && !trainable.is_empty() {
+            cx.steps.push(SStep { phase: Phase::Update, layer: None, op: Op::CheckFinite, reads: vec![], writes: vec![], params: trainable.clone(), in_place: vec![] });
+        }
+        for (li, _) in graph.layers.iter().enumerate() {
+            let ps: Vec<u32> = trainable.iter().copied().filter(|&p| graph.params[p as usize].layer == li).collect();
+            if !ps.is_empty() {
+                cx.steps.push(SStep { phase: Phase::Update, layer: Some(li), op: Op::Update, reads: vec![], writes: vec![], params: ps, in_place: vec![] });
+            }
+        }
+        Schedule { tensors: cx.tensors, steps: cx.steps, losses, prediction, loss_scaling: step.loss_scaling, segments }
+    }
+}
+
+/// Emits the recompute steps of one checkpoint segment: the ops whose outputs the
+/// segment's backward reads, and the ops those depend on inside the segment.
+#[allow(clippy::too_many_arguments)]
+fn recompute_segment(
+    cx: &mut Ctx<'_>,
+    graph: &Graph,
+    step: &StepGraph,
+    layers: &[usize],
+    seg_of_layer: &[Option<usize>],
+    seg: usize,
+    saved_outside: &[bool],
+    recomputed: &mut HashMap<TensorId, u32>,
+) {
+    let in_seg = |o: usize| seg_of_layer[graph.ops[o].layer] == Some(seg);
+    let ops: Vec<usize> = (0..graph.ops.len()).filter(|&o| layers.contains(&graph.ops[o].layer) && in_seg(o)).collect();
+    let producer = |t: TensorId| ops.iter().copied().find(|&o| graph.ops[o].outputs.contains(&t));
+    // Tensors the segment's backward needs that are not kept alive for someone else.
+    let mut need: Vec<TensorId> = Vec::new();
+    for &o in &ops {
+        if let Some(r) = &step.backward[o] {
+            for &t in &r.saved {
+                if producer(t).is_some() && !saved_outside[t] && !need.contains(&t) {
+                    need.push(t);
+                }
+            }
+        }
+    }
+    // Close over producers inside the segment.
+    let mut run = vec![false; graph.ops.len()];
+    let mut stack = need.clone();
+    while let Some(t) = stack.pop() {
+        if let Some(p) = producer(t) {
+            if !run[p] {
+                run[p] = true;
+                for &x in &graph.ops[p].inputs {
+                    if producer(x).is_some() && !(saved_outside[x]) {
+                        stack.push(x);
+                    }
+                }
+            }
+        }
+    }
+    for &o in &ops {
+        if !run[o] {
+            continue;
+        }
+        let op = &graph.ops[o];
+        let reads: Vec<u32> = op.inputs.iter().map(|t| recomputed.get(t).copied().unwrap_or(*t as u32)).collect();
+        let mut writes = Vec::new();
+        for &t in &op.outputs {
+            let g = &graph.tensors[t];
+            let r = cx.new_tensor(format!("{}@recompute", g.name), Some(g.layer), Role::Recomputed, g.dtype, g.shape.clone());
+            recomputed.insert(t, r);
+            writes.push(r);
+        }
+        if op.op.workspace_elems(false) > 0 {
+            let dt = graph.tensors[op.outputs[0]].dtype;
+            writes.push(cx.workspace(op.layer, &op.op, false, dt, ".recompute"));
+        }
+        let in_place = match step.forward_in_place[o] {
+            Some(0) if matches!(op.op, Op::Add { .. }) => (0..op.inputs.len()).map(|k| (k, 0)).collect(),
+            Some(k) => vec![(k, 0)],
+            None => vec![],
+        };
+        cx.steps.push(SStep {
+            phase: crate::plan::Phase::Recompute,
+            layer: Some(op.layer),
+            op: op.op,
+            reads,
+            writes,
+            params: op.params.iter().map(|&p| p as u32).collect(),
+            in_place,
+        });
+    }
+}
