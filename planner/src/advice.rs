@@ -1,0 +1,343 @@
+//! Budget advice: byte-size strings (`"8 GiB"`, `"80GB"`) and the fixes that make a model
+//! fit a memory budget — the largest batch, mixed precision, which layers to checkpoint —
+//! each one verified by planning it, never guessed.
+//!
+//! The `#[memwise::model]` macro uses this for its budget error at compile time; the runtime
+//! uses it for a budget read from the device. Every search here calls [`crate::plan`], so
+//! every number it returns is a planned total.
+
+use crate::dtype::Precision;
+use crate::spec::{LayerKind, ModelSpec};
+
+/// Parses a byte size: a number and an optional unit, binary (`KiB`, `MiB`, `GiB`, `TiB`:
+/// powers of 1024) or decimal (`KB`, `MB`, `GB`, `TB`: powers of 1000), or `B`/no unit for
+/// bytes. Units are case-insensitive; the space between number and unit is optional.
+/// `"512 MiB"`, `"8 GiB"`, `"80GB"`, `"1.5 GiB"` and `"1_000_000"` are all understood.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let text = s.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
+        .unwrap_or(text.len());
+    let (number, unit) = (text[..split].replace('_', ""), text[split..].trim());
+    if number.is_empty() {
+        return Err(format!(
+            "expected a size like \"512 MiB\", \"8 GiB\" or \"80GB\", found \"{s}\""
+        ));
+    }
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{number}` is not a number (expected a size like \"1.5 GiB\")"))?;
+    let multiplier: u64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" | "byte" | "bytes" => 1,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        "k" | "m" | "g" | "t" => {
+            let u = unit.to_ascii_uppercase();
+            return Err(format!(
+                "unit `{unit}` is ambiguous: write `{u}iB` (powers of 1024) or `{u}B` (powers of 1000)"
+            ));
+        }
+        _ => {
+            return Err(format!(
+                "unknown unit `{unit}`: use B, KiB, MiB, GiB, TiB (powers of 1024) or KB, MB, GB, TB (powers of 1000)"
+            ))
+        }
+    };
+    let bytes = (value * multiplier as f64).round();
+    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
+        return Err(format!("\"{s}\" is too large"));
+    }
+    Ok(bytes as u64)
+}
+
+/// Formats bytes with binary units, labelled as such: `512 B`, `1.5 KiB`, `621.41 MiB`,
+/// `2 GiB` (at most two decimals, trailing zeros dropped).
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    let mut text = format!("{value:.2}");
+    // Rounding can reach 1024.00 of a unit; say the next unit instead.
+    if text == "1024.00" && unit + 1 < UNITS.len() {
+        text = "1.00".to_string();
+        unit += 1;
+    }
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    format!("{text} {}", UNITS[unit])
+}
+
+/// The planned total of one training step, or `None` when the model cannot be planned.
+pub fn total(spec: &ModelSpec) -> Option<u64> {
+    crate::plan(spec).ok().map(|p| p.memory.total)
+}
+
+/// The largest batch whose planned total fits `budget`, or `None` when not even batch 1
+/// fits (or the model cannot be planned). Assumes memory grows with the batch, which holds
+/// for every op the planner knows (every transient tensor scales with it).
+pub fn max_batch(spec: &ModelSpec, budget: u64) -> Option<usize> {
+    const LIMIT: usize = 1 << 24;
+    let fits = |b: usize| total(&spec.with_batch(b)).is_some_and(|t| t <= budget);
+    if !fits(1) {
+        return None;
+    }
+    // Exponential search for a batch that does not fit, then bisect between.
+    let (mut lo, mut hi) = (1usize, 2usize);
+    while hi <= LIMIT && fits(hi) {
+        lo = hi;
+        hi *= 2;
+    }
+    if hi > LIMIT {
+        return Some(lo);
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Some(lo)
+}
+
+/// Something the user can checkpoint with one annotation (a layer, a field, a block), and
+/// how many bytes of saved activations it holds in the unconstrained plan (the greedy order).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointUnit {
+    pub label: String,
+    pub saved_bytes: u64,
+}
+
+/// A set of units which, checkpointed, makes the model fit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointFix {
+    /// Labels of the chosen units, in declaration order.
+    pub units: Vec<String>,
+    /// Planned total with them checkpointed.
+    pub total: u64,
+}
+
+/// Switching the model-wide precision policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrecisionFix {
+    pub precision: Precision,
+    /// Planned total at the model's batch.
+    pub total: u64,
+    /// Largest batch that fits with this precision.
+    pub max_batch: Option<usize>,
+}
+
+/// What would make a model fit its budget, each figure planned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fixes {
+    pub budget: u64,
+    /// Planned total as declared.
+    pub needed: u64,
+    /// Largest batch that fits, and its planned total.
+    pub max_batch: Option<(usize, u64)>,
+    /// `mixed_float16` (or `mixed_bfloat16` when the model already uses float16), when the
+    /// model is not already on it.
+    pub precision: Option<PrecisionFix>,
+    /// The cheapest checkpoint set found that fits, if any.
+    pub checkpoint: Option<CheckpointFix>,
+    /// Planned total with every unit checkpointed (shown when even that does not fit).
+    pub checkpoint_all: Option<u64>,
+}
+
+impl Fixes {
+    /// True when at least one fix fits.
+    pub fn any(&self) -> bool {
+        self.max_batch.is_some()
+            || self
+                .precision
+                .as_ref()
+                .is_some_and(|p| p.total <= self.budget)
+            || self.checkpoint.is_some()
+    }
+}
+
+/// Fixes for `spec` under `budget`, with every non-input layer a checkpoint unit of its own
+/// (its own segment). Callers that know a coarser structure (the macro's fields and blocks)
+/// use [`fixes_with`].
+pub fn fixes(spec: &ModelSpec, budget: u64) -> Fixes {
+    let saved = saved_by_layer(spec);
+    let layers: Vec<&str> = spec
+        .layers
+        .iter()
+        .filter(|l| !matches!(l.kind, LayerKind::Input { .. }))
+        .map(|l| l.name.as_str())
+        .collect();
+    let units: Vec<CheckpointUnit> = layers
+        .iter()
+        .map(|name| CheckpointUnit {
+            label: name.to_string(),
+            saved_bytes: saved(name),
+        })
+        .collect();
+    let apply = |chosen: &[usize]| {
+        let mut s = spec.clone();
+        let mut next = s
+            .layers
+            .iter()
+            .filter_map(|l| l.checkpoint)
+            .max()
+            .map_or(0, |m| m + 1);
+        for &i in chosen {
+            if let Some(l) = s.layers.iter_mut().find(|l| l.name == layers[i]) {
+                l.checkpoint = Some(next);
+                next += 1;
+            }
+        }
+        s
+    };
+    fixes_with(spec, budget, &units, &apply)
+}
+
+/// Fixes for `spec` under `budget`, choosing checkpoints among `units`; `apply(chosen)`
+/// returns the spec with the units at those indices checkpointed (as the user would write it).
+pub fn fixes_with(
+    spec: &ModelSpec,
+    budget: u64,
+    units: &[CheckpointUnit],
+    apply: &dyn Fn(&[usize]) -> ModelSpec,
+) -> Fixes {
+    let needed = total(spec).unwrap_or(u64::MAX);
+    let largest = max_batch(spec, budget)
+        .filter(|&b| b < spec.batch)
+        .and_then(|b| total(&spec.with_batch(b)).map(|t| (b, t)));
+    let precision = match spec.precision {
+        Precision::Float32 => Some(Precision::MixedFloat16),
+        _ => None,
+    }
+    .and_then(|p| {
+        let s = ModelSpec {
+            precision: p,
+            ..spec.clone()
+        };
+        total(&s).map(|t| PrecisionFix {
+            precision: p,
+            total: t,
+            max_batch: max_batch(&s, budget),
+        })
+    });
+    let (checkpoint, checkpoint_all) = checkpoint_search(budget, units, apply);
+    Fixes {
+        budget,
+        needed,
+        max_batch: largest,
+        precision,
+        checkpoint,
+        checkpoint_all,
+    }
+}
+
+/// Greedy checkpoint choice: units by saved bytes, largest first; the fewest of them that
+/// fit (bisection on how many), then each chosen unit dropped again if the rest still fits.
+/// Returns the fix, or `None` and the total with every unit checkpointed.
+pub fn checkpoint_search(
+    budget: u64,
+    units: &[CheckpointUnit],
+    apply: &dyn Fn(&[usize]) -> ModelSpec,
+) -> (Option<CheckpointFix>, Option<u64>) {
+    if units.is_empty() {
+        return (None, None);
+    }
+    let mut order: Vec<usize> = (0..units.len()).collect();
+    order.sort_by_key(|&i| (std::cmp::Reverse(units[i].saved_bytes), i));
+    let total_of = |chosen: &[usize]| {
+        let mut sorted = chosen.to_vec();
+        sorted.sort_unstable();
+        total(&apply(&sorted))
+    };
+    let all = total_of(&order);
+    if !all.is_some_and(|t| t <= budget) {
+        return (None, all);
+    }
+    let fits = |k: usize| total_of(&order[..k]).is_some_and(|t| t <= budget);
+    let (mut lo, mut hi) = (0usize, order.len()); // !fits(lo) assumed, fits(hi) known
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    let mut chosen: Vec<usize> = order[..hi].to_vec();
+    // Pruning: the smallest units first, a bounded number of tries.
+    for &candidate in order[..hi].iter().rev().take(32) {
+        if chosen.len() == 1 {
+            break;
+        }
+        let rest: Vec<usize> = chosen.iter().copied().filter(|&i| i != candidate).collect();
+        if total_of(&rest).is_some_and(|t| t <= budget) {
+            chosen = rest;
+        }
+    }
+    chosen.sort_unstable();
+    let total = total_of(&chosen).unwrap_or(u64::MAX);
+    let units = chosen.iter().map(|&i| units[i].label.clone()).collect();
+    (Some(CheckpointFix { units, total }), all)
+}
+
+/// Saved activation bytes of each layer in the unconstrained plan (0 when it cannot be planned).
+pub fn saved_by_layer(spec: &ModelSpec) -> impl Fn(&str) -> u64 {
+    let plan = crate::plan(spec).ok();
+    move |name: &str| {
+        plan.as_ref()
+            .and_then(|p| p.memory.layers.iter().find(|l| l.name == name))
+            .map_or(0, |l| l.saved_bytes + l.recomputed_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_binary_and_decimal_units() {
+        assert_eq!(parse_bytes("512 MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("8 GiB"), Ok(8 << 30));
+        assert_eq!(parse_bytes("80GB"), Ok(80_000_000_000));
+        assert_eq!(parse_bytes("1.5 GiB"), Ok(3 << 29));
+        assert_eq!(parse_bytes("2 gib"), Ok(2 << 30));
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes(" 1_000 B "), Ok(1000));
+        assert_eq!(parse_bytes("3 KB"), Ok(3000));
+        assert_eq!(parse_bytes("1 TiB"), Ok(1 << 40));
+    }
+
+    #[test]
+    fn rejects_malformed_sizes() {
+        assert!(parse_bytes("").is_err());
+        assert!(parse_bytes("GiB").is_err());
+        assert!(parse_bytes("2 G").unwrap_err().contains("ambiguous"));
+        assert!(parse_bytes("2 gigs").unwrap_err().contains("unknown unit"));
+        assert!(parse_bytes("1.2.3 GiB").is_err());
+        assert!(parse_bytes("-1 GiB").is_err());
+    }
+
+    #[test]
+    fn formats_with_binary_labels() {
+        assert_eq!(format_bytes(0), "0 B");
+        assert_eq!(format_bytes(1023), "1023 B");
+        assert_eq!(format_bytes(1536), "1.5 KiB");
+        assert_eq!(format_bytes(2 << 30), "2 GiB");
+        assert_eq!(format_bytes(3 << 29), "1.5 GiB");
+        assert_eq!(format_bytes((1 << 20) - 1), "1 MiB");
+        assert_eq!(format_bytes(651_598_643), "621.41 MiB");
+    }
+}

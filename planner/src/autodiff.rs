@@ -62,21 +62,49 @@ impl StepGraph {
                 (Some(a), Some(b)) => graph.tensors[a].dtype == graph.tensors[b].dtype,
                 _ => false,
             };
-            let (saved, grad_outputs, in_place_bwd, in_place_fwd): (Vec<TensorId>, Vec<TensorId>, bool, Option<usize>) = match op.op {
+            let (saved, grad_outputs, in_place_bwd, in_place_fwd): (
+                Vec<TensorId>,
+                Vec<TensorId>,
+                bool,
+                Option<usize>,
+            ) = match op.op {
                 Op::InputCast { .. } => (vec![], vec![], false, None),
                 Op::Cast { .. } => (vec![], vec![op.outputs[0]], false, None),
-                Op::Dense { .. } | Op::Conv2d { .. } | Op::DepthwiseConv2d { .. } | Op::Conv2dTranspose { .. } => {
+                Op::Dense { .. }
+                | Op::Conv2d { .. }
+                | Op::DepthwiseConv2d { .. }
+                | Op::Conv2dTranspose { .. } => {
                     // dW = xᵀ·dy needs x; dx = dy·Wᵀ needs only the (persistent) weights.
-                    let saved = if param_grads { vec![op.inputs[0]] } else { vec![] };
+                    let saved = if param_grads {
+                        vec![op.inputs[0]]
+                    } else {
+                        vec![]
+                    };
                     (saved, vec![op.outputs[0]], false, None)
                 }
                 Op::MaxPool2d { .. } => (vec![op.outputs[1]], vec![op.outputs[0]], false, None),
-                Op::AvgPool2d { .. } | Op::GlobalAvgPool { .. } => (vec![], vec![op.outputs[0]], false, None),
-                Op::BatchNorm { .. } => (vec![op.outputs[1], op.outputs[3]], vec![op.outputs[0]], false, None),
-                Op::LayerNorm { .. } => (vec![op.outputs[1], op.outputs[2]], vec![op.outputs[0]], false, None),
+                Op::AvgPool2d { .. } | Op::GlobalAvgPool { .. } => {
+                    (vec![], vec![op.outputs[0]], false, None)
+                }
+                Op::BatchNorm { .. } => (
+                    vec![op.outputs[1], op.outputs[3]],
+                    vec![op.outputs[0]],
+                    false,
+                    None,
+                ),
+                Op::LayerNorm { .. } => (
+                    vec![op.outputs[1], op.outputs[2]],
+                    vec![op.outputs[0]],
+                    false,
+                    None,
+                ),
                 Op::Dropout { .. } => (vec![op.outputs[1]], vec![op.outputs[0]], true, Some(0)),
                 Op::Activation { act, .. } => {
-                    let s = if act.backward_reads_output() { op.outputs[0] } else { op.inputs[0] };
+                    let s = if act.backward_reads_output() {
+                        op.outputs[0]
+                    } else {
+                        op.inputs[0]
+                    };
                     let fwd = (act.backward_reads_output() && same_dtype(x, y)).then_some(0);
                     (vec![s], vec![op.outputs[0]], same_dtype(x, y), fwd)
                 }
@@ -92,13 +120,33 @@ impl StepGraph {
                     (s, vec![*op.outputs.last().expect("ctx")], false, None)
                 }
                 Op::SampleNormal { .. } => (vec![op.inputs[1]], vec![op.outputs[0]], false, None),
-                other => return Err(PlanError::internal(format!("{} is not a forward op", other.name()))),
+                other => {
+                    return Err(PlanError::internal(format!(
+                        "{} is not a forward op",
+                        other.name()
+                    )))
+                }
             };
             forward_in_place.push(in_place_fwd);
-            backward.push(needed.then_some(BackwardRule { saved, grad_outputs, grad_inputs, param_grads, in_place: in_place_bwd }));
+            backward.push(needed.then_some(BackwardRule {
+                saved,
+                grad_outputs,
+                grad_inputs,
+                param_grads,
+                in_place: in_place_bwd,
+            }));
         }
-        let loss_scaling = graph.tensors.iter().any(|t| t.dtype == DType::F16) || spec.layers.iter().any(|l| l.dtype == Some(DType::F16) && !matches!(l.kind, LayerKind::Input { .. }));
-        Ok(StepGraph { requires_grad, backward, forward_in_place, loss_scaling })
+        let loss_scaling = graph.tensors.iter().any(|t| t.dtype == DType::F16)
+            || spec
+                .layers
+                .iter()
+                .any(|l| l.dtype == Some(DType::F16) && !matches!(l.kind, LayerKind::Input { .. }));
+        Ok(StepGraph {
+            requires_grad,
+            backward,
+            forward_in_place,
+            loss_scaling,
+        })
     }
 }
 

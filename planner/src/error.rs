@@ -12,15 +12,26 @@ pub struct PlanError {
 
 impl PlanError {
     pub fn at(layer: &str, message: impl Into<String>) -> Self {
-        PlanError { layer: Some(layer.to_string()), related: Vec::new(), message: message.into() }
+        PlanError {
+            layer: Some(layer.to_string()),
+            related: Vec::new(),
+            message: message.into(),
+        }
     }
 
     pub fn model(message: impl Into<String>) -> Self {
-        PlanError { layer: None, related: Vec::new(), message: message.into() }
+        PlanError {
+            layer: None,
+            related: Vec::new(),
+            message: message.into(),
+        }
     }
 
     pub fn internal(message: impl Into<String>) -> Self {
-        PlanError::model(format!("internal planner error (please report): {}", message.into()))
+        PlanError::model(format!(
+            "internal planner error (please report): {}",
+            message.into()
+        ))
     }
 
     pub fn related(mut self, layers: &[&str]) -> Self {

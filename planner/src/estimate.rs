@@ -7,7 +7,10 @@ use std::borrow::Cow;
 use crate::arena::ArenaPlan;
 use crate::graph::Graph;
 use crate::liveness::{align_up, Lifetimes};
-use crate::plan::{LayerMemory, MemoryReport, Phase, PlanParam, PlanStep, PlanTensor, Role, StaticPlan, NONE, NO_OFFSET};
+use crate::plan::{
+    LayerMemory, MemoryReport, Phase, PlanParam, PlanStep, PlanTensor, Role, StaticPlan, NONE,
+    NO_OFFSET,
+};
 use crate::schedule::Schedule;
 use crate::spec::ModelSpec;
 
@@ -21,7 +24,11 @@ pub struct Persistent {
 
 /// Lays out the persistent region: all f32 values, then 16-bit copies, then gradients,
 /// then optimizer state (each parameter's slots contiguous, `align(elems·4)` apart).
-pub fn layout_params(spec: &ModelSpec, graph: &Graph, alignment: u64) -> (Vec<PlanParam>, Persistent) {
+pub fn layout_params(
+    spec: &ModelSpec,
+    graph: &Graph,
+    alignment: u64,
+) -> (Vec<PlanParam>, Persistent) {
     let slots = spec.optimizer.state_slots();
     let f32_bytes = |e: usize| align_up(e as u64 * 4, alignment);
     let mut out: Vec<PlanParam> = graph
@@ -67,11 +74,24 @@ pub fn layout_params(spec: &ModelSpec, graph: &Graph, alignment: u64) -> (Vec<Pl
         }
     }
     let optimizer = at - params - grads;
-    (out, Persistent { params, grads, optimizer })
+    (
+        out,
+        Persistent {
+            params,
+            grads,
+            optimizer,
+        },
+    )
 }
 
 /// Builds the `StaticPlan` from the pipeline's stages.
-pub fn assemble(spec: &ModelSpec, graph: &Graph, schedule: &Schedule, life: &Lifetimes, arena: &ArenaPlan) -> StaticPlan {
+pub fn assemble(
+    spec: &ModelSpec,
+    graph: &Graph,
+    schedule: &Schedule,
+    life: &Lifetimes,
+    arena: &ArenaPlan,
+) -> StaticPlan {
     let layer_name = |l: Option<usize>| -> Cow<'static, str> {
         match l {
             Some(i) => Cow::Owned(graph.layers[i].name.clone()),
@@ -85,11 +105,17 @@ pub fn assemble(spec: &ModelSpec, graph: &Graph, schedule: &Schedule, life: &Lif
         .map(|(i, t)| PlanTensor {
             id: i as u32,
             name: Cow::Owned(t.name.clone()),
-            layer: if t.layer.is_none() { Cow::Borrowed("loss") } else { layer_name(t.layer) },
+            layer: if t.layer.is_none() {
+                Cow::Borrowed("loss")
+            } else {
+                layer_name(t.layer)
+            },
             role: t.role,
             dtype: t.dtype,
             shape: Cow::Owned(t.shape.clone()),
-            bytes: arena.requests[life.buffer_of[i]].bytes.min(align_up(t.raw_bytes(), arena.alignment)),
+            bytes: arena.requests[life.buffer_of[i]]
+                .bytes
+                .min(align_up(t.raw_bytes(), arena.alignment)),
             offset: arena.offset(life.buffer_of[i]),
             first: life.first[i],
             last: life.last[i],
@@ -103,7 +129,11 @@ pub fn assemble(spec: &ModelSpec, graph: &Graph, schedule: &Schedule, life: &Lif
         .map(|(i, s)| PlanStep {
             index: i as u32,
             phase: s.phase,
-            layer: if s.layer.is_none() && s.phase == Phase::Loss { Cow::Borrowed("loss") } else { layer_name(s.layer) },
+            layer: if s.layer.is_none() && s.phase == Phase::Loss {
+                Cow::Borrowed("loss")
+            } else {
+                layer_name(s.layer)
+            },
             op: s.op,
             reads: Cow::Owned(s.reads.clone()),
             writes: Cow::Owned(s.writes.clone()),
@@ -152,7 +182,9 @@ pub fn assemble(spec: &ModelSpec, graph: &Graph, schedule: &Schedule, life: &Lif
     // Breakdown at the peak: each live buffer counted once, by the role of its member
     // that is live there (the newest one at a hand-over).
     let mut seen = std::collections::HashSet::new();
-    let mut members: Vec<usize> = (0..plan.tensors.len()).filter(|&i| plan.tensors[i].first <= peak && peak <= plan.tensors[i].last).collect();
+    let mut members: Vec<usize> = (0..plan.tensors.len())
+        .filter(|&i| plan.tensors[i].first <= peak && peak <= plan.tensors[i].last)
+        .collect();
     members.sort_by_key(|&i| std::cmp::Reverse(plan.tensors[i].first));
     let (mut act, mut ws, mut inp) = (0u64, 0u64, 0u64);
     for i in members {
@@ -195,11 +227,24 @@ fn layer_rows(spec: &ModelSpec, graph: &Graph, plan: &StaticPlan) -> Vec<LayerMe
                 .tensors
                 .iter()
                 .filter(mine)
-                .filter(|t| matches!(t.role, Role::Activation | Role::Input) && read_in_backward[t.id as usize])
+                .filter(|t| {
+                    matches!(t.role, Role::Activation | Role::Input)
+                        && read_in_backward[t.id as usize]
+                })
                 .map(|t| t.bytes)
                 .sum();
-            let recomputed_bytes = plan.tensors.iter().filter(mine).filter(|t| t.role == Role::Recomputed).map(|t| t.bytes).sum();
-            let in_place = plan.tensors.iter().filter(mine).any(|t| t.in_place_of != NONE && t.role == Role::Activation);
+            let recomputed_bytes = plan
+                .tensors
+                .iter()
+                .filter(mine)
+                .filter(|t| t.role == Role::Recomputed)
+                .map(|t| t.bytes)
+                .sum();
+            let in_place = plan
+                .tensors
+                .iter()
+                .filter(mine)
+                .any(|t| t.in_place_of != NONE && t.role == Role::Activation);
             let ps = graph.params.iter().filter(|p| p.layer == li);
             let mut params = 0u64;
             let mut persistent = 0u64;
@@ -222,7 +267,10 @@ fn layer_rows(spec: &ModelSpec, graph: &Graph, plan: &StaticPlan) -> Vec<LayerMe
                 recomputed_bytes,
                 checkpointed: l.checkpoint.is_some(),
                 in_place,
-                forward_flops: graph.ops[l.ops.clone()].iter().map(|o| o.op.forward_flops()).sum(),
+                forward_flops: graph.ops[l.ops.clone()]
+                    .iter()
+                    .map(|o| o.op.forward_flops())
+                    .sum(),
             }
         })
         .collect()

@@ -124,18 +124,51 @@ struct Builder<'a> {
 impl<'a> Builder<'a> {
     fn tensor(&mut self, layer: usize, suffix: &str, shape: Vec<usize>, dtype: DType) -> TensorId {
         let name = format!("{}.{}", self.spec.layers[layer].name, suffix);
-        self.g.tensors.push(GTensor { name, layer, shape, dtype, is_input: false });
+        self.g.tensors.push(GTensor {
+            name,
+            layer,
+            shape,
+            dtype,
+            is_input: false,
+        });
         self.g.tensors.len() - 1
     }
 
-    fn param(&mut self, layer: usize, suffix: &str, shape: Vec<usize>, trainable: bool, half: Option<DType>) -> usize {
+    fn param(
+        &mut self,
+        layer: usize,
+        suffix: &str,
+        shape: Vec<usize>,
+        trainable: bool,
+        half: Option<DType>,
+    ) -> usize {
         let name = format!("{}.{}", self.spec.layers[layer].name, suffix);
-        self.g.params.push(GParam { name, layer, shape, trainable, half_copy: half });
+        self.g.params.push(GParam {
+            name,
+            layer,
+            shape,
+            trainable,
+            half_copy: half,
+        });
         self.g.params.len() - 1
     }
 
-    fn push(&mut self, layer: usize, op: Op, inputs: Vec<TensorId>, outputs: Vec<TensorId>, params: Vec<usize>) {
-        self.g.ops.push(GOp { layer, op, inputs, outputs, params, fused_into_loss: false });
+    fn push(
+        &mut self,
+        layer: usize,
+        op: Op,
+        inputs: Vec<TensorId>,
+        outputs: Vec<TensorId>,
+        params: Vec<usize>,
+    ) {
+        self.g.ops.push(GOp {
+            layer,
+            op,
+            inputs,
+            outputs,
+            params,
+            fused_into_loss: false,
+        });
     }
 
     fn name(&self, layer: usize) -> &'a str {
@@ -163,25 +196,52 @@ impl<'a> Builder<'a> {
         let elems = shape.iter().product();
         let out = self.tensor(layer, &format!("cast_{}", dt.name()), shape, dt);
         self.push(layer, Op::Cast { elems }, vec![v.tensor], vec![out], vec![]);
-        Ok(Value { tensor: out, shape: v.shape.clone() })
+        Ok(Value {
+            tensor: out,
+            shape: v.shape.clone(),
+        })
     }
 
-    fn activation(&mut self, layer: usize, v: Value, act: Activation, explicit_dtype: bool) -> Value {
+    fn activation(
+        &mut self,
+        layer: usize,
+        v: Value,
+        act: Activation,
+        explicit_dtype: bool,
+    ) -> Value {
         if act == Activation::Linear {
             return v;
         }
         let in_dt = self.g.tensors[v.tensor].dtype;
         // Softmax stays f32 under a mixed policy (as Keras and PyTorch autocast do), unless
         // the layer asked for a precision explicitly.
-        let out_dt = if act == Activation::Softmax && !explicit_dtype { DType::F32 } else { in_dt };
+        let out_dt = if act == Activation::Softmax && !explicit_dtype {
+            DType::F32
+        } else {
+            in_dt
+        };
         let cols = *v.shape.last().unwrap_or(&1);
         let elems = v.shape.iter().product();
         let out = self.tensor(layer, act.name(), v.shape.clone(), out_dt);
-        self.push(layer, Op::Activation { act, elems, cols }, vec![v.tensor], vec![out], vec![]);
-        Value { tensor: out, shape: v.shape }
+        self.push(
+            layer,
+            Op::Activation { act, elems, cols },
+            vec![v.tensor],
+            vec![out],
+            vec![],
+        );
+        Value {
+            tensor: out,
+            shape: v.shape,
+        }
     }
 
-    fn rank4(&self, layer: usize, v: &Value, from: &str) -> Result<(usize, usize, usize, usize), PlanError> {
+    fn rank4(
+        &self,
+        layer: usize,
+        v: &Value,
+        from: &str,
+    ) -> Result<(usize, usize, usize, usize), PlanError> {
         if v.shape.len() != 4 {
             return Err(PlanError::at(
                 self.name(layer),
@@ -210,7 +270,10 @@ impl<'a> Builder<'a> {
     ) -> Result<Window2d, PlanError> {
         let (n, h, w, c) = self.rank4(layer, v, from)?;
         if kernel[0] == 0 || kernel[1] == 0 || strides[0] == 0 || strides[1] == 0 {
-            return Err(PlanError::at(self.name(layer), format!("{what} and strides must be at least 1")));
+            return Err(PlanError::at(
+                self.name(layer),
+                format!("{what} and strides must be at least 1"),
+            ));
         }
         if padding == Padding::Valid && (kernel[0] > h || kernel[1] > w) {
             return Err(PlanError::at(
@@ -222,7 +285,18 @@ impl<'a> Builder<'a> {
             )
             .related(&[from]));
         }
-        let d = Window2d { n, h, w, c_in: c, c_out, kh: kernel[0], kw: kernel[1], sh: strides[0], sw: strides[1], padding };
+        let d = Window2d {
+            n,
+            h,
+            w,
+            c_in: c,
+            c_out,
+            kh: kernel[0],
+            kw: kernel[1],
+            sh: strides[0],
+            sw: strides[1],
+            padding,
+        };
         debug_assert!(out_len(h, d.kh, d.sh, padding) > 0);
         Ok(d)
     }
@@ -250,7 +324,10 @@ impl<'a> Builder<'a> {
         if !matches!(ls.kind, LayerKind::Input { .. }) {
             if ls.inputs.is_empty() {
                 if i == 0 {
-                    return Err(PlanError::at(name, "the first layer has no input: declare an `#[input(..)]` field first"));
+                    return Err(PlanError::at(
+                        name,
+                        "the first layer has no input: declare an `#[input(..)]` field first",
+                    ));
                 }
                 let prev = i - 1;
                 ins.push((self.g.layers[prev].output.clone(), self.name(prev)));
@@ -266,7 +343,10 @@ impl<'a> Builder<'a> {
                         };
                         return Err(PlanError::at(name, msg));
                     };
-                    ins.push((self.g.layers[j].output.clone(), spec.layers[j].name.as_str()));
+                    ins.push((
+                        self.g.layers[j].output.clone(),
+                        spec.layers[j].name.as_str(),
+                    ));
                     self.consumed[j] = true;
                 }
             }
@@ -275,7 +355,11 @@ impl<'a> Builder<'a> {
             if ins.len() != want {
                 Err(PlanError::at(
                     name,
-                    format!("`{}` takes {want} input(s), but {} were given", ls.kind.name(), ins.len()),
+                    format!(
+                        "`{}` takes {want} input(s), but {} were given",
+                        ls.kind.name(),
+                        ins.len()
+                    ),
                 ))
             } else {
                 Ok(())
@@ -283,29 +367,67 @@ impl<'a> Builder<'a> {
         };
 
         let output: Value = match &ls.kind {
-            LayerKind::Input { shape, dtype, scale } => {
+            LayerKind::Input {
+                shape,
+                dtype,
+                scale,
+            } => {
                 if shape.contains(&0) {
-                    return Err(PlanError::at(name, format!("input shape {} has a zero dimension", fmt_shape(shape))));
+                    return Err(PlanError::at(
+                        name,
+                        format!("input shape {} has a zero dimension", fmt_shape(shape)),
+                    ));
                 }
                 let mut full = vec![batch];
                 full.extend_from_slice(shape);
-                self.g.tensors.push(GTensor { name: name.to_string(), layer: i, shape: full.clone(), dtype: *dtype, is_input: true });
+                self.g.tensors.push(GTensor {
+                    name: name.to_string(),
+                    layer: i,
+                    shape: full.clone(),
+                    dtype: *dtype,
+                    is_input: true,
+                });
                 let raw = self.g.tensors.len() - 1;
                 self.g.inputs.push(raw);
                 if *dtype == DType::U8 {
                     let elems = full.iter().product();
                     let out = self.tensor(i, "scaled", full.clone(), dt);
-                    self.push(i, Op::InputCast { elems, scale: *scale }, vec![raw], vec![out], vec![]);
-                    Value { tensor: out, shape: full }
+                    self.push(
+                        i,
+                        Op::InputCast {
+                            elems,
+                            scale: *scale,
+                        },
+                        vec![raw],
+                        vec![out],
+                        vec![],
+                    );
+                    Value {
+                        tensor: out,
+                        shape: full,
+                    }
                 } else {
-                    Value { tensor: raw, shape: full }
+                    Value {
+                        tensor: raw,
+                        shape: full,
+                    }
                 }
             }
-            LayerKind::Dense { units, activation, use_bias } => {
+            LayerKind::Dense {
+                units,
+                activation,
+                use_bias,
+            } => {
                 arity(1)?;
                 let (v, from) = &ins[0];
                 if v.shape.len() < 2 {
-                    return Err(PlanError::at(name, format!("dense needs features, but `{from}` gives {}", user_shape(&v.shape))));
+                    return Err(PlanError::at(
+                        name,
+                        format!(
+                            "dense needs features, but `{from}` gives {}",
+                            user_shape(&v.shape)
+                        ),
+                    ));
                 }
                 if *units == 0 {
                     return Err(PlanError::at(name, "dense units must be at least 1"));
@@ -315,16 +437,47 @@ impl<'a> Builder<'a> {
                 let rows = x.shape.iter().product::<usize>() / in_f.max(1);
                 let mut oshape = x.shape.clone();
                 *oshape.last_mut().expect("rank >= 2") = *units;
-                let suffix = if *activation == Activation::Linear { "out" } else { "linear" };
+                let suffix = if *activation == Activation::Linear {
+                    "out"
+                } else {
+                    "linear"
+                };
                 let y = self.tensor(i, suffix, oshape.clone(), dt);
-                let mut ps = vec![self.param(i, "weight", vec![in_f, *units], true, Self::half(dt))];
+                let mut ps =
+                    vec![self.param(i, "weight", vec![in_f, *units], true, Self::half(dt))];
                 if *use_bias {
                     ps.push(self.param(i, "bias", vec![*units], true, None));
                 }
-                self.push(i, Op::Dense { rows, in_features: in_f, units: *units, bias: *use_bias }, vec![x.tensor], vec![y], ps);
-                self.activation(i, Value { tensor: y, shape: oshape }, *activation, explicit)
+                self.push(
+                    i,
+                    Op::Dense {
+                        rows,
+                        in_features: in_f,
+                        units: *units,
+                        bias: *use_bias,
+                    },
+                    vec![x.tensor],
+                    vec![y],
+                    ps,
+                );
+                self.activation(
+                    i,
+                    Value {
+                        tensor: y,
+                        shape: oshape,
+                    },
+                    *activation,
+                    explicit,
+                )
             }
-            LayerKind::Conv2d { filters, kernel, strides, padding, activation, use_bias } => {
+            LayerKind::Conv2d {
+                filters,
+                kernel,
+                strides,
+                padding,
+                activation,
+                use_bias,
+            } => {
                 arity(1)?;
                 let (v, from) = &ins[0];
                 let d = self.window(i, v, from, *filters, *kernel, *strides, *padding, "kernel")?;
@@ -335,67 +488,288 @@ impl<'a> Builder<'a> {
                 let per_sample = d.out_h() * d.out_w() * d.kh * d.kw * d.c_in;
                 let chunk = self.conv_chunk(d.n, per_sample, dt);
                 let oshape = vec![d.n, d.out_h(), d.out_w(), *filters];
-                let y = self.tensor(i, if *activation == Activation::Linear { "out" } else { "conv" }, oshape.clone(), dt);
-                let mut ps = vec![self.param(i, "weight", vec![d.kh, d.kw, d.c_in, *filters], true, Self::half(dt))];
+                let y = self.tensor(
+                    i,
+                    if *activation == Activation::Linear {
+                        "out"
+                    } else {
+                        "conv"
+                    },
+                    oshape.clone(),
+                    dt,
+                );
+                let mut ps = vec![self.param(
+                    i,
+                    "weight",
+                    vec![d.kh, d.kw, d.c_in, *filters],
+                    true,
+                    Self::half(dt),
+                )];
                 if *use_bias {
                     ps.push(self.param(i, "bias", vec![*filters], true, None));
                 }
-                self.push(i, Op::Conv2d { dims: d, bias: *use_bias, chunk }, vec![x.tensor], vec![y], ps);
-                self.activation(i, Value { tensor: y, shape: oshape }, *activation, explicit)
+                self.push(
+                    i,
+                    Op::Conv2d {
+                        dims: d,
+                        bias: *use_bias,
+                        chunk,
+                    },
+                    vec![x.tensor],
+                    vec![y],
+                    ps,
+                );
+                self.activation(
+                    i,
+                    Value {
+                        tensor: y,
+                        shape: oshape,
+                    },
+                    *activation,
+                    explicit,
+                )
             }
-            LayerKind::DepthwiseConv2d { kernel, strides, padding, multiplier, activation, use_bias } => {
+            LayerKind::DepthwiseConv2d {
+                kernel,
+                strides,
+                padding,
+                multiplier,
+                activation,
+                use_bias,
+            } => {
                 arity(1)?;
                 let (v, from) = &ins[0];
                 let c = v.shape.last().copied().unwrap_or(0);
-                let d = self.window(i, v, from, c * multiplier, *kernel, *strides, *padding, "kernel")?;
+                let d = self.window(
+                    i,
+                    v,
+                    from,
+                    c * multiplier,
+                    *kernel,
+                    *strides,
+                    *padding,
+                    "kernel",
+                )?;
                 let x = self.cast_to(i, v, dt)?;
                 let oshape = vec![d.n, d.out_h(), d.out_w(), d.c_out];
-                let y = self.tensor(i, if *activation == Activation::Linear { "out" } else { "conv" }, oshape.clone(), dt);
-                let mut ps = vec![self.param(i, "weight", vec![d.kh, d.kw, d.c_in, *multiplier], true, None)];
+                let y = self.tensor(
+                    i,
+                    if *activation == Activation::Linear {
+                        "out"
+                    } else {
+                        "conv"
+                    },
+                    oshape.clone(),
+                    dt,
+                );
+                let mut ps = vec![self.param(
+                    i,
+                    "weight",
+                    vec![d.kh, d.kw, d.c_in, *multiplier],
+                    true,
+                    None,
+                )];
                 if *use_bias {
                     ps.push(self.param(i, "bias", vec![d.c_out], true, None));
                 }
-                self.push(i, Op::DepthwiseConv2d { dims: d, bias: *use_bias }, vec![x.tensor], vec![y], ps);
-                self.activation(i, Value { tensor: y, shape: oshape }, *activation, explicit)
+                self.push(
+                    i,
+                    Op::DepthwiseConv2d {
+                        dims: d,
+                        bias: *use_bias,
+                    },
+                    vec![x.tensor],
+                    vec![y],
+                    ps,
+                );
+                self.activation(
+                    i,
+                    Value {
+                        tensor: y,
+                        shape: oshape,
+                    },
+                    *activation,
+                    explicit,
+                )
             }
-            LayerKind::SeparableConv2d { filters, kernel, strides, padding, multiplier, activation, use_bias } => {
+            LayerKind::SeparableConv2d {
+                filters,
+                kernel,
+                strides,
+                padding,
+                multiplier,
+                activation,
+                use_bias,
+            } => {
                 arity(1)?;
                 let (v, from) = &ins[0];
                 let c = v.shape.last().copied().unwrap_or(0);
-                let d = self.window(i, v, from, c * multiplier, *kernel, *strides, *padding, "kernel")?;
+                let d = self.window(
+                    i,
+                    v,
+                    from,
+                    c * multiplier,
+                    *kernel,
+                    *strides,
+                    *padding,
+                    "kernel",
+                )?;
                 let x = self.cast_to(i, v, dt)?;
                 let mid = vec![d.n, d.out_h(), d.out_w(), d.c_out];
                 let t = self.tensor(i, "depthwise", mid.clone(), dt);
-                let dw = self.param(i, "depthwise_weight", vec![d.kh, d.kw, d.c_in, *multiplier], true, None);
-                self.push(i, Op::DepthwiseConv2d { dims: d, bias: false }, vec![x.tensor], vec![t], vec![dw]);
-                let pd = Window2d { n: d.n, h: d.out_h(), w: d.out_w(), c_in: d.c_out, c_out: *filters, kh: 1, kw: 1, sh: 1, sw: 1, padding: Padding::Valid };
+                let dw = self.param(
+                    i,
+                    "depthwise_weight",
+                    vec![d.kh, d.kw, d.c_in, *multiplier],
+                    true,
+                    None,
+                );
+                self.push(
+                    i,
+                    Op::DepthwiseConv2d {
+                        dims: d,
+                        bias: false,
+                    },
+                    vec![x.tensor],
+                    vec![t],
+                    vec![dw],
+                );
+                let pd = Window2d {
+                    n: d.n,
+                    h: d.out_h(),
+                    w: d.out_w(),
+                    c_in: d.c_out,
+                    c_out: *filters,
+                    kh: 1,
+                    kw: 1,
+                    sh: 1,
+                    sw: 1,
+                    padding: Padding::Valid,
+                };
                 let oshape = vec![d.n, d.out_h(), d.out_w(), *filters];
-                let y = self.tensor(i, if *activation == Activation::Linear { "out" } else { "pointwise" }, oshape.clone(), dt);
-                let mut ps = vec![self.param(i, "pointwise_weight", vec![1, 1, d.c_out, *filters], true, Self::half(dt))];
+                let y = self.tensor(
+                    i,
+                    if *activation == Activation::Linear {
+                        "out"
+                    } else {
+                        "pointwise"
+                    },
+                    oshape.clone(),
+                    dt,
+                );
+                let mut ps = vec![self.param(
+                    i,
+                    "pointwise_weight",
+                    vec![1, 1, d.c_out, *filters],
+                    true,
+                    Self::half(dt),
+                )];
                 if *use_bias {
                     ps.push(self.param(i, "bias", vec![*filters], true, None));
                 }
-                self.push(i, Op::Conv2d { dims: pd, bias: *use_bias, chunk: d.n }, vec![t], vec![y], ps);
-                self.activation(i, Value { tensor: y, shape: oshape }, *activation, explicit)
+                self.push(
+                    i,
+                    Op::Conv2d {
+                        dims: pd,
+                        bias: *use_bias,
+                        chunk: d.n,
+                    },
+                    vec![t],
+                    vec![y],
+                    ps,
+                );
+                self.activation(
+                    i,
+                    Value {
+                        tensor: y,
+                        shape: oshape,
+                    },
+                    *activation,
+                    explicit,
+                )
             }
-            LayerKind::Conv2dTranspose { filters, kernel, strides, padding, activation, use_bias } => {
+            LayerKind::Conv2dTranspose {
+                filters,
+                kernel,
+                strides,
+                padding,
+                activation,
+                use_bias,
+            } => {
                 arity(1)?;
                 let (v, from) = &ins[0];
-                let d = self.window(i, v, from, *filters, *kernel, *strides, Padding::Same, "kernel")?;
-                let d = Window2d { padding: *padding, ..d };
+                let d = self.window(
+                    i,
+                    v,
+                    from,
+                    *filters,
+                    *kernel,
+                    *strides,
+                    Padding::Same,
+                    "kernel",
+                )?;
+                let d = Window2d {
+                    padding: *padding,
+                    ..d
+                };
                 let x = self.cast_to(i, v, dt)?;
-                let (oh, ow) = (transpose_out_len(d.h, d.kh, d.sh, *padding), transpose_out_len(d.w, d.kw, d.sw, *padding));
+                let (oh, ow) = (
+                    transpose_out_len(d.h, d.kh, d.sh, *padding),
+                    transpose_out_len(d.w, d.kw, d.sw, *padding),
+                );
                 let chunk = self.conv_chunk(d.n, d.h * d.w * d.kh * d.kw * filters, dt);
                 let oshape = vec![d.n, oh, ow, *filters];
-                let y = self.tensor(i, if *activation == Activation::Linear { "out" } else { "conv" }, oshape.clone(), dt);
-                let mut ps = vec![self.param(i, "weight", vec![d.kh, d.kw, *filters, d.c_in], true, Self::half(dt))];
+                let y = self.tensor(
+                    i,
+                    if *activation == Activation::Linear {
+                        "out"
+                    } else {
+                        "conv"
+                    },
+                    oshape.clone(),
+                    dt,
+                );
+                let mut ps = vec![self.param(
+                    i,
+                    "weight",
+                    vec![d.kh, d.kw, *filters, d.c_in],
+                    true,
+                    Self::half(dt),
+                )];
                 if *use_bias {
                     ps.push(self.param(i, "bias", vec![*filters], true, None));
                 }
-                self.push(i, Op::Conv2dTranspose { dims: d, bias: *use_bias, chunk }, vec![x.tensor], vec![y], ps);
-                self.activation(i, Value { tensor: y, shape: oshape }, *activation, explicit)
+                self.push(
+                    i,
+                    Op::Conv2dTranspose {
+                        dims: d,
+                        bias: *use_bias,
+                        chunk,
+                    },
+                    vec![x.tensor],
+                    vec![y],
+                    ps,
+                );
+                self.activation(
+                    i,
+                    Value {
+                        tensor: y,
+                        shape: oshape,
+                    },
+                    *activation,
+                    explicit,
+                )
             }
-            LayerKind::MaxPool2d { pool, strides, padding } | LayerKind::AvgPool2d { pool, strides, padding } => {
+            LayerKind::MaxPool2d {
+                pool,
+                strides,
+                padding,
+            }
+            | LayerKind::AvgPool2d {
+                pool,
+                strides,
+                padding,
+            } => {
                 arity(1)?;
                 let (v, from) = &ins[0];
                 let c = v.shape.last().copied().unwrap_or(0);
@@ -408,11 +782,26 @@ impl<'a> Builder<'a> {
                         return Err(PlanError::at(name, format!("max_pool2d window {}×{} has more than 255 elements (its argmax is stored in one byte)", d.kh, d.kw)));
                     }
                     let arg = self.tensor(i, "argmax", oshape.clone(), DType::U8);
-                    self.push(i, Op::MaxPool2d { dims: d }, vec![x.tensor], vec![y, arg], vec![]);
+                    self.push(
+                        i,
+                        Op::MaxPool2d { dims: d },
+                        vec![x.tensor],
+                        vec![y, arg],
+                        vec![],
+                    );
                 } else {
-                    self.push(i, Op::AvgPool2d { dims: d }, vec![x.tensor], vec![y], vec![]);
+                    self.push(
+                        i,
+                        Op::AvgPool2d { dims: d },
+                        vec![x.tensor],
+                        vec![y],
+                        vec![],
+                    );
                 }
-                Value { tensor: y, shape: oshape }
+                Value {
+                    tensor: y,
+                    shape: oshape,
+                }
             }
             LayerKind::GlobalAvgPool => {
                 arity(1)?;
@@ -420,8 +809,17 @@ impl<'a> Builder<'a> {
                 let (n, h, w, c) = self.rank4(i, v, from)?;
                 let x = self.cast_to(i, v, dt)?;
                 let y = self.tensor(i, "out", vec![n, c], dt);
-                self.push(i, Op::GlobalAvgPool { n, hw: h * w, c }, vec![x.tensor], vec![y], vec![]);
-                Value { tensor: y, shape: vec![n, c] }
+                self.push(
+                    i,
+                    Op::GlobalAvgPool { n, hw: h * w, c },
+                    vec![x.tensor],
+                    vec![y],
+                    vec![],
+                );
+                Value {
+                    tensor: y,
+                    shape: vec![n, c],
+                }
             }
             LayerKind::BatchNorm { momentum, epsilon } => {
                 arity(1)?;
@@ -439,8 +837,22 @@ impl<'a> Builder<'a> {
                     self.param(i, "running_mean", vec![c], false, None),
                     self.param(i, "running_var", vec![c], false, None),
                 ];
-                self.push(i, Op::BatchNorm { rows, channels: c, momentum: *momentum, epsilon: *epsilon }, vec![x.tensor], vec![y, xh, mean, inv], ps);
-                Value { tensor: y, shape: x.shape }
+                self.push(
+                    i,
+                    Op::BatchNorm {
+                        rows,
+                        channels: c,
+                        momentum: *momentum,
+                        epsilon: *epsilon,
+                    },
+                    vec![x.tensor],
+                    vec![y, xh, mean, inv],
+                    ps,
+                );
+                Value {
+                    tensor: y,
+                    shape: x.shape,
+                }
             }
             LayerKind::LayerNorm { epsilon } => {
                 arity(1)?;
@@ -451,14 +863,33 @@ impl<'a> Builder<'a> {
                 let y = self.tensor(i, "out", x.shape.clone(), dt);
                 let xh = self.tensor(i, "x_hat", x.shape.clone(), dt);
                 let rstd = self.tensor(i, "rstd", vec![rows], DType::F32);
-                let ps = vec![self.param(i, "weight", vec![f], true, None), self.param(i, "bias", vec![f], true, None)];
-                self.push(i, Op::LayerNorm { rows, features: f, epsilon: *epsilon }, vec![x.tensor], vec![y, xh, rstd], ps);
-                Value { tensor: y, shape: x.shape }
+                let ps = vec![
+                    self.param(i, "weight", vec![f], true, None),
+                    self.param(i, "bias", vec![f], true, None),
+                ];
+                self.push(
+                    i,
+                    Op::LayerNorm {
+                        rows,
+                        features: f,
+                        epsilon: *epsilon,
+                    },
+                    vec![x.tensor],
+                    vec![y, xh, rstd],
+                    ps,
+                );
+                Value {
+                    tensor: y,
+                    shape: x.shape,
+                }
             }
             LayerKind::Dropout { rate } => {
                 arity(1)?;
                 if !(0.0..1.0).contains(rate) {
-                    return Err(PlanError::at(name, format!("dropout rate must be in [0, 1), got {rate}")));
+                    return Err(PlanError::at(
+                        name,
+                        format!("dropout rate must be in [0, 1), got {rate}"),
+                    ));
                 }
                 let (v, _) = &ins[0];
                 if *rate == 0.0 {
@@ -468,15 +899,31 @@ impl<'a> Builder<'a> {
                     let elems = x.shape.iter().product();
                     let y = self.tensor(i, "out", x.shape.clone(), dt);
                     let mask = self.tensor(i, "mask", x.shape.clone(), DType::U8);
-                    self.push(i, Op::Dropout { elems, rate: *rate, key: i as u32 }, vec![x.tensor], vec![y, mask], vec![]);
-                    Value { tensor: y, shape: x.shape }
+                    self.push(
+                        i,
+                        Op::Dropout {
+                            elems,
+                            rate: *rate,
+                            key: i as u32,
+                        },
+                        vec![x.tensor],
+                        vec![y, mask],
+                        vec![],
+                    );
+                    Value {
+                        tensor: y,
+                        shape: x.shape,
+                    }
                 }
             }
             LayerKind::Flatten => {
                 arity(1)?;
                 let (v, _) = &ins[0];
                 let rest: usize = v.shape[1..].iter().product();
-                Value { tensor: v.tensor, shape: vec![v.shape[0], rest] }
+                Value {
+                    tensor: v.tensor,
+                    shape: vec![v.shape[0], rest],
+                }
             }
             LayerKind::Reshape { shape } => {
                 arity(1)?;
@@ -496,11 +943,17 @@ impl<'a> Builder<'a> {
                 }
                 let mut full = vec![v.shape[0]];
                 full.extend_from_slice(shape);
-                Value { tensor: v.tensor, shape: full }
+                Value {
+                    tensor: v.tensor,
+                    shape: full,
+                }
             }
             LayerKind::Add { activation } => {
                 if ins.len() < 2 {
-                    return Err(PlanError::at(name, format!("`add` needs at least two inputs, got {}", ins.len())));
+                    return Err(PlanError::at(
+                        name,
+                        format!("`add` needs at least two inputs, got {}", ins.len()),
+                    ));
                 }
                 let (v0, f0) = &ins[0];
                 for (v, f) in &ins[1..] {
@@ -522,14 +975,26 @@ impl<'a> Builder<'a> {
                 }
                 let shape = v0.shape.clone();
                 let elems = shape.iter().product();
-                let y = self.tensor(i, if *activation == Activation::Linear { "out" } else { "sum" }, shape.clone(), dt);
+                let y = self.tensor(
+                    i,
+                    if *activation == Activation::Linear {
+                        "out"
+                    } else {
+                        "sum"
+                    },
+                    shape.clone(),
+                    dt,
+                );
                 let n = ts.len();
                 self.push(i, Op::Add { elems, arity: n }, ts, vec![y], vec![]);
                 self.activation(i, Value { tensor: y, shape }, *activation, explicit)
             }
             LayerKind::Concat => {
                 if ins.len() < 2 {
-                    return Err(PlanError::at(name, format!("`concat` needs at least two inputs, got {}", ins.len())));
+                    return Err(PlanError::at(
+                        name,
+                        format!("`concat` needs at least two inputs, got {}", ins.len()),
+                    ));
                 }
                 let (v0, f0) = ins[0].clone();
                 let mut acc = self.cast_to(i, &v0, dt)?;
@@ -553,8 +1018,24 @@ impl<'a> Builder<'a> {
                     let mut shape = acc.shape.clone();
                     *shape.last_mut().expect("rank >= 1") = a + b;
                     let last = k + 2 == ins.len();
-                    let y = self.tensor(i, if last { "out".to_string() } else { format!("part{k}") }.as_str(), shape.clone(), dt);
-                    self.push(i, Op::Concat { rows, a, b }, vec![acc.tensor, x.tensor], vec![y], vec![]);
+                    let y = self.tensor(
+                        i,
+                        if last {
+                            "out".to_string()
+                        } else {
+                            format!("part{k}")
+                        }
+                        .as_str(),
+                        shape.clone(),
+                        dt,
+                    );
+                    self.push(
+                        i,
+                        Op::Concat { rows, a, b },
+                        vec![acc.tensor, x.tensor],
+                        vec![y],
+                        vec![],
+                    );
                     acc = Value { tensor: y, shape };
                 }
                 acc
@@ -570,27 +1051,65 @@ impl<'a> Builder<'a> {
                 shape.push(*dim);
                 let y = self.tensor(i, "out", shape.clone(), dt);
                 let w = self.param(i, "weight", vec![*vocab, *dim], true, None);
-                self.push(i, Op::Embedding { tokens, vocab: *vocab, dim: *dim }, vec![v.tensor], vec![y], vec![w]);
+                self.push(
+                    i,
+                    Op::Embedding {
+                        tokens,
+                        vocab: *vocab,
+                        dim: *dim,
+                    },
+                    vec![v.tensor],
+                    vec![y],
+                    vec![w],
+                );
                 Value { tensor: y, shape }
             }
-            LayerKind::Attention { heads, causal, dropout } => {
+            LayerKind::Attention {
+                heads,
+                causal,
+                dropout,
+            } => {
                 arity(1)?;
                 let (v, from) = &ins[0];
                 if v.shape.len() != 3 {
-                    return Err(PlanError::at(name, format!("`attention` expects a [sequence, hidden] input, but `{from}` gives {}", user_shape(&v.shape))).related(&[from]));
+                    return Err(PlanError::at(
+                        name,
+                        format!(
+                            "`attention` expects a [sequence, hidden] input, but `{from}` gives {}",
+                            user_shape(&v.shape)
+                        ),
+                    )
+                    .related(&[from]));
                 }
                 let (b, s, h) = (v.shape[0], v.shape[1], v.shape[2]);
                 if *heads == 0 || h % heads != 0 {
-                    return Err(PlanError::at(name, format!("hidden size {h} is not divisible by heads = {heads}")));
+                    return Err(PlanError::at(
+                        name,
+                        format!("hidden size {h} is not divisible by heads = {heads}"),
+                    ));
                 }
                 if !(0.0..1.0).contains(dropout) {
-                    return Err(PlanError::at(name, format!("attention dropout must be in [0, 1), got {dropout}")));
+                    return Err(PlanError::at(
+                        name,
+                        format!("attention dropout must be in [0, 1), got {dropout}"),
+                    ));
                 }
                 let x = self.cast_to(i, v, dt)?;
                 let qkv = self.tensor(i, "qkv", vec![b, s, 3 * h], dt);
                 let wq = self.param(i, "qkv.weight", vec![h, 3 * h], true, Self::half(dt));
                 let bq = self.param(i, "qkv.bias", vec![3 * h], true, None);
-                self.push(i, Op::Dense { rows: b * s, in_features: h, units: 3 * h, bias: true }, vec![x.tensor], vec![qkv], vec![wq, bq]);
+                self.push(
+                    i,
+                    Op::Dense {
+                        rows: b * s,
+                        in_features: h,
+                        units: 3 * h,
+                        bias: true,
+                    },
+                    vec![x.tensor],
+                    vec![qkv],
+                    vec![wq, bq],
+                );
                 let probs = self.tensor(i, "probs", vec![b, *heads, s, s], dt);
                 let ctx_shape = vec![b, s, h];
                 let mut outs = vec![probs];
@@ -600,13 +1119,35 @@ impl<'a> Builder<'a> {
                 }
                 let ctx = self.tensor(i, "ctx", ctx_shape.clone(), dt);
                 outs.push(ctx);
-                let op = Op::Attention { batch: b, seq: s, heads: *heads, head_dim: h / heads, causal: *causal, dropout: *dropout, key: i as u32 };
+                let op = Op::Attention {
+                    batch: b,
+                    seq: s,
+                    heads: *heads,
+                    head_dim: h / heads,
+                    causal: *causal,
+                    dropout: *dropout,
+                    key: i as u32,
+                };
                 self.push(i, op, vec![qkv], outs, vec![]);
                 let y = self.tensor(i, "out", ctx_shape.clone(), dt);
                 let wo = self.param(i, "out.weight", vec![h, h], true, Self::half(dt));
                 let bo = self.param(i, "out.bias", vec![h], true, None);
-                self.push(i, Op::Dense { rows: b * s, in_features: h, units: h, bias: true }, vec![ctx], vec![y], vec![wo, bo]);
-                Value { tensor: y, shape: ctx_shape }
+                self.push(
+                    i,
+                    Op::Dense {
+                        rows: b * s,
+                        in_features: h,
+                        units: h,
+                        bias: true,
+                    },
+                    vec![ctx],
+                    vec![y],
+                    vec![wo, bo],
+                );
+                Value {
+                    tensor: y,
+                    shape: ctx_shape,
+                }
             }
             LayerKind::Activation(act) => {
                 arity(1)?;
@@ -632,15 +1173,31 @@ impl<'a> Builder<'a> {
                 let lv = self.cast_to(i, lv, dt)?;
                 let elems = m.shape.iter().product();
                 let z = self.tensor(i, "out", m.shape.clone(), dt);
-                self.push(i, Op::SampleNormal { elems, key: i as u32 }, vec![m.tensor, lv.tensor], vec![z], vec![]);
-                Value { tensor: z, shape: m.shape }
+                self.push(
+                    i,
+                    Op::SampleNormal {
+                        elems,
+                        key: i as u32,
+                    },
+                    vec![m.tensor, lv.tensor],
+                    vec![z],
+                    vec![],
+                );
+                Value {
+                    tensor: z,
+                    shape: m.shape,
+                }
             }
         };
         // Name the layer's final tensor `<layer>.out` unless it is a view or an input.
         let ops_end = self.g.ops.len();
         if ops_end > ops_start {
             let t = &mut self.g.tensors[output.tensor];
-            if t.layer == i && !t.is_input && !t.name.ends_with(".out") && !t.name.ends_with(".scaled") {
+            if t.layer == i
+                && !t.is_input
+                && !t.name.ends_with(".out")
+                && !t.name.ends_with(".scaled")
+            {
                 t.name = format!("{name}.out");
             }
         }
@@ -667,14 +1224,18 @@ impl<'a> Builder<'a> {
     fn resolve(&self, n: &str) -> Result<Value, PlanError> {
         match self.by_name.get(n) {
             Some(&j) => Ok(self.g.layers[j].output.clone()),
-            None => Err(PlanError::model(format!("the loss reads `{n}`, but the model has no field of that name"))),
+            None => Err(PlanError::model(format!(
+                "the loss reads `{n}`, but the model has no field of that name"
+            ))),
         }
     }
 
     fn losses(&mut self) -> Result<(), PlanError> {
         let spec = self.spec;
         if spec.loss.is_empty() {
-            return Err(PlanError::model("the model has no loss: add `loss = …` to #[memwise::model]"));
+            return Err(PlanError::model(
+                "the model has no loss: add `loss = …` to #[memwise::model]",
+            ));
         }
         let last_layer = spec
             .layers
@@ -685,10 +1246,14 @@ impl<'a> Builder<'a> {
             let kname = term.kind.name();
             let names: Vec<String> = if term.inputs.is_empty() {
                 if term.kind == LossKind::KlNormal {
-                    return Err(PlanError::model("`kl_normal` needs its inputs: kl_normal(mean, log_var)"));
+                    return Err(PlanError::model(
+                        "`kl_normal` needs its inputs: kl_normal(mean, log_var)",
+                    ));
                 }
                 let unconsumed: Vec<usize> = (0..spec.layers.len())
-                    .filter(|&j| matches!(spec.layers[j].kind, LayerKind::Input { .. }) && !self.consumed[j])
+                    .filter(|&j| {
+                        matches!(spec.layers[j].kind, LayerKind::Input { .. }) && !self.consumed[j]
+                    })
                     .collect();
                 if unconsumed.len() != 1 {
                     return Err(PlanError::model(format!(
@@ -696,12 +1261,18 @@ impl<'a> Builder<'a> {
                         spec.layers[last_layer].name
                     )));
                 }
-                vec![spec.layers[last_layer].name.clone(), spec.layers[unconsumed[0]].name.clone()]
+                vec![
+                    spec.layers[last_layer].name.clone(),
+                    spec.layers[unconsumed[0]].name.clone(),
+                ]
             } else {
                 term.inputs.clone()
             };
             if names.len() != 2 {
-                return Err(PlanError::model(format!("`{kname}` takes two inputs, got {}", names.len())));
+                return Err(PlanError::model(format!(
+                    "`{kname}` takes two inputs, got {}",
+                    names.len()
+                )));
             }
             let a = self.resolve(&names[0])?;
             let b = self.resolve(&names[1])?;
@@ -719,7 +1290,12 @@ impl<'a> Builder<'a> {
             let mismatch = |what: &str| {
                 PlanError::model(format!(
                     "`{kname}({}, {})`: {what}: `{}` is {} and `{}` is {}",
-                    names[0], names[1], names[0], user_shape(&a.shape), names[1], user_shape(&b.shape)
+                    names[0],
+                    names[1],
+                    names[0],
+                    user_shape(&a.shape),
+                    names[1],
+                    user_shape(&b.shape)
                 ))
                 .related(&[&names[0], &names[1]])
             };
@@ -738,12 +1314,38 @@ impl<'a> Builder<'a> {
                         return Err(mismatch("one label per prediction row is needed"));
                     }
                     match self.producer(ta) {
-                        Some(p) if matches!(self.g.ops[p].op, Op::Activation { act: Activation::Softmax, .. }) && self.consumers(ta) == 0 => {
+                        Some(p)
+                            if matches!(
+                                self.g.ops[p].op,
+                                Op::Activation {
+                                    act: Activation::Softmax,
+                                    ..
+                                }
+                            ) && self.consumers(ta) == 0 =>
+                        {
                             self.g.ops[p].fused_into_loss = true;
                             let logits = self.g.ops[p].inputs[0];
-                            GLoss { op: Op::SoftmaxCrossEntropy { rows, classes, weight }, reads: vec![ta, tb], grad_of: vec![logits], prediction: ta }
+                            GLoss {
+                                op: Op::SoftmaxCrossEntropy {
+                                    rows,
+                                    classes,
+                                    weight,
+                                },
+                                reads: vec![ta, tb],
+                                grad_of: vec![logits],
+                                prediction: ta,
+                            }
                         }
-                        _ => GLoss { op: Op::SoftmaxCrossEntropyFromLogits { rows, classes, weight }, reads: vec![ta, tb], grad_of: vec![ta], prediction: ta },
+                        _ => GLoss {
+                            op: Op::SoftmaxCrossEntropyFromLogits {
+                                rows,
+                                classes,
+                                weight,
+                            },
+                            reads: vec![ta, tb],
+                            grad_of: vec![ta],
+                            prediction: ta,
+                        },
                     }
                 }
                 LossKind::BinaryCrossentropy | LossKind::MeanSquaredError => {
@@ -751,20 +1353,62 @@ impl<'a> Builder<'a> {
                         return Err(mismatch("prediction and target must have one shape"));
                     }
                     if !self.g.tensors[tb].dtype.is_float() {
-                        return Err(PlanError::model(format!("`{kname}` needs a floating-point target, but `{}` holds {} values", names[1], self.g.tensors[tb].dtype.name())));
+                        return Err(PlanError::model(format!(
+                            "`{kname}` needs a floating-point target, but `{}` holds {} values",
+                            names[1],
+                            self.g.tensors[tb].dtype.name()
+                        )));
                     }
                     let features = a.shape[1..].iter().product();
                     let rows = a.shape[0];
                     if term.kind == LossKind::MeanSquaredError {
-                        GLoss { op: Op::MeanSquaredError { rows, features, reduction, weight }, reads: vec![ta, tb], grad_of: vec![ta], prediction: ta }
+                        GLoss {
+                            op: Op::MeanSquaredError {
+                                rows,
+                                features,
+                                reduction,
+                                weight,
+                            },
+                            reads: vec![ta, tb],
+                            grad_of: vec![ta],
+                            prediction: ta,
+                        }
                     } else {
                         match self.producer(ta) {
-                            Some(p) if matches!(self.g.ops[p].op, Op::Activation { act: Activation::Sigmoid, .. }) && self.consumers(ta) == 0 => {
+                            Some(p)
+                                if matches!(
+                                    self.g.ops[p].op,
+                                    Op::Activation {
+                                        act: Activation::Sigmoid,
+                                        ..
+                                    }
+                                ) && self.consumers(ta) == 0 =>
+                            {
                                 self.g.ops[p].fused_into_loss = true;
                                 let logits = self.g.ops[p].inputs[0];
-                                GLoss { op: Op::SigmoidBinaryCrossentropy { rows, features, reduction, weight }, reads: vec![ta, tb], grad_of: vec![logits], prediction: ta }
+                                GLoss {
+                                    op: Op::SigmoidBinaryCrossentropy {
+                                        rows,
+                                        features,
+                                        reduction,
+                                        weight,
+                                    },
+                                    reads: vec![ta, tb],
+                                    grad_of: vec![logits],
+                                    prediction: ta,
+                                }
                             }
-                            _ => GLoss { op: Op::BinaryCrossentropy { rows, features, reduction, weight }, reads: vec![ta, tb], grad_of: vec![ta], prediction: ta },
+                            _ => GLoss {
+                                op: Op::BinaryCrossentropy {
+                                    rows,
+                                    features,
+                                    reduction,
+                                    weight,
+                                },
+                                reads: vec![ta, tb],
+                                grad_of: vec![ta],
+                                prediction: ta,
+                            },
                         }
                     }
                 }
@@ -773,7 +1417,17 @@ impl<'a> Builder<'a> {
                         return Err(mismatch("mean and log-variance must have one shape"));
                     }
                     let features = a.shape[1..].iter().product();
-                    GLoss { op: Op::KlNormal { rows: a.shape[0], features, reduction, weight }, reads: vec![ta, tb], grad_of: vec![ta, tb], prediction: ta }
+                    GLoss {
+                        op: Op::KlNormal {
+                            rows: a.shape[0],
+                            features,
+                            reduction,
+                            weight,
+                        },
+                        reads: vec![ta, tb],
+                        grad_of: vec![ta, tb],
+                        prediction: ta,
+                    }
                 }
             };
             self.g.losses.push(loss);
@@ -781,7 +1435,10 @@ impl<'a> Builder<'a> {
         // A loss may not fuse into a softmax/sigmoid twice.
         let mut fused_grads: Vec<TensorId> = Vec::new();
         for l in &self.g.losses {
-            if matches!(l.op, Op::SoftmaxCrossEntropy { .. } | Op::SigmoidBinaryCrossentropy { .. }) {
+            if matches!(
+                l.op,
+                Op::SoftmaxCrossEntropy { .. } | Op::SigmoidBinaryCrossentropy { .. }
+            ) {
                 if fused_grads.contains(&l.grad_of[0]) {
                     return Err(PlanError::model("two loss terms read the same softmax/sigmoid output; give each its own layer"));
                 }
@@ -801,10 +1458,18 @@ impl Graph {
         if spec.layers.is_empty() {
             return Err(PlanError::model("the model has no layers"));
         }
-        let mut b = Builder { spec, g: Graph::default(), by_name: HashMap::new(), consumed: vec![false; spec.layers.len()] };
+        let mut b = Builder {
+            spec,
+            g: Graph::default(),
+            by_name: HashMap::new(),
+            consumed: vec![false; spec.layers.len()],
+        };
         for (i, l) in spec.layers.iter().enumerate() {
             if b.by_name.contains_key(l.name.as_str()) {
-                return Err(PlanError::at(&l.name, format!("two layers are named `{}`", l.name)));
+                return Err(PlanError::at(
+                    &l.name,
+                    format!("two layers are named `{}`", l.name),
+                ));
             }
             b.layer(i)?;
             b.by_name.insert(l.name.as_str(), i);
@@ -819,6 +1484,10 @@ impl Graph {
     }
 
     pub fn trainable_count(&self) -> u64 {
-        self.params.iter().filter(|p| p.trainable).map(|p| p.elems() as u64).sum()
+        self.params
+            .iter()
+            .filter(|p| p.trainable)
+            .map(|p| p.elems() as u64)
+            .sum()
     }
 }

@@ -5,6 +5,7 @@
 //! [`ModelSpec`] → [`graph::Graph`] → [`autodiff::StepGraph`] → [`schedule::Schedule`] →
 //! [`liveness::Lifetimes`] → [`arena::ArenaPlan`] → [`StaticPlan`] with its [`MemoryReport`].
 
+pub mod advice;
 pub mod arena;
 pub mod autodiff;
 pub mod dtype;
@@ -41,6 +42,7 @@ pub fn plan(spec: &ModelSpec) -> Result<StaticPlan, PlanError> {
     let lifetimes = liveness::Lifetimes::compute(&schedule, ALIGNMENT);
     let arena = arena::ArenaPlan::build(&schedule, &lifetimes, ALIGNMENT);
     let plan = estimate::assemble(spec, &graph, &schedule, &lifetimes, &arena);
-    arena::validate(&plan).map_err(|e| PlanError::internal(format!("plan failed validation: {e}")))?;
+    arena::validate(&plan)
+        .map_err(|e| PlanError::internal(format!("plan failed validation: {e}")))?;
     Ok(plan)
 }

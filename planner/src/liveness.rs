@@ -62,23 +62,40 @@ impl Lifetimes {
         if s.prediction != NONE {
             // Metrics read the prediction after the loss step.
             let p = s.prediction as usize;
-            let loss_end = s.steps.iter().rposition(|st| st.phase == crate::plan::Phase::Loss).unwrap_or(0) as u32;
+            let loss_end = s
+                .steps
+                .iter()
+                .rposition(|st| st.phase == crate::plan::Phase::Loss)
+                .unwrap_or(0) as u32;
             last[p] = last[p].max(loss_end);
         }
-        let bytes: Vec<u64> = s.tensors.iter().map(|t| align_up(t.raw_bytes(), alignment)).collect();
+        let bytes: Vec<u64> = s
+            .tensors
+            .iter()
+            .map(|t| align_up(t.raw_bytes(), alignment))
+            .collect();
         let mut in_place_of = vec![NONE; n];
         let mut donated = vec![false; n];
         for (i, step) in s.steps.iter().enumerate() {
             for &(r, w) in &step.in_place {
-                let (Some(&rt), Some(&wt)) = (step.reads.get(r), step.writes.get(w)) else { continue };
+                let (Some(&rt), Some(&wt)) = (step.reads.get(r), step.writes.get(w)) else {
+                    continue;
+                };
                 if rt == NONE || wt == NONE {
                     continue;
                 }
                 let (ru, wu) = (rt as usize, wt as usize);
-                if donated[ru] || in_place_of[wu] != NONE || last[ru] != i as u32 || first[wu] != i as u32 {
+                if donated[ru]
+                    || in_place_of[wu] != NONE
+                    || last[ru] != i as u32
+                    || first[wu] != i as u32
+                {
                     continue;
                 }
-                if s.tensors[ru].dtype != s.tensors[wu].dtype || bytes[wu] > bytes[ru] || s.tensors[ru].role == Role::Input {
+                if s.tensors[ru].dtype != s.tensors[wu].dtype
+                    || bytes[wu] > bytes[ru]
+                    || s.tensors[ru].role == Role::Input
+                {
                     continue;
                 }
                 if s.losses.contains(&rt) || rt == s.prediction {
@@ -107,6 +124,12 @@ impl Lifetimes {
             e.1 = e.1.min(first[t]);
             e.2 = e.2.max(last[t]);
         }
-        Lifetimes { first, last, in_place_of, buffer_of, buffers }
+        Lifetimes {
+            first,
+            last,
+            in_place_of,
+            buffer_of,
+            buffers,
+        }
     }
 }

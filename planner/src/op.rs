@@ -56,7 +56,12 @@ pub const fn out_len(input: usize, kernel: usize, stride: usize, padding: Paddin
 }
 
 /// Output length of a transposed convolution along one axis.
-pub const fn transpose_out_len(input: usize, kernel: usize, stride: usize, padding: Padding) -> usize {
+pub const fn transpose_out_len(
+    input: usize,
+    kernel: usize,
+    stride: usize,
+    padding: Padding,
+) -> usize {
     match padding {
         Padding::Same => input * stride,
         Padding::Valid => (input - 1) * stride + if kernel > stride { kernel } else { stride },
@@ -71,14 +76,27 @@ pub enum Op {
     /// Between float dtypes. fwd `[x] → [y]`; bwd `[dy] → [dx]`.
     Cast { elems: usize },
     /// `y = x·W + b` over `rows` rows. fwd `[x] → [y]`; bwd `[x, dy] → [dx]`.
-    Dense { rows: usize, in_features: usize, units: usize, bias: bool },
+    Dense {
+        rows: usize,
+        in_features: usize,
+        units: usize,
+        bias: bool,
+    },
     /// im2col + GEMM, `chunk` samples lowered at a time. fwd `[x] → [y, ws]`;
     /// bwd `[x, dy] → [dx, ws]`.
-    Conv2d { dims: Window2d, bias: bool, chunk: usize },
+    Conv2d {
+        dims: Window2d,
+        bias: bool,
+        chunk: usize,
+    },
     /// Direct depthwise conv, `c_out = c_in · multiplier`. fwd `[x] → [y]`; bwd `[x, dy] → [dx]`.
     DepthwiseConv2d { dims: Window2d, bias: bool },
     /// Transposed conv (col2im of x·Wᵀ), chunked. fwd `[x] → [y, ws]`; bwd `[x, dy] → [dx, ws]`.
-    Conv2dTranspose { dims: Window2d, bias: bool, chunk: usize },
+    Conv2dTranspose {
+        dims: Window2d,
+        bias: bool,
+        chunk: usize,
+    },
     /// fwd `[x] → [y, argmax(u8)]`; bwd `[argmax, dy] → [dx]`.
     MaxPool2d { dims: Window2d },
     /// fwd `[x] → [y]`; bwd `[dy] → [dx]`.
@@ -88,28 +106,53 @@ pub enum Op {
     /// Training-mode batch norm over `rows × channels`. fwd `[x] → [y, x_hat, mean, inv_std]`
     /// (and the running statistics, persistent, in the forward phase only);
     /// bwd `[x_hat, inv_std, dy] → [dx]`.
-    BatchNorm { rows: usize, channels: usize, momentum: f32, epsilon: f32 },
+    BatchNorm {
+        rows: usize,
+        channels: usize,
+        momentum: f32,
+        epsilon: f32,
+    },
     /// fwd `[x] → [y, x_hat, rstd]`; bwd `[x_hat, rstd, dy] → [dx]`.
-    LayerNorm { rows: usize, features: usize, epsilon: f32 },
+    LayerNorm {
+        rows: usize,
+        features: usize,
+        epsilon: f32,
+    },
     /// Counter-based mask keyed by `key` (the layer) and the step counter, so recompute
     /// reproduces it. fwd `[x] → [y, mask(u8)]`; bwd `[mask, dy] → [dx]`.
     Dropout { elems: usize, rate: f32, key: u32 },
     /// Element-wise activation; softmax is over the last axis of width `cols`.
     /// fwd `[x] → [y]`; bwd `[y or x, dy] → [dx]` (see [`Activation::backward_reads_output`]).
-    Activation { act: Activation, elems: usize, cols: usize },
+    Activation {
+        act: Activation,
+        elems: usize,
+        cols: usize,
+    },
     /// Sum of `arity` inputs. fwd `[x1, …] → [y]`; no bwd step (the gradient is shared).
     Add { elems: usize, arity: usize },
     /// Concatenation of two inputs along the last axis (`rows` rows of widths `a` and `b`).
     /// fwd `[x1, x2] → [y]`; bwd `[dy] → [dx1, dx2]`.
     Concat { rows: usize, a: usize, b: usize },
     /// Gather rows of the table. fwd `[ids] → [y]`; bwd `[ids, dy] → []` (table grad only).
-    Embedding { tokens: usize, vocab: usize, dim: usize },
+    Embedding {
+        tokens: usize,
+        vocab: usize,
+        dim: usize,
+    },
     /// Scaled dot-product self-attention over a packed `qkv [batch, seq, 3·heads·head_dim]`.
     /// With dropout: fwd `[qkv] → [probs, mask, probs_dropped, ctx]`, bwd
     /// `[qkv, probs, mask, probs_dropped, dctx] → [dqkv, ws]`; without: fwd
     /// `[qkv] → [probs, ctx]`, bwd `[qkv, probs, dctx] → [dqkv, ws]`.
     /// `ws` holds `[batch, heads, seq, seq]` score gradients.
-    Attention { batch: usize, seq: usize, heads: usize, head_dim: usize, causal: bool, dropout: f32, key: u32 },
+    Attention {
+        batch: usize,
+        seq: usize,
+        heads: usize,
+        head_dim: usize,
+        causal: bool,
+        dropout: f32,
+        key: u32,
+    },
     /// `z = mean + exp(log_var/2)·ε`, ε keyed like dropout. fwd `[mean, log_var] → [z]`;
     /// bwd `[log_var, dz] → [dmean, dlog_var]`.
     SampleNormal { elems: usize, key: u32 },
@@ -117,18 +160,46 @@ pub enum Op {
     Accumulate { elems: usize },
     /// Softmax output + integer labels → loss, and the gradient of the softmax's INPUT.
     /// loss `[probs, labels] → [loss, dlogits]`.
-    SoftmaxCrossEntropy { rows: usize, classes: usize, weight: f32 },
+    SoftmaxCrossEntropy {
+        rows: usize,
+        classes: usize,
+        weight: f32,
+    },
     /// Same from logits (no softmax layer before it). loss `[logits, labels] → [loss, dlogits]`.
-    SoftmaxCrossEntropyFromLogits { rows: usize, classes: usize, weight: f32 },
+    SoftmaxCrossEntropyFromLogits {
+        rows: usize,
+        classes: usize,
+        weight: f32,
+    },
     /// Sigmoid output + targets → loss, gradient of the sigmoid's INPUT.
     /// loss `[probs, target] → [loss, dlogits]`.
-    SigmoidBinaryCrossentropy { rows: usize, features: usize, reduction: Reduction, weight: f32 },
+    SigmoidBinaryCrossentropy {
+        rows: usize,
+        features: usize,
+        reduction: Reduction,
+        weight: f32,
+    },
     /// BCE on probabilities. loss `[probs, target] → [loss, dprobs]`.
-    BinaryCrossentropy { rows: usize, features: usize, reduction: Reduction, weight: f32 },
+    BinaryCrossentropy {
+        rows: usize,
+        features: usize,
+        reduction: Reduction,
+        weight: f32,
+    },
     /// loss `[pred, target] → [loss, dpred]`.
-    MeanSquaredError { rows: usize, features: usize, reduction: Reduction, weight: f32 },
+    MeanSquaredError {
+        rows: usize,
+        features: usize,
+        reduction: Reduction,
+        weight: f32,
+    },
     /// loss `[mean, log_var] → [loss, dmean, dlog_var]`.
-    KlNormal { rows: usize, features: usize, reduction: Reduction, weight: f32 },
+    KlNormal {
+        rows: usize,
+        features: usize,
+        reduction: Reduction,
+        weight: f32,
+    },
     /// Mixed precision: are all parameter gradients finite? (update phase, no tensors).
     CheckFinite,
     /// Optimizer update of one layer's trainable parameters (update phase, no tensors).
@@ -174,7 +245,12 @@ impl Op {
     pub fn forward_flops(&self) -> u64 {
         let u = |x: usize| x as u64;
         match *self {
-            Op::Dense { rows, in_features, units, .. } => 2 * u(rows) * u(in_features) * u(units),
+            Op::Dense {
+                rows,
+                in_features,
+                units,
+                ..
+            } => 2 * u(rows) * u(in_features) * u(units),
             Op::Conv2d { dims: d, .. } => {
                 2 * u(d.n) * u(d.out_h()) * u(d.out_w()) * u(d.kh * d.kw * d.c_in) * u(d.c_out)
             }
@@ -187,8 +263,15 @@ impl Op {
             Op::MaxPool2d { dims: d } | Op::AvgPool2d { dims: d } => {
                 u(d.n) * u(d.out_h()) * u(d.out_w()) * u(d.kh * d.kw) * u(d.c_out)
             }
-            Op::Attention { batch, seq, heads, head_dim, .. } => {
-                4 * u(batch) * u(heads) * u(seq) * u(seq) * u(head_dim) + 5 * u(batch * heads * seq * seq)
+            Op::Attention {
+                batch,
+                seq,
+                heads,
+                head_dim,
+                ..
+            } => {
+                4 * u(batch) * u(heads) * u(seq) * u(seq) * u(head_dim)
+                    + 5 * u(batch * heads * seq * seq)
             }
             Op::InputCast { elems, .. }
             | Op::Cast { elems }
@@ -225,7 +308,9 @@ impl Op {
         match *self {
             Op::Conv2d { dims: d, chunk, .. } => conv2d_col_elems(&d, chunk),
             Op::Conv2dTranspose { dims: d, chunk, .. } => chunk * d.h * d.w * d.kh * d.kw * d.c_out,
-            Op::Attention { batch, seq, heads, .. } if backward => batch * heads * seq * seq,
+            Op::Attention {
+                batch, seq, heads, ..
+            } if backward => batch * heads * seq * seq,
             _ => 0,
         }
     }

@@ -250,7 +250,10 @@ impl StaticPlan {
     /// `krate` is the path of this crate as the generated code sees it (`::memwise::plan`).
     pub fn to_rust(&self, krate: &str) -> String {
         let mut out = String::with_capacity(64 * (self.tensors.len() + self.steps.len()) + 4096);
-        let mut w = RustWriter { out: &mut out, krate };
+        let mut w = RustWriter {
+            out: &mut out,
+            krate,
+        };
         self.write_rust(&mut w);
         out
     }
@@ -260,7 +263,10 @@ impl MemoryReport {
     /// The report as a Rust expression of type `MemoryReport`, usable in a `const` item.
     pub fn to_rust(&self, krate: &str) -> String {
         let mut out = String::new();
-        let mut w = RustWriter { out: &mut out, krate };
+        let mut w = RustWriter {
+            out: &mut out,
+            krate,
+        };
         self.write_rust(&mut w);
         out
     }
@@ -382,20 +388,126 @@ macro_rules! unit_enum_to_rust {
 }
 
 unit_enum_to_rust!(DType, "DType", [F32, F16, BF16, U8, I32]);
-unit_enum_to_rust!(Precision, "Precision", [Float32, MixedFloat16, MixedBFloat16]);
-unit_enum_to_rust!(Role, "Role", [Activation, ActivationGrad, Workspace, Input, Recomputed]);
+unit_enum_to_rust!(
+    Precision,
+    "Precision",
+    [Float32, MixedFloat16, MixedBFloat16]
+);
+unit_enum_to_rust!(
+    Role,
+    "Role",
+    [Activation, ActivationGrad, Workspace, Input, Recomputed]
+);
 unit_enum_to_rust!(Phase, "Phase", [Forward, Recompute, Loss, Backward, Update]);
-unit_enum_to_rust!(Activation, "Activation", [Linear, Relu, Sigmoid, Tanh, Gelu, Silu, Softmax]);
+unit_enum_to_rust!(
+    Activation,
+    "Activation",
+    [Linear, Relu, Sigmoid, Tanh, Gelu, Silu, Softmax]
+);
 unit_enum_to_rust!(Padding, "Padding", [Same, Valid]);
 unit_enum_to_rust!(Reduction, "Reduction", [Mean, SumOverFeatures]);
 
-struct_to_rust!(Window2d, "Window2d", [n, h, w, c_in, c_out, kh, kw, sh, sw, padding]);
-struct_to_rust!(PlanTensor, "PlanTensor", [id, name, layer, role, dtype, shape, bytes, offset, first, last, in_place_of]);
-struct_to_rust!(PlanStep, "PlanStep", [index, phase, layer, op, reads, writes, params]);
-struct_to_rust!(PlanParam, "PlanParam", [id, name, layer, shape, trainable, offset, half_copy, half_offset, grad_offset, state_offset]);
-struct_to_rust!(LayerMemory, "LayerMemory", [name, kind, output_shape, dtype, params, persistent_bytes, saved_bytes, recomputed_bytes, checkpointed, in_place, forward_flops]);
-struct_to_rust!(MemoryReport, "MemoryReport", [params, grads, optimizer, activations_peak, workspace_peak, inputs, total, arena, lower_bound, peak_step, layers]);
-struct_to_rust!(StaticPlan, "StaticPlan", [model, batch, alignment, precision, optimizer, loss_scaling, arena_bytes, lower_bound_bytes, persistent_bytes, params_count, trainable_count, memory, tensors, steps, params, inputs, losses, prediction]);
+struct_to_rust!(
+    Window2d,
+    "Window2d",
+    [n, h, w, c_in, c_out, kh, kw, sh, sw, padding]
+);
+struct_to_rust!(
+    PlanTensor,
+    "PlanTensor",
+    [
+        id,
+        name,
+        layer,
+        role,
+        dtype,
+        shape,
+        bytes,
+        offset,
+        first,
+        last,
+        in_place_of
+    ]
+);
+struct_to_rust!(
+    PlanStep,
+    "PlanStep",
+    [index, phase, layer, op, reads, writes, params]
+);
+struct_to_rust!(
+    PlanParam,
+    "PlanParam",
+    [
+        id,
+        name,
+        layer,
+        shape,
+        trainable,
+        offset,
+        half_copy,
+        half_offset,
+        grad_offset,
+        state_offset
+    ]
+);
+struct_to_rust!(
+    LayerMemory,
+    "LayerMemory",
+    [
+        name,
+        kind,
+        output_shape,
+        dtype,
+        params,
+        persistent_bytes,
+        saved_bytes,
+        recomputed_bytes,
+        checkpointed,
+        in_place,
+        forward_flops
+    ]
+);
+struct_to_rust!(
+    MemoryReport,
+    "MemoryReport",
+    [
+        params,
+        grads,
+        optimizer,
+        activations_peak,
+        workspace_peak,
+        inputs,
+        total,
+        arena,
+        lower_bound,
+        peak_step,
+        layers
+    ]
+);
+struct_to_rust!(
+    StaticPlan,
+    "StaticPlan",
+    [
+        model,
+        batch,
+        alignment,
+        precision,
+        optimizer,
+        loss_scaling,
+        arena_bytes,
+        lower_bound_bytes,
+        persistent_bytes,
+        params_count,
+        trainable_count,
+        memory,
+        tensors,
+        steps,
+        params,
+        inputs,
+        losses,
+        prediction
+    ]
+);
 
 /// Writes `Path::Variant { field: value, … }` for enums with named fields.
 macro_rules! write_variant {
@@ -411,17 +523,75 @@ impl ToRust for Optimizer {
     fn write_rust(&self, w: &mut RustWriter<'_>) {
         match self {
             Optimizer::Sgd { lr } => write_variant!(w, "Optimizer", Sgd { lr }),
-            Optimizer::Momentum { lr, momentum, nesterov } => {
-                write_variant!(w, "Optimizer", Momentum { lr, momentum, nesterov })
+            Optimizer::Momentum {
+                lr,
+                momentum,
+                nesterov,
+            } => {
+                write_variant!(
+                    w,
+                    "Optimizer",
+                    Momentum {
+                        lr,
+                        momentum,
+                        nesterov
+                    }
+                )
             }
-            Optimizer::RmsProp { lr, rho, epsilon, momentum, centered } => {
-                write_variant!(w, "Optimizer", RmsProp { lr, rho, epsilon, momentum, centered })
+            Optimizer::RmsProp {
+                lr,
+                rho,
+                epsilon,
+                momentum,
+                centered,
+            } => {
+                write_variant!(
+                    w,
+                    "Optimizer",
+                    RmsProp {
+                        lr,
+                        rho,
+                        epsilon,
+                        momentum,
+                        centered
+                    }
+                )
             }
-            Optimizer::Adam { lr, beta_1, beta_2, epsilon } => {
-                write_variant!(w, "Optimizer", Adam { lr, beta_1, beta_2, epsilon })
+            Optimizer::Adam {
+                lr,
+                beta_1,
+                beta_2,
+                epsilon,
+            } => {
+                write_variant!(
+                    w,
+                    "Optimizer",
+                    Adam {
+                        lr,
+                        beta_1,
+                        beta_2,
+                        epsilon
+                    }
+                )
             }
-            Optimizer::AdamW { lr, beta_1, beta_2, epsilon, weight_decay } => {
-                write_variant!(w, "Optimizer", AdamW { lr, beta_1, beta_2, epsilon, weight_decay })
+            Optimizer::AdamW {
+                lr,
+                beta_1,
+                beta_2,
+                epsilon,
+                weight_decay,
+            } => {
+                write_variant!(
+                    w,
+                    "Optimizer",
+                    AdamW {
+                        lr,
+                        beta_1,
+                        beta_2,
+                        epsilon,
+                        weight_decay
+                    }
+                )
             }
         }
     }
@@ -432,50 +602,200 @@ impl ToRust for Op {
         match self {
             Op::InputCast { elems, scale } => write_variant!(w, "Op", InputCast { elems, scale }),
             Op::Cast { elems } => write_variant!(w, "Op", Cast { elems }),
-            Op::Dense { rows, in_features, units, bias } => {
-                write_variant!(w, "Op", Dense { rows, in_features, units, bias })
+            Op::Dense {
+                rows,
+                in_features,
+                units,
+                bias,
+            } => {
+                write_variant!(
+                    w,
+                    "Op",
+                    Dense {
+                        rows,
+                        in_features,
+                        units,
+                        bias
+                    }
+                )
             }
-            Op::Conv2d { dims, bias, chunk } => write_variant!(w, "Op", Conv2d { dims, bias, chunk }),
-            Op::DepthwiseConv2d { dims, bias } => write_variant!(w, "Op", DepthwiseConv2d { dims, bias }),
+            Op::Conv2d { dims, bias, chunk } => {
+                write_variant!(w, "Op", Conv2d { dims, bias, chunk })
+            }
+            Op::DepthwiseConv2d { dims, bias } => {
+                write_variant!(w, "Op", DepthwiseConv2d { dims, bias })
+            }
             Op::Conv2dTranspose { dims, bias, chunk } => {
                 write_variant!(w, "Op", Conv2dTranspose { dims, bias, chunk })
             }
             Op::MaxPool2d { dims } => write_variant!(w, "Op", MaxPool2d { dims }),
             Op::AvgPool2d { dims } => write_variant!(w, "Op", AvgPool2d { dims }),
             Op::GlobalAvgPool { n, hw, c } => write_variant!(w, "Op", GlobalAvgPool { n, hw, c }),
-            Op::BatchNorm { rows, channels, momentum, epsilon } => {
-                write_variant!(w, "Op", BatchNorm { rows, channels, momentum, epsilon })
+            Op::BatchNorm {
+                rows,
+                channels,
+                momentum,
+                epsilon,
+            } => {
+                write_variant!(
+                    w,
+                    "Op",
+                    BatchNorm {
+                        rows,
+                        channels,
+                        momentum,
+                        epsilon
+                    }
+                )
             }
-            Op::LayerNorm { rows, features, epsilon } => {
-                write_variant!(w, "Op", LayerNorm { rows, features, epsilon })
+            Op::LayerNorm {
+                rows,
+                features,
+                epsilon,
+            } => {
+                write_variant!(
+                    w,
+                    "Op",
+                    LayerNorm {
+                        rows,
+                        features,
+                        epsilon
+                    }
+                )
             }
-            Op::Dropout { elems, rate, key } => write_variant!(w, "Op", Dropout { elems, rate, key }),
-            Op::Activation { act, elems, cols } => write_variant!(w, "Op", Activation { act, elems, cols }),
+            Op::Dropout { elems, rate, key } => {
+                write_variant!(w, "Op", Dropout { elems, rate, key })
+            }
+            Op::Activation { act, elems, cols } => {
+                write_variant!(w, "Op", Activation { act, elems, cols })
+            }
             Op::Add { elems, arity } => write_variant!(w, "Op", Add { elems, arity }),
             Op::Concat { rows, a, b } => write_variant!(w, "Op", Concat { rows, a, b }),
-            Op::Embedding { tokens, vocab, dim } => write_variant!(w, "Op", Embedding { tokens, vocab, dim }),
-            Op::Attention { batch, seq, heads, head_dim, causal, dropout, key } => {
-                write_variant!(w, "Op", Attention { batch, seq, heads, head_dim, causal, dropout, key })
+            Op::Embedding { tokens, vocab, dim } => {
+                write_variant!(w, "Op", Embedding { tokens, vocab, dim })
+            }
+            Op::Attention {
+                batch,
+                seq,
+                heads,
+                head_dim,
+                causal,
+                dropout,
+                key,
+            } => {
+                write_variant!(
+                    w,
+                    "Op",
+                    Attention {
+                        batch,
+                        seq,
+                        heads,
+                        head_dim,
+                        causal,
+                        dropout,
+                        key
+                    }
+                )
             }
             Op::SampleNormal { elems, key } => write_variant!(w, "Op", SampleNormal { elems, key }),
             Op::Accumulate { elems } => write_variant!(w, "Op", Accumulate { elems }),
-            Op::SoftmaxCrossEntropy { rows, classes, weight } => {
-                write_variant!(w, "Op", SoftmaxCrossEntropy { rows, classes, weight })
+            Op::SoftmaxCrossEntropy {
+                rows,
+                classes,
+                weight,
+            } => {
+                write_variant!(
+                    w,
+                    "Op",
+                    SoftmaxCrossEntropy {
+                        rows,
+                        classes,
+                        weight
+                    }
+                )
             }
-            Op::SoftmaxCrossEntropyFromLogits { rows, classes, weight } => {
-                write_variant!(w, "Op", SoftmaxCrossEntropyFromLogits { rows, classes, weight })
+            Op::SoftmaxCrossEntropyFromLogits {
+                rows,
+                classes,
+                weight,
+            } => {
+                write_variant!(
+                    w,
+                    "Op",
+                    SoftmaxCrossEntropyFromLogits {
+                        rows,
+                        classes,
+                        weight
+                    }
+                )
             }
-            Op::SigmoidBinaryCrossentropy { rows, features, reduction, weight } => {
-                write_variant!(w, "Op", SigmoidBinaryCrossentropy { rows, features, reduction, weight })
+            Op::SigmoidBinaryCrossentropy {
+                rows,
+                features,
+                reduction,
+                weight,
+            } => {
+                write_variant!(
+                    w,
+                    "Op",
+                    SigmoidBinaryCrossentropy {
+                        rows,
+                        features,
+                        reduction,
+                        weight
+                    }
+                )
             }
-            Op::BinaryCrossentropy { rows, features, reduction, weight } => {
-                write_variant!(w, "Op", BinaryCrossentropy { rows, features, reduction, weight })
+            Op::BinaryCrossentropy {
+                rows,
+                features,
+                reduction,
+                weight,
+            } => {
+                write_variant!(
+                    w,
+                    "Op",
+                    BinaryCrossentropy {
+                        rows,
+                        features,
+                        reduction,
+                        weight
+                    }
+                )
             }
-            Op::MeanSquaredError { rows, features, reduction, weight } => {
-                write_variant!(w, "Op", MeanSquaredError { rows, features, reduction, weight })
+            Op::MeanSquaredError {
+                rows,
+                features,
+                reduction,
+                weight,
+            } => {
+                write_variant!(
+                    w,
+                    "Op",
+                    MeanSquaredError {
+                        rows,
+                        features,
+                        reduction,
+                        weight
+                    }
+                )
             }
-            Op::KlNormal { rows, features, reduction, weight } => {
-                write_variant!(w, "Op", KlNormal { rows, features, reduction, weight })
+            Op::KlNormal {
+                rows,
+                features,
+                reduction,
+                weight,
+            } => {
+                write_variant!(
+                    w,
+                    "Op",
+                    KlNormal {
+                        rows,
+                        features,
+                        reduction,
+                        weight
+                    }
+                )
             }
             Op::CheckFinite => w.path("Op::CheckFinite"),
             Op::Update => w.path("Op::Update"),

@@ -66,8 +66,21 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    fn new_tensor(&mut self, name: String, layer: Option<usize>, role: Role, dtype: DType, shape: Vec<usize>) -> u32 {
-        self.tensors.push(STensor { name, layer, role, dtype, shape });
+    fn new_tensor(
+        &mut self,
+        name: String,
+        layer: Option<usize>,
+        role: Role,
+        dtype: DType,
+        shape: Vec<usize>,
+    ) -> u32 {
+        self.tensors.push(STensor {
+            name,
+            layer,
+            role,
+            dtype,
+            shape,
+        });
         (self.tensors.len() - 1) as u32
     }
 
@@ -75,7 +88,11 @@ impl Ctx<'_> {
         let t = &self.graph.tensors[of];
         let k = self.parts.entry(of).or_insert(0);
         *k += 1;
-        let name = if *k == 1 { format!("{}.grad", t.name) } else { format!("{}.grad{}", t.name, k) };
+        let name = if *k == 1 {
+            format!("{}.grad", t.name)
+        } else {
+            format!("{}.grad{}", t.name, k)
+        };
         let (layer, dtype, shape) = (Some(t.layer), t.dtype, t.shape.clone());
         self.new_tensor(name, layer, Role::ActivationGrad, dtype, shape)
     }
@@ -117,13 +134,35 @@ impl Ctx<'_> {
 impl Schedule {
     /// Orders the step and creates every tensor it touches.
     pub fn build(graph: &Graph, step: &StepGraph) -> Schedule {
-        let mut cx = Ctx { graph, tensors: Vec::new(), steps: Vec::new(), grad: HashMap::new(), parts: HashMap::new() };
+        let mut cx = Ctx {
+            graph,
+            tensors: Vec::new(),
+            steps: Vec::new(),
+            grad: HashMap::new(),
+            parts: HashMap::new(),
+        };
         for t in &graph.tensors {
-            let role = if t.is_input { Role::Input } else { Role::Activation };
-            cx.tensors.push(STensor { name: t.name.clone(), layer: Some(t.layer), role, dtype: t.dtype, shape: t.shape.clone() });
+            let role = if t.is_input {
+                Role::Input
+            } else {
+                Role::Activation
+            };
+            cx.tensors.push(STensor {
+                name: t.name.clone(),
+                layer: Some(t.layer),
+                role,
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+            });
         }
         let op_dtype = |o: usize| graph.tensors[graph.ops[o].outputs[0]].dtype;
-        let params_of = |o: usize| graph.ops[o].params.iter().map(|&p| p as u32).collect::<Vec<_>>();
+        let params_of = |o: usize| {
+            graph.ops[o]
+                .params
+                .iter()
+                .map(|&p| p as u32)
+                .collect::<Vec<_>>()
+        };
 
         // Forward.
         for (o, op) in graph.ops.iter().enumerate() {
@@ -133,7 +172,9 @@ impl Schedule {
                 writes.push(ws);
             }
             let in_place = match step.forward_in_place[o] {
-                Some(0) if matches!(op.op, Op::Add { .. }) => (0..op.inputs.len()).map(|k| (k, 0)).collect(),
+                Some(0) if matches!(op.op, Op::Add { .. }) => {
+                    (0..op.inputs.len()).map(|k| (k, 0)).collect()
+                }
                 Some(k) => vec![(k, 0)],
                 None => vec![],
             };
@@ -151,7 +192,11 @@ impl Schedule {
         // Loss: each term writes its value and the gradients it starts.
         let mut losses = Vec::new();
         for (k, l) in graph.losses.iter().enumerate() {
-            let name = if graph.losses.len() == 1 { "loss".to_string() } else { format!("loss.{k}.{}", l.op.name()) };
+            let name = if graph.losses.len() == 1 {
+                "loss".to_string()
+            } else {
+                format!("loss.{k}.{}", l.op.name())
+            };
             let value = cx.new_tensor(name, None, Role::Activation, DType::F32, vec![1]);
             losses.push(value);
             let mut writes = vec![value];
@@ -204,7 +249,11 @@ impl Schedule {
         for (o, rule) in step.backward.iter().enumerate() {
             if let Some(r) = rule {
                 for &t in &r.saved {
-                    let producer_seg = graph.ops.iter().position(|p| p.outputs.contains(&t)).and_then(seg_of_op);
+                    let producer_seg = graph
+                        .ops
+                        .iter()
+                        .position(|p| p.outputs.contains(&t))
+                        .and_then(seg_of_op);
                     if producer_seg.is_none() || producer_seg != seg_of_op(o) {
                         saved_outside[t] = true;
                     }
@@ -228,18 +277,37 @@ impl Schedule {
                 }
                 continue;
             }
-            let Some(rule) = &step.backward[o] else { continue };
-            let dys: Vec<u32> = rule.grad_outputs.iter().map(|t| cx.grad.get(t).copied().unwrap_or(NONE)).collect();
+            let Some(rule) = &step.backward[o] else {
+                continue;
+            };
+            let dys: Vec<u32> = rule
+                .grad_outputs
+                .iter()
+                .map(|t| cx.grad.get(t).copied().unwrap_or(NONE))
+                .collect();
             if dys.iter().all(|&d| d == NONE) {
                 continue; // nothing flows back through this op
             }
             if let Some(s) = seg_of_op(o) {
                 if !seg_done[s] {
                     seg_done[s] = true;
-                    recompute_segment(&mut cx, graph, step, &segments[s], &seg_of_layer, s, &saved_outside, &mut recomputed);
+                    recompute_segment(
+                        &mut cx,
+                        graph,
+                        step,
+                        &segments[s],
+                        &seg_of_layer,
+                        s,
+                        &saved_outside,
+                        &mut recomputed,
+                    );
                 }
             }
-            let mut reads: Vec<u32> = rule.saved.iter().map(|t| recomputed.get(t).copied().unwrap_or(*t as u32)).collect();
+            let mut reads: Vec<u32> = rule
+                .saved
+                .iter()
+                .map(|t| recomputed.get(t).copied().unwrap_or(*t as u32))
+                .collect();
             let n_saved = reads.len();
             reads.extend(&dys);
             let mut writes = Vec::new();
@@ -261,25 +329,70 @@ impl Schedule {
                 let ws = cx.workspace(op.layer, &op.op, true, op_dtype(o), ".bwd");
                 writes.push(ws);
             }
-            let in_place = if rule.in_place { vec![(n_saved, 0)] } else { vec![] };
-            cx.steps.push(SStep { phase: Phase::Backward, layer: Some(op.layer), op: op.op, reads, writes, params: params_of(o), in_place });
+            let in_place = if rule.in_place {
+                vec![(n_saved, 0)]
+            } else {
+                vec![]
+            };
+            cx.steps.push(SStep {
+                phase: Phase::Backward,
+                layer: Some(op.layer),
+                op: op.op,
+                reads,
+                writes,
+                params: params_of(o),
+                in_place,
+            });
             for (x, g) in contributions {
                 cx.contribute(x, g);
             }
         }
 
         // Update.
-        let trainable: Vec<u32> = graph.params.iter().enumerate().filter(|(_, p)| p.trainable).map(|(i, _)| i as u32).collect();
+        let trainable: Vec<u32> = graph
+            .params
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.trainable)
+            .map(|(i, _)| i as u32)
+            .collect();
         if step.loss_scaling && !trainable.is_empty() {
-            cx.steps.push(SStep { phase: Phase::Update, layer: None, op: Op::CheckFinite, reads: vec![], writes: vec![], params: trainable.clone(), in_place: vec![] });
+            cx.steps.push(SStep {
+                phase: Phase::Update,
+                layer: None,
+                op: Op::CheckFinite,
+                reads: vec![],
+                writes: vec![],
+                params: trainable.clone(),
+                in_place: vec![],
+            });
         }
         for (li, _) in graph.layers.iter().enumerate() {
-            let ps: Vec<u32> = trainable.iter().copied().filter(|&p| graph.params[p as usize].layer == li).collect();
+            let ps: Vec<u32> = trainable
+                .iter()
+                .copied()
+                .filter(|&p| graph.params[p as usize].layer == li)
+                .collect();
             if !ps.is_empty() {
-                cx.steps.push(SStep { phase: Phase::Update, layer: Some(li), op: Op::Update, reads: vec![], writes: vec![], params: ps, in_place: vec![] });
+                cx.steps.push(SStep {
+                    phase: Phase::Update,
+                    layer: Some(li),
+                    op: Op::Update,
+                    reads: vec![],
+                    writes: vec![],
+                    params: ps,
+                    in_place: vec![],
+                });
             }
         }
-        Schedule { tensors: cx.tensors, steps: cx.steps, losses, prediction, loss_scaling: step.loss_scaling, segments }
+        Schedule {
+            tensors: cx.tensors,
+            steps: cx.steps,
+            losses,
+            prediction,
+            loss_scaling: step.loss_scaling,
+            segments,
+        }
     }
 }
 
@@ -297,8 +410,14 @@ fn recompute_segment(
     recomputed: &mut HashMap<TensorId, u32>,
 ) {
     let in_seg = |o: usize| seg_of_layer[graph.ops[o].layer] == Some(seg);
-    let ops: Vec<usize> = (0..graph.ops.len()).filter(|&o| layers.contains(&graph.ops[o].layer) && in_seg(o)).collect();
-    let producer = |t: TensorId| ops.iter().copied().find(|&o| graph.ops[o].outputs.contains(&t));
+    let ops: Vec<usize> = (0..graph.ops.len())
+        .filter(|&o| layers.contains(&graph.ops[o].layer) && in_seg(o))
+        .collect();
+    let producer = |t: TensorId| {
+        ops.iter()
+            .copied()
+            .find(|&o| graph.ops[o].outputs.contains(&t))
+    };
     // Tensors the segment's backward needs that are not kept alive for someone else.
     let mut need: Vec<TensorId> = Vec::new();
     for &o in &ops {
@@ -330,11 +449,21 @@ fn recompute_segment(
             continue;
         }
         let op = &graph.ops[o];
-        let reads: Vec<u32> = op.inputs.iter().map(|t| recomputed.get(t).copied().unwrap_or(*t as u32)).collect();
+        let reads: Vec<u32> = op
+            .inputs
+            .iter()
+            .map(|t| recomputed.get(t).copied().unwrap_or(*t as u32))
+            .collect();
         let mut writes = Vec::new();
         for &t in &op.outputs {
             let g = &graph.tensors[t];
-            let r = cx.new_tensor(format!("{}@recompute", g.name), Some(g.layer), Role::Recomputed, g.dtype, g.shape.clone());
+            let r = cx.new_tensor(
+                format!("{}@recompute", g.name),
+                Some(g.layer),
+                Role::Recomputed,
+                g.dtype,
+                g.shape.clone(),
+            );
             recomputed.insert(t, r);
             writes.push(r);
         }
@@ -343,7 +472,9 @@ fn recompute_segment(
             writes.push(cx.workspace(op.layer, &op.op, false, dt, ".recompute"));
         }
         let in_place = match step.forward_in_place[o] {
-            Some(0) if matches!(op.op, Op::Add { .. }) => (0..op.inputs.len()).map(|k| (k, 0)).collect(),
+            Some(0) if matches!(op.op, Op::Add { .. }) => {
+                (0..op.inputs.len()).map(|k| (k, 0)).collect()
+            }
             Some(k) => vec![(k, 0)],
             None => vec![],
         };

@@ -76,33 +76,96 @@ impl Padding {
 pub enum LayerKind {
     /// A model input. `dtype` is how it is stored (u8 pixels, i32 labels/ids, or a float);
     /// u8 inputs are scaled by `scale` into the compute dtype inside the step.
-    Input { shape: Vec<usize>, dtype: DType, scale: f32 },
-    Dense { units: usize, activation: Activation, use_bias: bool },
-    Conv2d { filters: usize, kernel: [usize; 2], strides: [usize; 2], padding: Padding, activation: Activation, use_bias: bool },
-    DepthwiseConv2d { kernel: [usize; 2], strides: [usize; 2], padding: Padding, multiplier: usize, activation: Activation, use_bias: bool },
-    SeparableConv2d { filters: usize, kernel: [usize; 2], strides: [usize; 2], padding: Padding, multiplier: usize, activation: Activation, use_bias: bool },
-    Conv2dTranspose { filters: usize, kernel: [usize; 2], strides: [usize; 2], padding: Padding, activation: Activation, use_bias: bool },
-    MaxPool2d { pool: [usize; 2], strides: [usize; 2], padding: Padding },
-    AvgPool2d { pool: [usize; 2], strides: [usize; 2], padding: Padding },
+    Input {
+        shape: Vec<usize>,
+        dtype: DType,
+        scale: f32,
+    },
+    Dense {
+        units: usize,
+        activation: Activation,
+        use_bias: bool,
+    },
+    Conv2d {
+        filters: usize,
+        kernel: [usize; 2],
+        strides: [usize; 2],
+        padding: Padding,
+        activation: Activation,
+        use_bias: bool,
+    },
+    DepthwiseConv2d {
+        kernel: [usize; 2],
+        strides: [usize; 2],
+        padding: Padding,
+        multiplier: usize,
+        activation: Activation,
+        use_bias: bool,
+    },
+    SeparableConv2d {
+        filters: usize,
+        kernel: [usize; 2],
+        strides: [usize; 2],
+        padding: Padding,
+        multiplier: usize,
+        activation: Activation,
+        use_bias: bool,
+    },
+    Conv2dTranspose {
+        filters: usize,
+        kernel: [usize; 2],
+        strides: [usize; 2],
+        padding: Padding,
+        activation: Activation,
+        use_bias: bool,
+    },
+    MaxPool2d {
+        pool: [usize; 2],
+        strides: [usize; 2],
+        padding: Padding,
+    },
+    AvgPool2d {
+        pool: [usize; 2],
+        strides: [usize; 2],
+        padding: Padding,
+    },
     GlobalAvgPool,
     /// Batch normalisation in training mode over the last axis (Keras defaults 0.99, 1e-3).
-    BatchNorm { momentum: f32, epsilon: f32 },
-    LayerNorm { epsilon: f32 },
-    Dropout { rate: f32 },
+    BatchNorm {
+        momentum: f32,
+        epsilon: f32,
+    },
+    LayerNorm {
+        epsilon: f32,
+    },
+    Dropout {
+        rate: f32,
+    },
     /// A view: no op, no new bytes.
     Flatten,
     /// A view to `shape` (without batch): no op, no new bytes.
-    Reshape { shape: Vec<usize> },
+    Reshape {
+        shape: Vec<usize>,
+    },
     /// Element-wise sum of two or more inputs of the same shape, then `activation`.
-    Add { activation: Activation },
+    Add {
+        activation: Activation,
+    },
     /// Concatenation along the last axis.
     Concat,
     /// Token ids (i32) → vectors.
-    Embedding { vocab: usize, dim: usize },
+    Embedding {
+        vocab: usize,
+        dim: usize,
+    },
     /// Multi-head self-attention over `[seq, hidden]`: fused QKV projection, scaled
     /// dot-product attention (optionally causal, with dropout on the probabilities) and an
     /// output projection.
-    Attention { heads: usize, causal: bool, dropout: f32 },
+    Attention {
+        heads: usize,
+        causal: bool,
+        dropout: f32,
+    },
     Activation(Activation),
     /// The VAE's reparameterisation: inputs `(mean, log_var)`, output `mean + exp(log_var/2)·ε`.
     SampleNormal,
@@ -137,40 +200,107 @@ impl LayerKind {
 
     /// Dense layer with bias.
     pub fn dense(units: usize, activation: Activation) -> Self {
-        LayerKind::Dense { units, activation, use_bias: true }
+        LayerKind::Dense {
+            units,
+            activation,
+            use_bias: true,
+        }
     }
 
     /// Square-kernel conv2d with bias.
-    pub fn conv2d(filters: usize, kernel: usize, stride: usize, padding: Padding, activation: Activation) -> Self {
-        LayerKind::Conv2d { filters, kernel: [kernel; 2], strides: [stride; 2], padding, activation, use_bias: true }
+    pub fn conv2d(
+        filters: usize,
+        kernel: usize,
+        stride: usize,
+        padding: Padding,
+        activation: Activation,
+    ) -> Self {
+        LayerKind::Conv2d {
+            filters,
+            kernel: [kernel; 2],
+            strides: [stride; 2],
+            padding,
+            activation,
+            use_bias: true,
+        }
     }
 
     /// Square-kernel separable conv2d (depth multiplier 1) with bias.
-    pub fn separable_conv2d(filters: usize, kernel: usize, stride: usize, padding: Padding, activation: Activation) -> Self {
-        LayerKind::SeparableConv2d { filters, kernel: [kernel; 2], strides: [stride; 2], padding, multiplier: 1, activation, use_bias: true }
+    pub fn separable_conv2d(
+        filters: usize,
+        kernel: usize,
+        stride: usize,
+        padding: Padding,
+        activation: Activation,
+    ) -> Self {
+        LayerKind::SeparableConv2d {
+            filters,
+            kernel: [kernel; 2],
+            strides: [stride; 2],
+            padding,
+            multiplier: 1,
+            activation,
+            use_bias: true,
+        }
     }
 
     /// Square-kernel depthwise conv2d (multiplier 1).
-    pub fn depthwise_conv2d(kernel: usize, stride: usize, padding: Padding, activation: Activation) -> Self {
-        LayerKind::DepthwiseConv2d { kernel: [kernel; 2], strides: [stride; 2], padding, multiplier: 1, activation, use_bias: true }
+    pub fn depthwise_conv2d(
+        kernel: usize,
+        stride: usize,
+        padding: Padding,
+        activation: Activation,
+    ) -> Self {
+        LayerKind::DepthwiseConv2d {
+            kernel: [kernel; 2],
+            strides: [stride; 2],
+            padding,
+            multiplier: 1,
+            activation,
+            use_bias: true,
+        }
     }
 
     /// Square-kernel transposed conv2d with bias.
-    pub fn conv2d_transpose(filters: usize, kernel: usize, stride: usize, padding: Padding, activation: Activation) -> Self {
-        LayerKind::Conv2dTranspose { filters, kernel: [kernel; 2], strides: [stride; 2], padding, activation, use_bias: true }
+    pub fn conv2d_transpose(
+        filters: usize,
+        kernel: usize,
+        stride: usize,
+        padding: Padding,
+        activation: Activation,
+    ) -> Self {
+        LayerKind::Conv2dTranspose {
+            filters,
+            kernel: [kernel; 2],
+            strides: [stride; 2],
+            padding,
+            activation,
+            use_bias: true,
+        }
     }
 
     pub fn max_pool2d(pool: usize, stride: usize, padding: Padding) -> Self {
-        LayerKind::MaxPool2d { pool: [pool; 2], strides: [stride; 2], padding }
+        LayerKind::MaxPool2d {
+            pool: [pool; 2],
+            strides: [stride; 2],
+            padding,
+        }
     }
 
     pub fn avg_pool2d(pool: usize, stride: usize, padding: Padding) -> Self {
-        LayerKind::AvgPool2d { pool: [pool; 2], strides: [stride; 2], padding }
+        LayerKind::AvgPool2d {
+            pool: [pool; 2],
+            strides: [stride; 2],
+            padding,
+        }
     }
 
     /// Keras defaults: momentum 0.99, epsilon 1e-3.
     pub fn batch_norm() -> Self {
-        LayerKind::BatchNorm { momentum: 0.99, epsilon: 1e-3 }
+        LayerKind::BatchNorm {
+            momentum: 0.99,
+            epsilon: 1e-3,
+        }
     }
 
     /// Keras default epsilon 1e-3 (PyTorch uses 1e-5; say `epsilon = 1e-5` for parity).
@@ -179,27 +309,73 @@ impl LayerKind {
     }
 
     pub fn add() -> Self {
-        LayerKind::Add { activation: Activation::Linear }
+        LayerKind::Add {
+            activation: Activation::Linear,
+        }
     }
 }
 
 /// The optimizer and its hyper-parameters (Keras names and defaults).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Optimizer {
-    Sgd { lr: f32 },
-    Momentum { lr: f32, momentum: f32, nesterov: bool },
-    RmsProp { lr: f32, rho: f32, epsilon: f32, momentum: f32, centered: bool },
-    Adam { lr: f32, beta_1: f32, beta_2: f32, epsilon: f32 },
-    AdamW { lr: f32, beta_1: f32, beta_2: f32, epsilon: f32, weight_decay: f32 },
+    Sgd {
+        lr: f32,
+    },
+    Momentum {
+        lr: f32,
+        momentum: f32,
+        nesterov: bool,
+    },
+    RmsProp {
+        lr: f32,
+        rho: f32,
+        epsilon: f32,
+        momentum: f32,
+        centered: bool,
+    },
+    Adam {
+        lr: f32,
+        beta_1: f32,
+        beta_2: f32,
+        epsilon: f32,
+    },
+    AdamW {
+        lr: f32,
+        beta_1: f32,
+        beta_2: f32,
+        epsilon: f32,
+        weight_decay: f32,
+    },
 }
 
 impl Optimizer {
     /// Keras defaults.
     pub const SGD: Optimizer = Optimizer::Sgd { lr: 0.01 };
-    pub const MOMENTUM: Optimizer = Optimizer::Momentum { lr: 0.01, momentum: 0.9, nesterov: false };
-    pub const RMSPROP: Optimizer = Optimizer::RmsProp { lr: 1e-3, rho: 0.9, epsilon: 1e-7, momentum: 0.0, centered: false };
-    pub const ADAM: Optimizer = Optimizer::Adam { lr: 1e-3, beta_1: 0.9, beta_2: 0.999, epsilon: 1e-7 };
-    pub const ADAMW: Optimizer = Optimizer::AdamW { lr: 1e-3, beta_1: 0.9, beta_2: 0.999, epsilon: 1e-7, weight_decay: 0.004 };
+    pub const MOMENTUM: Optimizer = Optimizer::Momentum {
+        lr: 0.01,
+        momentum: 0.9,
+        nesterov: false,
+    };
+    pub const RMSPROP: Optimizer = Optimizer::RmsProp {
+        lr: 1e-3,
+        rho: 0.9,
+        epsilon: 1e-7,
+        momentum: 0.0,
+        centered: false,
+    };
+    pub const ADAM: Optimizer = Optimizer::Adam {
+        lr: 1e-3,
+        beta_1: 0.9,
+        beta_2: 0.999,
+        epsilon: 1e-7,
+    };
+    pub const ADAMW: Optimizer = Optimizer::AdamW {
+        lr: 1e-3,
+        beta_1: 0.9,
+        beta_2: 0.999,
+        epsilon: 1e-7,
+        weight_decay: 0.004,
+    };
 
     pub const fn name(&self) -> &'static str {
         match self {
@@ -216,9 +392,9 @@ impl Optimizer {
         match self {
             Optimizer::Sgd { .. } => 0,
             Optimizer::Momentum { .. } => 1,
-            Optimizer::RmsProp { momentum, centered, .. } => {
-                1 + (*momentum > 0.0) as u64 + *centered as u64
-            }
+            Optimizer::RmsProp {
+                momentum, centered, ..
+            } => 1 + (*momentum > 0.0) as u64 + *centered as u64,
             Optimizer::Adam { .. } | Optimizer::AdamW { .. } => 2,
         }
     }
@@ -302,7 +478,12 @@ impl LossTerm {
             LossKind::KlNormal => Reduction::SumOverFeatures,
             _ => Reduction::Mean,
         };
-        LossTerm { kind, inputs: Vec::new(), weight: 1.0, reduction }
+        LossTerm {
+            kind,
+            inputs: Vec::new(),
+            weight: 1.0,
+            reduction,
+        }
     }
 
     pub fn on(mut self, inputs: &[&str]) -> Self {
@@ -406,7 +587,15 @@ impl ModelSpec {
 
     /// Appends an input layer and returns its name.
     pub fn input(&mut self, name: &str, shape: &[usize], dtype: DType, scale: f32) -> String {
-        self.add(name, LayerKind::Input { shape: shape.to_vec(), dtype, scale }, &[])
+        self.add(
+            name,
+            LayerKind::Input {
+                shape: shape.to_vec(),
+                dtype,
+                scale,
+            },
+            &[],
+        )
     }
 
     /// Puts the named layers into checkpoint segment `segment`.
@@ -431,6 +620,9 @@ impl ModelSpec {
 
     /// The same model at another batch size.
     pub fn with_batch(&self, batch: usize) -> Self {
-        ModelSpec { batch, ..self.clone() }
+        ModelSpec {
+            batch,
+            ..self.clone()
+        }
     }
 }

@@ -24,12 +24,22 @@ impl ArenaPlan {
         let requests: Vec<BufferRequest> = lifetimes
             .buffers
             .iter()
-            .map(|&(bytes, first, last)| BufferRequest { bytes, first: first as usize, last: last as usize })
+            .map(|&(bytes, first, last)| BufferRequest {
+                bytes,
+                first: first as usize,
+                last: last as usize,
+            })
             .collect();
         let packing = packing::pack(&requests, alignment);
         let greedy_bytes = packing::greedy_by_size(&requests, alignment).arena_bytes;
         let lower_bound = packing::lower_bound(&requests);
-        ArenaPlan { requests, packing, greedy_bytes, lower_bound, alignment }
+        ArenaPlan {
+            requests,
+            packing,
+            greedy_bytes,
+            lower_bound,
+            alignment,
+        }
     }
 
     /// Offset of buffer `b`.
@@ -46,13 +56,22 @@ pub fn validate(plan: &StaticPlan) -> Result<(), String> {
     for t in ts.iter() {
         let need = t.elems() as u64 * t.dtype.size();
         if t.bytes < need {
-            return Err(format!("rule 1: tensor {} `{}` has {} bytes, needs {need}", t.id, t.name, t.bytes));
+            return Err(format!(
+                "rule 1: tensor {} `{}` has {} bytes, needs {need}",
+                t.id, t.name, t.bytes
+            ));
         }
         if t.offset % align != 0 {
-            return Err(format!("rule 1: tensor {} `{}` offset {} is not a multiple of {align}", t.id, t.name, t.offset));
+            return Err(format!(
+                "rule 1: tensor {} `{}` offset {} is not a multiple of {align}",
+                t.id, t.name, t.offset
+            ));
         }
         if t.first > t.last {
-            return Err(format!("tensor {} `{}` has first {} > last {}", t.id, t.name, t.first, t.last));
+            return Err(format!(
+                "tensor {} `{}` has first {} > last {}",
+                t.id, t.name, t.first, t.last
+            ));
         }
     }
     // Rule 2: reads inside lifetimes and after a write; writes at first.
@@ -65,18 +84,35 @@ pub fn validate(plan: &StaticPlan) -> Result<(), String> {
     for s in plan.steps.iter() {
         let idx = s.index;
         for &r in s.reads.iter().filter(|&&r| r != NONE) {
-            let t = ts.get(r as usize).ok_or_else(|| format!("rule 2: step {idx} reads unknown tensor {r}"))?;
+            let t = ts
+                .get(r as usize)
+                .ok_or_else(|| format!("rule 2: step {idx} reads unknown tensor {r}"))?;
             if !(t.first <= idx && idx <= t.last) {
-                return Err(format!("rule 2: step {idx} ({} {}) reads `{}` outside its life [{}, {}]", s.phase.name(), s.op.name(), t.name, t.first, t.last));
+                return Err(format!(
+                    "rule 2: step {idx} ({} {}) reads `{}` outside its life [{}, {}]",
+                    s.phase.name(),
+                    s.op.name(),
+                    t.name,
+                    t.first,
+                    t.last
+                ));
             }
             if !written[r as usize] {
-                return Err(format!("rule 2: step {idx} reads `{}` before any step wrote it", t.name));
+                return Err(format!(
+                    "rule 2: step {idx} reads `{}` before any step wrote it",
+                    t.name
+                ));
             }
         }
         for &w in s.writes.iter().filter(|&&w| w != NONE) {
-            let t = ts.get(w as usize).ok_or_else(|| format!("rule 2: step {idx} writes unknown tensor {w}"))?;
+            let t = ts
+                .get(w as usize)
+                .ok_or_else(|| format!("rule 2: step {idx} writes unknown tensor {w}"))?;
             if t.first != idx {
-                return Err(format!("rule 2: step {idx} writes `{}` whose first step is {}", t.name, t.first));
+                return Err(format!(
+                    "rule 2: step {idx} writes `{}` whose first step is {}",
+                    t.name, t.first
+                ));
             }
         }
         for &w in s.writes.iter().filter(|&&w| w != NONE) {
@@ -110,14 +146,23 @@ pub fn validate(plan: &StaticPlan) -> Result<(), String> {
     // Rule 4: the arena holds everything; the lower bound is the peak of live bytes.
     let end = ts.iter().map(|t| t.offset + t.bytes).max().unwrap_or(0);
     if plan.arena_bytes < end {
-        return Err(format!("rule 4: arena_bytes {} < highest tensor end {end}", plan.arena_bytes));
+        return Err(format!(
+            "rule 4: arena_bytes {} < highest tensor end {end}",
+            plan.arena_bytes
+        ));
     }
     let lb = live_peak(plan).0;
     if lb != plan.lower_bound_bytes {
-        return Err(format!("rule 4: lower_bound_bytes {} but the live peak is {lb}", plan.lower_bound_bytes));
+        return Err(format!(
+            "rule 4: lower_bound_bytes {} but the live peak is {lb}",
+            plan.lower_bound_bytes
+        ));
     }
     if plan.lower_bound_bytes > plan.arena_bytes {
-        return Err(format!("rule 4: lower bound {} above arena {}", plan.lower_bound_bytes, plan.arena_bytes));
+        return Err(format!(
+            "rule 4: lower bound {} above arena {}",
+            plan.lower_bound_bytes, plan.arena_bytes
+        ));
     }
     Ok(())
 }
@@ -138,7 +183,8 @@ fn in_place_pair(plan: &StaticPlan, a: usize, b: usize) -> bool {
 /// its largest member's, its life the union of theirs), and the step where it occurs.
 pub fn live_peak(plan: &StaticPlan) -> (u64, u32) {
     let ts = &plan.tensors;
-    let mut buf: std::collections::HashMap<usize, (u64, u32, u32)> = std::collections::HashMap::new();
+    let mut buf: std::collections::HashMap<usize, (u64, u32, u32)> =
+        std::collections::HashMap::new();
     for (i, t) in ts.iter().enumerate() {
         let mut root = i;
         let mut hops = 0;
@@ -154,7 +200,10 @@ pub fn live_peak(plan: &StaticPlan) -> (u64, u32) {
     let n_steps = plan.steps.len().max(1);
     let mut delta = vec![0i128; n_steps + 1];
     for &(bytes, first, last) in buf.values() {
-        let (s, e) = ((first as usize).min(n_steps), (last as usize + 1).min(n_steps));
+        let (s, e) = (
+            (first as usize).min(n_steps),
+            (last as usize + 1).min(n_steps),
+        );
         delta[s] += bytes as i128;
         delta[e] -= bytes as i128;
     }

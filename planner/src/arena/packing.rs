@@ -88,42 +88,37 @@ pub fn lower_bound(reqs: &[BufferRequest]) -> u64 {
 /// keep request order, so the result is deterministic.
 pub fn greedy_by_size(reqs: &[BufferRequest], alignment: u64) -> Packing {
     let align = alignment.max(1);
-    let mut order: Vec<usize> = (0..reqs.len()).collect();
-    order.sort_by(|&a, &b| reqs[b].bytes.cmp(&reqs[a].bytes));
+    // Requests of zero bytes stay in: TFLite places them too, and, sorted last, they can
+    // only split gaps other zero-byte requests see.
+    let instance = Instance::new(reqs, align, true);
+    let order = tflite_order(&instance.items);
+    let mut placer = Placer::new(&instance.items);
+    placer.place(&order, 0, Fit::Best, u64::MAX);
     let mut offsets = vec![0u64; reqs.len()];
-    let mut arena_bytes = 0u64;
-    // Placed buffers, ordered by offset.
-    let mut placed: Vec<usize> = Vec::with_capacity(reqs.len());
-    for &i in &order {
-        let r = reqs[i];
-        let mut best_diff = u64::MAX;
-        let mut best_offset = None;
-        let mut prev_end = 0u64;
-        for &j in &placed {
-            let q = reqs[j];
-            if q.last < r.first || q.first > r.last {
-                continue;
-            }
-            let cur = offsets[j];
-            if cur >= prev_end {
-                let diff = cur - prev_end;
-                if diff >= r.bytes && diff < best_diff {
-                    best_diff = diff;
-                    best_offset = Some(prev_end);
-                }
-            }
-            prev_end = prev_end.max(align_up(cur + q.bytes, align));
-        }
-        let offset = best_offset.unwrap_or(prev_end);
-        let at = placed.partition_point(|&j| offsets[j] <= offset);
-        placed.insert(at, i);
-        offsets[i] = offset;
-        arena_bytes = arena_bytes.max(offset + r.bytes);
+    for (k, &i) in instance.index.iter().enumerate() {
+        offsets[i] = placer.offsets[k];
     }
+    let arena_bytes = arena_bytes(reqs, &offsets);
     Packing {
         offsets,
         arena_bytes,
     }
+}
+
+/// TFLite's order: non-increasing size; equal sizes in request order (TFLite's `std::sort`
+/// leaves them unspecified).
+fn tflite_order(items: &[Item]) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..items.len() as u32).collect();
+    order.sort_by_key(|&k| Reverse(items[k as usize].bytes));
+    order
+}
+
+fn arena_bytes(reqs: &[BufferRequest], offsets: &[u64]) -> u64 {
+    reqs.iter()
+        .zip(offsets)
+        .map(|(r, &o)| o + r.bytes)
+        .max()
+        .unwrap_or(0)
 }
 
 /// The planner's packing: the best of TFLite's greedy-by-size, several other greedy
@@ -135,36 +130,44 @@ pub fn greedy_by_size(reqs: &[BufferRequest], alignment: u64) -> Packing {
 /// When a request has `first > last`.
 pub fn pack(reqs: &[BufferRequest], alignment: u64) -> Packing {
     for (i, r) in reqs.iter().enumerate() {
-        assert!(r.first <= r.last, "buffer {i} has first {} > last {}", r.first, r.last);
+        assert!(
+            r.first <= r.last,
+            "buffer {i} has first {} > last {}",
+            r.first,
+            r.last
+        );
     }
     let align = alignment.max(1);
-    let baseline = greedy_by_size(reqs, align);
-    let instance = Instance::new(reqs, align);
+    // Zero-byte requests overlap nothing; they keep offset 0.
+    let instance = Instance::new(reqs, align, false);
+    let mut offsets = vec![0u64; reqs.len()];
     if instance.items.is_empty() {
         return Packing {
-            offsets: vec![0; reqs.len()],
+            offsets,
             arena_bytes: 0,
         };
     }
-    let ours = instance.solve();
-    let mut offsets = vec![0u64; reqs.len()];
-    for (k, &i) in instance.index.iter().enumerate() {
-        offsets[i] = ours[k];
-    }
-    let arena_bytes = reqs
-        .iter()
-        .zip(&offsets)
-        .map(|(r, &o)| if r.bytes == 0 { 0 } else { o + r.bytes })
-        .max()
-        .unwrap_or(0);
-    if arena_bytes < baseline.arena_bytes {
-        Packing {
-            offsets,
-            arena_bytes,
+    let mut search = Search::new(&instance);
+    search.run();
+    // Sizes not a multiple of the alignment were rounded up inside; compare with TFLite's
+    // packing on the real sizes, so that the promise holds for them too.
+    let mut best = None;
+    for candidate in [&search.best.offsets, &search.tflite] {
+        for (k, &i) in instance.index.iter().enumerate() {
+            offsets[i] = candidate[k];
         }
-    } else {
-        baseline
+        let arena_bytes = arena_bytes(reqs, &offsets);
+        if best
+            .as_ref()
+            .is_none_or(|b: &Packing| arena_bytes < b.arena_bytes)
+        {
+            best = Some(Packing {
+                offsets: offsets.clone(),
+                arena_bytes,
+            });
+        }
     }
+    best.expect("two candidates")
 }
 
 /// The first pair `(i, j)`, `i < j`, smallest `i` then smallest `j`, of requests whose
@@ -235,36 +238,96 @@ enum Fit {
     Best,
 }
 
-/// The offset `item` gets among `slots` (ordered by offset), and the number of slots looked at.
-fn find_gap(slots: &[Slot], item: &Item, fit: Fit) -> (u64, u64) {
-    let mut prev_end = 0u64;
-    let mut best: Option<(u64, u64)> = None;
-    for (seen, s) in slots.iter().enumerate() {
-        if s.last < item.first || s.first > item.last {
-            continue;
+/// Placed buffers ordered by offset, in chunks: a greedy pass inserts every buffer once,
+/// and shifting a chunk instead of the whole list keeps insertion cheap at thousands of
+/// buffers.
+struct SlotList {
+    chunks: Vec<Vec<Slot>>,
+}
+
+/// A chunk splits in two when it grows past this many slots.
+const CHUNK: usize = 128;
+
+impl SlotList {
+    fn new() -> SlotList {
+        SlotList { chunks: Vec::new() }
+    }
+
+    /// Replaces the contents with `slots`, which must be ordered by offset.
+    fn rebuild(&mut self, slots: &[Slot]) {
+        self.chunks.clear();
+        self.chunks
+            .extend(slots.chunks(CHUNK / 2).map(|c| c.to_vec()));
+    }
+
+    /// After every slot with an offset at or below the new one (TFLite's position).
+    fn insert(&mut self, slot: Slot) {
+        let c = self
+            .chunks
+            .partition_point(|ch| ch[0].offset <= slot.offset)
+            .saturating_sub(1);
+        let Some(chunk) = self.chunks.get_mut(c) else {
+            self.chunks.push(vec![slot]);
+            return;
+        };
+        let at = chunk.partition_point(|s| s.offset <= slot.offset);
+        chunk.insert(at, slot);
+        if chunk.len() > CHUNK {
+            let tail = chunk.split_off(CHUNK / 2);
+            self.chunks.insert(c + 1, tail);
         }
-        if s.offset >= prev_end {
-            let gap = s.offset - prev_end;
-            if gap >= item.bytes {
-                match fit {
-                    // Every later slot starts at or above `s.offset`: the gap stays free.
-                    Fit::First => return (prev_end, seen as u64 + 1),
-                    Fit::Best => {
-                        if best.is_none_or(|(g, _)| gap < g) {
-                            best = Some((gap, prev_end));
+    }
+
+    /// The offset `item` gets, and the number of slots looked at.
+    ///
+    /// A gap is the space between the highest end so far of slots whose lifetimes meet the
+    /// item's and the next such slot's offset; slots that do not meet it are skipped. The
+    /// loops avoid branching on which slots meet the item: half of them do, unpredictably.
+    fn find(&self, item: &Item, fit: Fit) -> (u64, u64) {
+        let (first, last, need) = (item.first, item.last, item.bytes);
+        let mut prev_end = 0u64;
+        let mut seen = 0u64;
+        match fit {
+            Fit::First => {
+                for chunk in &self.chunks {
+                    for s in chunk {
+                        let meets = (s.last >= first) & (s.first <= last);
+                        // Every later slot starts at or above `s.offset`: the gap stays free.
+                        if meets & (s.offset >= prev_end.saturating_add(need)) {
+                            return (prev_end, seen + 1);
                         }
+                        seen += 1;
+                        prev_end = prev_end.max(if meets { s.end } else { 0 });
                     }
+                }
+                (prev_end, seen)
+            }
+            Fit::Best => {
+                let (mut best_gap, mut best_offset) = (u64::MAX, u64::MAX);
+                for chunk in &self.chunks {
+                    for s in chunk {
+                        let meets = (s.last >= first) & (s.first <= last);
+                        let gap = s.offset.wrapping_sub(prev_end);
+                        let better =
+                            meets & (s.offset >= prev_end) & (gap >= need) & (gap < best_gap);
+                        best_offset = if better { prev_end } else { best_offset };
+                        best_gap = if better { gap } else { best_gap };
+                        seen += 1;
+                        // A gap of exactly the right size is the smallest there can be.
+                        if best_gap == need {
+                            return (best_offset, seen);
+                        }
+                        prev_end = prev_end.max(if meets { s.end } else { 0 });
+                    }
+                }
+                if best_gap == u64::MAX {
+                    (prev_end, seen)
+                } else {
+                    (best_offset, seen)
                 }
             }
         }
-        prev_end = prev_end.max(s.end);
     }
-    (best.map_or(prev_end, |(_, o)| o), slots.len() as u64)
-}
-
-fn insert_slot(slots: &mut Vec<Slot>, slot: Slot) {
-    let at = slots.partition_point(|s| s.offset <= slot.offset);
-    slots.insert(at, slot);
 }
 
 /// A packing of the instance's items.
@@ -284,8 +347,10 @@ struct Instance {
 }
 
 impl Instance {
-    fn new(reqs: &[BufferRequest], align: u64) -> Instance {
-        let index: Vec<usize> = (0..reqs.len()).filter(|&i| reqs[i].bytes > 0).collect();
+    fn new(reqs: &[BufferRequest], align: u64, with_empty: bool) -> Instance {
+        let index: Vec<usize> = (0..reqs.len())
+            .filter(|&i| with_empty || reqs[i].bytes > 0)
+            .collect();
         let mut times: Vec<usize> = index
             .iter()
             .flat_map(|&i| [reqs[i].first, reqs[i].last])
@@ -344,18 +409,14 @@ impl Instance {
             })
             .collect()
     }
-
-    fn solve(&self) -> Vec<u64> {
-        let mut search = Search::new(self);
-        search.run();
-        search.best.offsets
-    }
 }
 
 /// Greedy placement of items in a given order, with reusable scratch space.
 struct Placer<'a> {
     items: &'a [Item],
-    slots: Vec<Slot>,
+    slots: SlotList,
+    /// Scratch for rebuilding `slots` from a prefix.
+    prefix: Vec<Slot>,
     offsets: Vec<u64>,
     /// Placed-buffer visits so far (see [`WORK_BUDGET`]).
     work: u64,
@@ -365,7 +426,8 @@ impl<'a> Placer<'a> {
     fn new(items: &'a [Item]) -> Placer<'a> {
         Placer {
             items,
-            slots: Vec::with_capacity(items.len()),
+            slots: SlotList::new(),
+            prefix: Vec::with_capacity(items.len()),
             offsets: vec![0; items.len()],
             work: 0,
         }
@@ -374,39 +436,38 @@ impl<'a> Placer<'a> {
     /// Places `order[from..]` on top of `order[..from]`, which keep their current offsets.
     /// Returns the arena, or `None` as soon as a buffer would end above `cutoff`.
     fn place(&mut self, order: &[u32], from: usize, fit: Fit, cutoff: u64) -> Option<u64> {
-        self.slots.clear();
         let mut arena = 0;
+        self.prefix.clear();
         for &k in &order[..from] {
             let (it, offset) = (self.items[k as usize], self.offsets[k as usize]);
             arena = arena.max(offset + it.bytes);
-            self.slots.push(Slot {
+            self.prefix.push(Slot {
                 offset,
                 end: offset + it.bytes,
                 first: it.first,
                 last: it.last,
             });
         }
-        self.slots.sort_unstable_by_key(|s| s.offset);
-        self.work += from as u64;
+        self.prefix.sort_unstable_by_key(|s| s.offset);
+        self.slots.rebuild(&self.prefix);
+        // Sorting and rebuilding, in the budget's unit.
+        self.work += from as u64 * (1 + u64::from(usize::BITS - from.leading_zeros()));
         for &k in &order[from..] {
             let it = self.items[k as usize];
-            let (offset, seen) = find_gap(&self.slots, &it, fit);
-            self.work += seen;
+            let (offset, seen) = self.slots.find(&it, fit);
+            self.work += seen + CHUNK as u64 / 4;
             let end = offset + it.bytes;
             if end > cutoff {
                 return None;
             }
             arena = arena.max(end);
             self.offsets[k as usize] = offset;
-            insert_slot(
-                &mut self.slots,
-                Slot {
-                    offset,
-                    end,
-                    first: it.first,
-                    last: it.last,
-                },
-            );
+            self.slots.insert(Slot {
+                offset,
+                end,
+                first: it.first,
+                last: it.last,
+            });
         }
         Some(arena)
     }
@@ -419,6 +480,10 @@ struct Search<'a> {
     best: Solution,
     /// The order whose first-fit placement gives `best` (the local search starts from it).
     best_order: Vec<u32>,
+    /// TFLite's greedy-by-size packing, which `pack` must never lose to.
+    tflite: Vec<u64>,
+    /// Which stage found `best` (for tracing while tuning).
+    stage: &'static str,
 }
 
 impl<'a> Search<'a> {
@@ -431,6 +496,8 @@ impl<'a> Search<'a> {
                 arena: u64::MAX,
             },
             best_order: Vec::new(),
+            tflite: Vec::new(),
+            stage: "",
         }
     }
 
@@ -442,28 +509,95 @@ impl<'a> Search<'a> {
         self.placer.work < WORK_BUDGET
     }
 
-    /// Records the placer's current offsets if they beat the best.
-    fn offer(&mut self, arena: u64, order: &[u32]) {
+    /// Keeps `offsets` if they beat the best; `order` must reproduce them with first-fit.
+    fn offer(&mut self, offsets: &[u64], arena: u64, order: Option<&[u32]>, stage: &'static str) {
         if arena < self.best.arena {
             self.best = Solution {
-                offsets: self.placer.offsets.clone(),
+                offsets: offsets.to_vec(),
                 arena,
             };
-            self.best_order = order.to_vec();
+            self.best_order = match order {
+                Some(order) => order.to_vec(),
+                None => offset_order(offsets),
+            };
+            self.stage = stage;
+        }
+    }
+
+    fn run(&mut self) {
+        let n = self.inst.items.len();
+        let tflite = tflite_order(&self.inst.items);
+        let arena = self.placer.place(&tflite, 0, Fit::Best, u64::MAX);
+        self.tflite = self.placer.offsets.clone();
+        let offsets = self.tflite.clone();
+        self.offer(&offsets, arena.expect("no cutoff"), None, "tflite");
+        self.settle();
+        let orderings = self.orderings();
+        for (name, order) in &orderings {
+            for fit in [Fit::Best, Fit::First] {
+                if self.optimal() {
+                    return self.trace();
+                }
+                if let Some(arena) = self.placer.place(order, 0, fit, self.best.arena) {
+                    let offsets = std::mem::take(&mut self.placer.offsets);
+                    let order = (fit == Fit::First).then_some(order.as_slice());
+                    self.offer(&offsets, arena, order, name);
+                    self.placer.offsets = offsets;
+                }
+            }
+        }
+        for rule in SKYLINE_RULES {
+            if self.optimal() {
+                return self.trace();
+            }
+            let offsets = skyline(&self.inst.items, self.inst.coords, rule);
+            self.placer.work += 20 * n as u64;
+            let arena = arena_of(&self.inst.items, &offsets);
+            self.offer(&offsets, arena, None, "skyline");
+        }
+        self.settle();
+        if self.optimal() {
+            return self.trace();
+        }
+        if n <= EXACT_MAX_BUFFERS {
+            if let Some(better) = exact(&self.inst.items, self.inst.coords, self.best.arena) {
+                self.best = better;
+                self.stage = "exact";
+            }
+            return self.trace();
+        }
+        if std::env::var_os("MEMWISE_PACK_TRACE").is_some() {
+            eprintln!(
+                "before local: work={} best={}",
+                self.placer.work, self.best.arena
+            );
+        }
+        self.local_search();
+        self.trace();
+    }
+
+    fn trace(&self) {
+        if std::env::var_os("MEMWISE_PACK_TRACE").is_some() {
+            eprintln!(
+                "pack n={} lb={} best={} ({:.5}) by {} work={}",
+                self.inst.items.len(),
+                self.inst.lower_bound,
+                self.best.arena,
+                self.best.arena as f64 / self.inst.lower_bound as f64,
+                self.stage,
+                self.placer.work
+            );
         }
     }
 
     /// Re-places the best solution's items in offset order with first-fit. Each buffer then
     /// lands at or below its old offset (it fits there, as everything placed before it sits
     /// no higher than before), so this never hurts; it closes gaps best-fit left behind and
-    /// yields the order the local search perturbs.
+    /// yields an order that reproduces the packing, which the local search perturbs.
     fn settle(&mut self) {
-        let mut order: Vec<u32> = (0..self.inst.items.len() as u32).collect();
-        order.sort_by_key(|&k| (self.best.offsets[k as usize], k));
-        let arena = self
-            .placer
-            .place(&order, 0, Fit::First, u64::MAX)
-            .expect("no cutoff");
+        let order = offset_order(&self.best.offsets);
+        let arena = self.placer.place(&order, 0, Fit::First, u64::MAX);
+        let arena = arena.expect("no cutoff");
         debug_assert!(arena <= self.best.arena);
         self.best = Solution {
             offsets: self.placer.offsets.clone(),
@@ -472,47 +606,8 @@ impl<'a> Search<'a> {
         self.best_order = order;
     }
 
-    fn run(&mut self) {
-        let n = self.inst.items.len();
-        for order in self.orderings() {
-            for fit in [Fit::Best, Fit::First] {
-                let cutoff = self.best.arena;
-                if let Some(arena) = self.placer.place(&order, 0, fit, cutoff) {
-                    self.offer(arena, &order);
-                }
-                if self.optimal() {
-                    return;
-                }
-            }
-        }
-        for rule in SKYLINE_RULES {
-            let offsets = skyline(&self.inst.items, self.inst.coords, rule);
-            let arena = arena_of(&self.inst.items, &offsets);
-            if arena < self.best.arena {
-                let mut order: Vec<u32> = (0..n as u32).collect();
-                order.sort_by_key(|&k| (offsets[k as usize], k));
-                self.best = Solution { offsets, arena };
-                self.best_order = order;
-            }
-            if self.optimal() {
-                return;
-            }
-        }
-        self.settle();
-        if self.optimal() {
-            return;
-        }
-        if n <= EXACT_MAX_BUFFERS {
-            if let Some(better) = exact(&self.inst.items, self.inst.coords, self.best.arena) {
-                self.best = better;
-            }
-            return;
-        }
-        self.local_search();
-    }
-
     /// The greedy orderings tried, each a permutation of item indices.
-    fn orderings(&self) -> Vec<Vec<u32>> {
+    fn orderings(&self) -> Vec<(&'static str, Vec<u32>)> {
         let items = &self.inst.items;
         let n = items.len() as u32;
         let sorted = |key: &dyn Fn(&Item) -> (u128, u128)| {
@@ -533,80 +628,175 @@ impl<'a> Search<'a> {
         }
         let hottest = RangeMin::new(&rank);
         vec![
-            // TFLite's order, so the local search can start from it too.
-            sorted(&|it| (big - u128::from(it.bytes), big - u128::from(it.steps))),
+            (
+                "size,span",
+                sorted(&|it| (big - u128::from(it.bytes), big - u128::from(it.steps))),
+            ),
             // Long-lived first: the activations a training step keeps for backward.
-            sorted(&|it| (big - u128::from(it.steps), big - u128::from(it.bytes))),
-            sorted(&|it| (big - u128::from(it.bytes) * u128::from(it.steps), 0)),
+            (
+                "span,size",
+                sorted(&|it| (big - u128::from(it.steps), big - u128::from(it.bytes))),
+            ),
+            (
+                "area",
+                sorted(&|it| (big - u128::from(it.bytes) * u128::from(it.steps), 0)),
+            ),
             // First use, longest first among equals: a stack for nested lifetimes.
-            sorted(&|it| (u128::from(it.first), big - u128::from(it.last))),
-            sorted(&|it| {
-                let hot = hottest.min(it.first as usize, it.last as usize);
-                (u128::from(hot), big - u128::from(it.bytes))
-            }),
+            (
+                "first",
+                sorted(&|it| (u128::from(it.first), big - u128::from(it.last))),
+            ),
+            (
+                "breadth",
+                sorted(&|it| {
+                    let hot = hottest.min(it.first as usize, it.last as usize);
+                    (u128::from(hot), big - u128::from(it.bytes))
+                }),
+            ),
         ]
     }
 
-    /// Iterated greedy over the placement order: take a buffer that reaches the top of the
-    /// arena, move it to a random earlier place in the order, re-place everything from there
-    /// (first-fit), and keep the change unless the arena grows. Equal arenas are accepted when
-    /// fewer buffers touch the top, which is how a flat peak is worn down before it drops.
+    /// Ruin and recreate: take a buffer that reaches the top of the arena, lift out the
+    /// buffers that meet a random time window around it and end above a random level, and
+    /// put them back (first-fit or best-fit, in a randomly chosen and shaken order) around
+    /// the buffers left in place. Keep the result unless the arena grows; equal arenas are
+    /// kept unless more buffers touch the top, which is how a flat peak is worn down before
+    /// it drops. Each try costs the lifted buffers times the placed ones, not a full pass.
     fn local_search(&mut self) {
-        let n = self.inst.items.len();
+        let items = &self.inst.items;
+        let n = items.len();
+        let coords = self.inst.coords;
         let mut rng = SplitMix(SEED);
-        let mut order = self.best_order.clone();
         let mut offsets = self.best.offsets.clone();
         let mut arena = self.best.arena;
-        let mut tops = count_tops(&self.inst.items, &offsets, arena);
-        let mut pos = vec![0usize; n];
-        while self.budget_left() && !self.optimal() {
-            for (p, &k) in order.iter().enumerate() {
-                pos[k as usize] = p;
-            }
+        let mut tops = count_tops(items, &offsets, arena);
+        let mut by_offset = offset_order(&offsets);
+        let mut lifted = vec![false; n];
+        let mut ruin: Vec<u32> = Vec::new();
+        let mut kept: Vec<Slot> = Vec::with_capacity(n);
+        let mut slots = SlotList::new();
+        let mut trial = offsets.clone();
+        while self.placer.work < WORK_BUDGET && arena > self.inst.lower_bound {
+            self.placer.work += 4 * n as u64;
+            // The buffer to lower, and the window and level of the ruin.
             let top: Vec<u32> = (0..n as u32)
-                .filter(|&k| offsets[k as usize] + self.inst.items[k as usize].bytes == arena)
+                .filter(|&k| offsets[k as usize] + items[k as usize].bytes == arena)
                 .collect();
-            let x = top[rng.below(top.len())];
-            let from = pos[x as usize];
-            if from == 0 {
-                // Already placed first: shake a random other buffer instead.
-                let y = rng.below(n);
-                let to = rng.below(n);
-                let mut trial = order.clone();
-                let v = trial.remove(y);
-                trial.insert(to, v);
-                self.try_order(trial, y.min(to), &mut order, &mut offsets, &mut arena, &mut tops);
+            let x = items[top[rng.below(top.len())] as usize];
+            let reach = 1 + rng.below(coords.min(64));
+            let lo = (x.first as usize).saturating_sub(rng.below(reach)) as u32;
+            let hi = (x.last as usize + rng.below(reach)).min(coords - 1) as u32;
+            let window = Item {
+                first: lo,
+                last: hi,
+                ..x
+            };
+            let meeting: Vec<u32> = (0..n as u32)
+                .filter(|&k| items[k as usize].meets(&window))
+                .collect();
+            let level = offsets[meeting[rng.below(meeting.len())] as usize];
+            ruin.clear();
+            ruin.extend(meeting.iter().copied().filter(|&k| {
+                let k = k as usize;
+                offsets[k] + items[k].bytes > level
+            }));
+            for &k in &ruin {
+                lifted[k as usize] = true;
+            }
+            kept.clear();
+            kept.extend(
+                by_offset
+                    .iter()
+                    .filter(|&&k| !lifted[k as usize])
+                    .map(|&k| {
+                        let (it, o) = (items[k as usize], offsets[k as usize]);
+                        Slot {
+                            offset: o,
+                            end: o + it.bytes,
+                            first: it.first,
+                            last: it.last,
+                        }
+                    }),
+            );
+            slots.rebuild(&kept);
+            // Recreate in a random one of the greedy orders, shaken by a few swaps.
+            let key = rng.below(4);
+            ruin.sort_by_key(|&k| {
+                let it = items[k as usize];
+                match key {
+                    0 => (Reverse(u128::from(it.bytes)), k),
+                    1 => (
+                        Reverse(u128::from(it.steps) << 64 | u128::from(it.bytes)),
+                        k,
+                    ),
+                    2 => (Reverse(u128::from(it.bytes) * u128::from(it.steps)), k),
+                    _ => (Reverse(u128::MAX - u128::from(offsets[k as usize])), k),
+                }
+            });
+            for _ in 0..rng.below(3) {
+                let (a, b) = (rng.below(ruin.len()), rng.below(ruin.len()));
+                ruin.swap(a, b);
+            }
+            let fit = if rng.below(2) == 0 {
+                Fit::First
+            } else {
+                Fit::Best
+            };
+            let mut new_arena = kept.iter().map(|s| s.end).max().unwrap_or(0);
+            let mut ok = true;
+            for &k in &ruin {
+                let it = items[k as usize];
+                let (o, seen) = slots.find(&it, fit);
+                self.placer.work += seen + CHUNK as u64 / 4;
+                if o + it.bytes > arena {
+                    ok = false;
+                    break;
+                }
+                new_arena = new_arena.max(o + it.bytes);
+                trial[k as usize] = o;
+                slots.insert(Slot {
+                    offset: o,
+                    end: o + it.bytes,
+                    first: it.first,
+                    last: it.last,
+                });
+            }
+            for &k in &ruin {
+                lifted[k as usize] = false;
+            }
+            if !ok {
+                for &k in &ruin {
+                    trial[k as usize] = offsets[k as usize];
+                }
                 continue;
             }
-            let to = rng.below(from);
-            let mut trial = order.clone();
-            let v = trial.remove(from);
-            trial.insert(to, v);
-            self.try_order(trial, to, &mut order, &mut offsets, &mut arena, &mut tops);
-        }
-    }
-
-    fn try_order(
-        &mut self,
-        trial: Vec<u32>,
-        from: usize,
-        order: &mut Vec<u32>,
-        offsets: &mut Vec<u64>,
-        arena: &mut u64,
-        tops: &mut usize,
-    ) {
-        self.placer.offsets.copy_from_slice(offsets);
-        if let Some(a) = self.placer.place(&trial, from, Fit::First, *arena) {
-            let t = count_tops(&self.inst.items, &self.placer.offsets, a);
-            if a < *arena || t <= *tops {
-                *arena = a;
-                *tops = t;
-                offsets.copy_from_slice(&self.placer.offsets);
-                *order = trial;
-                self.offer(a, order);
+            let t = count_tops(items, &trial, new_arena);
+            if new_arena < arena || t <= tops {
+                arena = new_arena;
+                tops = t;
+                offsets.copy_from_slice(&trial);
+                by_offset.sort_by_key(|&k| (offsets[k as usize], k));
+                self.placer.work += 8 * n as u64;
+                if arena < self.best.arena {
+                    self.best = Solution {
+                        offsets: offsets.clone(),
+                        arena,
+                    };
+                    self.stage = "local";
+                }
+            } else {
+                trial.copy_from_slice(&offsets);
             }
         }
     }
+}
+
+/// Item indices by (offset, index): with first-fit this order reproduces a packing or
+/// lowers it (see [`Search::settle`]).
+fn offset_order(offsets: &[u64]) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..offsets.len() as u32).collect();
+    order.sort_by_key(|&k| (offsets[k as usize], k));
+    order
 }
 
 fn arena_of(items: &[Item], offsets: &[u64]) -> u64 {

@@ -1,0 +1,131 @@
+//! A transformer block's activation memory against Korthikanti et al. 2022 ("Reducing
+//! Activation Recomputation in Large Transformer Models"), eq. 2: with 16-bit activations
+//! and 1-byte dropout masks a layer keeps `s·b·h·(34 + 5·a·s/h)` bytes, and `2·s·b·h`
+//! when the whole layer is checkpointed.
+
+use memwise_plan::*;
+
+const S: usize = 64; // sequence
+const B: usize = 2; // batch
+const H: usize = 64; // hidden
+const A: usize = 4; // heads
+
+/// `blocks` pre-LN GPT blocks in float16, each optionally one checkpoint segment.
+fn gpt(blocks: usize, checkpoint: bool) -> ModelSpec {
+    let mut m = ModelSpec::new("Gpt", B);
+    m.precision = Precision::MixedFloat16;
+    m.input("x", &[S, H], DType::F16, 1.0);
+    m.input("target", &[S, H], DType::F16, 1.0);
+    let mut prev = "x".to_string();
+    for k in 0..blocks {
+        let n = |s: &str| format!("b{k}_{s}");
+        m.add(&n("ln1"), LayerKind::layer_norm(), &[&prev]);
+        m.add(
+            &n("attn"),
+            LayerKind::Attention {
+                heads: A,
+                causal: true,
+                dropout: 0.1,
+            },
+            &[],
+        );
+        m.add(&n("drop1"), LayerKind::Dropout { rate: 0.1 }, &[]);
+        m.add(&n("res1"), LayerKind::add(), &[&n("drop1"), &prev]);
+        m.add(&n("ln2"), LayerKind::layer_norm(), &[]);
+        m.add(&n("mlp1"), LayerKind::dense(4 * H, Activation::Gelu), &[]);
+        m.add(&n("mlp2"), LayerKind::dense(H, Activation::Linear), &[]);
+        m.add(&n("drop2"), LayerKind::Dropout { rate: 0.1 }, &[]);
+        m.add(&n("res2"), LayerKind::add(), &[&n("drop2"), &n("res1")]);
+        if checkpoint {
+            let names: Vec<String> = [
+                "ln1", "attn", "drop1", "res1", "ln2", "mlp1", "mlp2", "drop2", "res2",
+            ]
+            .iter()
+            .map(|s| n(s))
+            .collect();
+            let refs: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
+            m.checkpoint(&refs, k as u32);
+        }
+        prev = n("res2");
+    }
+    m.loss
+        .push(LossTerm::new(LossKind::MeanSquaredError).on(&[&prev, "target"]));
+    m
+}
+
+/// Bytes of forward tensors of `layers` still alive when the forward pass ends (at the
+/// first loss step): what the layer keeps for its backward.
+fn kept_at_loss(plan: &StaticPlan, prefix: &str) -> Vec<(String, u64)> {
+    let loss = plan
+        .steps
+        .iter()
+        .position(|s| s.phase == Phase::Loss)
+        .unwrap() as u32;
+    plan.tensors
+        .iter()
+        .filter(|t| t.layer.starts_with(prefix) && matches!(t.role, Role::Activation | Role::Input))
+        .filter(|t| t.first < loss && t.last >= loss)
+        .map(|t| (t.name.to_string(), t.bytes))
+        .collect()
+}
+
+#[test]
+fn transformer_layer_keeps_exactly_the_formula_plus_layer_norm_statistics() {
+    let plan = plan(&gpt(3, false)).expect("plans");
+    // The middle block: neither the model input nor the loss input sits inside it.
+    let kept = kept_at_loss(&plan, "b1_");
+    let (s, b, h, a) = (S as u64, B as u64, H as u64, A as u64);
+    let sbh = s * b * h;
+    let formula = sbh * 34 + 5 * a * s * s * b;
+    // Term by term, as the paper lists them (bytes):
+    let expect: &[(&str, u64)] = &[
+        ("b1_ln1.x_hat", 2 * sbh), // LayerNorm 1 input (we keep the normalised input: same size)
+        ("b1_ln1.out", 2 * sbh),   // QKV projection input
+        ("b1_attn.qkv", 6 * sbh),  // Q, K (for QKᵀ) and V (for attention over values)
+        ("b1_attn.probs", 2 * a * s * s * b), // softmax output
+        ("b1_attn.probs_mask", a * s * s * b), // attention dropout mask
+        ("b1_attn.probs_dropped", 2 * a * s * s * b), // dropout output (attention over values)
+        ("b1_attn.ctx", 2 * sbh),  // output projection input
+        ("b1_drop1.mask", sbh),    // dropout mask
+        ("b1_ln2.x_hat", 2 * sbh), // LayerNorm 2 input
+        ("b1_ln2.out", 2 * sbh),   // MLP first linear input
+        ("b1_mlp1.linear", 8 * sbh), // GeLU input
+        ("b1_mlp1.out", 8 * sbh),  // MLP second linear input
+        ("b1_drop2.mask", sbh),    // dropout mask
+    ];
+    let expected_sum: u64 = expect.iter().map(|e| e.1).sum();
+    assert_eq!(
+        expected_sum, formula,
+        "the term list is the paper's formula"
+    );
+    // What the paper leaves out by its own statement ("small buffers like LayerNorm mean
+    // and variance"): one f32 reciprocal standard deviation per row per LayerNorm.
+    let stats: &[(&str, u64)] = &[("b1_ln1.rstd", 4 * s * b), ("b1_ln2.rstd", 4 * s * b)];
+    let mut want: Vec<(String, u64)> = expect
+        .iter()
+        .chain(stats)
+        .map(|(n, b)| (n.to_string(), *b))
+        .collect();
+    want.sort();
+    let mut got = kept.clone();
+    got.sort();
+    assert_eq!(got, want, "every kept tensor accounted for, nothing more");
+    let total: u64 = kept.iter().map(|k| k.1).sum();
+    assert_eq!(total, formula + 8 * s * b);
+}
+
+#[test]
+fn checkpointed_transformer_layer_keeps_only_its_input() {
+    let plan = plan(&gpt(3, true)).expect("plans");
+    let (s, b, h) = (S as u64, B as u64, H as u64);
+    // Block 1 keeps nothing of its own; its input is block 0's output, and block 1's
+    // output is what block 2 keeps: 2·s·b·h per layer.
+    let kept = kept_at_loss(&plan, "b1_");
+    assert_eq!(kept, vec![("b1_res2.out".to_string(), 2 * s * b * h)]);
+    let kept0 = kept_at_loss(&plan, "b0_");
+    assert_eq!(kept0, vec![("b0_res2.out".to_string(), 2 * s * b * h)]);
+    // And the checkpointed plan's peak is lower.
+    let plain = memwise_plan::plan(&gpt(3, false)).unwrap();
+    assert!(plan.memory.activations_peak < plain.memory.activations_peak);
+    assert!(plan.steps.iter().any(|s| s.phase == Phase::Recompute));
+}
