@@ -21,7 +21,7 @@
 //! Pointwise kernels require equal slice lengths (see [`crate::elementwise`]). Arithmetic is
 //! f32; storage is any [`Element`].
 
-use crate::elementwise::{map1, map1_inplace, map2, map2_inplace, rows, same_len};
+use crate::elementwise::{map1, map1_inplace, map2, map2_inplace, need, rows, same_len};
 use crate::{check_len, Element, KResult};
 
 /// Numerically stable logistic: never evaluates `exp` of a positive number.
@@ -75,10 +75,15 @@ macro_rules! pointwise_activation {
             map1_inplace(x, $f);
         }
 
-        #[doc = concat!("Backward ", $name, " from the saved `", stringify!($saved),
-                        "`: `dx = f'(·) · dy` (overwritten).")]
+        #[doc = concat!("Backward ", $name, " from saved `", stringify!($saved), "`: dx = f'·dy.")]
         pub fn $bwd<T: Element>($saved: &[T], dy: &[T], dx: &mut [T]) -> KResult {
-            same_len(stringify!($bwd), stringify!($saved), $saved.len(), "dy", dy.len())?;
+            same_len(
+                stringify!($bwd),
+                stringify!($saved),
+                $saved.len(),
+                "dy",
+                dy.len(),
+            )?;
             same_len(stringify!($bwd), "dy", dy.len(), "dx", dx.len())?;
             map2($saved, dy, dx, $grad);
             Ok(())
@@ -86,7 +91,13 @@ macro_rules! pointwise_activation {
 
         #[doc = concat!("Backward ", $name, " writing `dx` over `dy`.")]
         pub fn $bwd_ip<T: Element>($saved: &[T], dy_dx: &mut [T]) -> KResult {
-            same_len(stringify!($bwd_ip), stringify!($saved), $saved.len(), "dy", dy_dx.len())?;
+            same_len(
+                stringify!($bwd_ip),
+                stringify!($saved),
+                $saved.len(),
+                "dy",
+                dy_dx.len(),
+            )?;
             map2_inplace($saved, dy_dx, $grad);
             Ok(())
         }
@@ -241,22 +252,69 @@ impl Activation {
 // ---------------------------------------------------------------------------------------------
 
 fn softmax_dims(op: &str, a: (&str, usize), b: (&str, usize), rows: usize, cols: usize) -> KResult {
-    let need = rows * cols;
-    check_len(&format!("{op}: {}", a.0), a.1, need)?;
-    check_len(&format!("{op}: {}", b.0), b.1, need)
+    let len = rows.saturating_mul(cols);
+    need(op, a.0, a.1, len)?;
+    need(op, b.0, b.1, len)
 }
 
-/// Row statistics for a stable softmax: the max and `1 / Σ exp(x − max)`.
+/// The shift for a stable softmax row: its max, or 0 when the max is not finite. A fully
+/// masked row (all −inf) would give NaN from (−inf) − (−inf): shifting by 0 instead makes every
+/// exp 0 and the row comes out as zeros. A NaN or +inf input still makes NaN (sum NaN, or
+/// inf · 0), so the loss scaler's finite check sees it.
 #[inline]
-fn softmax_row_stats<I: Element>(x: &[I]) -> (f32, f32) {
+fn softmax_shift<I: Element>(x: &[I]) -> f32 {
     let max = x.iter().fold(f32::NEG_INFINITY, |m, v| m.max(v.to_f32()));
-    // A fully masked row (all −inf) would give NaN from (−inf) − (−inf): shift by 0 instead,
-    // every exp is 0 and the row comes out as zeros rather than NaN. A NaN or +inf input still
-    // makes NaN (sum NaN, or inf · 0), so the loss scaler's finite check sees it.
-    let shift = if max.is_finite() { max } else { 0.0 };
-    let sum: f32 = x.iter().map(|v| (v.to_f32() - shift).exp()).sum();
-    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-    (shift, inv)
+    if max.is_finite() {
+        max
+    } else {
+        0.0
+    }
+}
+
+#[inline]
+fn inv_sum(sum: f32) -> f32 {
+    if sum == 0.0 {
+        0.0
+    } else {
+        1.0 / sum
+    }
+}
+
+/// One softmax row from `src` (or from `dst` itself when `None`). An f32 output holds the
+/// exponentials exactly, so they are stored and then scaled (one `exp` per element); a half
+/// output would round them twice, so there the `exp` is recomputed instead. Both give the
+/// same value: `O::from_f32(exp(x − shift) · (1 / Σ))`.
+#[inline]
+fn softmax_row<I: Element, O: Element>(src: Option<&[I]>, dst: &mut [O]) {
+    let read = |j: usize, dst: &[O]| -> f32 {
+        match src {
+            Some(x) => x[j].to_f32(),
+            None => dst[j].to_f32(),
+        }
+    };
+    let shift = match src {
+        Some(x) => softmax_shift(x),
+        None => softmax_shift(dst),
+    };
+    if std::mem::size_of::<O>() == 4 {
+        let mut sum = 0f32;
+        for j in 0..dst.len() {
+            let e = (read(j, dst) - shift).exp();
+            dst[j] = O::from_f32(e);
+            sum += e;
+        }
+        let inv = inv_sum(sum);
+        for o in dst.iter_mut() {
+            *o = O::from_f32(o.to_f32() * inv);
+        }
+    } else {
+        let sum: f32 = (0..dst.len()).map(|j| (read(j, dst) - shift).exp()).sum();
+        let inv = inv_sum(sum);
+        for j in 0..dst.len() {
+            let e = (read(j, dst) - shift).exp();
+            dst[j] = O::from_f32(e * inv);
+        }
+    }
 }
 
 /// Softmax over the last axis of a `[rows, cols]` tensor: `y = exp(x − max) / Σ exp(x − max)`
@@ -268,25 +326,24 @@ pub fn softmax_forward<I: Element, O: Element>(
     rows_n: usize,
     cols: usize,
 ) -> KResult {
-    softmax_dims("softmax_forward", ("x", x.len()), ("y", y.len()), rows_n, cols)?;
+    softmax_dims(
+        "softmax_forward",
+        ("x", x.len()),
+        ("y", y.len()),
+        rows_n,
+        cols,
+    )?;
     rows(&mut y[..rows_n * cols], cols, 3 * cols, |r, yr| {
-        let xr = &x[r * cols..(r + 1) * cols];
-        let (shift, inv) = softmax_row_stats(xr);
-        for (o, v) in yr.iter_mut().zip(xr) {
-            *o = O::from_f32((v.to_f32() - shift).exp() * inv);
-        }
+        softmax_row(Some(&x[r * cols..(r + 1) * cols]), yr);
     });
     Ok(())
 }
 
 /// Softmax over the last axis, in place (`x` becomes `y`).
 pub fn softmax_inplace<T: Element>(x: &mut [T], rows_n: usize, cols: usize) -> KResult {
-    check_len("softmax_inplace: x", x.len(), rows_n * cols)?;
+    check_len("softmax_inplace: x", x.len(), rows_n.saturating_mul(cols))?;
     rows(&mut x[..rows_n * cols], cols, 3 * cols, |_, xr| {
-        let (shift, inv) = softmax_row_stats(xr);
-        for v in xr.iter_mut() {
-            *v = T::from_f32((v.to_f32() - shift).exp() * inv);
-        }
+        softmax_row::<T, T>(None, xr);
     });
     Ok(())
 }
@@ -300,12 +357,26 @@ pub fn softmax_backward<Y: Element, G: Element, D: Element>(
     rows_n: usize,
     cols: usize,
 ) -> KResult {
-    softmax_dims("softmax_backward", ("y", y.len()), ("dy", dy.len()), rows_n, cols)?;
-    check_len("softmax_backward: dx", dx.len(), rows_n * cols)?;
+    softmax_dims(
+        "softmax_backward",
+        ("y", y.len()),
+        ("dy", dy.len()),
+        rows_n,
+        cols,
+    )?;
+    check_len(
+        "softmax_backward: dx",
+        dx.len(),
+        rows_n.saturating_mul(cols),
+    )?;
     rows(&mut dx[..rows_n * cols], cols, 2 * cols, |r, dxr| {
         let yr = &y[r * cols..(r + 1) * cols];
         let gr = &dy[r * cols..(r + 1) * cols];
-        let dot: f32 = yr.iter().zip(gr).map(|(a, b)| a.to_f32() * b.to_f32()).sum();
+        let dot: f32 = yr
+            .iter()
+            .zip(gr)
+            .map(|(a, b)| a.to_f32() * b.to_f32())
+            .sum();
         for ((o, a), b) in dxr.iter_mut().zip(yr).zip(gr) {
             *o = D::from_f32(a.to_f32() * (b.to_f32() - dot));
         }
@@ -329,7 +400,11 @@ pub fn softmax_backward_inplace<Y: Element, G: Element>(
     )?;
     rows(&mut dy_dx[..rows_n * cols], cols, 2 * cols, |r, gr| {
         let yr = &y[r * cols..(r + 1) * cols];
-        let dot: f32 = yr.iter().zip(gr.iter()).map(|(a, b)| a.to_f32() * b.to_f32()).sum();
+        let dot: f32 = yr
+            .iter()
+            .zip(gr.iter())
+            .map(|(a, b)| a.to_f32() * b.to_f32())
+            .sum();
         for (g, a) in gr.iter_mut().zip(yr) {
             *g = G::from_f32(a.to_f32() * (g.to_f32() - dot));
         }

@@ -14,7 +14,7 @@
 //! each GEMM single-threaded. Half storage converts blocks to f32 in a per-lane workspace
 //! ([`attention_ws_len`]); the number of lanes that fit in `ws` bounds that parallelism.
 
-use crate::gemm::{for_each_lane, gemm_core, matmul_mixed_ws_len, Mat, MatMut};
+use crate::gemm::{check_part, for_each_lane, gemm_core, matmul_mixed_ws_len, Mat, MatMut};
 use crate::{check_len, Element, KResult, KernelError};
 use gemm::Parallelism;
 
@@ -57,7 +57,7 @@ impl AttentionDims {
         self.batch * self.heads
     }
     fn validate(&self, what: &str) -> KResult {
-        if self.heads == 0 || self.hidden % self.heads != 0 {
+        if self.heads == 0 || self.head_dim() * self.heads != self.hidden {
             return Err(KernelError(format!(
                 "{what}: hidden {} is not a multiple of heads {}",
                 self.hidden, self.heads
@@ -87,19 +87,26 @@ where
     F: Fn(usize, usize, &mut [f32], Parallelism) + Sync,
 {
     let pairs = d.pairs();
-    let lanes = if per == 0 { pairs } else { ws.len() / per };
+    let lanes = ws.len().checked_div(per).unwrap_or(pairs); // per == 0: f32, no workspace
     if pairs >= 2 && lanes >= 2 {
-        for_each_lane(pairs, per, ws, |p, w| f(p / d.heads, p % d.heads, w, Parallelism::None));
+        for_each_lane(pairs, per, ws, |p, w| {
+            f(p / d.heads, p % d.heads, w, Parallelism::None)
+        });
     } else {
         for p in 0..pairs {
-            f(p / d.heads, p % d.heads, &mut ws[..per], Parallelism::Rayon(0));
+            f(
+                p / d.heads,
+                p % d.heads,
+                &mut ws[..per],
+                Parallelism::Rayon(0),
+            );
         }
     }
 }
 
 fn check_ws<T: Element>(what: &str, d: AttentionDims, ws: &[f32]) -> Result<usize, KernelError> {
     let per = lane_ws_len::<T>(d);
-    check_len(&format!("{what} ws"), ws.len(), per)?;
+    check_part(what, "ws", ws.len(), per)?;
     Ok(per)
 }
 
@@ -125,11 +132,19 @@ impl<T> Qkv<T> {
     /// `part` 0 = q, 1 = k, 2 = v: the `[s, d]` view of head `head` of batch item `b`.
     fn part(&self, b: usize, head: usize, part: usize) -> Mat<T> {
         let off = b * self.s * 3 * self.h + part * self.h + head * self.hd;
-        Mat { ptr: self.base.wrapping_add(off), rs: 3 * self.h, cs: 1 }
+        Mat {
+            ptr: self.base.wrapping_add(off),
+            rs: 3 * self.h,
+            cs: 1,
+        }
     }
     fn part_mut(&self, b: usize, head: usize, part: usize) -> MatMut<T> {
         let m = self.part(b, head, part);
-        MatMut { ptr: m.ptr as *mut T, rs: m.rs, cs: m.cs }
+        MatMut {
+            ptr: m.ptr as *mut T,
+            rs: m.rs,
+            cs: m.cs,
+        }
     }
 }
 
@@ -147,17 +162,42 @@ pub fn scores_forward<T: Element>(
     let what = "attention scores_forward";
     d.validate(what)?;
     check_len("attention scores_forward qkv", qkv.len(), d.qkv_len())?;
-    check_len("attention scores_forward scores", scores.len(), d.scores_len())?;
+    check_len(
+        "attention scores_forward scores",
+        scores.len(),
+        d.scores_len(),
+    )?;
     let per = check_ws::<T>(what, d, ws)?;
     let (s, hd) = (d.seq, d.head_dim());
-    let v = Qkv { base: qkv.as_ptr(), s, h: d.hidden, hd };
-    let out = MatMut { ptr: scores.as_mut_ptr(), rs: s, cs: 1 };
+    let v = Qkv {
+        base: qkv.as_ptr(),
+        s,
+        h: d.hidden,
+        hd,
+    };
+    let out = MatMut {
+        ptr: scores.as_mut_ptr(),
+        rs: s,
+        cs: 1,
+    };
     let mask = T::from_f32(CAUSAL_MASK);
     run_pairs(d, per, ws, |b, head, w, par| {
         let sc = out.offset((b * d.heads + head) * s * s);
         // SAFETY: lengths checked above; each pair writes its own [s, s] block of scores.
         unsafe {
-            gemm_core(s, s, hd, scale, v.part(b, head, 0), v.part(b, head, 1).t(), 0.0, sc, None, w, par);
+            gemm_core(
+                s,
+                s,
+                hd,
+                scale,
+                v.part(b, head, 0),
+                v.part(b, head, 1).t(),
+                0.0,
+                sc,
+                None,
+                w,
+                par,
+            );
             if causal {
                 for i in 0..s {
                     for j in i + 1..s {
@@ -187,21 +227,63 @@ pub fn scores_backward<T: Element>(
 ) -> KResult {
     let what = "attention scores_backward";
     d.validate(what)?;
-    check_len("attention scores_backward dscores", dscores.len(), d.scores_len())?;
+    check_len(
+        "attention scores_backward dscores",
+        dscores.len(),
+        d.scores_len(),
+    )?;
     check_len("attention scores_backward qkv", qkv.len(), d.qkv_len())?;
     check_len("attention scores_backward dqkv", dqkv.len(), d.qkv_len())?;
     let per = check_ws::<T>(what, d, ws)?;
     let (s, hd) = (d.seq, d.head_dim());
-    let v = Qkv { base: qkv.as_ptr(), s, h: d.hidden, hd };
-    let g = Qkv { base: dqkv.as_mut_ptr() as *const T, s, h: d.hidden, hd };
-    let ds = Mat { ptr: dscores.as_ptr(), rs: s, cs: 1 };
+    let v = Qkv {
+        base: qkv.as_ptr(),
+        s,
+        h: d.hidden,
+        hd,
+    };
+    let g = Qkv {
+        base: dqkv.as_mut_ptr() as *const T,
+        s,
+        h: d.hidden,
+        hd,
+    };
+    let ds = Mat {
+        ptr: dscores.as_ptr(),
+        rs: s,
+        cs: 1,
+    };
     run_pairs(d, per, ws, |b, head, w, par| {
         let dsp = ds.offset((b * d.heads + head) * s * s);
         // SAFETY: lengths checked above; each pair writes only its own head's q and k columns
         // of batch item b, which no other pair touches.
         unsafe {
-            gemm_core(s, hd, s, scale, dsp, v.part(b, head, 1), 0.0, g.part_mut(b, head, 0), None, w, par);
-            gemm_core(s, hd, s, scale, dsp.t(), v.part(b, head, 0), 0.0, g.part_mut(b, head, 1), None, w, par);
+            gemm_core(
+                s,
+                hd,
+                s,
+                scale,
+                dsp,
+                v.part(b, head, 1),
+                0.0,
+                g.part_mut(b, head, 0),
+                None,
+                w,
+                par,
+            );
+            gemm_core(
+                s,
+                hd,
+                s,
+                scale,
+                dsp.t(),
+                v.part(b, head, 0),
+                0.0,
+                g.part_mut(b, head, 1),
+                None,
+                w,
+                par,
+            );
         }
     });
     Ok(())
@@ -218,14 +300,31 @@ pub fn context_forward<T: Element>(
 ) -> KResult {
     let what = "attention context_forward";
     d.validate(what)?;
-    check_len("attention context_forward probs", probs.len(), d.scores_len())?;
+    check_len(
+        "attention context_forward probs",
+        probs.len(),
+        d.scores_len(),
+    )?;
     check_len("attention context_forward qkv", qkv.len(), d.qkv_len())?;
     check_len("attention context_forward ctx", ctx.len(), d.ctx_len())?;
     let per = check_ws::<T>(what, d, ws)?;
     let (s, hd, h) = (d.seq, d.head_dim(), d.hidden);
-    let v = Qkv { base: qkv.as_ptr(), s, h, hd };
-    let p = Mat { ptr: probs.as_ptr(), rs: s, cs: 1 };
-    let out = MatMut { ptr: ctx.as_mut_ptr(), rs: h, cs: 1 };
+    let v = Qkv {
+        base: qkv.as_ptr(),
+        s,
+        h,
+        hd,
+    };
+    let p = Mat {
+        ptr: probs.as_ptr(),
+        rs: s,
+        cs: 1,
+    };
+    let out = MatMut {
+        ptr: ctx.as_mut_ptr(),
+        rs: h,
+        cs: 1,
+    };
     run_pairs(d, per, ws, |b, head, w, par| {
         let pp = p.offset((b * d.heads + head) * s * s);
         let c = out.offset(b * s * h + head * hd);
@@ -252,25 +351,79 @@ pub fn context_backward<T: Element>(
     let what = "attention context_backward";
     d.validate(what)?;
     check_len("attention context_backward dctx", dctx.len(), d.ctx_len())?;
-    check_len("attention context_backward probs", probs.len(), d.scores_len())?;
+    check_len(
+        "attention context_backward probs",
+        probs.len(),
+        d.scores_len(),
+    )?;
     check_len("attention context_backward qkv", qkv.len(), d.qkv_len())?;
-    check_len("attention context_backward dprobs", dprobs.len(), d.scores_len())?;
+    check_len(
+        "attention context_backward dprobs",
+        dprobs.len(),
+        d.scores_len(),
+    )?;
     check_len("attention context_backward dqkv", dqkv.len(), d.qkv_len())?;
     let per = check_ws::<T>(what, d, ws)?;
     let (s, hd, h) = (d.seq, d.head_dim(), d.hidden);
-    let v = Qkv { base: qkv.as_ptr(), s, h, hd };
-    let g = Qkv { base: dqkv.as_mut_ptr() as *const T, s, h, hd };
-    let p = Mat { ptr: probs.as_ptr(), rs: s, cs: 1 };
-    let dc = Mat { ptr: dctx.as_ptr(), rs: h, cs: 1 };
-    let dp = MatMut { ptr: dprobs.as_mut_ptr(), rs: s, cs: 1 };
+    let v = Qkv {
+        base: qkv.as_ptr(),
+        s,
+        h,
+        hd,
+    };
+    let g = Qkv {
+        base: dqkv.as_mut_ptr() as *const T,
+        s,
+        h,
+        hd,
+    };
+    let p = Mat {
+        ptr: probs.as_ptr(),
+        rs: s,
+        cs: 1,
+    };
+    let dc = Mat {
+        ptr: dctx.as_ptr(),
+        rs: h,
+        cs: 1,
+    };
+    let dp = MatMut {
+        ptr: dprobs.as_mut_ptr(),
+        rs: s,
+        cs: 1,
+    };
     run_pairs(d, per, ws, |b, head, w, par| {
         let pair = (b * d.heads + head) * s * s;
         let dcp = dc.offset(b * s * h + head * hd);
         // SAFETY: lengths checked above; each pair writes its own [s, s] block of dprobs and
         // its own head's v columns of item b in dqkv.
         unsafe {
-            gemm_core(s, s, hd, 1.0, dcp, v.part(b, head, 2).t(), 0.0, dp.offset(pair), None, w, par);
-            gemm_core(s, hd, s, 1.0, p.offset(pair).t(), dcp, 0.0, g.part_mut(b, head, 2), None, w, par);
+            gemm_core(
+                s,
+                s,
+                hd,
+                1.0,
+                dcp,
+                v.part(b, head, 2).t(),
+                0.0,
+                dp.offset(pair),
+                None,
+                w,
+                par,
+            );
+            gemm_core(
+                s,
+                hd,
+                s,
+                1.0,
+                p.offset(pair).t(),
+                dcp,
+                0.0,
+                g.part_mut(b, head, 2),
+                None,
+                w,
+                par,
+            );
         }
     });
     Ok(())

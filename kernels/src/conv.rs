@@ -11,14 +11,17 @@
 //! (`1 ≤ chunk`, values above `n` act as `n`) trades that memory against GEMM size. 1×1
 //! stride-1 convolutions need no im2col at all (their col length is `0`). Half storage also
 //! needs an `f32` GEMM workspace `ws` ([`conv2d_ws_len`], [`conv2d_transpose_ws_len`]; empty
-//! for f32). Results do not depend on `chunk`: every output element is computed by the same
-//! f32 operations whatever the chunking.
+//! for f32). Results agree for every `chunk` to f32 rounding: each output element is the same
+//! dot product, but the `gemm` crate may block the depth differently (or use a GEMV) for
+//! another row count, and `dw` is summed chunk by chunk.
 //!
 //! Gradient rules: parameter gradients (`dw`, `db`, f32 master copies) are **accumulated**;
 //! activation gradients (`dx`) are **overwritten**.
 
 use crate::dense::add_column_sums;
-use crate::gemm::{add_f32, gemm_core, load_f32, matmul_mixed_ws_len, store_f32, Mat, MatMut};
+use crate::gemm::{
+    add_f32, check_part, gemm_core, load_f32, matmul_mixed_ws_len, store_f32, Mat, MatMut,
+};
 use crate::{check_len, Element, KResult, KernelError};
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -50,12 +53,25 @@ pub fn conv_axis(input: usize, k: usize, stride: usize, padding: Padding) -> (us
 }
 
 #[allow(clippy::too_many_arguments)]
-fn check_window(what: &str, h: usize, w: usize, kh: usize, kw: usize, sh: usize, sw: usize, padding: Padding) -> KResult {
+fn check_window(
+    what: &str,
+    h: usize,
+    w: usize,
+    kh: usize,
+    kw: usize,
+    sh: usize,
+    sw: usize,
+    padding: Padding,
+) -> KResult {
     if kh == 0 || kw == 0 || sh == 0 || sw == 0 {
-        return Err(KernelError(format!("{what}: kernel {kh}×{kw} and strides {sh}×{sw} must be ≥ 1")));
+        return Err(KernelError(format!(
+            "{what}: kernel {kh}×{kw} and strides {sh}×{sw} must be ≥ 1"
+        )));
     }
     if h == 0 || w == 0 {
-        return Err(KernelError(format!("{what}: spatial size {h}×{w} must be ≥ 1")));
+        return Err(KernelError(format!(
+            "{what}: spatial size {h}×{w} must be ≥ 1"
+        )));
     }
     if padding == Padding::Valid && (h < kh || w < kw) {
         return Err(KernelError(format!(
@@ -162,11 +178,17 @@ pub fn conv2d_ws_len<T: Element>(d: Conv2dDims, chunk: usize) -> usize {
         .max(matmul_mixed_ws_len::<T, T, T>(r, k, d.c_out))
 }
 
-fn check_conv2d<T: Element>(what: &str, d: &Conv2dDims, chunk: usize, col: &[T], ws: &[f32]) -> KResult {
+fn check_conv2d<T: Element>(
+    what: &str,
+    d: &Conv2dDims,
+    chunk: usize,
+    col: &[T],
+    ws: &[f32],
+) -> KResult {
     check_window(what, d.h, d.w, d.kh, d.kw, d.sh, d.sw, d.padding)?;
     check_chunk(what, chunk)?;
-    check_len(&format!("{what} col"), col.len(), conv2d_col_len(*d, chunk))?;
-    check_len(&format!("{what} ws"), ws.len(), conv2d_ws_len::<T>(*d, chunk))
+    check_part(what, "col", col.len(), conv2d_col_len(*d, chunk))?;
+    check_part(what, "ws", ws.len(), conv2d_ws_len::<T>(*d, chunk))
 }
 
 /// Forward: `y = conv2d(x, W) (+ bias)`, `y` overwritten.
@@ -390,7 +412,13 @@ pub fn conv2d_transpose_ws_len<T: Element>(d: ConvTranspose2dDims, chunk: usize)
         .max(matmul_mixed_ws_len::<T, T, T>(r, d.c_in, k))
 }
 
-fn check_transpose<T: Element>(what: &str, d: &ConvTranspose2dDims, chunk: usize, col: &[T], ws: &[f32]) -> KResult {
+fn check_transpose<T: Element>(
+    what: &str,
+    d: &ConvTranspose2dDims,
+    chunk: usize,
+    col: &[T],
+    ws: &[f32],
+) -> KResult {
     if d.kh == 0 || d.kw == 0 || d.sh == 0 || d.sw == 0 || d.h == 0 || d.w == 0 {
         return Err(KernelError(format!(
             "{what}: kernel {}×{}, strides {}×{} and input {}×{} must all be ≥ 1",
@@ -398,8 +426,13 @@ fn check_transpose<T: Element>(what: &str, d: &ConvTranspose2dDims, chunk: usize
         )));
     }
     check_chunk(what, chunk)?;
-    check_len(&format!("{what} col"), col.len(), conv2d_transpose_col_len(*d, chunk))?;
-    check_len(&format!("{what} ws"), ws.len(), conv2d_transpose_ws_len::<T>(*d, chunk))
+    check_part(what, "col", col.len(), conv2d_transpose_col_len(*d, chunk))?;
+    check_part(
+        what,
+        "ws",
+        ws.len(),
+        conv2d_transpose_ws_len::<T>(*d, chunk),
+    )
 }
 
 /// Forward: `y = conv2d_transpose(x, W) (+ bias)`, `y` overwritten: per chunk
@@ -606,42 +639,45 @@ pub fn depthwise_conv2d_forward<T: Element>(
     if co == 0 || oh == 0 || ow == 0 {
         return Ok(());
     }
-    y[..d.y_len()].par_chunks_mut(ow * co).enumerate().for_each(|(r, yrow)| {
-        let (s, oy) = (r / oh, r % oh);
-        let mut acc = [0f32; CH_BLOCK];
-        let mut xs = [0f32; CH_BLOCK];
-        let mut wk = [0f32; CH_BLOCK];
-        for ox in 0..ow {
-            for o0 in (0..co).step_by(CH_BLOCK) {
-                let ob = CH_BLOCK.min(co - o0);
-                let acc = &mut acc[..ob];
-                match bias {
-                    Some(b) => acc.copy_from_slice(&b[o0..o0 + ob]),
-                    None => acc.fill(0.0),
-                }
-                for ki in 0..d.kh {
-                    let iy = (oy * d.sh + ki) as isize - pt;
-                    if iy < 0 || iy >= d.h as isize {
-                        continue;
+    y[..d.y_len()]
+        .par_chunks_mut(ow * co)
+        .enumerate()
+        .for_each(|(r, yrow)| {
+            let (s, oy) = (r / oh, r % oh);
+            let mut acc = [0f32; CH_BLOCK];
+            let mut xs = [0f32; CH_BLOCK];
+            let mut wk = [0f32; CH_BLOCK];
+            for ox in 0..ow {
+                for o0 in (0..co).step_by(CH_BLOCK) {
+                    let ob = CH_BLOCK.min(co - o0);
+                    let acc = &mut acc[..ob];
+                    match bias {
+                        Some(b) => acc.copy_from_slice(&b[o0..o0 + ob]),
+                        None => acc.fill(0.0),
                     }
-                    for kj in 0..d.kw {
-                        let ix = (ox * d.sw + kj) as isize - pl;
-                        if ix < 0 || ix >= d.w as isize {
+                    for ki in 0..d.kh {
+                        let iy = (oy * d.sh + ki) as isize - pt;
+                        if iy < 0 || iy >= d.h as isize {
                             continue;
                         }
-                        let px = ((s * d.h + iy as usize) * d.w + ix as usize) * c;
-                        gather_channels(&x[px..px + c], m, o0, &mut xs[..ob]);
-                        let wt = ((ki * d.kw + kj) * co) + o0;
-                        load_f32(&w[wt..wt + ob], &mut wk[..ob]);
-                        for ((a, xv), wv) in acc.iter_mut().zip(&xs[..ob]).zip(&wk[..ob]) {
-                            *a += xv * wv;
+                        for kj in 0..d.kw {
+                            let ix = (ox * d.sw + kj) as isize - pl;
+                            if ix < 0 || ix >= d.w as isize {
+                                continue;
+                            }
+                            let px = ((s * d.h + iy as usize) * d.w + ix as usize) * c;
+                            gather_channels(&x[px..px + c], m, o0, &mut xs[..ob]);
+                            let wt = ((ki * d.kw + kj) * co) + o0;
+                            load_f32(&w[wt..wt + ob], &mut wk[..ob]);
+                            for ((a, xv), wv) in acc.iter_mut().zip(&xs[..ob]).zip(&wk[..ob]) {
+                                *a += xv * wv;
+                            }
                         }
                     }
+                    store_f32(acc, &mut yrow[ox * co + o0..ox * co + o0 + ob]);
                 }
-                store_f32(acc, &mut yrow[ox * co + o0..ox * co + o0 + ob]);
             }
-        }
-    });
+        });
     Ok(())
 }
 
@@ -695,79 +731,95 @@ pub fn depthwise_conv2d_backward<T: Element>(
     }
 
     // dw: one task per (tap, block of output channels); each sums over every output pixel.
-    dw[..d.w_len()].par_chunks_mut(co).enumerate().for_each(|(tap, dwt)| {
-        let (ki, kj) = (tap / d.kw, tap % d.kw);
-        dwt.par_chunks_mut(CH_BLOCK).enumerate().for_each(|(blk, dwb)| {
-            let o0 = blk * CH_BLOCK;
-            let ob = dwb.len();
-            let mut acc = [0f32; CH_BLOCK];
-            let mut xs = [0f32; CH_BLOCK];
-            let mut gs = [0f32; CH_BLOCK];
-            for s in 0..d.n {
-                for oy in 0..oh {
-                    let iy = (oy * d.sh + ki) as isize - pt;
-                    if iy < 0 || iy >= d.h as isize {
-                        continue;
-                    }
-                    for ox in 0..ow {
-                        let ix = (ox * d.sw + kj) as isize - pl;
-                        if ix < 0 || ix >= d.w as isize {
-                            continue;
-                        }
-                        let px = ((s * d.h + iy as usize) * d.w + ix as usize) * c;
-                        gather_channels(&x[px..px + c], m, o0, &mut xs[..ob]);
-                        let g0 = ((s * oh + oy) * ow + ox) * co + o0;
-                        load_f32(&dy[g0..g0 + ob], &mut gs[..ob]);
-                        for ((a, xv), gv) in acc[..ob].iter_mut().zip(&xs[..ob]).zip(&gs[..ob]) {
-                            *a += xv * gv;
-                        }
-                    }
-                }
-            }
-            for (g, a) in dwb.iter_mut().zip(&acc[..ob]) {
-                *g += a;
-            }
-        });
-    });
-
-    // dx: each input pixel gathers from the output pixels whose window covers it.
-    if let Some(dx) = dx {
-        dx[..d.x_len()].par_chunks_mut(d.w * c).enumerate().for_each(|(r, dxrow)| {
-            let (s, iy) = (r / d.h, r % d.h);
-            let mut acc = [0f32; CH_BLOCK];
-            for ix in 0..d.w {
-                for c0 in (0..c).step_by(CH_BLOCK) {
-                    let cb = CH_BLOCK.min(c - c0);
-                    let acc = &mut acc[..cb];
-                    acc.fill(0.0);
-                    for ki in 0..d.kh {
-                        let Some(oy) = window_origin(iy, ki, pt, d.sh, oh) else { continue };
-                        for kj in 0..d.kw {
-                            let Some(ox) = window_origin(ix, kj, pl, d.sw, ow) else { continue };
-                            let g = ((s * oh + oy) * ow + ox) * co;
-                            let wt = (ki * d.kw + kj) * co;
-                            if m == 1 {
-                                let mut gs = [0f32; CH_BLOCK];
-                                let mut wk = [0f32; CH_BLOCK];
-                                load_f32(&dy[g + c0..g + c0 + cb], &mut gs[..cb]);
-                                load_f32(&w[wt + c0..wt + c0 + cb], &mut wk[..cb]);
-                                for ((a, gv), wv) in acc.iter_mut().zip(&gs[..cb]).zip(&wk[..cb]) {
-                                    *a += gv * wv;
+    dw[..d.w_len()]
+        .par_chunks_mut(co)
+        .enumerate()
+        .for_each(|(tap, dwt)| {
+            let (ki, kj) = (tap / d.kw, tap % d.kw);
+            dwt.par_chunks_mut(CH_BLOCK)
+                .enumerate()
+                .for_each(|(blk, dwb)| {
+                    let o0 = blk * CH_BLOCK;
+                    let ob = dwb.len();
+                    let mut acc = [0f32; CH_BLOCK];
+                    let mut xs = [0f32; CH_BLOCK];
+                    let mut gs = [0f32; CH_BLOCK];
+                    for s in 0..d.n {
+                        for oy in 0..oh {
+                            let iy = (oy * d.sh + ki) as isize - pt;
+                            if iy < 0 || iy >= d.h as isize {
+                                continue;
+                            }
+                            for ox in 0..ow {
+                                let ix = (ox * d.sw + kj) as isize - pl;
+                                if ix < 0 || ix >= d.w as isize {
+                                    continue;
                                 }
-                            } else {
-                                for (q, a) in acc.iter_mut().enumerate() {
-                                    let o = (c0 + q) * m;
-                                    for mi in 0..m {
-                                        *a += dy[g + o + mi].to_f32() * w[wt + o + mi].to_f32();
-                                    }
+                                let px = ((s * d.h + iy as usize) * d.w + ix as usize) * c;
+                                gather_channels(&x[px..px + c], m, o0, &mut xs[..ob]);
+                                let g0 = ((s * oh + oy) * ow + ox) * co + o0;
+                                load_f32(&dy[g0..g0 + ob], &mut gs[..ob]);
+                                for ((a, xv), gv) in
+                                    acc[..ob].iter_mut().zip(&xs[..ob]).zip(&gs[..ob])
+                                {
+                                    *a += xv * gv;
                                 }
                             }
                         }
                     }
-                    store_f32(acc, &mut dxrow[ix * c + c0..ix * c + c0 + cb]);
-                }
-            }
+                    for (g, a) in dwb.iter_mut().zip(&acc[..ob]) {
+                        *g += a;
+                    }
+                });
         });
+
+    // dx: each input pixel gathers from the output pixels whose window covers it.
+    if let Some(dx) = dx {
+        dx[..d.x_len()]
+            .par_chunks_mut(d.w * c)
+            .enumerate()
+            .for_each(|(r, dxrow)| {
+                let (s, iy) = (r / d.h, r % d.h);
+                let mut acc = [0f32; CH_BLOCK];
+                for ix in 0..d.w {
+                    for c0 in (0..c).step_by(CH_BLOCK) {
+                        let cb = CH_BLOCK.min(c - c0);
+                        let acc = &mut acc[..cb];
+                        acc.fill(0.0);
+                        for ki in 0..d.kh {
+                            let Some(oy) = window_origin(iy, ki, pt, d.sh, oh) else {
+                                continue;
+                            };
+                            for kj in 0..d.kw {
+                                let Some(ox) = window_origin(ix, kj, pl, d.sw, ow) else {
+                                    continue;
+                                };
+                                let g = ((s * oh + oy) * ow + ox) * co;
+                                let wt = (ki * d.kw + kj) * co;
+                                if m == 1 {
+                                    let mut gs = [0f32; CH_BLOCK];
+                                    let mut wk = [0f32; CH_BLOCK];
+                                    load_f32(&dy[g + c0..g + c0 + cb], &mut gs[..cb]);
+                                    load_f32(&w[wt + c0..wt + c0 + cb], &mut wk[..cb]);
+                                    for ((a, gv), wv) in
+                                        acc.iter_mut().zip(&gs[..cb]).zip(&wk[..cb])
+                                    {
+                                        *a += gv * wv;
+                                    }
+                                } else {
+                                    for (q, a) in acc.iter_mut().enumerate() {
+                                        let o = (c0 + q) * m;
+                                        for mi in 0..m {
+                                            *a += dy[g + o + mi].to_f32() * w[wt + o + mi].to_f32();
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                        store_f32(acc, &mut dxrow[ix * c + c0..ix * c + c0 + cb]);
+                    }
+                }
+            });
     }
 
     if let Some(db) = db {
@@ -855,27 +907,34 @@ fn col2im<T: Element>(g: &Geom, col: &[T], cn: usize, img: &mut [T], bias: Optio
     if c == 0 {
         return;
     }
-    img[..cn * g.h * g.w * c].par_chunks_mut(g.w * c).enumerate().for_each(|(r, irow)| {
-        let (s, iy) = (r / g.h, r % g.h);
-        let mut acc = [0f32; CH_BLOCK];
-        for ix in 0..g.w {
-            for c0 in (0..c).step_by(CH_BLOCK) {
-                let cb = CH_BLOCK.min(c - c0);
-                let acc = &mut acc[..cb];
-                match bias {
-                    Some(b) => acc.copy_from_slice(&b[c0..c0 + cb]),
-                    None => acc.fill(0.0),
-                }
-                for ki in 0..g.kh {
-                    let Some(oy) = window_origin(iy, ki, g.pt as isize, g.sh, g.oh) else { continue };
-                    for kj in 0..g.kw {
-                        let Some(ox) = window_origin(ix, kj, g.pl as isize, g.sw, g.ow) else { continue };
-                        let src = ((s * g.oh + oy) * g.ow + ox) * k + (ki * g.kw + kj) * c + c0;
-                        add_f32(&col[src..src + cb], acc);
+    img[..cn * g.h * g.w * c]
+        .par_chunks_mut(g.w * c)
+        .enumerate()
+        .for_each(|(r, irow)| {
+            let (s, iy) = (r / g.h, r % g.h);
+            let mut acc = [0f32; CH_BLOCK];
+            for ix in 0..g.w {
+                for c0 in (0..c).step_by(CH_BLOCK) {
+                    let cb = CH_BLOCK.min(c - c0);
+                    let acc = &mut acc[..cb];
+                    match bias {
+                        Some(b) => acc.copy_from_slice(&b[c0..c0 + cb]),
+                        None => acc.fill(0.0),
                     }
+                    for ki in 0..g.kh {
+                        let Some(oy) = window_origin(iy, ki, g.pt as isize, g.sh, g.oh) else {
+                            continue;
+                        };
+                        for kj in 0..g.kw {
+                            let Some(ox) = window_origin(ix, kj, g.pl as isize, g.sw, g.ow) else {
+                                continue;
+                            };
+                            let src = ((s * g.oh + oy) * g.ow + ox) * k + (ki * g.kw + kj) * c + c0;
+                            add_f32(&col[src..src + cb], acc);
+                        }
+                    }
+                    store_f32(acc, &mut irow[ix * c + c0..ix * c + c0 + cb]);
                 }
-                store_f32(acc, &mut irow[ix * c + c0..ix * c + c0 + cb]);
             }
-        }
-    });
+        });
 }

@@ -63,7 +63,21 @@ pub fn dense_forward<T: Element>(
     let yv = MatMut::row_major("dense_forward y", y, 0, b, o, o)?;
     check_len("dense_forward ws", ws.len(), dense_ws_len::<T>(d))?;
     // SAFETY: views checked above; y is a unique borrow.
-    unsafe { gemm_core(b, o, i, 1.0, xv, wv, 0.0, yv, bias, ws, Parallelism::Rayon(0)) };
+    unsafe {
+        gemm_core(
+            b,
+            o,
+            i,
+            1.0,
+            xv,
+            wv,
+            0.0,
+            yv,
+            bias,
+            ws,
+            Parallelism::Rayon(0),
+        )
+    };
     Ok(())
 }
 

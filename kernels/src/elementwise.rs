@@ -55,6 +55,27 @@ impl GradWrite {
 // crate-private loop helpers
 // ---------------------------------------------------------------------------------------------
 
+/// [`check_len`] that formats its message only on failure: the happy path of a kernel must
+/// not allocate, and a `format!` in the argument would run on every call.
+#[inline]
+pub(crate) fn need(op: &str, what: &str, len: usize, need: usize) -> KResult {
+    if len >= need {
+        Ok(())
+    } else {
+        check_len(&format!("{op}: {what}"), len, need)
+    }
+}
+
+/// [`need`] for the `k`-th of several operands (`what[k]`).
+#[inline]
+pub(crate) fn need_at(op: &str, what: &str, k: usize, len: usize, need: usize) -> KResult {
+    if len >= need {
+        Ok(())
+    } else {
+        check_len(&format!("{op}: {what}[{k}]"), len, need)
+    }
+}
+
 /// `Err` unless two slices that a pointwise kernel pairs up have the same length.
 pub(crate) fn same_len(op: &str, a: &str, a_len: usize, b: &str, b_len: usize) -> KResult {
     if a_len == b_len {
@@ -341,7 +362,9 @@ pub fn add_n<T: Element>(inputs: &[&[T]], y: &mut [T]) -> KResult {
         return Err(KernelError("add_n: needs at least one input".into()));
     }
     for (k, x) in inputs.iter().enumerate() {
-        same_len("add_n", &format!("inputs[{k}]"), x.len(), "y", y.len())?;
+        if x.len() != y.len() {
+            same_len("add_n", &format!("inputs[{k}]"), x.len(), "y", y.len())?;
+        }
     }
     sum_into(inputs, y, false);
     Ok(())
@@ -350,7 +373,15 @@ pub fn add_n<T: Element>(inputs: &[&[T]], y: &mut [T]) -> KResult {
 /// In-place n-ary add: `acc = acc + Σ others[k]` (the output takes the first input's buffer).
 pub fn add_n_inplace<T: Element>(acc: &mut [T], others: &[&[T]]) -> KResult {
     for (k, x) in others.iter().enumerate() {
-        same_len("add_n_inplace", &format!("others[{k}]"), x.len(), "acc", acc.len())?;
+        if x.len() != acc.len() {
+            same_len(
+                "add_n_inplace",
+                &format!("others[{k}]"),
+                x.len(),
+                "acc",
+                acc.len(),
+            )?;
+        }
     }
     sum_into(others, acc, true);
     Ok(())
@@ -406,7 +437,8 @@ fn concat_check(op: &str, n_parts: usize, widths: &[usize]) -> Result<usize, Ker
             widths.len()
         )));
     }
-    Ok(widths.iter().sum())
+    // Saturating: absurd dims then fail the length checks instead of overflowing.
+    Ok(widths.iter().fold(0usize, |a, &w| a.saturating_add(w)))
 }
 
 /// Concatenation along the last axis: `inputs[k]` is `[rows, widths[k]]`, `y` is
@@ -419,9 +451,9 @@ pub fn concat_last<T: Element>(
 ) -> KResult {
     let total = concat_check("concat_last", inputs.len(), widths)?;
     for (k, (x, &w)) in inputs.iter().zip(widths).enumerate() {
-        check_len(&format!("concat_last: inputs[{k}]"), x.len(), rows * w)?;
+        need_at("concat_last", "inputs", k, x.len(), rows.saturating_mul(w))?;
     }
-    check_len("concat_last: y", y.len(), rows * total)?;
+    need("concat_last", "y", y.len(), rows.saturating_mul(total))?;
     rows_par(&mut y[..rows * total], total, |r, yr| {
         let mut at = 0;
         for (x, &w) in inputs.iter().zip(widths) {
@@ -441,9 +473,20 @@ pub fn concat_last_backward<T: Element>(
     dxs: &mut [&mut [T]],
 ) -> KResult {
     let total = concat_check("concat_last_backward", dxs.len(), widths)?;
-    check_len("concat_last_backward: dy", dy.len(), rows * total)?;
+    need(
+        "concat_last_backward",
+        "dy",
+        dy.len(),
+        rows.saturating_mul(total),
+    )?;
     for (k, (dx, &w)) in dxs.iter().zip(widths).enumerate() {
-        check_len(&format!("concat_last_backward: dxs[{k}]"), dx.len(), rows * w)?;
+        need_at(
+            "concat_last_backward",
+            "dxs",
+            k,
+            dx.len(),
+            rows.saturating_mul(w),
+        )?;
     }
     let mut at = 0;
     for (dx, &w) in dxs.iter_mut().zip(widths) {

@@ -27,7 +27,12 @@ fn check_ids(what: &str, ids: &[i32], vocab: usize) -> KResult {
 
 /// Forward: `y[t, :] = W[ids[t], :]`, `y[tokens, dim]` overwritten. The table may be stored as
 /// `W` (the f32 master copy or a half copy) and the output as `T`; values pass through f32.
-pub fn embedding_forward<W: Element, T: Element>(d: EmbeddingDims, ids: &[i32], w: &[W], y: &mut [T]) -> KResult {
+pub fn embedding_forward<W: Element, T: Element>(
+    d: EmbeddingDims,
+    ids: &[i32],
+    w: &[W],
+    y: &mut [T],
+) -> KResult {
     let what = "embedding_forward";
     check_len("embedding_forward ids", ids.len(), d.tokens)?;
     check_len("embedding_forward w", w.len(), d.vocab * d.dim)?;
@@ -56,7 +61,12 @@ pub fn embedding_forward<W: Element, T: Element>(d: EmbeddingDims, ids: &[i32], 
 /// Backward: `dw[ids[t], :] += dy[t, :]` for every token — f32 master gradient `[vocab, dim]`,
 /// **accumulated** (repeated ids add up). Parallel over blocks of vocabulary rows, each block
 /// owned by one thread and filled in token order, so the result is deterministic.
-pub fn embedding_backward<T: Element>(d: EmbeddingDims, ids: &[i32], dy: &[T], dw: &mut [f32]) -> KResult {
+pub fn embedding_backward<T: Element>(
+    d: EmbeddingDims,
+    ids: &[i32],
+    dy: &[T],
+    dw: &mut [f32],
+) -> KResult {
     let what = "embedding_backward";
     check_len("embedding_backward ids", ids.len(), d.tokens)?;
     check_len("embedding_backward dy", dy.len(), d.tokens * d.dim)?;
@@ -79,7 +89,10 @@ pub fn embedding_backward<T: Element>(d: EmbeddingDims, ids: &[i32], dy: &[T], d
                 let id = id as usize;
                 if (v0..v1).contains(&id) {
                     let r = id - v0;
-                    add_f32(&dy[t * d.dim..(t + 1) * d.dim], &mut dwb[r * d.dim..(r + 1) * d.dim]);
+                    add_f32(
+                        &dy[t * d.dim..(t + 1) * d.dim],
+                        &mut dwb[r * d.dim..(r + 1) * d.dim],
+                    );
                 }
             }
         });

@@ -3,10 +3,10 @@
 //! Convention (BLAS, **not** the `gemm` crate's): `c = alpha·op(a)·op(b) + beta·c`, where
 //! `op(x)` is `x` or `xᵀ`. When `beta == 0`, `c` is never read (NaN or garbage in `c` does not
 //! leak into the result). The `gemm` crate itself computes `dst = alpha·dst + beta·lhs·rhs`;
-//! the swap happens in exactly one place, [`sgemm_raw`].
+//! the swap happens in exactly one place (the private `sgemm_raw`).
 //!
 //! Storage: `gemm` 0.19 multiplies `f32`, `f64` and `half::f16` but not `bf16` (it panics), and
-//! its `f16` path writes its destination back to `f16` after every depth block of ~256, so a long
+//! its `f16` path writes its destination back to `f16` after every depth block (`kc`), so a long
 //! reduction would be rounded several times. To keep one rule for every kernel — *accumulate in
 //! `f32`* — every operand that is not `f32` is converted, one bounded block at a time, into a
 //! caller-provided `f32` workspace `ws`, and the block product runs in the `f32` GEMM. When all
@@ -17,9 +17,10 @@
 //! Threads: the `gemm` crate splits one product over rayon's pool. Batched products whose items
 //! are too small for that instead run items in parallel, each single-threaded.
 //!
-//! Allocation: these functions allocate nothing themselves. The `gemm` crate does allocate its
-//! own packing buffers (bounded by cache-size blocking, not by the problem size) inside each call;
-//! that is outside this crate's control.
+//! Allocation: these functions allocate nothing themselves. The `gemm` crate does: 1 to 3 heap
+//! blocks inside every call (its packing buffers, sized by its cache blocking, and a few bytes of
+//! bookkeeping), all freed before the call returns. That is outside this crate's control;
+//! `tests/gemm_ops_alloc.rs` pins it down so a change in the crate shows up.
 
 use crate::{check_len, Element, KResult, KernelError};
 use gemm::Parallelism;
@@ -47,7 +48,11 @@ pub fn is_f32<T: Element>() -> bool {
 /// `(A≠f32 ? mb·kb : 0) + (B≠f32 ? kb·nb : 0) + (C≠f32 ? mb·nb : 0)` with
 /// `mb = min(m, 256)`, `nb = min(n, 256)`, `kb = min(k, 256)`; `0` when all are `f32` or any
 /// dimension is `0`.
-pub fn matmul_mixed_ws_len<A: Element, B: Element, C: Element>(m: usize, n: usize, k: usize) -> usize {
+pub fn matmul_mixed_ws_len<A: Element, B: Element, C: Element>(
+    m: usize,
+    n: usize,
+    k: usize,
+) -> usize {
     if m == 0 || n == 0 || k == 0 {
         return 0;
     }
@@ -113,10 +118,28 @@ pub fn matmul_mixed<A: Element, B: Element, C: Element>(
     let av = Mat::dense("matmul a", a, 0, m, k, a_trans)?;
     let bv = Mat::dense("matmul b", b, 0, k, n, b_trans)?;
     let cv = MatMut::row_major("matmul c", c, 0, m, n, n)?;
-    check_len("matmul ws", ws.len(), matmul_mixed_ws_len::<A, B, C>(m, n, k))?;
+    check_len(
+        "matmul ws",
+        ws.len(),
+        matmul_mixed_ws_len::<A, B, C>(m, n, k),
+    )?;
     // SAFETY: the views were bounds-checked above, and `c` is a unique borrow distinct from
     // `a` and `b`.
-    unsafe { gemm_core(m, n, k, alpha, av, bv, beta, cv, None, ws, Parallelism::Rayon(0)) };
+    unsafe {
+        gemm_core(
+            m,
+            n,
+            k,
+            alpha,
+            av,
+            bv,
+            beta,
+            cv,
+            None,
+            ws,
+            Parallelism::Rayon(0),
+        )
+    };
     Ok(())
 }
 
@@ -161,15 +184,38 @@ pub fn matmul_strided_batched<T: Element>(
         )));
     }
     let last = batch - 1;
-    let a0 = Mat::dense("matmul_strided_batched a", a, last * stride_a, m, k, a_trans)?;
-    let b0 = Mat::dense("matmul_strided_batched b", b, last * stride_b, k, n, b_trans)?;
+    let a0 = Mat::dense(
+        "matmul_strided_batched a",
+        a,
+        last * stride_a,
+        m,
+        k,
+        a_trans,
+    )?;
+    let b0 = Mat::dense(
+        "matmul_strided_batched b",
+        b,
+        last * stride_b,
+        k,
+        n,
+        b_trans,
+    )?;
     let c0 = MatMut::row_major("matmul_strided_batched c", c, last * stride_c, m, n, n)?;
     let per = matmul_strided_batched_ws_len::<T>(m, n, k);
     check_len("matmul_strided_batched ws", ws.len(), per)?;
     // The views above were checked at the LAST item's offset; rebase them to item 0.
-    let a0 = Mat { ptr: a.as_ptr(), ..a0 };
-    let b0 = Mat { ptr: b.as_ptr(), ..b0 };
-    let c0 = MatMut { ptr: c.as_mut_ptr(), ..c0 };
+    let a0 = Mat {
+        ptr: a.as_ptr(),
+        ..a0
+    };
+    let b0 = Mat {
+        ptr: b.as_ptr(),
+        ..b0
+    };
+    let c0 = MatMut {
+        ptr: c.as_mut_ptr(),
+        ..c0
+    };
     let item = |i: usize, w: &mut [f32], par: Parallelism| {
         // SAFETY: item i lies inside the checked span (i ≤ last); distinct items write disjoint
         // ranges of c because stride_c ≥ m·n.
@@ -201,6 +247,16 @@ pub fn matmul_strided_batched<T: Element>(
 
 // ---------------------------------------------------------------------------------------------
 // Internal machinery shared by dense, conv and attention.
+
+/// [`check_len`] for argument `part` of kernel `what`; the message is built only on failure,
+/// so the success path allocates nothing.
+pub(crate) fn check_part(what: &str, part: &str, have: usize, need: usize) -> KResult {
+    if have < need {
+        check_len(&format!("{what} {part}"), have, need)
+    } else {
+        Ok(())
+    }
+}
 
 /// A read-only strided matrix view: element `(i, j)` at `ptr + i·rs + j·cs`.
 pub(crate) struct Mat<T> {
@@ -257,12 +313,23 @@ impl<T> Mat<T> {
     ) -> Result<Self, KernelError> {
         check_len(what, s.len(), span(off, rows, cols, rs, cs))?;
         // wrapping_add: an empty view may start at the very end of the slice.
-        Ok(Mat { ptr: s.as_ptr().wrapping_add(off), rs, cs })
+        Ok(Mat {
+            ptr: s.as_ptr().wrapping_add(off),
+            rs,
+            cs,
+        })
     }
 
     /// op(x) of a contiguous row-major matrix: `[rows, cols]`, or `[cols, rows]` read
     /// transposed when `trans`.
-    pub fn dense(what: &str, s: &[T], off: usize, rows: usize, cols: usize, trans: bool) -> Result<Self, KernelError> {
+    pub fn dense(
+        what: &str,
+        s: &[T],
+        off: usize,
+        rows: usize,
+        cols: usize,
+        trans: bool,
+    ) -> Result<Self, KernelError> {
         if trans {
             Self::new(what, s, off, rows, cols, 1, rows)
         } else {
@@ -272,7 +339,10 @@ impl<T> Mat<T> {
 
     /// The same view moved by `d` elements (caller keeps it in bounds).
     pub fn offset(self, d: usize) -> Self {
-        Mat { ptr: self.ptr.wrapping_add(d), ..self }
+        Mat {
+            ptr: self.ptr.wrapping_add(d),
+            ..self
+        }
     }
 
     /// The view starting at element `(i, j)`.
@@ -282,23 +352,43 @@ impl<T> Mat<T> {
 
     /// The transposed view (no data moves).
     pub fn t(self) -> Self {
-        Mat { ptr: self.ptr, rs: self.cs, cs: self.rs }
+        Mat {
+            ptr: self.ptr,
+            rs: self.cs,
+            cs: self.rs,
+        }
     }
 }
 
 impl<T> MatMut<T> {
     /// A checked writable `rows×cols` view of `s` at `off` with row stride `ld` (columns
     /// contiguous). `ld ≥ cols` is required so rows never overlap.
-    pub fn row_major(what: &str, s: &mut [T], off: usize, rows: usize, cols: usize, ld: usize) -> Result<Self, KernelError> {
+    pub fn row_major(
+        what: &str,
+        s: &mut [T],
+        off: usize,
+        rows: usize,
+        cols: usize,
+        ld: usize,
+    ) -> Result<Self, KernelError> {
         if rows > 1 && ld < cols {
-            return Err(KernelError(format!("{what}: row stride {ld} < {cols} columns")));
+            return Err(KernelError(format!(
+                "{what}: row stride {ld} < {cols} columns"
+            )));
         }
         check_len(what, s.len(), span(off, rows, cols, ld, 1))?;
-        Ok(MatMut { ptr: s.as_mut_ptr().wrapping_add(off), rs: ld, cs: 1 })
+        Ok(MatMut {
+            ptr: s.as_mut_ptr().wrapping_add(off),
+            rs: ld,
+            cs: 1,
+        })
     }
 
     pub fn offset(self, d: usize) -> Self {
-        MatMut { ptr: self.ptr.wrapping_add(d), ..self }
+        MatMut {
+            ptr: self.ptr.wrapping_add(d),
+            ..self
+        }
     }
 
     pub fn sub(self, i: usize, j: usize) -> Self {
@@ -376,13 +466,19 @@ pub(crate) unsafe fn gemm_core<A: Element, B: Element, C: Element>(
     // With no product to add, or with an f32 destination, fold beta and the bias into c first:
     // then the product is added with dst_scale = 1 and the bias is added exactly once, in f32.
     if k == 0 || (is_f32::<C>() && bias.is_some()) {
-        for i in 0..m {
+        // SAFETY: c is valid for m×n and each row is touched by one task.
+        for_rows(m, n, par, |i| unsafe {
+            let row = c.sub(i, 0);
             for j in 0..n {
-                let p = c.ptr.add(i * c.rs + j * c.cs);
-                let old = if beta != 0.0 { beta * (*p).to_f32() } else { 0.0 };
+                let p = row.ptr.add(j * row.cs);
+                let old = if beta != 0.0 {
+                    beta * (*p).to_f32()
+                } else {
+                    0.0
+                };
                 *p = C::from_f32(old + bias.map_or(0.0, |b| b[j]));
             }
-        }
+        });
         if k == 0 {
             return;
         }
@@ -395,10 +491,22 @@ pub(crate) unsafe fn gemm_core<A: Element, B: Element, C: Element>(
             n,
             k,
             alpha,
-            Mat { ptr: a.ptr as *const f32, rs: a.rs, cs: a.cs },
-            Mat { ptr: b.ptr as *const f32, rs: b.rs, cs: b.cs },
+            Mat {
+                ptr: a.ptr as *const f32,
+                rs: a.rs,
+                cs: a.cs,
+            },
+            Mat {
+                ptr: b.ptr as *const f32,
+                rs: b.rs,
+                cs: b.cs,
+            },
             (beta != 0.0).then_some(beta),
-            MatMut { ptr: c.ptr as *mut f32, rs: c.rs, cs: c.cs },
+            MatMut {
+                ptr: c.ptr as *mut f32,
+                rs: c.rs,
+                cs: c.cs,
+            },
             par,
         );
         return;
@@ -416,21 +524,41 @@ pub(crate) unsafe fn gemm_core<A: Element, B: Element, C: Element>(
             // Where the f32 product accumulates: straight into c when c is f32, else into pc.
             let (dst, first_scale) = if is_f32::<C>() {
                 let d = c.sub(i0, j0);
-                (MatMut { ptr: d.ptr as *mut f32, rs: d.rs, cs: d.cs }, (beta != 0.0).then_some(beta))
+                (
+                    MatMut {
+                        ptr: d.ptr as *mut f32,
+                        rs: d.rs,
+                        cs: d.cs,
+                    },
+                    (beta != 0.0).then_some(beta),
+                )
             } else {
-                (MatMut { ptr: pc.as_mut_ptr(), rs: nb, cs: 1 }, None)
+                (
+                    MatMut {
+                        ptr: pc.as_mut_ptr(),
+                        rs: nb,
+                        cs: 1,
+                    },
+                    None,
+                )
             };
             for l0 in (0..k).step_by(BLOCK_K) {
                 let kb = BLOCK_K.min(k - l0);
-                let ap = f32_block(a.sub(i0, l0), mb, kb, pa);
-                let bp = f32_block(b.sub(l0, j0), kb, nb, pb);
+                let ap = f32_block(a.sub(i0, l0), mb, kb, pa, par);
+                let bp = f32_block(b.sub(l0, j0), kb, nb, pb, par);
                 let scale = if l0 == 0 { first_scale } else { Some(1.0) };
                 sgemm_raw(mb, nb, kb, alpha, ap, bp, scale, dst, par);
             }
             if !is_f32::<C>() {
                 // Epilogue: the single rounding of the f32 accumulator to C.
-                for i in 0..mb {
-                    let acc = &mut pc[i * nb..(i + 1) * nb];
+                let acc_all = MatMut {
+                    ptr: pc.as_mut_ptr(),
+                    rs: nb,
+                    cs: 1,
+                };
+                // SAFETY: row i of the accumulator and of c's block belong to one task.
+                for_rows(mb, nb, par, |i| unsafe {
+                    let acc = std::slice::from_raw_parts_mut(acc_all.sub(i, 0).ptr, nb);
                     let crow = c.sub(i0 + i, j0);
                     if beta != 0.0 {
                         for (j, v) in acc.iter_mut().enumerate() {
@@ -449,7 +577,7 @@ pub(crate) unsafe fn gemm_core<A: Element, B: Element, C: Element>(
                             *crow.ptr.add(j * crow.cs) = C::from_f32(*v);
                         }
                     }
-                }
+                });
             }
         }
     }
@@ -461,30 +589,81 @@ pub(crate) unsafe fn gemm_core<A: Element, B: Element, C: Element>(
 ///
 /// # Safety
 /// `src` must be valid for `rows×cols`; `buf` must hold `rows·cols` when `S` is not f32.
-unsafe fn f32_block<S: Element>(src: Mat<S>, rows: usize, cols: usize, buf: &mut [f32]) -> Mat<f32> {
+unsafe fn f32_block<S: Element>(
+    src: Mat<S>,
+    rows: usize,
+    cols: usize,
+    buf: &mut [f32],
+    par: Parallelism,
+) -> Mat<f32> {
     if is_f32::<S>() {
-        return Mat { ptr: src.ptr as *const f32, rs: src.rs, cs: src.cs };
+        return Mat {
+            ptr: src.ptr as *const f32,
+            rs: src.rs,
+            cs: src.cs,
+        };
     }
     let buf = &mut buf[..rows * cols];
+    // Runs of `len` contiguous source elements, `stride` apart, into consecutive runs of buf.
+    // Threaded for big blocks: the conversion is otherwise a serial stretch between the
+    // threaded block products.
+    let mut convert = |len: usize, stride: usize| {
+        let run = |(r, dst): (usize, &mut [f32])| {
+            // SAFETY: the caller guarantees src is valid for rows×cols.
+            load_f32(
+                unsafe { std::slice::from_raw_parts(src.offset(r * stride).ptr, len) },
+                dst,
+            )
+        };
+        if matches!(par, Parallelism::Rayon(_)) && rows * cols >= PAR_CONVERT_MIN {
+            buf.par_chunks_exact_mut(len).enumerate().for_each(run);
+        } else {
+            buf.chunks_exact_mut(len).enumerate().for_each(run);
+        }
+    };
     if src.cs == 1 {
-        for (i, row) in buf.chunks_exact_mut(cols).enumerate() {
-            load_f32(std::slice::from_raw_parts(src.ptr.add(i * src.rs), cols), row);
+        convert(cols, src.rs);
+        Mat {
+            ptr: buf.as_ptr(),
+            rs: cols,
+            cs: 1,
         }
-        Mat { ptr: buf.as_ptr(), rs: cols, cs: 1 }
     } else if src.rs == 1 {
-        for (j, col) in buf.chunks_exact_mut(rows).enumerate() {
-            load_f32(std::slice::from_raw_parts(src.ptr.add(j * src.cs), rows), col);
+        convert(rows, src.cs);
+        Mat {
+            ptr: buf.as_ptr(),
+            rs: 1,
+            cs: rows,
         }
-        Mat { ptr: buf.as_ptr(), rs: 1, cs: rows }
     } else {
         for (i, row) in buf.chunks_exact_mut(cols).enumerate() {
             for (j, v) in row.iter_mut().enumerate() {
                 *v = (*src.ptr.add(i * src.rs + j * src.cs)).to_f32();
             }
         }
-        Mat { ptr: buf.as_ptr(), rs: cols, cs: 1 }
+        Mat {
+            ptr: buf.as_ptr(),
+            rs: cols,
+            cs: 1,
+        }
     }
 }
+
+/// Runs `f(i)` for every row `i` of an `rows×cols` matrix: on rayon's pool when `par` allows
+/// and the matrix is big enough to pay for it, else in order.
+fn for_rows<F: Fn(usize) + Send + Sync>(rows: usize, cols: usize, par: Parallelism, f: F) {
+    if matches!(par, Parallelism::Rayon(_)) && rows > 1 && rows * cols >= PAR_CONVERT_MIN {
+        (0..rows)
+            .into_par_iter()
+            .with_min_len((PAR_CONVERT_MIN / 4 / cols).max(1))
+            .for_each(f);
+    } else {
+        (0..rows).for_each(f);
+    }
+}
+
+/// Blocks at least this large are converted to f32 on several threads.
+const PAR_CONVERT_MIN: usize = 16 * 1024;
 
 /// Runs `f(item, lane_ws)` for every item in `0..count` on rayon's pool. With `per_lane == 0`
 /// (f32: no workspace) every item may run concurrently; otherwise `ws` is cut into

@@ -20,8 +20,12 @@
 //! follow Keras 3. Running update: `running = running · momentum + batch · (1 − momentum)`,
 //! defaults `momentum = 0.99`, `epsilon = 1e-3`. Layer norm's Keras default epsilon is 1e-3.
 
-use crate::elementwise::{reduce_rows, rows, rows2, rows3};
-use crate::{check_len, Element, KResult, KernelError};
+// Channel loops index several parallel arrays (x, x_hat, gamma, beta, sums) by one channel
+// number; iterator zips of five slices read worse than the index.
+#![allow(clippy::needless_range_loop)]
+
+use crate::elementwise::{need, reduce_rows, rows, rows2, rows3};
+use crate::{Element, KResult, KernelError};
 
 /// Channels summed per pass over the rows, with f64 accumulators on the stack.
 const CB: usize = 32;
@@ -35,8 +39,9 @@ pub struct NormDims {
 }
 
 impl NormDims {
+    /// `rows · channels`, saturating (absurd dims then fail every length check).
     pub fn len(&self) -> usize {
-        self.rows * self.channels
+        self.rows.saturating_mul(self.channels)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -87,7 +92,7 @@ pub struct AffineGrads<'a> {
 pub struct BatchNormSaved<'a, T> {
     /// `(x − mean) · inv_std`, `[rows, channels]`.
     pub x_hat: &'a mut [T],
-    /// Batch mean, `[channels]` (not read by backward; kept for inspection and tests).
+    /// Batch mean (rounded to f32), `[channels]` (not read by backward; for inspection).
     pub mean: &'a mut [f32],
     /// `1 / sqrt(var + epsilon)`, `[channels]`.
     pub inv_std: &'a mut [f32],
@@ -101,13 +106,13 @@ pub struct RunningStats<'a> {
 }
 
 fn check_affine(op: &str, c: usize, a: &Affine) -> KResult {
-    check_len(&format!("{op}: gamma"), a.gamma.len(), c)?;
-    check_len(&format!("{op}: beta"), a.beta.len(), c)
+    need(op, "gamma", a.gamma.len(), c)?;
+    need(op, "beta", a.beta.len(), c)
 }
 
 fn check_grads(op: &str, c: usize, g: &AffineGrads) -> KResult {
-    check_len(&format!("{op}: dgamma"), g.dgamma.len(), c)?;
-    check_len(&format!("{op}: dbeta"), g.dbeta.len(), c)
+    need(op, "dgamma", g.dgamma.len(), c)?;
+    need(op, "dbeta", g.dbeta.len(), c)
 }
 
 /// Per-channel f64 sums over all rows for the channel block `[c0, c0 + cb)`: `f(row, j)`
@@ -147,38 +152,77 @@ fn channel_sums(
 // batch norm
 // ---------------------------------------------------------------------------------------------
 
-/// Computes batch mean and inv_std per channel and updates the running stats (Keras rule).
-fn bn_stats<T: Element>(
+/// Training forward, one block of channels at a time: statistics (two f64 passes), then
+/// that block's `x_hat` and `y`. `src` is `None` when `y` holds `x` (in place): a block's
+/// channels are only overwritten after its own statistics are taken.
+///
+/// The mean is applied as an f32 hi/lo pair (`x − hi − lo`): when |mean| ≫ std (inputs with a
+/// large offset), subtracting a single rounded f32 mean would leave every `x_hat` shifted by
+/// up to half an ulp of the mean times `inv_std`, and the batch's `x_hat` would not sum to 0.
+#[allow(clippy::too_many_arguments)]
+fn bn_train_core<T: Element>(
     d: NormDims,
     cfg: BatchNormConfig,
-    x: &[T],
-    mean: &mut [f32],
-    inv_std: &mut [f32],
-    running: &mut RunningStats,
+    src: Option<&[T]>,
+    y: &mut [T],
+    affine: &Affine,
+    saved: BatchNormSaved<T>,
+    mut running: Option<RunningStats>,
 ) {
     let c = d.channels;
     let m = d.rows as f64;
     for c0 in (0..c).step_by(CB) {
         let cb = CB.min(c - c0);
-        let s = channel_sums(d, c0, cb, |r, ch| (x[r * c + ch].to_f32() as f64, 0.0));
-        let mut mu = [0f64; CB];
-        for j in 0..cb {
-            mu[j] = s[0][j] / m;
+        let mut hi = [0f32; CB];
+        let mut lo = [0f32; CB];
+        let mut inv = [0f32; CB];
+        {
+            let x: &[T] = match src {
+                Some(x) => x,
+                None => y,
+            };
+            let s = channel_sums(d, c0, cb, |r, ch| (x[r * c + ch].to_f32() as f64, 0.0));
+            let mu: [f64; CB] = std::array::from_fn(|j| s[0][j] / m);
+            // Second pass around the mean: no cancellation, unlike E[x²] − E[x]².
+            let v = channel_sums(d, c0, cb, |r, ch| {
+                let t = x[r * c + ch].to_f32() as f64 - mu[ch - c0];
+                (t * t, 0.0)
+            });
+            for j in 0..cb {
+                let ch = c0 + j;
+                let var = v[0][j] / m;
+                hi[j] = mu[j] as f32;
+                lo[j] = (mu[j] - hi[j] as f64) as f32;
+                inv[j] = (1.0 / (var + cfg.epsilon as f64).sqrt()) as f32;
+                saved.mean[ch] = hi[j];
+                saved.inv_std[ch] = inv[j];
+                let k = cfg.momentum;
+                if let Some(run) = running.as_mut() {
+                    run.mean[ch] = run.mean[ch] * k + mu[j] as f32 * (1.0 - k);
+                    run.var[ch] = run.var[ch] * k + var as f32 * (1.0 - k);
+                }
+            }
         }
-        // Second pass around the mean: no catastrophic cancellation, unlike E[x²] − E[x]².
-        let v = channel_sums(d, c0, cb, |r, ch| {
-            let t = x[r * c + ch].to_f32() as f64 - mu[ch - c0];
-            (t * t, 0.0)
-        });
-        for j in 0..cb {
-            let ch = c0 + j;
-            let var = v[0][j] / m;
-            mean[ch] = mu[j] as f32;
-            inv_std[ch] = (1.0 / (var + cfg.epsilon as f64).sqrt()) as f32;
-            let k = cfg.momentum;
-            running.mean[ch] = running.mean[ch] * k + mu[j] as f32 * (1.0 - k);
-            running.var[ch] = running.var[ch] * k + var as f32 * (1.0 - k);
-        }
+        rows2(
+            &mut y[..d.len()],
+            c,
+            &mut saved.x_hat[..d.len()],
+            c,
+            cb,
+            |r, yr, hr| {
+                for j in 0..cb {
+                    let ch = c0 + j;
+                    let xv = match src {
+                        Some(x) => x[r * c + ch],
+                        None => yr[ch],
+                    }
+                    .to_f32();
+                    let h = (xv - hi[j] - lo[j]) * inv[j];
+                    hr[ch] = T::from_f32(h);
+                    yr[ch] = T::from_f32(affine.gamma[ch] * h + affine.beta[ch]);
+                }
+            },
+        );
     }
 }
 
@@ -189,16 +233,18 @@ fn bn_train_check<T>(
     y_len: usize,
     affine: &Affine,
     saved: &BatchNormSaved<T>,
-    running: &RunningStats,
+    running: &Option<RunningStats>,
 ) -> KResult {
     let c = d.channels;
-    check_len(&format!("{op}: x"), x_len, d.len())?;
-    check_len(&format!("{op}: y"), y_len, d.len())?;
-    check_len(&format!("{op}: x_hat"), saved.x_hat.len(), d.len())?;
-    check_len(&format!("{op}: mean"), saved.mean.len(), c)?;
-    check_len(&format!("{op}: inv_std"), saved.inv_std.len(), c)?;
-    check_len(&format!("{op}: running mean"), running.mean.len(), c)?;
-    check_len(&format!("{op}: running var"), running.var.len(), c)?;
+    need(op, "x", x_len, d.len())?;
+    need(op, "y", y_len, d.len())?;
+    need(op, "x_hat", saved.x_hat.len(), d.len())?;
+    need(op, "mean", saved.mean.len(), c)?;
+    need(op, "inv_std", saved.inv_std.len(), c)?;
+    if let Some(run) = running {
+        need(op, "running mean", run.mean.len(), c)?;
+        need(op, "running var", run.var.len(), c)?;
+    }
     check_affine(op, c, affine)?;
     if d.rows == 0 {
         return Err(KernelError(format!(
@@ -208,33 +254,12 @@ fn bn_train_check<T>(
     Ok(())
 }
 
-/// Writes `x_hat` and `y` rows; `src` is `None` when `y` holds `x` (in place).
-fn bn_normalize_rows<T: Element>(
-    d: NormDims,
-    src: Option<&[T]>,
-    y: &mut [T],
-    x_hat: &mut [T],
-    mean: &[f32],
-    inv_std: &[f32],
-    affine: &Affine,
-) {
-    let c = d.channels;
-    rows2(&mut y[..d.len()], c, &mut x_hat[..d.len()], c, c, |r, yr, hr| {
-        for ch in 0..c {
-            let xv = match src {
-                Some(x) => x[r * c + ch],
-                None => yr[ch],
-            }
-            .to_f32();
-            let h = (xv - mean[ch]) * inv_std[ch];
-            hr[ch] = T::from_f32(h);
-            yr[ch] = T::from_f32(affine.gamma[ch] * h + affine.beta[ch]);
-        }
-    });
-}
-
 /// Batch-norm training forward: normalises with this batch's per-channel statistics, writes
 /// `y` and the saved tensors, and updates `running` (Keras rule, biased variance).
+///
+/// Pass `running: None` when the planner *recomputes* this forward (a `#[checkpoint]`
+/// segment): the batch statistics are the same, but the moving averages must be updated
+/// once per step, not once per evaluation.
 pub fn batch_norm_train_forward<T: Element>(
     d: NormDims,
     cfg: BatchNormConfig,
@@ -242,12 +267,11 @@ pub fn batch_norm_train_forward<T: Element>(
     affine: Affine,
     y: &mut [T],
     saved: BatchNormSaved<T>,
-    mut running: RunningStats,
+    running: Option<RunningStats>,
 ) -> KResult {
     let op = "batch_norm_train_forward";
     bn_train_check(op, d, x.len(), y.len(), &affine, &saved, &running)?;
-    bn_stats(d, cfg, x, saved.mean, saved.inv_std, &mut running);
-    bn_normalize_rows(d, Some(x), y, saved.x_hat, saved.mean, saved.inv_std, &affine);
+    bn_train_core(d, cfg, Some(x), y, &affine, saved, running);
     Ok(())
 }
 
@@ -258,12 +282,11 @@ pub fn batch_norm_train_forward_inplace<T: Element>(
     x_y: &mut [T],
     affine: Affine,
     saved: BatchNormSaved<T>,
-    mut running: RunningStats,
+    running: Option<RunningStats>,
 ) -> KResult {
     let op = "batch_norm_train_forward_inplace";
     bn_train_check(op, d, x_y.len(), x_y.len(), &affine, &saved, &running)?;
-    bn_stats(d, cfg, x_y, saved.mean, saved.inv_std, &mut running);
-    bn_normalize_rows(d, None, x_y, saved.x_hat, saved.mean, saved.inv_std, &affine);
+    bn_train_core(d, cfg, None, x_y, &affine, saved, running);
     Ok(())
 }
 
@@ -285,7 +308,8 @@ fn bn_infer_rows<T: Element>(
             }
             .to_f32();
             let inv = 1.0 / (running_var[ch] + epsilon).sqrt();
-            yr[ch] = T::from_f32(affine.gamma[ch] * (xv - running_mean[ch]) * inv + affine.beta[ch]);
+            yr[ch] =
+                T::from_f32(affine.gamma[ch] * (xv - running_mean[ch]) * inv + affine.beta[ch]);
         }
     });
 }
@@ -299,10 +323,10 @@ fn bn_infer_check(
     rm: &[f32],
     rv: &[f32],
 ) -> KResult {
-    check_len(&format!("{op}: x"), x_len, d.len())?;
-    check_len(&format!("{op}: y"), y_len, d.len())?;
-    check_len(&format!("{op}: running mean"), rm.len(), d.channels)?;
-    check_len(&format!("{op}: running var"), rv.len(), d.channels)?;
+    need(op, "x", x_len, d.len())?;
+    need(op, "y", y_len, d.len())?;
+    need(op, "running mean", rm.len(), d.channels)?;
+    need(op, "running var", rv.len(), d.channels)?;
     check_affine(op, d.channels, affine)
 }
 
@@ -332,11 +356,20 @@ pub fn batch_norm_infer_forward_inplace<T: Element>(
     running_var: &[f32],
 ) -> KResult {
     let op = "batch_norm_infer_forward_inplace";
-    bn_infer_check(op, d, x_y.len(), x_y.len(), &affine, running_mean, running_var)?;
+    bn_infer_check(
+        op,
+        d,
+        x_y.len(),
+        x_y.len(),
+        &affine,
+        running_mean,
+        running_var,
+    )?;
     bn_infer_rows(d, epsilon, None, x_y, &affine, running_mean, running_var);
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn bn_backward_check<T>(
     op: &str,
     d: NormDims,
@@ -347,11 +380,11 @@ fn bn_backward_check<T>(
     dx_len: usize,
     grads: &AffineGrads,
 ) -> KResult {
-    check_len(&format!("{op}: x_hat"), x_hat.len(), d.len())?;
-    check_len(&format!("{op}: dy"), dy_len, d.len())?;
-    check_len(&format!("{op}: dx"), dx_len, d.len())?;
-    check_len(&format!("{op}: inv_std"), inv_std.len(), d.channels)?;
-    check_len(&format!("{op}: gamma"), gamma.len(), d.channels)?;
+    need(op, "x_hat", x_hat.len(), d.len())?;
+    need(op, "dy", dy_len, d.len())?;
+    need(op, "dx", dx_len, d.len())?;
+    need(op, "inv_std", inv_std.len(), d.channels)?;
+    need(op, "gamma", gamma.len(), d.channels)?;
     check_grads(op, d.channels, grads)?;
     if d.rows == 0 {
         return Err(KernelError(format!("{op}: 0 rows")));
@@ -390,7 +423,16 @@ pub fn batch_norm_backward_inplace<T: Element>(
     grads: AffineGrads,
 ) -> KResult {
     let op = "batch_norm_backward_inplace";
-    bn_backward_check(op, d, x_hat, inv_std, gamma, dy_dx.len(), dy_dx.len(), &grads)?;
+    bn_backward_check(
+        op,
+        d,
+        x_hat,
+        inv_std,
+        gamma,
+        dy_dx.len(),
+        dy_dx.len(),
+        &grads,
+    )?;
     bn_backward_core(d, x_hat, inv_std, gamma, None, dy_dx, grads);
     Ok(())
 }
@@ -480,10 +522,10 @@ fn ln_forward_check<T>(
     x_hat: &[T],
     rstd: &[f32],
 ) -> KResult {
-    check_len(&format!("{op}: x"), x_len, d.len())?;
-    check_len(&format!("{op}: y"), y_len, d.len())?;
-    check_len(&format!("{op}: x_hat"), x_hat.len(), d.len())?;
-    check_len(&format!("{op}: rstd"), rstd.len(), d.rows)?;
+    need(op, "x", x_len, d.len())?;
+    need(op, "y", y_len, d.len())?;
+    need(op, "x_hat", x_hat.len(), d.len())?;
+    need(op, "rstd", rstd.len(), d.rows)?;
     check_affine(op, d.channels, affine)?;
     if d.channels == 0 {
         return Err(KernelError(format!("{op}: 0 features per row")));
@@ -560,6 +602,7 @@ pub fn layer_norm_forward_inplace<T: Element>(
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn ln_backward_check<T>(
     op: &str,
     d: NormDims,
@@ -570,11 +613,11 @@ fn ln_backward_check<T>(
     dx_len: usize,
     grads: &AffineGrads,
 ) -> KResult {
-    check_len(&format!("{op}: x_hat"), x_hat.len(), d.len())?;
-    check_len(&format!("{op}: rstd"), rstd.len(), d.rows)?;
-    check_len(&format!("{op}: dy"), dy_len, d.len())?;
-    check_len(&format!("{op}: dx"), dx_len, d.len())?;
-    check_len(&format!("{op}: gamma"), gamma.len(), d.channels)?;
+    need(op, "x_hat", x_hat.len(), d.len())?;
+    need(op, "rstd", rstd.len(), d.rows)?;
+    need(op, "dy", dy_len, d.len())?;
+    need(op, "dx", dx_len, d.len())?;
+    need(op, "gamma", gamma.len(), d.channels)?;
     check_grads(op, d.channels, grads)
 }
 

@@ -10,7 +10,7 @@
 //!
 //! Nothing here is in-place capable: outputs and inputs have different shapes.
 
-use crate::elementwise::{rows, rows2};
+use crate::elementwise::{need, rows, rows2};
 use crate::{check_len, Element, KResult, KernelError};
 
 /// Channels handled per pass with an f32 accumulator array on the stack (no heap scratch).
@@ -53,7 +53,7 @@ pub fn tf_out_and_pad(
                 return Err(KernelError("same padding on an empty axis".into()));
             }
             let out = input.div_ceil(s);
-            let pad_total = ((out - 1) * s + k).saturating_sub(input);
+            let pad_total = ((out - 1).saturating_mul(s).saturating_add(k)).saturating_sub(input);
             Ok((out, pad_total / 2))
         }
     }
@@ -110,19 +110,20 @@ impl Pool2d {
         })
     }
 
-    /// Elements of the input `[n, h, w, c]`.
+    /// Elements of the input `[n, h, w, c]` (saturating, like every length here: absurd
+    /// dims then fail the length checks instead of overflowing).
     pub fn in_len(&self) -> usize {
-        self.n * self.h * self.w * self.c
+        prod(&[self.n, self.h, self.w, self.c])
     }
 
     /// Elements of the output `[n, out_h, out_w, c]` (and of the max-pool argmax).
     pub fn out_len(&self) -> usize {
-        self.n * self.out_h * self.out_w * self.c
+        prod(&[self.n, self.out_h, self.out_w, self.c])
     }
 
     /// Elements in one window (padding included).
     pub fn window_len(&self) -> usize {
-        self.kh * self.kw
+        self.kh.saturating_mul(self.kw)
     }
 
     /// Window of output row `o` along H: `(unclipped start, first valid, end valid)`.
@@ -148,6 +149,10 @@ impl Pool2d {
     }
 }
 
+fn prod(parts: &[usize]) -> usize {
+    parts.iter().fold(1usize, |a, &b| a.saturating_mul(b))
+}
+
 #[inline]
 fn window(o: usize, s: usize, pad: usize, k: usize, extent: usize) -> (isize, usize, usize) {
     let start = (o * s) as isize - pad as isize;
@@ -166,8 +171,18 @@ fn covering(i: usize, s: usize, pad: usize, k: usize, out: usize) -> (usize, usi
 }
 
 fn check_io(op: &str, d: &Pool2d, x_len: usize, y_len: usize, x: &str, y: &str) -> KResult {
-    check_len(&format!("{op}: {x}"), x_len, d.in_len())?;
-    check_len(&format!("{op}: {y}"), y_len, d.out_len())
+    // The fields are public: a hand-built Pool2d whose derived fields disagree with the rule
+    // would index out of bounds, so recompute them.
+    let again = Pool2d::new(d.n, d.h, d.w, d.c, (d.kh, d.kw), (d.sh, d.sw), d.padding)
+        .map_err(|e| KernelError(format!("{op}: {e}")))?;
+    if again != *d {
+        return Err(KernelError(format!(
+            "{op}: Pool2d output/padding fields disagree with TF's rule \
+             (expected {again:?}); build it with Pool2d::new"
+        )));
+    }
+    need(op, x, x_len, d.in_len())?;
+    need(op, y, y_len, d.out_len())
 }
 
 /// Max pooling forward: `y` (`[n, out_h, out_w, c]`) and, per output element, the position of
@@ -218,7 +233,8 @@ pub fn max_pool2d_forward<T: Element>(
                         if i == ilo && j == jlo {
                             continue;
                         }
-                        let idx = ((i as isize - hs) as usize * d.kw + (j as isize - ws) as usize) as u8;
+                        let idx =
+                            ((i as isize - hs) as usize * d.kw + (j as isize - ws) as usize) as u8;
                         let src = &img[(i * d.w + j) * c..(i * d.w + j + 1) * c];
                         for ((yv, av), xv) in yo.iter_mut().zip(ao.iter_mut()).zip(src) {
                             let (v, cur) = (xv.to_f32(), yv.to_f32());
@@ -339,7 +355,10 @@ pub fn avg_pool2d_backward<T: Element>(d: &Pool2d, dy: &[T], dx: &mut [T]) -> KR
                         }
                     }
                 }
-                for (o, a) in dxr[iw * c + c0..iw * c + c0 + cb].iter_mut().zip(acc.iter()) {
+                for (o, a) in dxr[iw * c + c0..iw * c + c0 + cb]
+                    .iter_mut()
+                    .zip(acc.iter())
+                {
                     *o = T::from_f32(*a);
                 }
             }
@@ -357,8 +376,8 @@ pub fn global_avg_pool_forward<T: Element>(
     hw: usize,
     c: usize,
 ) -> KResult {
-    check_len("global_avg_pool_forward: x", x.len(), n * hw * c)?;
-    check_len("global_avg_pool_forward: y", y.len(), n * c)?;
+    check_len("global_avg_pool_forward: x", x.len(), prod(&[n, hw, c]))?;
+    check_len("global_avg_pool_forward: y", y.len(), n.saturating_mul(c))?;
     if hw == 0 {
         return Err(KernelError(
             "global_avg_pool_forward: empty spatial extent (h·w = 0)".into(),
@@ -391,8 +410,12 @@ pub fn global_avg_pool_backward<T: Element>(
     hw: usize,
     c: usize,
 ) -> KResult {
-    check_len("global_avg_pool_backward: dy", dy.len(), n * c)?;
-    check_len("global_avg_pool_backward: dx", dx.len(), n * hw * c)?;
+    check_len(
+        "global_avg_pool_backward: dy",
+        dy.len(),
+        n.saturating_mul(c),
+    )?;
+    check_len("global_avg_pool_backward: dx", dx.len(), prod(&[n, hw, c]))?;
     if hw == 0 {
         return Ok(());
     }

@@ -121,13 +121,16 @@ pub struct CheckpointUnit {
     pub saved_bytes: u64,
 }
 
-/// A set of units which, checkpointed, makes the model fit.
+/// Checkpoint segments which make the model fit: each run is a list of consecutive units
+/// recomputed together (one segment).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CheckpointFix {
-    /// Labels of the chosen units, in declaration order.
-    pub units: Vec<String>,
+    /// Labels of the units of each segment, in declaration order.
+    pub runs: Vec<Vec<String>>,
     /// Planned total with them checkpointed.
     pub total: u64,
+    /// Forward FLOPs recomputed per step.
+    pub recompute_flops: u64,
 }
 
 /// Switching the model-wide precision policy.
@@ -148,30 +151,25 @@ pub struct Fixes {
     pub needed: u64,
     /// Largest batch that fits, and its planned total.
     pub max_batch: Option<(usize, u64)>,
-    /// `mixed_float16` (or `mixed_bfloat16` when the model already uses float16), when the
-    /// model is not already on it.
+    /// `mixed_float16`, when the model is on float32.
     pub precision: Option<PrecisionFix>,
-    /// The cheapest checkpoint set found that fits, if any.
+    /// The cheapest checkpointing found that fits (least recomputation), if any.
     pub checkpoint: Option<CheckpointFix>,
-    /// Planned total with every unit checkpointed (shown when even that does not fit).
-    pub checkpoint_all: Option<u64>,
+    /// The lowest planned total any checkpointing tried reached (shown when none fits).
+    pub checkpoint_best: Option<u64>,
 }
 
 impl Fixes {
     /// True when at least one fix fits.
     pub fn any(&self) -> bool {
         self.max_batch.is_some()
-            || self
-                .precision
-                .as_ref()
-                .is_some_and(|p| p.total <= self.budget)
+            || self.precision.as_ref().is_some_and(|p| p.total <= self.budget)
             || self.checkpoint.is_some()
     }
 }
 
-/// Fixes for `spec` under `budget`, with every non-input layer a checkpoint unit of its own
-/// (its own segment). Callers that know a coarser structure (the macro's fields and blocks)
-/// use [`fixes_with`].
+/// Fixes for `spec` under `budget`, with every non-input layer a checkpoint unit. Callers
+/// that know a coarser structure (the macro's fields and blocks) use [`fixes_with`].
 pub fn fixes(spec: &ModelSpec, budget: u64) -> Fixes {
     let saved = saved_by_layer(spec);
     let layers: Vec<&str> = spec
@@ -182,37 +180,32 @@ pub fn fixes(spec: &ModelSpec, budget: u64) -> Fixes {
         .collect();
     let units: Vec<CheckpointUnit> = layers
         .iter()
-        .map(|name| CheckpointUnit {
-            label: name.to_string(),
-            saved_bytes: saved(name),
-        })
+        .map(|name| CheckpointUnit { label: name.to_string(), saved_bytes: saved(name) })
         .collect();
-    let apply = |chosen: &[usize]| {
+    let apply = |runs: &[Vec<usize>]| {
         let mut s = spec.clone();
-        let mut next = s
-            .layers
-            .iter()
-            .filter_map(|l| l.checkpoint)
-            .max()
-            .map_or(0, |m| m + 1);
-        for &i in chosen {
-            if let Some(l) = s.layers.iter_mut().find(|l| l.name == layers[i]) {
-                l.checkpoint = Some(next);
-                next += 1;
+        let mut next = s.layers.iter().filter_map(|l| l.checkpoint).max().map_or(0, |m| m + 1);
+        for run in runs {
+            for &i in run {
+                if let Some(l) = s.layers.iter_mut().find(|l| l.name == layers[i]) {
+                    l.checkpoint = Some(next);
+                }
             }
+            next += 1;
         }
         s
     };
     fixes_with(spec, budget, &units, &apply)
 }
 
-/// Fixes for `spec` under `budget`, choosing checkpoints among `units`; `apply(chosen)`
-/// returns the spec with the units at those indices checkpointed (as the user would write it).
+/// Fixes for `spec` under `budget`, checkpointing runs of `units`; `apply(runs)` returns the
+/// spec with each run (unit indices, consecutive, ascending) checkpointed as one segment —
+/// exactly as the user would write it, so every figure is the plan the user would get.
 pub fn fixes_with(
     spec: &ModelSpec,
     budget: u64,
     units: &[CheckpointUnit],
-    apply: &dyn Fn(&[usize]) -> ModelSpec,
+    apply: &dyn Fn(&[Vec<usize>]) -> ModelSpec,
 ) -> Fixes {
     let needed = total(spec).unwrap_or(u64::MAX);
     let largest = max_batch(spec, budget)
@@ -223,74 +216,89 @@ pub fn fixes_with(
         _ => None,
     }
     .and_then(|p| {
-        let s = ModelSpec {
-            precision: p,
-            ..spec.clone()
-        };
-        total(&s).map(|t| PrecisionFix {
-            precision: p,
-            total: t,
-            max_batch: max_batch(&s, budget),
-        })
+        let s = ModelSpec { precision: p, ..spec.clone() };
+        total(&s).map(|t| PrecisionFix { precision: p, total: t, max_batch: max_batch(&s, budget) })
     });
-    let (checkpoint, checkpoint_all) = checkpoint_search(budget, units, apply);
-    Fixes {
-        budget,
-        needed,
-        max_batch: largest,
-        precision,
-        checkpoint,
-        checkpoint_all,
-    }
+    let (checkpoint, checkpoint_best) = checkpoint_search(budget, units, apply);
+    Fixes { budget, needed, max_batch: largest, precision, checkpoint, checkpoint_best }
 }
 
-/// Greedy checkpoint choice: units by saved bytes, largest first; the fewest of them that
-/// fit (bisection on how many), then each chosen unit dropped again if the rest still fits.
-/// Returns the fix, or `None` and the total with every unit checkpointed.
+/// Tries a family of checkpointings, plans each, and keeps the fitting one that recomputes
+/// the fewest forward FLOPs:
+///
+/// - single units, largest saved bytes first: the fewest that fit (bisection on how many;
+///   a unit that is a block is one segment per instance, which saves its insides);
+/// - contiguous runs: the units split into k runs of equal length, k = 1 … 12, with and
+///   without the last unit (whose recomputation, next to the loss, saves nothing) — a run
+///   frees every activation inside it, which single layers cannot (their output is the
+///   next layer's input and stays alive).
+///
+/// Returns the best fit, and the lowest total seen (for the message when nothing fits).
+/// Issue 7's solver replaces this with an optimal choice; this one is only ever exact
+/// about what it proposes, never optimal.
 pub fn checkpoint_search(
     budget: u64,
     units: &[CheckpointUnit],
-    apply: &dyn Fn(&[usize]) -> ModelSpec,
+    apply: &dyn Fn(&[Vec<usize>]) -> ModelSpec,
 ) -> (Option<CheckpointFix>, Option<u64>) {
-    if units.is_empty() {
+    let n = units.len();
+    if n == 0 {
         return (None, None);
     }
-    let mut order: Vec<usize> = (0..units.len()).collect();
-    order.sort_by_key(|&i| (std::cmp::Reverse(units[i].saved_bytes), i));
-    let total_of = |chosen: &[usize]| {
-        let mut sorted = chosen.to_vec();
-        sorted.sort_unstable();
-        total(&apply(&sorted))
+    let mut best: Option<(u64, u64, Vec<Vec<usize>>)> = None; // (flops, total, runs)
+    let mut lowest: Option<u64> = None;
+    let mut evaluate = |runs: Vec<Vec<usize>>| -> bool {
+        let Ok(plan) = crate::plan(&apply(&runs)) else { return false };
+        let t = plan.memory.total;
+        lowest = Some(lowest.map_or(t, |l| l.min(t)));
+        if t > budget {
+            return false;
+        }
+        let flops: u64 = plan.memory.layers.iter().filter(|l| l.checkpointed).map(|l| l.forward_flops).sum();
+        if best.as_ref().is_none_or(|(f, tt, _)| (flops, t) < (*f, *tt)) {
+            best = Some((flops, t, runs));
+        }
+        true
     };
-    let all = total_of(&order);
-    if !all.is_some_and(|t| t <= budget) {
-        return (None, all);
-    }
-    let fits = |k: usize| total_of(&order[..k]).is_some_and(|t| t <= budget);
-    let (mut lo, mut hi) = (0usize, order.len()); // !fits(lo) assumed, fits(hi) known
-    while hi - lo > 1 {
-        let mid = lo + (hi - lo) / 2;
-        if fits(mid) {
-            hi = mid;
-        } else {
-            lo = mid;
+
+    // Single units by saved bytes.
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&i| (std::cmp::Reverse(units[i].saved_bytes), i));
+    let singles = |k: usize| {
+        let mut chosen = order[..k].to_vec();
+        chosen.sort_unstable();
+        chosen.into_iter().map(|i| vec![i]).collect::<Vec<_>>()
+    };
+    if evaluate(singles(n)) {
+        let (mut lo, mut hi) = (0usize, n);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if evaluate(singles(mid)) {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
         }
     }
-    let mut chosen: Vec<usize> = order[..hi].to_vec();
-    // Pruning: the smallest units first, a bounded number of tries.
-    for &candidate in order[..hi].iter().rev().take(32) {
-        if chosen.len() == 1 {
-            break;
+
+    // Contiguous runs.
+    for span in [n, n.saturating_sub(1)] {
+        if span == 0 {
+            continue;
         }
-        let rest: Vec<usize> = chosen.iter().copied().filter(|&i| i != candidate).collect();
-        if total_of(&rest).is_some_and(|t| t <= budget) {
-            chosen = rest;
+        for k in 1..=span.min(12) {
+            let runs: Vec<Vec<usize>> =
+                (0..k).map(|r| (r * span / k..(r + 1) * span / k).collect::<Vec<_>>()).filter(|r| !r.is_empty()).collect();
+            evaluate(runs);
         }
     }
-    chosen.sort_unstable();
-    let total = total_of(&chosen).unwrap_or(u64::MAX);
-    let units = chosen.iter().map(|&i| units[i].label.clone()).collect();
-    (Some(CheckpointFix { units, total }), all)
+
+    let fix = best.map(|(flops, total, runs)| CheckpointFix {
+        runs: runs.iter().map(|r| r.iter().map(|&i| units[i].label.clone()).collect()).collect(),
+        total,
+        recompute_flops: flops,
+    });
+    (fix, lowest)
 }
 
 /// Saved activation bytes of each layer in the unconstrained plan (0 when it cannot be planned).

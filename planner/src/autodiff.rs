@@ -50,12 +50,31 @@ impl StepGraph {
                 }
             }
         }
+        for l in &graph.losses {
+            for &t in &l.grad_of {
+                if !requires_grad[t] {
+                    let layer = &graph.layers[graph.tensors[t].layer].name;
+                    return Err(PlanError::at(
+                        layer,
+                        format!("the loss `{}` reads `{layer}`, which depends on no trainable parameter: nothing would learn from it", l.op.name()),
+                    ));
+                }
+            }
+        }
         let mut backward = Vec::with_capacity(graph.ops.len());
         let mut forward_in_place = Vec::with_capacity(graph.ops.len());
         for op in &graph.ops {
-            let grad_inputs: Vec<bool> = op.inputs.iter().map(|&t| requires_grad[t]).collect();
+            let mut grad_inputs: Vec<bool> = op.inputs.iter().map(|&t| requires_grad[t]).collect();
             let param_grads = op.params.iter().any(|&p| graph.params[p].trainable);
             let needed = (grad_inputs.iter().any(|&g| g) || param_grads) && !op.fused_into_loss;
+            // Only the GEMM-based kernels can skip dx; the others always write every input's
+            // gradient, so give them a (short-lived, unread) tensor to write.
+            let dx_optional = matches!(op.op, Op::Dense { .. } | Op::Conv2d { .. } | Op::DepthwiseConv2d { .. } | Op::Conv2dTranspose { .. } | Op::Embedding { .. });
+            if needed && !dx_optional {
+                for (k, &t) in op.inputs.iter().enumerate() {
+                    grad_inputs[k] = graph.tensors[t].dtype.is_float();
+                }
+            }
             let x = op.inputs.first().copied();
             let y = op.outputs.first().copied();
             let same_dtype = |a: Option<TensorId>, b: Option<TensorId>| match (a, b) {

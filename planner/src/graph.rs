@@ -567,7 +567,7 @@ impl<'a> Builder<'a> {
                     "weight",
                     vec![d.kh, d.kw, d.c_in, *multiplier],
                     true,
-                    None,
+                    Self::half(dt),
                 )];
                 if *use_bias {
                     ps.push(self.param(i, "bias", vec![d.c_out], true, None));
@@ -622,7 +622,7 @@ impl<'a> Builder<'a> {
                     "depthwise_weight",
                     vec![d.kh, d.kw, d.c_in, *multiplier],
                     true,
-                    None,
+                    Self::half(dt),
                 );
                 self.push(
                     i,
@@ -1417,6 +1417,17 @@ impl<'a> Builder<'a> {
                         return Err(mismatch("mean and log-variance must have one shape"));
                     }
                     let features = a.shape[1..].iter().product();
+                    // One kernel reads both: give the log-variance the mean's dtype.
+                    let (da, db) = (self.g.tensors[ta].dtype, self.g.tensors[tb].dtype);
+                    if !da.is_float() || !db.is_float() {
+                        return Err(mismatch("mean and log-variance must be floating-point"));
+                    }
+                    let tb = if da != db {
+                        let layer = self.g.tensors[tb].layer;
+                        self.cast_to(layer, &b, da)?.tensor
+                    } else {
+                        tb
+                    };
                     GLoss {
                         op: Op::KlNormal {
                             rows: a.shape[0],

@@ -11,12 +11,14 @@ pub mod autodiff;
 pub mod dtype;
 pub mod error;
 pub mod estimate;
+pub mod generate;
 pub mod graph;
 pub mod liveness;
 pub mod op;
 pub mod plan;
 pub mod schedule;
 pub mod spec;
+pub mod zoo;
 
 pub use dtype::{DType, Precision};
 pub use error::PlanError;

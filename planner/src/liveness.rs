@@ -101,6 +101,10 @@ impl Lifetimes {
                 if s.losses.contains(&rt) || rt == s.prediction {
                     continue;
                 }
+                // A donor read through two slots (add(x, x)) cannot be overwritten by one.
+                if step.reads.iter().filter(|&&x| x == rt).count() != 1 {
+                    continue;
+                }
                 donated[ru] = true;
                 in_place_of[wu] = rt;
             }

@@ -4,8 +4,14 @@
 //! A step is `(phase, op)`: the same `Op` runs its forward kernel in the forward and
 //! recompute phases and its backward kernel in the backward phase. The `reads`/`writes` of a
 //! step are positional; the order for each op is documented on its variant as
-//! `fwd: reads → writes; bwd: reads → writes`, where `dX` is the gradient of `X` and `ws`
-//! a workspace tensor. A `NONE` entry means "not needed" (an input that takes no gradient).
+//! `fwd: reads → writes; bwd: reads → writes`, where `dX` is the gradient of `X`. A `NONE`
+//! entry means "not needed" (an input that takes no gradient).
+//!
+//! Every forward, recompute, loss and backward step's `writes` end with two more slots,
+//! `[…, ws, scratch]`: the op's workspace in its compute dtype ([`Op::workspace_elems`]:
+//! im2col columns, attention score gradients) and the f32 scratch of half-precision GEMMs
+//! ([`Op::scratch_f32_elems`]), each `NONE` when the op needs none. Update steps have no
+//! tensors.
 
 use crate::spec::{Activation, Padding, Reduction};
 
@@ -82,8 +88,8 @@ pub enum Op {
         units: usize,
         bias: bool,
     },
-    /// im2col + GEMM, `chunk` samples lowered at a time. fwd `[x] → [y, ws]`;
-    /// bwd `[x, dy] → [dx, ws]`.
+    /// im2col + GEMM, `chunk` samples lowered at a time. fwd `[x] → [y]`;
+    /// bwd `[x, dy] → [dx]`; the im2col columns are the `ws` slot.
     Conv2d {
         dims: Window2d,
         bias: bool,
@@ -91,7 +97,7 @@ pub enum Op {
     },
     /// Direct depthwise conv, `c_out = c_in · multiplier`. fwd `[x] → [y]`; bwd `[x, dy] → [dx]`.
     DepthwiseConv2d { dims: Window2d, bias: bool },
-    /// Transposed conv (col2im of x·Wᵀ), chunked. fwd `[x] → [y, ws]`; bwd `[x, dy] → [dx, ws]`.
+    /// Transposed conv (col2im of x·Wᵀ), chunked. fwd `[x] → [y]`; bwd `[x, dy] → [dx]`.
     Conv2dTranspose {
         dims: Window2d,
         bias: bool,
@@ -141,9 +147,9 @@ pub enum Op {
     },
     /// Scaled dot-product self-attention over a packed `qkv [batch, seq, 3·heads·head_dim]`.
     /// With dropout: fwd `[qkv] → [probs, mask, probs_dropped, ctx]`, bwd
-    /// `[qkv, probs, mask, probs_dropped, dctx] → [dqkv, ws]`; without: fwd
-    /// `[qkv] → [probs, ctx]`, bwd `[qkv, probs, dctx] → [dqkv, ws]`.
-    /// `ws` holds `[batch, heads, seq, seq]` score gradients.
+    /// `[qkv, probs, mask, probs_dropped, dctx] → [dqkv]`; without: fwd
+    /// `[qkv] → [probs, ctx]`, bwd `[qkv, probs, dctx] → [dqkv]`.
+    /// The backward's `ws` holds `[batch, heads, seq, seq]` score gradients.
     Attention {
         batch: usize,
         seq: usize,
@@ -307,10 +313,18 @@ impl Op {
     pub fn workspace_elems(&self, backward: bool) -> usize {
         match *self {
             Op::Conv2d { dims: d, chunk, .. } => conv2d_col_elems(&d, chunk),
-            Op::Conv2dTranspose { dims: d, chunk, .. } => chunk * d.h * d.w * d.kh * d.kw * d.c_out,
+            Op::Conv2dTranspose { dims: d, chunk, .. } => {
+                if d.kh == 1 && d.kw == 1 && d.sh == 1 && d.sw == 1 {
+                    0
+                } else {
+                    chunk.min(d.n) * d.h * d.w * d.kh * d.kw * d.c_out
+                }
+            }
             Op::Attention {
                 batch, seq, heads, ..
             } if backward => batch * heads * seq * seq,
+            // The probabilities, computed from the logits at the loss step.
+            Op::SoftmaxCrossEntropyFromLogits { rows, classes, .. } => rows * classes,
             _ => 0,
         }
     }
@@ -322,6 +336,88 @@ pub const fn conv2d_col_elems(d: &Window2d, chunk: usize) -> usize {
     if d.kh == 1 && d.kw == 1 && d.sh == 1 && d.sw == 1 {
         0
     } else {
-        chunk * d.out_h() * d.out_w() * d.kh * d.kw * d.c_in
+        let c = if chunk < d.n { chunk } else { d.n };
+        c * d.out_h() * d.out_w() * d.kh * d.kw * d.c_in
+    }
+}
+
+/// Block sizes of the kernels' half-precision GEMM: operands that are not f32 are converted
+/// to f32 one `GEMM_BLOCK × GEMM_BLOCK` panel at a time into a small f32 scratch.
+pub const GEMM_BLOCK: usize = 256;
+/// Attention runs at most this many (batch, head) pairs at once, each with its own scratch.
+pub const ATTENTION_LANES: usize = 8;
+
+/// f32 scratch elements of an `m×n×k` GEMM whose operands `a`, `b` and result `c` are
+/// (`true`) or are not (`false`) 16-bit.
+pub const fn gemm_scratch_elems(m: usize, n: usize, k: usize, a: bool, b: bool, c: bool) -> usize {
+    if m == 0 || n == 0 || k == 0 {
+        return 0;
+    }
+    let (mb, nb, kb) = (min(m, GEMM_BLOCK), min(n, GEMM_BLOCK), min(k, GEMM_BLOCK));
+    (a as usize) * mb * kb + (b as usize) * kb * nb + (c as usize) * mb * nb
+}
+
+const fn min(a: usize, b: usize) -> usize {
+    if a < b {
+        a
+    } else {
+        b
+    }
+}
+
+const fn max3(a: usize, b: usize, c: usize) -> usize {
+    let m = if a > b { a } else { b };
+    if m > c {
+        m
+    } else {
+        c
+    }
+}
+
+impl Op {
+    /// f32 scratch elements the op's kernels need when it computes in `dtype` (the
+    /// half-precision GEMM panels; 0 in f32). Forward and backward use the same amount.
+    pub fn scratch_f32_elems(&self, dtype: crate::DType) -> usize {
+        let h = dtype.is_half();
+        match *self {
+            Op::Dense { rows: b, in_features: i, units: o, .. } => max3(
+                gemm_scratch_elems(b, o, i, h, h, h),
+                gemm_scratch_elems(b, i, o, h, h, h),
+                gemm_scratch_elems(i, o, b, h, h, false),
+            ),
+            Op::Conv2d { dims: d, chunk, .. } => {
+                let (r, k) = if d.kh == 1 && d.kw == 1 && d.sh == 1 && d.sw == 1 {
+                    (d.n * d.h * d.w, d.c_in)
+                } else {
+                    (min(chunk, d.n) * d.out_h() * d.out_w(), d.kh * d.kw * d.c_in)
+                };
+                max3(
+                    gemm_scratch_elems(r, d.c_out, k, h, h, h),
+                    gemm_scratch_elems(k, d.c_out, r, h, h, false),
+                    gemm_scratch_elems(r, k, d.c_out, h, h, h),
+                )
+            }
+            Op::Conv2dTranspose { dims: d, chunk, .. } => {
+                let (r, k) = if d.kh == 1 && d.kw == 1 && d.sh == 1 && d.sw == 1 {
+                    (d.n * d.h * d.w, d.c_out)
+                } else {
+                    (min(chunk, d.n) * d.h * d.w, d.kh * d.kw * d.c_out)
+                };
+                max3(
+                    gemm_scratch_elems(r, k, d.c_in, h, h, h),
+                    gemm_scratch_elems(k, d.c_in, r, h, h, false),
+                    gemm_scratch_elems(r, d.c_in, k, h, h, h),
+                )
+            }
+            Op::Attention { batch, seq, heads, head_dim, .. } => {
+                let lane = max3(
+                    gemm_scratch_elems(seq, seq, head_dim, h, h, h),
+                    gemm_scratch_elems(seq, head_dim, seq, h, h, h),
+                    0,
+                );
+                lane * min(batch * heads, ATTENTION_LANES)
+            }
+            _ => 0,
+        }
     }
 }

@@ -107,12 +107,16 @@ impl Ctx<'_> {
             Some(prev) => {
                 let sum = self.grad_tensor(of);
                 let elems = self.graph.tensors[of].elems();
+                let layer = Some(self.graph.tensors[of].layer);
+                let op = Op::Accumulate { elems };
+                let mut writes = vec![sum];
+                self.trailing(&mut writes, layer, &op, true, self.graph.tensors[of].dtype, "");
                 self.steps.push(SStep {
                     phase: Phase::Backward,
-                    layer: Some(self.graph.tensors[of].layer),
-                    op: Op::Accumulate { elems },
+                    layer,
+                    op,
                     reads: vec![prev, g],
-                    writes: vec![sum],
+                    writes,
                     params: vec![],
                     in_place: vec![(0, 0), (1, 0)],
                 });
@@ -121,13 +125,21 @@ impl Ctx<'_> {
         }
     }
 
-    fn workspace(&mut self, layer: usize, op: &Op, backward: bool, dtype: DType, tag: &str) -> u32 {
-        let elems = op.workspace_elems(backward);
-        if elems == 0 {
-            return NONE;
-        }
-        let name = format!("{}.workspace{}", self.graph.layers[layer].name, tag);
-        self.new_tensor(name, Some(layer), Role::Workspace, dtype, vec![elems])
+    /// Appends the `[ws, scratch]` slots every tensor step ends with.
+    fn trailing(&mut self, writes: &mut Vec<u32>, layer: Option<usize>, op: &Op, backward: bool, dtype: DType, tag: &str) {
+        let lname = layer.map_or("loss".to_string(), |l| self.graph.layers[l].name.clone());
+        let ws = op.workspace_elems(backward);
+        writes.push(if ws == 0 {
+            NONE
+        } else {
+            self.new_tensor(format!("{lname}.workspace{tag}"), layer, Role::Workspace, dtype, vec![ws])
+        });
+        let sc = op.scratch_f32_elems(dtype);
+        writes.push(if sc == 0 {
+            NONE
+        } else {
+            self.new_tensor(format!("{lname}.scratch{tag}"), layer, Role::Workspace, DType::F32, vec![sc])
+        });
     }
 }
 
@@ -167,14 +179,8 @@ impl Schedule {
         // Forward.
         for (o, op) in graph.ops.iter().enumerate() {
             let mut writes: Vec<u32> = op.outputs.iter().map(|&t| t as u32).collect();
-            if op.op.workspace_elems(false) > 0 {
-                let ws = cx.workspace(op.layer, &op.op, false, op_dtype(o), "");
-                writes.push(ws);
-            }
+            cx.trailing(&mut writes, Some(op.layer), &op.op, false, op_dtype(o), "");
             let in_place = match step.forward_in_place[o] {
-                Some(0) if matches!(op.op, Op::Add { .. }) => {
-                    (0..op.inputs.len()).map(|k| (k, 0)).collect()
-                }
                 Some(k) => vec![(k, 0)],
                 None => vec![],
             };
@@ -200,6 +206,7 @@ impl Schedule {
             let value = cx.new_tensor(name, None, Role::Activation, DType::F32, vec![1]);
             losses.push(value);
             let mut writes = vec![value];
+            let loss_op = l.op;
             let mut grads = Vec::new();
             for &t in &l.grad_of {
                 if step.requires_grad[t] {
@@ -210,6 +217,7 @@ impl Schedule {
                     writes.push(NONE);
                 }
             }
+            cx.trailing(&mut writes, None, &loss_op, false, DType::F32, "");
             cx.steps.push(SStep {
                 phase: Phase::Loss,
                 layer: None,
@@ -325,10 +333,7 @@ impl Schedule {
                 writes.clear(); // ids take no gradient
                 contributions.clear();
             }
-            if op.op.workspace_elems(true) > 0 {
-                let ws = cx.workspace(op.layer, &op.op, true, op_dtype(o), ".bwd");
-                writes.push(ws);
-            }
+            cx.trailing(&mut writes, Some(op.layer), &op.op, true, op_dtype(o), ".bwd");
             let in_place = if rule.in_place {
                 vec![(n_saved, 0)]
             } else {
@@ -467,14 +472,9 @@ fn recompute_segment(
             recomputed.insert(t, r);
             writes.push(r);
         }
-        if op.op.workspace_elems(false) > 0 {
-            let dt = graph.tensors[op.outputs[0]].dtype;
-            writes.push(cx.workspace(op.layer, &op.op, false, dt, ".recompute"));
-        }
+        let dt = graph.tensors[op.outputs[0]].dtype;
+        cx.trailing(&mut writes, Some(op.layer), &op.op, false, dt, ".recompute");
         let in_place = match step.forward_in_place[o] {
-            Some(0) if matches!(op.op, Op::Add { .. }) => {
-                (0..op.inputs.len()).map(|k| (k, 0)).collect()
-            }
             Some(k) => vec![(k, 0)],
             None => vec![],
         };

@@ -1,2 +1,14 @@
-//! The runtime: devices, the arena, the executor that walks a static plan.
+//! The runtime: devices, memory regions, the executor that walks a static plan, weight
+//! initialisation, and datasets.
+
 pub mod data;
+pub mod device;
+pub mod error;
+pub mod executor;
+pub mod init;
+pub mod memory;
+pub mod reference;
+
+pub use device::Device;
+pub use error::{Result, RuntimeError};
+pub use executor::{Batch, Executor, StepOutput};

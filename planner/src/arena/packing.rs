@@ -52,7 +52,11 @@ const EXACT_NODE_BUDGET: u64 = 300_000;
 /// Work allowed to the heuristics, counted in placed-buffer visits (one visit is one
 /// comparison of a buffer being placed with one already placed, a few nanoseconds). Sized so
 /// that a ResNet-50 training step (about 3,000 buffers) packs in well under 100 ms.
-const WORK_BUDGET: u64 = 40_000_000;
+const WORK_BUDGET: u64 = 30_000_000;
+
+/// Small instances get at most this many full greedy passes' worth of work (a pass visits
+/// about n²/2 placed buffers), so that one whose lower bound cannot be met stops early.
+const BUDGET_PASSES: u64 = 2000;
 
 /// Seed of the local search; fixed so that plans are reproducible.
 const SEED: u64 = 0x6d65_6d77_6973_6521;
@@ -129,14 +133,7 @@ fn arena_bytes(reqs: &[BufferRequest], offsets: &[u64]) -> u64 {
 /// # Panics
 /// When a request has `first > last`.
 pub fn pack(reqs: &[BufferRequest], alignment: u64) -> Packing {
-    for (i, r) in reqs.iter().enumerate() {
-        assert!(
-            r.first <= r.last,
-            "buffer {i} has first {} > last {}",
-            r.first,
-            r.last
-        );
-    }
+    check_lifetimes(reqs);
     let align = alignment.max(1);
     // Zero-byte requests overlap nothing; they keep offset 0.
     let instance = Instance::new(reqs, align, false);
@@ -168,6 +165,41 @@ pub fn pack(reqs: &[BufferRequest], alignment: u64) -> Packing {
         }
     }
     best.expect("two candidates")
+}
+
+/// The smallest arena any packing of `reqs` can have, with offsets that achieve it, found
+/// by branch and bound (sizes rounded up to `alignment`); `None` when there are more than
+/// 32 non-empty requests or the search cannot finish within its node budget. [`pack`] runs
+/// the same search on instances of at most [`EXACT_MAX_BUFFERS`] buffers that its
+/// heuristics leave above the lower bound.
+///
+/// # Panics
+/// When a request has `first > last`.
+pub fn pack_exact(reqs: &[BufferRequest], alignment: u64) -> Option<Packing> {
+    check_lifetimes(reqs);
+    let instance = Instance::new(reqs, alignment.max(1), false);
+    if instance.items.len() > 32 {
+        return None;
+    }
+    let mut offsets = vec![0u64; reqs.len()];
+    if !instance.items.is_empty() {
+        let (best, finished) = exact(&instance.items, instance.coords, u64::MAX);
+        let best = best.filter(|_| finished)?;
+        for (k, &i) in instance.index.iter().enumerate() {
+            offsets[i] = best.offsets[k];
+        }
+    }
+    let arena_bytes = arena_bytes(reqs, &offsets);
+    Some(Packing {
+        offsets,
+        arena_bytes,
+    })
+}
+
+fn check_lifetimes(reqs: &[BufferRequest]) {
+    for (i, r) in reqs.iter().enumerate() {
+        assert!(r.first <= r.last, "buffer {i} has first {} > last {}", r.first, r.last);
+    }
 }
 
 /// The first pair `(i, j)`, `i < j`, smallest `i` then smallest `j`, of requests whose
@@ -478,12 +510,12 @@ struct Search<'a> {
     inst: &'a Instance,
     placer: Placer<'a>,
     best: Solution,
-    /// The order whose first-fit placement gives `best` (the local search starts from it).
-    best_order: Vec<u32>,
     /// TFLite's greedy-by-size packing, which `pack` must never lose to.
     tflite: Vec<u64>,
     /// Which stage found `best` (for tracing while tuning).
     stage: &'static str,
+    /// Work allowed in all (see [`WORK_BUDGET`]).
+    budget: u64,
 }
 
 impl<'a> Search<'a> {
@@ -495,30 +527,26 @@ impl<'a> Search<'a> {
                 offsets: Vec::new(),
                 arena: u64::MAX,
             },
-            best_order: Vec::new(),
             tflite: Vec::new(),
             stage: "",
+            budget: {
+                let n = inst.items.len() as u64;
+                let b = WORK_BUDGET.min(BUDGET_PASSES / 2 * n * n);
+                std::env::var("MEMWISE_PACK_BUDGET").ok().and_then(|v| v.parse().ok()).unwrap_or(b)
+            },
         }
     }
 
     fn optimal(&self) -> bool {
-        self.best.arena <= self.inst.lower_bound
+        std::env::var_os("MEMWISE_PACK_TRACE2").is_none() && self.best.arena <= self.inst.lower_bound
     }
 
-    fn budget_left(&self) -> bool {
-        self.placer.work < WORK_BUDGET
-    }
-
-    /// Keeps `offsets` if they beat the best; `order` must reproduce them with first-fit.
-    fn offer(&mut self, offsets: &[u64], arena: u64, order: Option<&[u32]>, stage: &'static str) {
+    /// Keeps `offsets` if they beat the best.
+    fn offer(&mut self, offsets: &[u64], arena: u64, stage: &'static str) {
         if arena < self.best.arena {
             self.best = Solution {
                 offsets: offsets.to_vec(),
                 arena,
-            };
-            self.best_order = match order {
-                Some(order) => order.to_vec(),
-                None => offset_order(offsets),
             };
             self.stage = stage;
         }
@@ -530,37 +558,55 @@ impl<'a> Search<'a> {
         let arena = self.placer.place(&tflite, 0, Fit::Best, u64::MAX);
         self.tflite = self.placer.offsets.clone();
         let offsets = self.tflite.clone();
-        self.offer(&offsets, arena.expect("no cutoff"), None, "tflite");
-        self.settle();
-        let orderings = self.orderings();
-        for (name, order) in &orderings {
-            for fit in [Fit::Best, Fit::First] {
-                if self.optimal() {
-                    return self.trace();
+        self.offer(&offsets, arena.expect("no cutoff"), "tflite");
+        // Constructions, most useful first (measured on the synthetic training steps); they
+        // may take part of the budget, the local search gets the rest.
+        let orders = self.orders();
+        let constructions = [
+            Construction::Greedy(Order::Breadth, Fit::First),
+            Construction::Skyline(SkylineRule::Longest),
+            Construction::Skyline(SkylineRule::Largest),
+            Construction::Greedy(Order::Size, Fit::First),
+            Construction::Greedy(Order::Area, Fit::First),
+            Construction::Greedy(Order::Span, Fit::First),
+            Construction::Greedy(Order::Breadth, Fit::Best),
+        ];
+        for construction in constructions {
+            if self.optimal() || (self.placer.work >= self.budget / 2 && std::env::var_os("MEMWISE_PACK_TRACE2").is_none()) {
+                break;
+            }
+            match construction {
+                Construction::Skyline(rule) => {
+                    let offsets = skyline(
+                        &self.inst.items,
+                        self.inst.coords,
+                        rule,
+                        self.budget / 5,
+                        &mut self.placer.work,
+                    );
+                    let arena = arena_of(&self.inst.items, &offsets);
+                    trace2(&format!("skyline/{rule:?}"), arena, self.inst.lower_bound);
+                    self.offer(&offsets, arena, "skyline");
                 }
-                if let Some(arena) = self.placer.place(order, 0, fit, self.best.arena) {
-                    let offsets = std::mem::take(&mut self.placer.offsets);
-                    let order = (fit == Fit::First).then_some(order.as_slice());
-                    self.offer(&offsets, arena, order, name);
-                    self.placer.offsets = offsets;
+                Construction::Greedy(order, fit) => {
+                    let order_ = &orders[order as usize];
+                    let cutoff = if std::env::var_os("MEMWISE_PACK_TRACE2").is_some() { u64::MAX } else { self.best.arena };
+                    if let Some(arena) = self.placer.place(order_, 0, fit, cutoff) {
+                        trace2(&format!("{order:?}/{fit:?}"), arena, self.inst.lower_bound);
+                        let offsets = std::mem::take(&mut self.placer.offsets);
+                        self.offer(&offsets, arena, "greedy");
+                        self.placer.offsets = offsets;
+                    }
                 }
             }
-        }
-        for rule in SKYLINE_RULES {
-            if self.optimal() {
-                return self.trace();
-            }
-            let offsets = skyline(&self.inst.items, self.inst.coords, rule);
-            self.placer.work += 20 * n as u64;
-            let arena = arena_of(&self.inst.items, &offsets);
-            self.offer(&offsets, arena, None, "skyline");
         }
         self.settle();
         if self.optimal() {
             return self.trace();
         }
         if n <= EXACT_MAX_BUFFERS {
-            if let Some(better) = exact(&self.inst.items, self.inst.coords, self.best.arena) {
+            let incumbent = self.best.arena;
+            if let (Some(better), _) = exact(&self.inst.items, self.inst.coords, incumbent) {
                 self.best = better;
                 self.stage = "exact";
             }
@@ -578,6 +624,7 @@ impl<'a> Search<'a> {
 
     fn trace(&self) {
         if std::env::var_os("MEMWISE_PACK_TRACE").is_some() {
+            eprintln!("iters={} fails={} ruin_total={}", DBG_ITERS.with(|c| c.get()), DBG_FAIL.with(|c| c.get()), DBG_RUIN.with(|c| c.get()));
             eprintln!(
                 "pack n={} lb={} best={} ({:.5}) by {} work={}",
                 self.inst.items.len(),
@@ -592,8 +639,7 @@ impl<'a> Search<'a> {
 
     /// Re-places the best solution's items in offset order with first-fit. Each buffer then
     /// lands at or below its old offset (it fits there, as everything placed before it sits
-    /// no higher than before), so this never hurts; it closes gaps best-fit left behind and
-    /// yields an order that reproduces the packing, which the local search perturbs.
+    /// no higher than before), so this never hurts; it closes gaps best-fit left behind.
     fn settle(&mut self) {
         let order = offset_order(&self.best.offsets);
         let arena = self.placer.place(&order, 0, Fit::First, u64::MAX);
@@ -603,22 +649,19 @@ impl<'a> Search<'a> {
             offsets: self.placer.offsets.clone(),
             arena,
         };
-        self.best_order = order;
     }
 
-    /// The greedy orderings tried, each a permutation of item indices.
-    fn orderings(&self) -> Vec<(&'static str, Vec<u32>)> {
+    /// The greedy orders, indexed by [`Order`].
+    fn orders(&self) -> [Vec<u32>; 4] {
         let items = &self.inst.items;
         let n = items.len() as u32;
-        let sorted = |key: &dyn Fn(&Item) -> (u128, u128)| {
+        let sorted = |key: &dyn Fn(&Item) -> (Reverse<u128>, u128)| {
             let mut order: Vec<u32> = (0..n).collect();
             order.sort_by_key(|&k| (key(&items[k as usize]), k));
             order
         };
-        let big = u128::MAX;
-        // Breadth (TFLite's "greedy by breadth"): steps by decreasing live bytes, and at each
-        // step its buffers by decreasing size. A buffer is first met at the hottest step of
-        // its lifetime, so the order is (hottest step's rank, size).
+        // A buffer is first met, walking the steps by decreasing live bytes, at the hottest
+        // step of its lifetime.
         let breadth = self.inst.breadth();
         let mut steps: Vec<u32> = (0..self.inst.coords as u32).collect();
         steps.sort_by_key(|&c| (Reverse(breadth[c as usize]), c));
@@ -627,32 +670,15 @@ impl<'a> Search<'a> {
             rank[c as usize] = r as u32;
         }
         let hottest = RangeMin::new(&rank);
-        vec![
-            (
-                "size,span",
-                sorted(&|it| (big - u128::from(it.bytes), big - u128::from(it.steps))),
-            ),
-            // Long-lived first: the activations a training step keeps for backward.
-            (
-                "span,size",
-                sorted(&|it| (big - u128::from(it.steps), big - u128::from(it.bytes))),
-            ),
-            (
-                "area",
-                sorted(&|it| (big - u128::from(it.bytes) * u128::from(it.steps), 0)),
-            ),
-            // First use, longest first among equals: a stack for nested lifetimes.
-            (
-                "first",
-                sorted(&|it| (u128::from(it.first), big - u128::from(it.last))),
-            ),
-            (
-                "breadth",
-                sorted(&|it| {
-                    let hot = hottest.min(it.first as usize, it.last as usize);
-                    (u128::from(hot), big - u128::from(it.bytes))
-                }),
-            ),
+        let wide = |hi: u64, lo: u64| u128::from(hi) << 64 | u128::from(lo);
+        [
+            sorted(&|it| (Reverse(wide(it.bytes, it.steps)), 0)),
+            sorted(&|it| (Reverse(wide(it.steps, it.bytes)), 0)),
+            sorted(&|it| (Reverse(u128::from(it.bytes) * u128::from(it.steps)), 0)),
+            sorted(&|it| {
+                let hot = hottest.min(it.first as usize, it.last as usize);
+                (Reverse(u128::from(u32::MAX - hot)), u128::MAX - u128::from(it.bytes))
+            }),
         ]
     }
 
@@ -676,7 +702,8 @@ impl<'a> Search<'a> {
         let mut kept: Vec<Slot> = Vec::with_capacity(n);
         let mut slots = SlotList::new();
         let mut trial = offsets.clone();
-        while self.placer.work < WORK_BUDGET && arena > self.inst.lower_bound {
+        let budget = self.budget;
+        while self.placer.work < budget && arena > self.inst.lower_bound {
             self.placer.work += 4 * n as u64;
             // The buffer to lower, and the window and level of the ruin.
             let top: Vec<u32> = (0..n as u32)
@@ -691,33 +718,54 @@ impl<'a> Search<'a> {
                 last: hi,
                 ..x
             };
+            // Lift buffers that meet the window and stay near it: one that lives far beyond
+            // is a band across the whole window, as good where it is as anywhere else.
+            let (near_lo, near_hi) = (lo.saturating_sub(reach as u32), hi + reach as u32);
             let meeting: Vec<u32> = (0..n as u32)
-                .filter(|&k| items[k as usize].meets(&window))
+                .filter(|&k| {
+                    let it = &items[k as usize];
+                    it.meets(&window) && it.first >= near_lo && it.last <= near_hi
+                })
                 .collect();
-            let level = offsets[meeting[rng.below(meeting.len())] as usize];
+            let level = if rng.below(3) == 0 {
+                0
+            } else {
+                offsets[meeting[rng.below(meeting.len())] as usize]
+            };
             ruin.clear();
             ruin.extend(meeting.iter().copied().filter(|&k| {
                 let k = k as usize;
                 offsets[k] + items[k].bytes > level
             }));
+            // Only buffers that meet some lifted one can be in the way of re-placing them.
+            let mut span = Item {
+                first: u32::MAX,
+                last: 0,
+                ..x
+            };
             for &k in &ruin {
+                let it = items[k as usize];
                 lifted[k as usize] = true;
+                span.first = span.first.min(it.first);
+                span.last = span.last.max(it.last);
             }
             kept.clear();
-            kept.extend(
-                by_offset
-                    .iter()
-                    .filter(|&&k| !lifted[k as usize])
-                    .map(|&k| {
-                        let (it, o) = (items[k as usize], offsets[k as usize]);
-                        Slot {
-                            offset: o,
-                            end: o + it.bytes,
-                            first: it.first,
-                            last: it.last,
-                        }
-                    }),
-            );
+            let mut new_arena = 0;
+            for &k in &by_offset {
+                let (it, o) = (items[k as usize], offsets[k as usize]);
+                if lifted[k as usize] {
+                    continue;
+                }
+                new_arena = new_arena.max(o + it.bytes);
+                if it.meets(&span) {
+                    kept.push(Slot {
+                        offset: o,
+                        end: o + it.bytes,
+                        first: it.first,
+                        last: it.last,
+                    });
+                }
+            }
             slots.rebuild(&kept);
             // Recreate in a random one of the greedy orders, shaken by a few swaps.
             let key = rng.below(4);
@@ -742,7 +790,6 @@ impl<'a> Search<'a> {
             } else {
                 Fit::Best
             };
-            let mut new_arena = kept.iter().map(|s| s.end).max().unwrap_or(0);
             let mut ok = true;
             for &k in &ruin {
                 let it = items[k as usize];
@@ -765,11 +812,14 @@ impl<'a> Search<'a> {
                 lifted[k as usize] = false;
             }
             if !ok {
+                DBG_FAIL.with(|c| c.set(c.get() + 1));
                 for &k in &ruin {
                     trial[k as usize] = offsets[k as usize];
                 }
                 continue;
             }
+            DBG_ITERS.with(|c| c.set(c.get() + 1));
+            DBG_RUIN.with(|c| c.set(c.get() + ruin.len()));
             let t = count_tops(items, &trial, new_arena);
             if new_arena < arena || t <= tops {
                 arena = new_arena;
@@ -844,6 +894,33 @@ impl RangeMin {
     }
 }
 
+/// A way to build a packing from scratch.
+#[derive(Clone, Copy, Debug)]
+enum Construction {
+    Skyline(SkylineRule),
+    Greedy(Order, Fit),
+}
+
+/// Greedy placement orders (ties: request order).
+#[derive(Clone, Copy, Debug)]
+enum Order {
+    /// Largest first, longest-lived among equals.
+    Size,
+    /// Longest-lived first, largest among equals: the activations kept for backward.
+    Span,
+    /// Largest bytes × steps first.
+    Area,
+    /// TFLite's "greedy by breadth": steps by decreasing live bytes, each step's buffers by
+    /// decreasing size.
+    Breadth,
+}
+
+fn trace2(what: &str, arena: u64, lb: u64) {
+    if std::env::var_os("MEMWISE_PACK_TRACE2").is_some() {
+        eprintln!("STAGE {what} {:.5}", arena as f64 / lb as f64);
+    }
+}
+
 /// How the skyline heuristic breaks ties between buffers that can sit equally low.
 #[derive(Clone, Copy, Debug)]
 enum SkylineRule {
@@ -853,14 +930,20 @@ enum SkylineRule {
     Largest,
 }
 
-const SKYLINE_RULES: [SkylineRule; 2] = [SkylineRule::Longest, SkylineRule::Largest];
+/// Work units one heap pop of the skyline heuristic costs (a heap operation and a tree
+/// query, each logarithmic), relative to one placed-buffer visit.
+const SKYLINE_POP_WORK: u64 = 24;
 
 /// Repeatedly places the unplaced buffer that can sit lowest. Offsets then never decrease
 /// from one placement to the next, so above the current level every step holds at most one
 /// placed buffer: the lowest place for a buffer is the highest top ("skyline") over its
 /// lifetime. The heap holds stale levels, which only ever rise; a popped buffer whose level
 /// is still current is the true minimum.
-fn skyline(items: &[Item], coords: usize, rule: SkylineRule) -> Vec<u64> {
+///
+/// Placing a long-lived buffer makes every pending buffer under it stale, so nested
+/// lifetimes cost a number of pops quadratic in the buffers. When `budget` work runs out,
+/// the buffers still pending are placed by best-fit in TFLite's order instead.
+fn skyline(items: &[Item], coords: usize, rule: SkylineRule, budget: u64, work: &mut u64) -> Vec<u64> {
     let mut sky = MaxTree::new(coords);
     let tie = |it: &Item| match rule {
         SkylineRule::Longest => (it.steps, it.bytes),
@@ -872,7 +955,13 @@ fn skyline(items: &[Item], coords: usize, rule: SkylineRule) -> Vec<u64> {
         .map(|(k, it)| (Reverse(0), tie(it), Reverse(k as u32)))
         .collect();
     let mut offsets = vec![0u64; items.len()];
+    let mut placed = vec![false; items.len()];
+    let start = *work;
     while let Some((Reverse(level), t, Reverse(k))) = heap.pop() {
+        *work += SKYLINE_POP_WORK;
+        if *work - start > budget {
+            break;
+        }
         let it = items[k as usize];
         let now = sky.max(it.first as usize, it.last as usize);
         if now > level {
@@ -880,62 +969,120 @@ fn skyline(items: &[Item], coords: usize, rule: SkylineRule) -> Vec<u64> {
             continue;
         }
         offsets[k as usize] = level;
+        placed[k as usize] = true;
         sky.raise(it.first as usize, it.last as usize, level + it.bytes);
+    }
+    if placed.iter().all(|&p| p) {
+        return offsets;
+    }
+    let mut slots: Vec<Slot> = (0..items.len())
+        .filter(|&k| placed[k])
+        .map(|k| Slot {
+            offset: offsets[k],
+            end: offsets[k] + items[k].bytes,
+            first: items[k].first,
+            last: items[k].last,
+        })
+        .collect();
+    slots.sort_unstable_by_key(|s| s.offset);
+    let mut list = SlotList::new();
+    list.rebuild(&slots);
+    for k in tflite_order(items) {
+        let k = k as usize;
+        if placed[k] {
+            continue;
+        }
+        let (offset, seen) = list.find(&items[k], Fit::Best);
+        *work += seen + CHUNK as u64 / 4;
+        offsets[k] = offset;
+        list.insert(Slot {
+            offset,
+            end: offset + items[k].bytes,
+            first: items[k].first,
+            last: items[k].last,
+        });
     }
     offsets
 }
 
-/// Range "raise to at least v" and range maximum over compressed time.
+/// Range "raise to at least v" and range maximum over compressed time (a bottom-up segment
+/// tree: raises commute, so they need no pushing down).
 struct MaxTree {
-    n: usize,
-    /// Maximum over the node's range.
+    size: usize,
+    /// Maximum over the node's range, raises of ancestors excluded.
     max: Vec<u64>,
-    /// A raise that covers the node's whole range.
+    /// Raises that covered an inner node's whole range.
     tag: Vec<u64>,
 }
 
 impl MaxTree {
     fn new(n: usize) -> MaxTree {
+        let size = n.next_power_of_two();
         MaxTree {
-            n,
-            max: vec![0; 4 * n.max(1)],
-            tag: vec![0; 4 * n.max(1)],
+            size,
+            max: vec![0; 2 * size],
+            tag: vec![0; size],
         }
     }
 
+    /// Raises `lo..=hi` to at least `v`.
     fn raise(&mut self, lo: usize, hi: usize, v: u64) {
-        self.raise_at(1, 0, self.n - 1, lo, hi, v);
+        let (mut l, mut r) = (lo + self.size, hi + self.size + 1);
+        while l < r {
+            if l & 1 == 1 {
+                self.apply(l, v);
+                l += 1;
+            }
+            if r & 1 == 1 {
+                r -= 1;
+                self.apply(r, v);
+            }
+            l >>= 1;
+            r >>= 1;
+        }
+        // Every node that meets the range but is not covered by it lies above one of its
+        // two ends.
+        for leaf in [lo + self.size, hi + self.size] {
+            let mut p = leaf >> 1;
+            while p > 0 {
+                self.max[p] = self.max[p].max(v);
+                p >>= 1;
+            }
+        }
     }
 
-    fn raise_at(&mut self, node: usize, l: usize, r: usize, lo: usize, hi: usize, v: u64) {
-        if hi < l || r < lo {
-            return;
+    fn apply(&mut self, p: usize, v: u64) {
+        self.max[p] = self.max[p].max(v);
+        if p < self.size {
+            self.tag[p] = self.tag[p].max(v);
         }
-        self.max[node] = self.max[node].max(v);
-        if lo <= l && r <= hi {
-            self.tag[node] = self.tag[node].max(v);
-            return;
-        }
-        let m = (l + r) / 2;
-        self.raise_at(2 * node, l, m, lo, hi, v);
-        self.raise_at(2 * node + 1, m + 1, r, lo, hi, v);
     }
 
+    /// Maximum of `lo..=hi`.
     fn max(&self, lo: usize, hi: usize) -> u64 {
-        self.max_at(1, 0, self.n - 1, lo, hi)
-    }
-
-    fn max_at(&self, node: usize, l: usize, r: usize, lo: usize, hi: usize) -> u64 {
-        if hi < l || r < lo {
-            return 0;
+        let mut best = 0;
+        let (mut l, mut r) = (lo + self.size, hi + self.size + 1);
+        while l < r {
+            if l & 1 == 1 {
+                best = best.max(self.max[l]);
+                l += 1;
+            }
+            if r & 1 == 1 {
+                r -= 1;
+                best = best.max(self.max[r]);
+            }
+            l >>= 1;
+            r >>= 1;
         }
-        if lo <= l && r <= hi {
-            return self.max[node];
+        // Raises recorded above the covering nodes: all on the paths from the two ends.
+        for leaf in [lo + self.size, hi + self.size] {
+            let mut p = leaf >> 1;
+            while p > 0 {
+                best = best.max(self.tag[p]);
+                p >>= 1;
+            }
         }
-        let m = (l + r) / 2;
-        self.tag[node]
-            .max(self.max_at(2 * node, l, m, lo, hi))
-            .max(self.max_at(2 * node + 1, m + 1, r, lo, hi))
+        best
     }
 }
 
@@ -957,8 +1104,9 @@ impl SplitMix {
     }
 }
 
-/// Branch and bound for a packing with an arena below `incumbent`; `None` when there is
-/// none or the node budget ran out first.
+/// Branch and bound for a packing with an arena below `incumbent`: the best found (`None`
+/// when none is below it), and whether the search finished, proving it optimal, within the
+/// node budget.
 ///
 /// Why it can search placement orders with first-fit only, and few of them: take an optimal
 /// packing with the smallest sum of offsets. Placing its buffers in order of (offset, index)
@@ -968,7 +1116,7 @@ impl SplitMix {
 /// the search only extends a sequence with a buffer whose first-fit offset is at least the
 /// last one's. Above that level each step holds at most one placed buffer, which gives the
 /// bound: every unplaced buffer lies above the level and above what occupies it.
-fn exact(items: &[Item], coords: usize, incumbent: u64) -> Option<Solution> {
+fn exact(items: &[Item], coords: usize, incumbent: u64) -> (Option<Solution>, bool) {
     let n = items.len();
     debug_assert!(n <= 32);
     // Buffers identical to an earlier one are placed after it (swapping them changes
@@ -1000,10 +1148,12 @@ fn exact(items: &[Item], coords: usize, incumbent: u64) -> Option<Solution> {
         nodes: 0,
     };
     bnb.descend(0, 0, None, 0);
-    bnb.best_offsets.map(|offsets| Solution {
+    let finished = bnb.nodes <= EXACT_NODE_BUDGET;
+    let best = bnb.best_offsets.map(|offsets| Solution {
         offsets,
         arena: bnb.best,
-    })
+    });
+    (best, finished)
 }
 
 struct Bnb<'a> {
@@ -1108,4 +1258,10 @@ impl Bnb<'_> {
             }
         }
     }
+}
+
+thread_local! {
+    static DBG_ITERS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    static DBG_FAIL: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    static DBG_RUIN: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }

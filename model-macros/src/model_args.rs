@@ -1,0 +1,301 @@
+//! The model attribute's arguments: `batch`, `optimizer`, `loss`, `metrics`, `budget`,
+//! `precision`, `checkpoint`.
+use memwise_plan::advice::parse_bytes;
+use memwise_plan::{LossKind, LossTerm, Metric, Optimizer, Precision, Reduction};
+use proc_macro2::TokenStream;
+use quote::ToTokens;
+use syn::{BinOp, Expr};
+
+use crate::diag::{did_you_mean, list_names, Errors};
+use crate::value::{boolean, eval, eval_expr, float, split_args, word, Arg, Env, FieldRef, Opts, V};
+
+/// One loss term with the fields it names (resolved against the struct later).
+pub struct LossDecl {
+    pub term: LossTerm,
+    pub inputs: Vec<FieldRef>,
+}
+
+pub struct ModelArgs {
+    pub batch: usize,
+    pub precision: Precision,
+    pub optimizer: Optimizer,
+    pub loss: Vec<LossDecl>,
+    /// The `loss = …` argument (where planner errors about the loss go).
+    pub loss_tokens: Option<TokenStream>,
+    pub metrics: Vec<Metric>,
+    /// Bytes, and the whole `budget = "…"` argument (where the budget error goes).
+    pub budget: Option<(u64, TokenStream)>,
+}
+
+const ARGS: [&str; 7] = ["batch", "optimizer", "loss", "metrics", "budget", "precision", "checkpoint"];
+const OPTIMIZERS: [&str; 5] = ["sgd", "momentum", "rmsprop", "adam", "adamw"];
+const LOSSES: [&str; 4] = ["sparse_categorical_crossentropy", "binary_crossentropy", "mse", "kl_normal"];
+const LOSS_SPELLINGS: [&str; 8] = [
+    "sparse_categorical_crossentropy",
+    "binary_crossentropy",
+    "bce",
+    "mse",
+    "mean_squared_error",
+    "kl_normal",
+    "kl_divergence",
+    "kl",
+];
+const METRICS: [&str; 5] = ["accuracy", "acc", "binary_accuracy", "mse", "mean_squared_error"];
+const PRECISIONS: [&str; 3] = ["float32", "mixed_float16", "mixed_bfloat16"];
+/// Keras's default batch size in `fit`.
+pub const DEFAULT_BATCH: usize = 32;
+
+pub fn parse(attr: TokenStream, e: &mut Errors) -> ModelArgs {
+    let mut out = ModelArgs {
+        batch: DEFAULT_BATCH,
+        precision: Precision::Float32,
+        optimizer: Optimizer::RMSPROP,
+        loss: Vec::new(),
+        loss_tokens: None,
+        metrics: Vec::new(),
+        budget: None,
+    };
+    let env = Env::new();
+    let mut seen: Vec<String> = Vec::new();
+    for arg in split_args(attr, e) {
+        let Some(name) = arg.name() else {
+            e.at(&arg.tokens, "expected `name = value`, e.g. `batch = 128`, `loss = sparse_categorical_crossentropy` or `budget = \"2 GiB\"`");
+            continue;
+        };
+        if seen.contains(&name) {
+            e.at(&arg.tokens, format!("`{name}` is given twice"));
+            continue;
+        }
+        seen.push(name.clone());
+        match name.as_str() {
+            "batch" | "batch_size" => {
+                if let Some(v) = e.ok(eval(&arg.value, &env)) {
+                    match v.v {
+                        V::Int(n) if n > 0 => out.batch = n as usize,
+                        V::Int(_) => e.at(&v.tokens, "`batch` must be at least 1"),
+                        _ => e.at(&v.tokens, format!("`batch` must be a positive integer, found {}", v.describe())),
+                    }
+                }
+            }
+            "precision" => {
+                if let Some(v) = e.ok(eval(&arg.value, &env)) {
+                    if let Some(w) = e.ok(word(&v, "precision", &PRECISIONS)) {
+                        out.precision = Precision::parse(w).expect("listed");
+                    }
+                }
+            }
+            "optimizer" => {
+                if let Some(o) = optimizer(&arg, e) {
+                    out.optimizer = o;
+                }
+            }
+            "loss" => {
+                out.loss_tokens = Some(arg.tokens.clone());
+                match syn::parse2::<Expr>(arg.value.clone()) {
+                    Ok(expr) => loss(&expr, 1.0, &mut out.loss, e),
+                    Err(_) => e.at(&arg.value, LOSS_HELP),
+                }
+            }
+            "metrics" => {
+                if let Some(v) = e.ok(eval(&arg.value, &env)) {
+                    let items = match v.v {
+                        V::List(items) => items,
+                        _ => vec![v],
+                    };
+                    for m in items {
+                        if let Some(w) = e.ok(word(&m, "metric", &METRICS)) {
+                            out.metrics.push(Metric::parse(w).expect("listed"));
+                        }
+                    }
+                }
+            }
+            "budget" => {
+                let text = match syn::parse2::<Expr>(arg.value.clone()).ok().map(|x| eval_expr(&x, &env)) {
+                    Some(Ok(v)) => match v.v {
+                        V::Str(s) => Some(s),
+                        V::Int(n) if n > 0 => Some(n.to_string()),
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                match text.map(|t| parse_bytes(&t)) {
+                    Some(Ok(0)) => e.at(&arg.value, "the budget must be more than 0 bytes"),
+                    Some(Ok(b)) => out.budget = Some((b, arg.tokens.clone())),
+                    Some(Err(msg)) => e.at(&arg.value, format!("malformed budget: {msg}")),
+                    None => e.at(
+                        &arg.value,
+                        "`budget` must be a string with a unit: `\"512 MiB\"`, `\"8 GiB\"` (powers of 1024) or `\"80GB\"` (powers of 1000)",
+                    ),
+                }
+            }
+            "checkpoint" => {
+                let auto = matches!(eval(&arg.value, &env), Ok(v) if v.v == V::Word("auto".into()));
+                e.at(
+                    &arg.tokens,
+                    if auto {
+                        "`checkpoint = auto` is not available yet (automatic checkpointing is planned)\n= help: mark the layers to recompute with `#[checkpoint]` on their fields"
+                    } else {
+                        "`checkpoint` takes `auto` (not available yet); mark layers with `#[checkpoint]` on their fields"
+                    },
+                );
+            }
+            other => e.at(
+                arg.name.as_ref().expect("named"),
+                format!(
+                    "unknown model option `{other}`{}\n= note: the options are {}",
+                    did_you_mean(other, ARGS),
+                    list_names(ARGS)
+                ),
+            ),
+        }
+    }
+    out
+}
+
+/// `name` or `name(…)` as a name and its arguments (`a = b` named, others positional).
+fn call(expr: &Expr) -> Option<(String, Vec<Arg>)> {
+    match expr {
+        Expr::Path(p) => p.path.get_ident().map(|i| (i.to_string(), Vec::new())),
+        Expr::Call(c) => {
+            let Expr::Path(f) = &*c.func else { return None };
+            let name = f.path.get_ident()?.to_string();
+            let args = c
+                .args
+                .iter()
+                .map(|a| match a {
+                    Expr::Assign(asg) => match &*asg.left {
+                        Expr::Path(p) if p.path.get_ident().is_some() => Arg {
+                            name: p.path.get_ident().cloned(),
+                            value: asg.right.to_token_stream(),
+                            tokens: a.to_token_stream(),
+                        },
+                        _ => Arg { name: None, value: a.to_token_stream(), tokens: a.to_token_stream() },
+                    },
+                    _ => Arg { name: None, value: a.to_token_stream(), tokens: a.to_token_stream() },
+                })
+                .collect();
+            Some((name, args))
+        }
+        _ => None,
+    }
+}
+
+fn optimizer(arg: &Arg, e: &mut Errors) -> Option<Optimizer> {
+    let help = "expected an optimizer like `adam`, `rmsprop(lr = 1e-3)` or `sgd(lr = 0.1, momentum = 0.9)`";
+    let Some((name, args)) = syn::parse2::<Expr>(arg.value.clone()).ok().as_ref().and_then(call) else {
+        e.at(&arg.value, help);
+        return None;
+    };
+    if !OPTIMIZERS.contains(&name.as_str()) {
+        e.at(
+            &arg.value,
+            format!("unknown optimizer `{name}`{}\n= note: expected one of {}", did_you_mean(&name, OPTIMIZERS), list_names(OPTIMIZERS)),
+        );
+        return None;
+    }
+    let env = Env::new();
+    let mut o = Opts::new(format!("optimizer `{name}`"), arg.value.clone(), args, &env);
+    let lr_names: &[&str] = &["learning_rate"];
+    // Defaults are the planner's Keras constants, destructured.
+    let opt = match name.as_str() {
+        "sgd" | "momentum" => {
+            let Optimizer::Momentum { lr, momentum: m, nesterov: n } = Optimizer::MOMENTUM else { unreachable!() };
+            let lr = o.read("lr", lr_names, Some(0), lr, e, float);
+            let momentum = o.read("momentum", &[], None, if name == "momentum" { m } else { 0.0 }, e, float);
+            let nesterov = o.read("nesterov", &[], None, n, e, boolean);
+            // Keras's SGD(momentum=0.9) is the momentum optimizer.
+            if momentum > 0.0 || nesterov {
+                Optimizer::Momentum { lr, momentum, nesterov }
+            } else {
+                Optimizer::Sgd { lr }
+            }
+        }
+        "rmsprop" => {
+            let Optimizer::RmsProp { lr, rho, epsilon, momentum, centered } = Optimizer::RMSPROP else { unreachable!() };
+            Optimizer::RmsProp {
+                lr: o.read("lr", lr_names, Some(0), lr, e, float),
+                rho: o.read("rho", &[], None, rho, e, float),
+                epsilon: o.read("epsilon", &[], None, epsilon, e, float),
+                momentum: o.read("momentum", &[], None, momentum, e, float),
+                centered: o.read("centered", &[], None, centered, e, boolean),
+            }
+        }
+        "adam" => {
+            let Optimizer::Adam { lr, beta_1, beta_2, epsilon } = Optimizer::ADAM else { unreachable!() };
+            Optimizer::Adam {
+                lr: o.read("lr", lr_names, Some(0), lr, e, float),
+                beta_1: o.read("beta_1", &[], None, beta_1, e, float),
+                beta_2: o.read("beta_2", &[], None, beta_2, e, float),
+                epsilon: o.read("epsilon", &[], None, epsilon, e, float),
+            }
+        }
+        _ => {
+            let Optimizer::AdamW { lr, beta_1, beta_2, epsilon, weight_decay } = Optimizer::ADAMW else { unreachable!() };
+            Optimizer::AdamW {
+                lr: o.read("lr", lr_names, Some(0), lr, e, float),
+                beta_1: o.read("beta_1", &[], None, beta_1, e, float),
+                beta_2: o.read("beta_2", &[], None, beta_2, e, float),
+                epsilon: o.read("epsilon", &[], None, epsilon, e, float),
+                weight_decay: o.read("weight_decay", &[], None, weight_decay, e, float),
+            }
+        }
+    };
+    o.finish(e);
+    Some(opt)
+}
+
+const LOSS_HELP: &str = "expected a loss like `sparse_categorical_crossentropy`, or a sum of terms like `binary_crossentropy(decoded, pixels, reduction = sum) + kl_normal(z_mean, z_log_var)`";
+
+/// Reads `a + b`, `0.5 * a`, `a(x, y, reduction = sum, weight = 2.0)` into terms.
+fn loss(expr: &Expr, weight: f32, out: &mut Vec<LossDecl>, e: &mut Errors) {
+    let env = Env::new();
+    match expr {
+        Expr::Paren(p) => loss(&p.expr, weight, out, e),
+        Expr::Binary(b) if matches!(b.op, BinOp::Add(_)) => {
+            loss(&b.left, weight, out, e);
+            loss(&b.right, weight, out, e);
+        }
+        Expr::Binary(b) if matches!(b.op, BinOp::Mul(_)) => {
+            let (num, term) = match (eval_expr(&b.left, &env), eval_expr(&b.right, &env)) {
+                (Ok(l), _) if matches!(l.v, V::Int(_) | V::Float(_)) => (l, &b.right),
+                (_, Ok(r)) if matches!(r.v, V::Int(_) | V::Float(_)) => (r, &b.left),
+                _ => return e.at(expr, "a loss term is weighted by a number: `0.5 * kl_normal(z_mean, z_log_var)`"),
+            };
+            let w = e.ok(float(&num, "weight")).unwrap_or(1.0);
+            loss(term, weight * w, out, e);
+        }
+        _ => {
+            let Some((name, args)) = call(expr) else { return e.at(expr, LOSS_HELP) };
+            let Some(kind) = LossKind::parse(&name) else {
+                let extra = if name == "categorical_crossentropy" {
+                    "\n= help: one-hot targets are not supported; use `sparse_categorical_crossentropy` with integer labels".to_string()
+                } else {
+                    format!("\n= note: expected one of {}", list_names(LOSSES))
+                };
+                return e.at(expr, format!("unknown loss `{name}`{}{extra}", did_you_mean(&name, LOSS_SPELLINGS)));
+            };
+            let mut term = LossTerm::new(kind);
+            let mut o = Opts::new(format!("loss `{}`", kind.name()), expr.to_token_stream(), args, &env);
+            let default_reduction = term.reduction;
+            term.reduction = o.read("reduction", &[], None, default_reduction, e, |v, what| {
+                word(v, what, &["mean", "sum"]).map(|w| if w == "sum" { Reduction::SumOverFeatures } else { Reduction::Mean })
+            });
+            term.weight = weight * o.read("weight", &[], None, 1.0, e, float);
+            let mut inputs = Vec::new();
+            for a in o.rest_positional(0, "fields") {
+                if let Some(v) = e.ok(eval(&a.value, &env)) {
+                    inputs.extend(e.ok(crate::value::refs(&v)).unwrap_or_default());
+                }
+            }
+            o.finish(e);
+            let (what, ok) = match kind {
+                LossKind::KlNormal => ("`(mean, log_var)`", inputs.len() == 2),
+                _ => ("`(prediction, target)`, or none for the last layer and the remaining input", inputs.is_empty() || inputs.len() == 2),
+            };
+            if !ok {
+                e.at(expr, format!("loss `{}` reads {what}, found {} field{}", kind.name(), inputs.len(), if inputs.len() == 1 { "" } else { "s" }));
+            }
+            out.push(LossDecl { term, inputs });
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! `Region`: one zeroed, 256-byte-aligned host allocation (the arena, or the persistent
+//! region), and typed views into it at planned offsets.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::ptr::NonNull;
+
+use crate::error::RuntimeError;
+
+/// Alignment of every region (the planner's `ALIGNMENT`).
+pub const REGION_ALIGN: usize = 256;
+
+/// One host allocation made when a model is built and never resized.
+pub struct Region {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// The region is plain bytes; the executor hands out non-overlapping views (see `view`).
+unsafe impl Send for Region {}
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// Allocates `len` zeroed bytes, or says why it could not.
+    pub fn new(len: usize, what: &str) -> Result<Region, RuntimeError> {
+        if len == 0 {
+            return Ok(Region { ptr: NonNull::dangling(), len: 0 });
+        }
+        let layout = Layout::from_size_align(len, REGION_ALIGN)
+            .map_err(|e| RuntimeError::Memory(format!("{what}: {len} bytes: {e}")))?;
+        // SAFETY: layout has non-zero size.
+        let p = unsafe { alloc_zeroed(layout) };
+        let ptr = NonNull::new(p).ok_or_else(|| {
+            RuntimeError::Memory(format!("{what}: the allocator refused {len} bytes"))
+        })?;
+        Ok(Region { ptr, len })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn base(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// The whole region as bytes.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: ptr is valid for len bytes (or dangling with len 0).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and &mut self is exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// A typed view of `elems` elements at byte `offset`.
+    ///
+    /// # Safety
+    /// The caller guarantees no live `&mut` view overlaps this one. The bounds and the
+    /// alignment are checked here (an `Err`, never out-of-bounds memory).
+    pub unsafe fn view<T>(&self, offset: u64, elems: usize) -> Result<&[T], RuntimeError> {
+        let p = self.checked(offset, elems, std::mem::size_of::<T>(), std::mem::align_of::<T>())?;
+        Ok(std::slice::from_raw_parts(p as *const T, elems))
+    }
+
+    /// A mutable typed view of `elems` elements at byte `offset`.
+    ///
+    /// # Safety
+    /// The caller guarantees no other live view overlaps this one.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn view_mut<T>(&self, offset: u64, elems: usize) -> Result<&mut [T], RuntimeError> {
+        let p = self.checked(offset, elems, std::mem::size_of::<T>(), std::mem::align_of::<T>())?;
+        Ok(std::slice::from_raw_parts_mut(p as *mut T, elems))
+    }
+
+    fn checked(&self, offset: u64, elems: usize, size: usize, align: usize) -> Result<*mut u8, RuntimeError> {
+        let end = (offset as usize).checked_add(elems.checked_mul(size).unwrap_or(usize::MAX));
+        match end {
+            Some(end) if end <= self.len && (offset as usize) % align == 0 => {
+                // SAFETY: offset < len (or elems == 0 and offset <= len).
+                Ok(unsafe { self.ptr.as_ptr().add(offset as usize) })
+            }
+            _ => Err(RuntimeError::Memory(format!(
+                "view of {elems}×{size} bytes at offset {offset} is outside the {}-byte region",
+                self.len
+            ))),
+        }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: allocated in `new` with this layout.
+            unsafe {
+                dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.len, REGION_ALIGN))
+            };
+        }
+    }
+}

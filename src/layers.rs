@@ -1,0 +1,110 @@
+//! Layer handles: the field types of a `#[memwise::model]` struct. Each holds its layer's
+//! name in the plan and the ids and names of its parameters, so a model struct is an
+//! ordinary value (`MyNet::layers()`) that the runtime uses to find weights.
+
+/// One parameter of a layer: its id in `StaticPlan::params` and its name (`hidden.weight`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Param {
+    pub id: u32,
+    pub name: &'static str,
+}
+
+impl Param {
+    #[doc(hidden)]
+    pub const fn new(id: u32, name: &'static str) -> Self {
+        Param { id, name }
+    }
+}
+
+/// What every layer handle offers.
+pub trait Layer: Copy {
+    /// The DSL attribute of this layer (`dense`, `conv2d` …).
+    const KIND: &'static str;
+    /// The layer's name in the plan: the field name, `field.3` in an array, `field.inner`
+    /// inside a block.
+    fn name(&self) -> &'static str;
+    /// Its parameters (weights, biases, statistics), possibly none.
+    fn params(&self) -> &'static [Param];
+}
+
+macro_rules! handles {
+    ($($(#[$doc:meta])* $ty:ident = $kind:literal;)*) => {$(
+        $(#[$doc])*
+        #[doc = concat!("\n\nThe field type for `#[", $kind, "(…)]`.")]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub struct $ty {
+            name: &'static str,
+            params: &'static [Param],
+        }
+
+        impl $ty {
+            #[doc(hidden)]
+            pub const fn __new(name: &'static str, params: &'static [Param]) -> Self {
+                $ty { name, params }
+            }
+
+            /// The layer's name in the plan.
+            pub const fn name(&self) -> &'static str {
+                self.name
+            }
+
+            /// Its parameters.
+            pub const fn params(&self) -> &'static [Param] {
+                self.params
+            }
+        }
+
+        impl Layer for $ty {
+            const KIND: &'static str = $kind;
+            fn name(&self) -> &'static str {
+                self.name
+            }
+            fn params(&self) -> &'static [Param] {
+                self.params
+            }
+        }
+    )*};
+}
+
+handles! {
+    /// A model input (u8 pixels, i32 labels or ids, or floats).
+    Input = "input";
+    /// A fully connected layer.
+    Dense = "dense";
+    /// A 2-D convolution.
+    Conv2d = "conv2d";
+    /// A depthwise 2-D convolution.
+    DepthwiseConv2d = "depthwise_conv2d";
+    /// A depthwise-separable 2-D convolution.
+    SeparableConv2d = "separable_conv2d";
+    /// A transposed 2-D convolution.
+    Conv2dTranspose = "conv2d_transpose";
+    /// 2-D max pooling.
+    MaxPool2d = "max_pool2d";
+    /// 2-D average pooling.
+    AvgPool2d = "avg_pool2d";
+    /// Global average pooling over height and width.
+    GlobalAvgPool = "global_avg_pool";
+    /// Batch normalisation.
+    BatchNorm = "batch_norm";
+    /// Layer normalisation.
+    LayerNorm = "layer_norm";
+    /// Dropout.
+    Dropout = "dropout";
+    /// A flattening view.
+    Flatten = "flatten";
+    /// A reshaping view.
+    Reshape = "reshape";
+    /// An element-wise sum of fields.
+    Add = "add";
+    /// A concatenation of fields along the last axis.
+    Concat = "concat";
+    /// A token-id embedding table.
+    Embedding = "embedding";
+    /// Multi-head self-attention.
+    Attention = "attention";
+    /// A standalone activation.
+    Activation = "activation";
+    /// The VAE's reparameterised sample.
+    SampleNormal = "sample_normal";
+}

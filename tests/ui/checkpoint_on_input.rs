@@ -1,0 +1,12 @@
+use memwise::prelude::*;
+
+#[memwise::model(batch = 32, loss = mse)]
+struct Net {
+    #[checkpoint]
+    #[input(shape = [784])]
+    pixels: Input,
+    #[dense(10)]
+    out: Dense,
+}
+
+fn main() {}

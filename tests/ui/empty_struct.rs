@@ -1,0 +1,4 @@
+#[memwise::model(batch = 32, loss = mse)]
+struct Net {}
+
+fn main() {}

@@ -1,0 +1,10 @@
+use memwise::prelude::*;
+
+#[memwise::model(batch = 32, loss = mse)]
+struct Net {
+    #[input(shape = [784])]
+    pixels: Input,
+    out: Dense,
+}
+
+fn main() {}

@@ -1,0 +1,7 @@
+#[memwise::model(batch = 32, loss = mse)]
+enum Net {
+    Input,
+    Dense,
+}
+
+fn main() {}

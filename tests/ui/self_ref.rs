@@ -1,0 +1,11 @@
+use memwise::prelude::*;
+
+#[memwise::model(batch = 32, loss = mse)]
+struct Net {
+    #[input(shape = [64])]
+    x: Input,
+    #[dense(64, from = hidden)]
+    hidden: Dense,
+}
+
+fn main() {}

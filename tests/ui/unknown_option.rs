@@ -1,0 +1,11 @@
+use memwise::prelude::*;
+
+#[memwise::model(batch = 32, loss = mse)]
+struct Net {
+    #[input(shape = [28, 28, 1])]
+    image: Input,
+    #[conv2d(filters = 32, kernal = 3)]
+    conv: Conv2d,
+}
+
+fn main() {}
