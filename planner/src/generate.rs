@@ -55,7 +55,9 @@
 //!   1×1 conv for per-pixel classes, to 2..=10 classes with softmax or plain logits, and
 //!   i32 labels), binary cross-entropy (30 %: a sigmoid head against a u8 or float target)
 //!   or mean squared error (30 %: 70 % a linear head, else the value itself, against a u8
-//!   or float target). DAGs get a second head and loss 25 % of the time. Reductions are
+//!   or float target). A loss only reads values that depend on a trainable parameter (the
+//!   planner rejects the others): a head that would read the value itself gets a dense or
+//!   1×1 conv of width 1 when the value depends on none. DAGs get a second head and loss 25 % of the time. Reductions are
 //!   mean or sum over features, weights 1 or 0.5.
 //! - **Per-layer precision**: each layer gets an explicit f16, bf16 or f32 15 % of the time.
 //! - **Checkpoint segments**: none 40 %; otherwise 1–3 runs of 1–6 consecutive layers, each
@@ -180,6 +182,8 @@ impl Shape {
 struct Val {
     name: String,
     shape: Shape,
+    /// Depends on a trainable parameter (a loss may only read such a value).
+    trained: bool,
 }
 
 struct Gen {
@@ -266,8 +270,25 @@ impl Gen {
         } else {
             inputs.iter().map(|v| v.name.as_str()).collect()
         };
+        let trained = inputs.iter().any(|v| v.trained)
+            || matches!(
+                kind,
+                LayerKind::Dense { .. }
+                    | LayerKind::Conv2d { .. }
+                    | LayerKind::DepthwiseConv2d { .. }
+                    | LayerKind::SeparableConv2d { .. }
+                    | LayerKind::Conv2dTranspose { .. }
+                    | LayerKind::BatchNorm { .. }
+                    | LayerKind::LayerNorm { .. }
+                    | LayerKind::Embedding { .. }
+                    | LayerKind::Attention { .. }
+            );
         self.spec.add(&name, kind, &names);
-        Val { name, shape }
+        Val {
+            name,
+            shape,
+            trained,
+        }
     }
 
     fn input(&mut self, shape: Shape, dtype: DType) -> Val {
@@ -699,7 +720,10 @@ impl Gen {
                 self.sce(&p, Some(labels), weight);
             }
             1 => {
-                let units = self.rng.range(1, 8);
+                let mut units = self.rng.range(1, 8);
+                if !self.fits(x.shape.with_last(units).elems()) && !x.trained {
+                    units = 1; // never larger than `x`
+                }
                 let shape = x.shape.with_last(units);
                 let p = if self.fits(shape.elems()) {
                     let kind = match x.shape {
@@ -720,8 +744,12 @@ impl Gen {
                     .push(term.reduction(reduction).weight(weight));
             }
             _ => {
-                let p = if self.rng.chance(0.7) {
-                    let units = self.rng.range(1, 8);
+                // A loss may only read a value that depends on a trainable parameter.
+                let p = if self.rng.chance(0.7) || !x.trained {
+                    let mut units = self.rng.range(1, 8);
+                    if !self.fits(x.shape.with_last(units).elems()) && !x.trained {
+                        units = 1; // never larger than `x`
+                    }
                     let shape = x.shape.with_last(units);
                     if self.fits(shape.elems()) {
                         let kind = LayerKind::Dense {

@@ -1,23 +1,24 @@
 //! Offsets for the transient tensors of one training step in a single arena: TFLite's
-//! greedy-by-size baseline and the planner's packer, which is never worse than it.
+//! greedy-by-size baseline, and the planner's packer, which is never worse than it.
 //!
 //! Giving buffers with fixed lifetimes offsets so that the arena is as small as possible is
 //! *dynamic storage allocation*, which is NP-hard. No packing can beat [`lower_bound`], the
-//! most bytes live at any one step, so that is the yardstick. [`pack`] tries, in order:
+//! most bytes live at any one step, so that is the yardstick. [`pack`] runs, until a packing
+//! meets the lower bound:
 //!
-//! 1. greedy placement — buffers taken in some order, each put in a gap left by the
-//!    buffers already placed whose lifetimes intersect its own (first-fit or best-fit) —
-//!    under several orderings, TFLite's among them;
-//! 2. a skyline heuristic that always places next the buffer that can sit lowest, which
-//!    stacks the nested lifetimes of a training step (forward activations freed in reverse
-//!    order by the backward pass) without gaps;
-//! 3. a local search over the placement order (move a buffer that reaches the top of the
-//!    arena earlier, re-place everything after it), seeded deterministically;
-//! 4. an exact branch and bound when there are at most [`EXACT_MAX_BUFFERS`] buffers.
+//! 1. TFLite's greedy-by-size, the baseline it keeps if nothing beats it;
+//! 2. other constructions: greedy placement (each buffer, in some order, into a gap left by
+//!    the placed buffers whose lifetimes meet its own) by breadth, size, area and lifetime,
+//!    and a skyline heuristic that always places next the buffer that can sit lowest, which
+//!    stacks the nested lifetimes of a training step (forward activations, freed in reverse
+//!    by the backward pass) without gaps;
+//! 3. a ruin-and-recreate local search around the buffers that reach the top of the arena;
+//! 4. an exact branch and bound ([`pack_exact`]) on instances of at most
+//!    [`EXACT_MAX_BUFFERS`] buffers.
 //!
-//! It stops as soon as a packing meets the lower bound. Every stage is bounded by counted
-//! work, never by wall time: the macro computes the plan at compile time, and the same model
-//! must get the same plan on every machine.
+//! Every stage is bounded by counted work, never by wall time, and the local search draws
+//! from a fixed seed: the macro computes the plan at compile time, and a model must get the
+//! same plan on every machine.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -41,22 +42,28 @@ pub struct Packing {
     pub arena_bytes: u64,
 }
 
-/// Instances with at most this many non-empty buffers are solved exactly (branch and bound),
-/// unless the search exceeds its node budget, in which case the best packing found is kept.
+/// [`pack`] hands instances of at most this many non-empty buffers that its heuristics leave
+/// above the lower bound to the exact search.
 pub const EXACT_MAX_BUFFERS: usize = 14;
 
-/// Nodes the branch and bound may visit. Enough to close every instance the tests and the
-/// synthetic training steps produce; the limit only guards adversarial inputs.
-const EXACT_NODE_BUDGET: u64 = 300_000;
+/// Nodes the branch and bound may visit (about a microsecond each at 14 buffers). Instances
+/// of up to 28 buffers from training steps or random lifetimes close in far fewer; the limit
+/// guards adversarial ones.
+const EXACT_NODE_BUDGET: u64 = 100_000;
 
-/// Work allowed to the heuristics, counted in placed-buffer visits (one visit is one
-/// comparison of a buffer being placed with one already placed, a few nanoseconds). Sized so
-/// that a ResNet-50 training step (about 3,000 buffers) packs in well under 100 ms.
+/// Work the heuristics may do, counted in placed-buffer visits: one comparison of a buffer
+/// being placed with one already placed, a few nanoseconds. A greedy pass over n buffers
+/// costs up to n²/2; the budget lets a training step of 3,000 buffers pack in well under
+/// 100 ms when it does not meet the lower bound early.
 const WORK_BUDGET: u64 = 30_000_000;
 
-/// Small instances get at most this many full greedy passes' worth of work (a pass visits
-/// about n²/2 placed buffers), so that one whose lower bound cannot be met stops early.
+/// Smaller instances get at most this many greedy passes' worth of work, so that one whose
+/// lower bound cannot be met gives up in proportion to its size.
 const BUDGET_PASSES: u64 = 2000;
+
+/// Work one heap pop of the skyline heuristic costs (a heap operation and a tree query,
+/// each logarithmic), in placed-buffer visits.
+const SKYLINE_POP_WORK: u64 = 24;
 
 /// Seed of the local search; fixed so that plans are reproducible.
 const SEED: u64 = 0x6d65_6d77_6973_6521;
@@ -83,21 +90,25 @@ pub fn lower_bound(reqs: &[BufferRequest]) -> u64 {
     peak
 }
 
-/// TFLite's greedy-by-size offset assignment (`GreedyBySizeAssignment` of the GPU delegate's
-/// memory management), step for step: buffers in non-increasing size order; each goes into
-/// the smallest gap, between buffers already placed whose lifetimes intersect its own, that
-/// fits it (the lowest such gap on ties), or after the highest of them when none fits.
+/// TFLite's greedy-by-size offset assignment (`GreedyBySizeAssignment`, in the GPU
+/// delegate's memory management), decision for decision: buffers in non-increasing size
+/// order; each goes into the smallest gap that fits it (the lowest such gap on ties)
+/// between the placed buffers whose lifetimes meet its own, or above the highest of them
+/// when none fits. Only the list of placed buffers is a faster structure here.
 ///
 /// TFLite sorts with `std::sort`, which leaves equal sizes in an unspecified order; here they
 /// keep request order, so the result is deterministic.
+///
+/// # Panics
+/// When a request has `first > last`.
 pub fn greedy_by_size(reqs: &[BufferRequest], alignment: u64) -> Packing {
-    let align = alignment.max(1);
-    // Requests of zero bytes stay in: TFLite places them too, and, sorted last, they can
-    // only split gaps other zero-byte requests see.
-    let instance = Instance::new(reqs, align, true);
+    check_lifetimes(reqs);
+    // Zero-byte requests stay in: TFLite places them too (sorted last, they can only split
+    // gaps that other zero-byte requests see).
+    let instance = Instance::new(reqs, alignment.max(1), true);
     let order = tflite_order(&instance.items);
     let mut placer = Placer::new(&instance.items);
-    placer.place(&order, 0, Fit::Best, u64::MAX);
+    placer.place(&order, Fit::Best, u64::MAX);
     let mut offsets = vec![0u64; reqs.len()];
     for (k, &i) in instance.index.iter().enumerate() {
         offsets[i] = placer.offsets[k];
@@ -109,34 +120,18 @@ pub fn greedy_by_size(reqs: &[BufferRequest], alignment: u64) -> Packing {
     }
 }
 
-/// TFLite's order: non-increasing size; equal sizes in request order (TFLite's `std::sort`
-/// leaves them unspecified).
-fn tflite_order(items: &[Item]) -> Vec<u32> {
-    let mut order: Vec<u32> = (0..items.len() as u32).collect();
-    order.sort_by_key(|&k| Reverse(items[k as usize].bytes));
-    order
-}
-
-fn arena_bytes(reqs: &[BufferRequest], offsets: &[u64]) -> u64 {
-    reqs.iter()
-        .zip(offsets)
-        .map(|(r, &o)| o + r.bytes)
-        .max()
-        .unwrap_or(0)
-}
-
-/// The planner's packing: the best of TFLite's greedy-by-size, several other greedy
-/// orderings, a skyline heuristic, a local search and, for small instances, an exact search.
-/// Offsets are multiples of `alignment` (requests of zero bytes get offset 0); the result is
-/// deterministic and its arena is never larger than [`greedy_by_size`]'s.
+/// The planner's packing: the best of TFLite's greedy-by-size, other greedy orders, a
+/// skyline heuristic, a local search and, for small instances, the exact search (see the
+/// module documentation). Offsets are multiples of `alignment` (requests of zero bytes get
+/// offset 0); the result is deterministic, and its arena is never larger than
+/// [`greedy_by_size`]'s.
 ///
 /// # Panics
 /// When a request has `first > last`.
 pub fn pack(reqs: &[BufferRequest], alignment: u64) -> Packing {
     check_lifetimes(reqs);
-    let align = alignment.max(1);
     // Zero-byte requests overlap nothing; they keep offset 0.
-    let instance = Instance::new(reqs, align, false);
+    let instance = Instance::new(reqs, alignment.max(1), false);
     let mut offsets = vec![0u64; reqs.len()];
     if instance.items.is_empty() {
         return Packing {
@@ -146,18 +141,15 @@ pub fn pack(reqs: &[BufferRequest], alignment: u64) -> Packing {
     }
     let mut search = Search::new(&instance);
     search.run();
-    // Sizes not a multiple of the alignment were rounded up inside; compare with TFLite's
-    // packing on the real sizes, so that the promise holds for them too.
-    let mut best = None;
+    // Inside, sizes are rounded up to the alignment; should a request not be a multiple,
+    // compare with TFLite's packing on the real sizes, so that the promise holds anyway.
+    let mut best: Option<Packing> = None;
     for candidate in [&search.best.offsets, &search.tflite] {
         for (k, &i) in instance.index.iter().enumerate() {
             offsets[i] = candidate[k];
         }
         let arena_bytes = arena_bytes(reqs, &offsets);
-        if best
-            .as_ref()
-            .is_none_or(|b: &Packing| arena_bytes < b.arena_bytes)
-        {
+        if best.as_ref().is_none_or(|b| arena_bytes < b.arena_bytes) {
             best = Some(Packing {
                 offsets: offsets.clone(),
                 arena_bytes,
@@ -170,8 +162,8 @@ pub fn pack(reqs: &[BufferRequest], alignment: u64) -> Packing {
 /// The smallest arena any packing of `reqs` can have, with offsets that achieve it, found
 /// by branch and bound (sizes rounded up to `alignment`); `None` when there are more than
 /// 32 non-empty requests or the search cannot finish within its node budget. [`pack`] runs
-/// the same search on instances of at most [`EXACT_MAX_BUFFERS`] buffers that its
-/// heuristics leave above the lower bound.
+/// the same search, seeded with its best packing, on instances of at most
+/// [`EXACT_MAX_BUFFERS`] buffers that its heuristics leave above the lower bound.
 ///
 /// # Panics
 /// When a request has `first > last`.
@@ -196,31 +188,26 @@ pub fn pack_exact(reqs: &[BufferRequest], alignment: u64) -> Option<Packing> {
     })
 }
 
-fn check_lifetimes(reqs: &[BufferRequest]) {
-    for (i, r) in reqs.iter().enumerate() {
-        assert!(r.first <= r.last, "buffer {i} has first {} > last {}", r.first, r.last);
-    }
-}
-
 /// The first pair `(i, j)`, `i < j`, smallest `i` then smallest `j`, of requests whose
 /// lifetimes intersect and whose byte ranges `offset..offset + bytes` intersect; `None`
-/// when the packing is valid in that respect. Empty byte ranges intersect nothing.
+/// when there is none. Empty byte ranges intersect nothing.
 ///
 /// # Panics
 /// When `packing` has not one offset per request.
 pub fn overlaps(reqs: &[BufferRequest], packing: &Packing) -> Option<(usize, usize)> {
     assert_eq!(reqs.len(), packing.offsets.len(), "one offset per request");
-    let end = |i: usize| u128::from(packing.offsets[i]) + u128::from(reqs[i].bytes);
-    for i in 0..reqs.len() {
-        if reqs[i].bytes == 0 {
+    // In u128: a corrupt offset near u64::MAX must be reported, not wrap around.
+    let start = |i: usize| u128::from(packing.offsets[i]);
+    let end = |i: usize| start(i) + u128::from(reqs[i].bytes);
+    for (i, a) in reqs.iter().enumerate() {
+        if a.bytes == 0 {
             continue;
         }
-        for j in i + 1..reqs.len() {
-            let (a, b) = (reqs[i], reqs[j]);
+        for (j, b) in reqs.iter().enumerate().skip(i + 1) {
             if b.bytes == 0 || a.last < b.first || b.last < a.first {
                 continue;
             }
-            if u128::from(packing.offsets[i]) < end(j) && u128::from(packing.offsets[j]) < end(i) {
+            if start(i) < end(j) && start(j) < end(i) {
                 return Some((i, j));
             }
         }
@@ -228,21 +215,39 @@ pub fn overlaps(reqs: &[BufferRequest], packing: &Packing) -> Option<(usize, usi
     None
 }
 
+fn check_lifetimes(reqs: &[BufferRequest]) {
+    for (i, r) in reqs.iter().enumerate() {
+        assert!(
+            r.first <= r.last,
+            "buffer {i} has first {} > last {}",
+            r.first,
+            r.last
+        );
+    }
+}
+
+fn arena_bytes(reqs: &[BufferRequest], offsets: &[u64]) -> u64 {
+    reqs.iter()
+        .zip(offsets)
+        .map(|(r, &o)| o + r.bytes)
+        .max()
+        .unwrap_or(0)
+}
+
 fn align_up(x: u64, align: u64) -> u64 {
     x.div_ceil(align) * align
 }
 
-/// A non-empty buffer with its lifetime mapped onto compressed time: the distinct `first`
-/// and `last` values of all requests, ranked. Ranking keeps every `<=` between them, so
-/// lifetimes intersect exactly when their compressed ones do, and the steps in between
-/// (where nothing starts or ends) never matter.
+/// A buffer with its lifetime mapped onto compressed time: the distinct `first` and `last`
+/// values of all requests, ranked. Ranking keeps every `<=` between them, so lifetimes meet
+/// exactly when their compressed ones do, and steps where nothing starts or ends drop out.
 #[derive(Clone, Copy, Debug)]
 struct Item {
     /// Rounded up to the alignment, so that every end is aligned too.
     bytes: u64,
     first: u32,
     last: u32,
-    /// Lifetime in original steps, for the orderings.
+    /// Lifetime in original steps, for the orders.
     steps: u64,
 }
 
@@ -250,9 +255,18 @@ impl Item {
     fn meets(&self, other: &Item) -> bool {
         self.first <= other.last && other.first <= self.last
     }
+
+    fn at(&self, offset: u64) -> Slot {
+        Slot {
+            offset,
+            end: offset + self.bytes,
+            first: self.first,
+            last: self.last,
+        }
+    }
 }
 
-/// A placed buffer in the greedy placer's offset-ordered list.
+/// A placed buffer.
 #[derive(Clone, Copy, Debug)]
 struct Slot {
     offset: u64,
@@ -261,17 +275,17 @@ struct Slot {
     last: u32,
 }
 
+/// Which gap a greedy placement takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fit {
-    /// The lowest gap that fits (with placement in offset order this reproduces any
-    /// packing, so it is the fit the local search and the exact search use).
+    /// The lowest that fits.
     First,
-    /// The smallest gap that fits, the lowest on ties (TFLite's rule).
+    /// The smallest that fits, the lowest on ties (TFLite's rule).
     Best,
 }
 
 /// Placed buffers ordered by offset, in chunks: a greedy pass inserts every buffer once,
-/// and shifting a chunk instead of the whole list keeps insertion cheap at thousands of
+/// and shifting one chunk instead of the whole list keeps that cheap at thousands of
 /// buffers.
 struct SlotList {
     chunks: Vec<Vec<Slot>>,
@@ -289,14 +303,14 @@ impl SlotList {
     fn rebuild(&mut self, slots: &[Slot]) {
         self.chunks.clear();
         self.chunks
-            .extend(slots.chunks(CHUNK / 2).map(|c| c.to_vec()));
+            .extend(slots.chunks(CHUNK / 2).map(<[Slot]>::to_vec));
     }
 
-    /// After every slot with an offset at or below the new one (TFLite's position).
+    /// After every slot with an offset at or below the new one's (where TFLite puts it).
     fn insert(&mut self, slot: Slot) {
         let c = self
             .chunks
-            .partition_point(|ch| ch[0].offset <= slot.offset)
+            .partition_point(|chunk| chunk[0].offset <= slot.offset)
             .saturating_sub(1);
         let Some(chunk) = self.chunks.get_mut(c) else {
             self.chunks.push(vec![slot]);
@@ -312,9 +326,9 @@ impl SlotList {
 
     /// The offset `item` gets, and the number of slots looked at.
     ///
-    /// A gap is the space between the highest end so far of slots whose lifetimes meet the
-    /// item's and the next such slot's offset; slots that do not meet it are skipped. The
-    /// loops avoid branching on which slots meet the item: half of them do, unpredictably.
+    /// A gap runs from the highest end so far among slots whose lifetimes meet the item's to
+    /// the offset of the next such slot; other slots are skipped. The loops do not branch on
+    /// which slots meet the item: about half do, unpredictably.
     fn find(&self, item: &Item, fit: Fit) -> (u64, u64) {
         let (first, last, need) = (item.first, item.last, item.bytes);
         let mut prev_end = 0u64;
@@ -362,19 +376,14 @@ impl SlotList {
     }
 }
 
-/// A packing of the instance's items.
-#[derive(Clone, Debug)]
-struct Solution {
-    offsets: Vec<u64>,
-    arena: u64,
-}
-
+/// The buffers to place, in compressed time.
 struct Instance {
     items: Vec<Item>,
     /// `items[k]` is request `index[k]`.
     index: Vec<usize>,
     /// Number of compressed time coordinates.
     coords: usize,
+    /// [`lower_bound`] of the rounded sizes.
     lower_bound: u64,
 }
 
@@ -402,27 +411,14 @@ impl Instance {
                 }
             })
             .collect();
-        let coords = times.len();
-        let lower_bound = {
-            let mut delta = vec![0i128; coords + 1];
-            for it in &items {
-                delta[it.first as usize] += i128::from(it.bytes);
-                delta[it.last as usize + 1] -= i128::from(it.bytes);
-            }
-            let mut live = 0i128;
-            let mut peak = 0i128;
-            for d in &delta[..coords] {
-                live += d;
-                peak = peak.max(live);
-            }
-            peak as u64
-        };
-        Instance {
+        let mut instance = Instance {
             items,
             index,
-            coords,
-            lower_bound,
-        }
+            coords: times.len(),
+            lower_bound: 0,
+        };
+        instance.lower_bound = instance.breadth().into_iter().max().unwrap_or(0);
+        instance
     }
 
     /// Bytes live at every compressed coordinate.
@@ -443,12 +439,17 @@ impl Instance {
     }
 }
 
-/// Greedy placement of items in a given order, with reusable scratch space.
+/// TFLite's order: non-increasing size; equal sizes in request order.
+fn tflite_order(items: &[Item]) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..items.len() as u32).collect();
+    order.sort_by_key(|&k| Reverse(items[k as usize].bytes));
+    order
+}
+
+/// Greedy placement in a given order, with reusable scratch space.
 struct Placer<'a> {
     items: &'a [Item],
     slots: SlotList,
-    /// Scratch for rebuilding `slots` from a prefix.
-    prefix: Vec<Slot>,
     offsets: Vec<u64>,
     /// Placed-buffer visits so far (see [`WORK_BUDGET`]).
     work: u64,
@@ -459,67 +460,89 @@ impl<'a> Placer<'a> {
         Placer {
             items,
             slots: SlotList::new(),
-            prefix: Vec::with_capacity(items.len()),
             offsets: vec![0; items.len()],
             work: 0,
         }
     }
 
-    /// Places `order[from..]` on top of `order[..from]`, which keep their current offsets.
-    /// Returns the arena, or `None` as soon as a buffer would end above `cutoff`.
-    fn place(&mut self, order: &[u32], from: usize, fit: Fit, cutoff: u64) -> Option<u64> {
+    /// Places the items in `order` into `offsets`; the arena, or `None` as soon as a
+    /// buffer would end above `cutoff`.
+    fn place(&mut self, order: &[u32], fit: Fit, cutoff: u64) -> Option<u64> {
+        self.slots.rebuild(&[]);
         let mut arena = 0;
-        self.prefix.clear();
-        for &k in &order[..from] {
-            let (it, offset) = (self.items[k as usize], self.offsets[k as usize]);
-            arena = arena.max(offset + it.bytes);
-            self.prefix.push(Slot {
-                offset,
-                end: offset + it.bytes,
-                first: it.first,
-                last: it.last,
-            });
-        }
-        self.prefix.sort_unstable_by_key(|s| s.offset);
-        self.slots.rebuild(&self.prefix);
-        // Sorting and rebuilding, in the budget's unit.
-        self.work += from as u64 * (1 + u64::from(usize::BITS - from.leading_zeros()));
-        for &k in &order[from..] {
+        for &k in order {
             let it = self.items[k as usize];
             let (offset, seen) = self.slots.find(&it, fit);
+            // The insertion shifts part of a chunk.
             self.work += seen + CHUNK as u64 / 4;
-            let end = offset + it.bytes;
-            if end > cutoff {
+            let slot = it.at(offset);
+            if slot.end > cutoff {
                 return None;
             }
-            arena = arena.max(end);
+            arena = arena.max(slot.end);
             self.offsets[k as usize] = offset;
-            self.slots.insert(Slot {
-                offset,
-                end,
-                first: it.first,
-                last: it.last,
-            });
+            self.slots.insert(slot);
         }
         Some(arena)
     }
 }
 
-/// The whole heuristic search, keeping the best solution found.
+/// A packing of an instance's items.
+#[derive(Clone, Debug)]
+struct Solution {
+    offsets: Vec<u64>,
+    arena: u64,
+}
+
+/// A way to build a packing from scratch.
+#[derive(Clone, Copy, Debug)]
+enum Construction {
+    Skyline(SkylineRule),
+    Greedy(Order, Fit),
+}
+
+/// Greedy placement orders (ties in item order).
+#[derive(Clone, Copy, Debug)]
+enum Order {
+    /// Largest first, the longest-lived among equals.
+    Size,
+    /// Longest-lived first, the largest among equals: the activations kept for backward.
+    Span,
+    /// Largest bytes × steps first.
+    Area,
+    /// TFLite's "greedy by breadth": steps by decreasing live bytes, and each step's
+    /// buffers by decreasing size.
+    Breadth,
+}
+
+/// The constructions after TFLite's, most useful first: on the synthetic training steps the
+/// skyline (longest first) is most often the best, breadth wins most of the others and is
+/// cheap where the skyline is not (thousands of nested lifetimes), and each of the rest
+/// alone finds the best packing of some instance.
+const CONSTRUCTIONS: [Construction; 7] = [
+    Construction::Greedy(Order::Breadth, Fit::First),
+    Construction::Skyline(SkylineRule::Longest),
+    Construction::Skyline(SkylineRule::Largest),
+    Construction::Greedy(Order::Size, Fit::First),
+    Construction::Greedy(Order::Area, Fit::First),
+    Construction::Greedy(Order::Span, Fit::First),
+    Construction::Greedy(Order::Breadth, Fit::Best),
+];
+
+/// The heuristic search, keeping the best packing found.
 struct Search<'a> {
     inst: &'a Instance,
     placer: Placer<'a>,
     best: Solution,
     /// TFLite's greedy-by-size packing, which `pack` must never lose to.
     tflite: Vec<u64>,
-    /// Which stage found `best` (for tracing while tuning).
-    stage: &'static str,
     /// Work allowed in all (see [`WORK_BUDGET`]).
     budget: u64,
 }
 
 impl<'a> Search<'a> {
     fn new(inst: &'a Instance) -> Search<'a> {
+        let n = inst.items.len() as u64;
         Search {
             inst,
             placer: Placer::new(&inst.items),
@@ -528,51 +551,35 @@ impl<'a> Search<'a> {
                 arena: u64::MAX,
             },
             tflite: Vec::new(),
-            stage: "",
-            budget: {
-                let n = inst.items.len() as u64;
-                let b = WORK_BUDGET.min(BUDGET_PASSES / 2 * n * n);
-                std::env::var("MEMWISE_PACK_BUDGET").ok().and_then(|v| v.parse().ok()).unwrap_or(b)
-            },
+            budget: WORK_BUDGET.min(BUDGET_PASSES / 2 * n * n),
         }
     }
 
     fn optimal(&self) -> bool {
-        std::env::var_os("MEMWISE_PACK_TRACE2").is_none() && self.best.arena <= self.inst.lower_bound
+        self.best.arena <= self.inst.lower_bound
     }
 
-    /// Keeps `offsets` if they beat the best.
-    fn offer(&mut self, offsets: &[u64], arena: u64, stage: &'static str) {
+    fn offer(&mut self, offsets: &[u64], arena: u64) {
         if arena < self.best.arena {
             self.best = Solution {
                 offsets: offsets.to_vec(),
                 arena,
             };
-            self.stage = stage;
         }
     }
 
     fn run(&mut self) {
-        let n = self.inst.items.len();
         let tflite = tflite_order(&self.inst.items);
-        let arena = self.placer.place(&tflite, 0, Fit::Best, u64::MAX);
+        let arena = self.placer.place(&tflite, Fit::Best, u64::MAX);
         self.tflite = self.placer.offsets.clone();
-        let offsets = self.tflite.clone();
-        self.offer(&offsets, arena.expect("no cutoff"), "tflite");
-        // Constructions, most useful first (measured on the synthetic training steps); they
-        // may take part of the budget, the local search gets the rest.
+        self.best = Solution {
+            offsets: self.tflite.clone(),
+            arena: arena.expect("no cutoff"),
+        };
+        // Constructions may take half the budget; the local search gets the rest.
         let orders = self.orders();
-        let constructions = [
-            Construction::Greedy(Order::Breadth, Fit::First),
-            Construction::Skyline(SkylineRule::Longest),
-            Construction::Skyline(SkylineRule::Largest),
-            Construction::Greedy(Order::Size, Fit::First),
-            Construction::Greedy(Order::Area, Fit::First),
-            Construction::Greedy(Order::Span, Fit::First),
-            Construction::Greedy(Order::Breadth, Fit::Best),
-        ];
-        for construction in constructions {
-            if self.optimal() || (self.placer.work >= self.budget / 2 && std::env::var_os("MEMWISE_PACK_TRACE2").is_none()) {
+        for construction in CONSTRUCTIONS {
+            if self.optimal() || self.placer.work >= self.budget / 2 {
                 break;
             }
             match construction {
@@ -584,17 +591,21 @@ impl<'a> Search<'a> {
                         self.budget / 5,
                         &mut self.placer.work,
                     );
-                    let arena = arena_of(&self.inst.items, &offsets);
-                    trace2(&format!("skyline/{rule:?}"), arena, self.inst.lower_bound);
-                    self.offer(&offsets, arena, "skyline");
+                    let arena = self
+                        .inst
+                        .items
+                        .iter()
+                        .zip(&offsets)
+                        .map(|(it, &o)| o + it.bytes)
+                        .max()
+                        .unwrap_or(0);
+                    self.offer(&offsets, arena);
                 }
                 Construction::Greedy(order, fit) => {
-                    let order_ = &orders[order as usize];
-                    let cutoff = if std::env::var_os("MEMWISE_PACK_TRACE2").is_some() { u64::MAX } else { self.best.arena };
-                    if let Some(arena) = self.placer.place(order_, 0, fit, cutoff) {
-                        trace2(&format!("{order:?}/{fit:?}"), arena, self.inst.lower_bound);
+                    let order = &orders[order as usize];
+                    if let Some(arena) = self.placer.place(order, fit, self.best.arena) {
                         let offsets = std::mem::take(&mut self.placer.offsets);
-                        self.offer(&offsets, arena, "greedy");
+                        self.offer(&offsets, arena);
                         self.placer.offsets = offsets;
                     }
                 }
@@ -602,47 +613,26 @@ impl<'a> Search<'a> {
         }
         self.settle();
         if self.optimal() {
-            return self.trace();
+            return;
         }
-        if n <= EXACT_MAX_BUFFERS {
+        if self.inst.items.len() <= EXACT_MAX_BUFFERS {
             let incumbent = self.best.arena;
             if let (Some(better), _) = exact(&self.inst.items, self.inst.coords, incumbent) {
                 self.best = better;
-                self.stage = "exact";
             }
-            return self.trace();
-        }
-        if std::env::var_os("MEMWISE_PACK_TRACE").is_some() {
-            eprintln!(
-                "before local: work={} best={}",
-                self.placer.work, self.best.arena
-            );
+            return;
         }
         self.local_search();
-        self.trace();
     }
 
-    fn trace(&self) {
-        if std::env::var_os("MEMWISE_PACK_TRACE").is_some() {
-            eprintln!("iters={} fails={} ruin_total={}", DBG_ITERS.with(|c| c.get()), DBG_FAIL.with(|c| c.get()), DBG_RUIN.with(|c| c.get()));
-            eprintln!(
-                "pack n={} lb={} best={} ({:.5}) by {} work={}",
-                self.inst.items.len(),
-                self.inst.lower_bound,
-                self.best.arena,
-                self.best.arena as f64 / self.inst.lower_bound as f64,
-                self.stage,
-                self.placer.work
-            );
-        }
-    }
-
-    /// Re-places the best solution's items in offset order with first-fit. Each buffer then
-    /// lands at or below its old offset (it fits there, as everything placed before it sits
-    /// no higher than before), so this never hurts; it closes gaps best-fit left behind.
+    /// Re-places the best packing's buffers in offset order with first-fit. Each then lands
+    /// at or below its old offset (that spot is free: everything placed before it that meets
+    /// it sits no higher than before), so this never hurts, and it closes the gaps best-fit
+    /// can leave under a buffer.
     fn settle(&mut self) {
-        let order = offset_order(&self.best.offsets);
-        let arena = self.placer.place(&order, 0, Fit::First, u64::MAX);
+        let mut order: Vec<u32> = (0..self.inst.items.len() as u32).collect();
+        order.sort_by_key(|&k| (self.best.offsets[k as usize], k));
+        let arena = self.placer.place(&order, Fit::First, u64::MAX);
         let arena = arena.expect("no cutoff");
         debug_assert!(arena <= self.best.arena);
         self.best = Solution {
@@ -654,30 +644,30 @@ impl<'a> Search<'a> {
     /// The greedy orders, indexed by [`Order`].
     fn orders(&self) -> [Vec<u32>; 4] {
         let items = &self.inst.items;
-        let n = items.len() as u32;
-        let sorted = |key: &dyn Fn(&Item) -> (Reverse<u128>, u128)| {
-            let mut order: Vec<u32> = (0..n).collect();
-            order.sort_by_key(|&k| (key(&items[k as usize]), k));
+        // Ascending keys; `wide` packs two keys into one.
+        let sorted = |key: &dyn Fn(&Item) -> u128| {
+            let mut order: Vec<u32> = (0..items.len() as u32).collect();
+            order.sort_by_key(|&k| key(&items[k as usize]));
             order
         };
-        // A buffer is first met, walking the steps by decreasing live bytes, at the hottest
+        let wide = |hi: u64, lo: u64| u128::from(hi) << 64 | u128::from(lo);
+        // Walking the steps by decreasing live bytes, a buffer is first met at the hottest
         // step of its lifetime.
         let breadth = self.inst.breadth();
         let mut steps: Vec<u32> = (0..self.inst.coords as u32).collect();
-        steps.sort_by_key(|&c| (Reverse(breadth[c as usize]), c));
+        steps.sort_by_key(|&c| Reverse(breadth[c as usize]));
         let mut rank = vec![0u32; self.inst.coords];
         for (r, &c) in steps.iter().enumerate() {
             rank[c as usize] = r as u32;
         }
         let hottest = RangeMin::new(&rank);
-        let wide = |hi: u64, lo: u64| u128::from(hi) << 64 | u128::from(lo);
         [
-            sorted(&|it| (Reverse(wide(it.bytes, it.steps)), 0)),
-            sorted(&|it| (Reverse(wide(it.steps, it.bytes)), 0)),
-            sorted(&|it| (Reverse(u128::from(it.bytes) * u128::from(it.steps)), 0)),
+            sorted(&|it| !wide(it.bytes, it.steps)),
+            sorted(&|it| !wide(it.steps, it.bytes)),
+            sorted(&|it| !(u128::from(it.bytes) * u128::from(it.steps))),
             sorted(&|it| {
                 let hot = hottest.min(it.first as usize, it.last as usize);
-                (Reverse(u128::from(u32::MAX - hot)), u128::MAX - u128::from(it.bytes))
+                wide(u64::from(hot), !it.bytes)
             }),
         ]
     }
@@ -685,9 +675,9 @@ impl<'a> Search<'a> {
     /// Ruin and recreate: take a buffer that reaches the top of the arena, lift out the
     /// buffers that meet a random time window around it and end above a random level, and
     /// put them back (first-fit or best-fit, in a randomly chosen and shaken order) around
-    /// the buffers left in place. Keep the result unless the arena grows; equal arenas are
+    /// the buffers left in place. Keep the result unless the arena grows; an equal arena is
     /// kept unless more buffers touch the top, which is how a flat peak is worn down before
-    /// it drops. Each try costs the lifted buffers times the placed ones, not a full pass.
+    /// it drops. A try costs the lifted buffers times the placed ones, not a full pass.
     fn local_search(&mut self) {
         let items = &self.inst.items;
         let n = items.len();
@@ -696,16 +686,16 @@ impl<'a> Search<'a> {
         let mut offsets = self.best.offsets.clone();
         let mut arena = self.best.arena;
         let mut tops = count_tops(items, &offsets, arena);
-        let mut by_offset = offset_order(&offsets);
+        let mut by_offset: Vec<u32> = (0..n as u32).collect();
+        by_offset.sort_by_key(|&k| (offsets[k as usize], k));
         let mut lifted = vec![false; n];
         let mut ruin: Vec<u32> = Vec::new();
         let mut kept: Vec<Slot> = Vec::with_capacity(n);
         let mut slots = SlotList::new();
         let mut trial = offsets.clone();
-        let budget = self.budget;
-        while self.placer.work < budget && arena > self.inst.lower_bound {
+        while self.placer.work < self.budget && arena > self.inst.lower_bound {
+            // The linear scans below, in the budget's unit.
             self.placer.work += 4 * n as u64;
-            // The buffer to lower, and the window and level of the ruin.
             let top: Vec<u32> = (0..n as u32)
                 .filter(|&k| offsets[k as usize] + items[k as usize].bytes == arena)
                 .collect();
@@ -719,7 +709,7 @@ impl<'a> Search<'a> {
                 ..x
             };
             // Lift buffers that meet the window and stay near it: one that lives far beyond
-            // is a band across the whole window, as good where it is as anywhere else.
+            // it is a band across the whole window, as good where it is as anywhere else.
             let (near_lo, near_hi) = (lo.saturating_sub(reach as u32), hi + reach as u32);
             let meeting: Vec<u32> = (0..n as u32)
                 .filter(|&k| {
@@ -727,6 +717,7 @@ impl<'a> Search<'a> {
                     it.meets(&window) && it.first >= near_lo && it.last <= near_hi
                 })
                 .collect();
+            // `x` is among them, so the level is below the top.
             let level = if rng.below(3) == 0 {
                 0
             } else {
@@ -737,7 +728,7 @@ impl<'a> Search<'a> {
                 let k = k as usize;
                 offsets[k] + items[k].bytes > level
             }));
-            // Only buffers that meet some lifted one can be in the way of re-placing them.
+            // Only buffers that meet a lifted one can be in the way of putting it back.
             let mut span = Item {
                 first: u32::MAX,
                 last: 0,
@@ -752,34 +743,27 @@ impl<'a> Search<'a> {
             kept.clear();
             let mut new_arena = 0;
             for &k in &by_offset {
-                let (it, o) = (items[k as usize], offsets[k as usize]);
                 if lifted[k as usize] {
                     continue;
                 }
-                new_arena = new_arena.max(o + it.bytes);
-                if it.meets(&span) {
-                    kept.push(Slot {
-                        offset: o,
-                        end: o + it.bytes,
-                        first: it.first,
-                        last: it.last,
-                    });
+                let slot = items[k as usize].at(offsets[k as usize]);
+                new_arena = new_arena.max(slot.end);
+                if items[k as usize].meets(&span) {
+                    kept.push(slot);
                 }
             }
             slots.rebuild(&kept);
-            // Recreate in a random one of the greedy orders, shaken by a few swaps.
+            // Put them back in a random one of the greedy orders, shaken by a few swaps.
             let key = rng.below(4);
             ruin.sort_by_key(|&k| {
                 let it = items[k as usize];
-                match key {
-                    0 => (Reverse(u128::from(it.bytes)), k),
-                    1 => (
-                        Reverse(u128::from(it.steps) << 64 | u128::from(it.bytes)),
-                        k,
-                    ),
-                    2 => (Reverse(u128::from(it.bytes) * u128::from(it.steps)), k),
-                    _ => (Reverse(u128::MAX - u128::from(offsets[k as usize])), k),
-                }
+                let key = match key {
+                    0 => u128::from(it.bytes),
+                    1 => u128::from(it.steps) << 64 | u128::from(it.bytes),
+                    2 => u128::from(it.bytes) * u128::from(it.steps),
+                    _ => !u128::from(offsets[k as usize]),
+                };
+                (Reverse(key), k)
             });
             for _ in 0..rng.below(3) {
                 let (a, b) = (rng.below(ruin.len()), rng.below(ruin.len()));
@@ -790,40 +774,31 @@ impl<'a> Search<'a> {
             } else {
                 Fit::Best
             };
-            let mut ok = true;
+            let mut fits = true;
             for &k in &ruin {
                 let it = items[k as usize];
-                let (o, seen) = slots.find(&it, fit);
+                let (offset, seen) = slots.find(&it, fit);
                 self.placer.work += seen + CHUNK as u64 / 4;
-                if o + it.bytes > arena {
-                    ok = false;
+                let slot = it.at(offset);
+                if slot.end > arena {
+                    fits = false;
                     break;
                 }
-                new_arena = new_arena.max(o + it.bytes);
-                trial[k as usize] = o;
-                slots.insert(Slot {
-                    offset: o,
-                    end: o + it.bytes,
-                    first: it.first,
-                    last: it.last,
-                });
+                new_arena = new_arena.max(slot.end);
+                trial[k as usize] = offset;
+                slots.insert(slot);
             }
             for &k in &ruin {
                 lifted[k as usize] = false;
             }
-            if !ok {
-                DBG_FAIL.with(|c| c.set(c.get() + 1));
-                for &k in &ruin {
-                    trial[k as usize] = offsets[k as usize];
-                }
-                continue;
-            }
-            DBG_ITERS.with(|c| c.set(c.get() + 1));
-            DBG_RUIN.with(|c| c.set(c.get() + ruin.len()));
-            let t = count_tops(items, &trial, new_arena);
-            if new_arena < arena || t <= tops {
+            let new_tops = if fits {
+                count_tops(items, &trial, new_arena)
+            } else {
+                usize::MAX
+            };
+            if fits && (new_arena < arena || new_tops <= tops) {
                 arena = new_arena;
-                tops = t;
+                tops = new_tops;
                 offsets.copy_from_slice(&trial);
                 by_offset.sort_by_key(|&k| (offsets[k as usize], k));
                 self.placer.work += 8 * n as u64;
@@ -832,93 +807,23 @@ impl<'a> Search<'a> {
                         offsets: offsets.clone(),
                         arena,
                     };
-                    self.stage = "local";
                 }
             } else {
-                trial.copy_from_slice(&offsets);
+                for &k in &ruin {
+                    trial[k as usize] = offsets[k as usize];
+                }
             }
         }
     }
 }
 
-/// Item indices by (offset, index): with first-fit this order reproduces a packing or
-/// lowers it (see [`Search::settle`]).
-fn offset_order(offsets: &[u64]) -> Vec<u32> {
-    let mut order: Vec<u32> = (0..offsets.len() as u32).collect();
-    order.sort_by_key(|&k| (offsets[k as usize], k));
-    order
-}
-
-fn arena_of(items: &[Item], offsets: &[u64]) -> u64 {
-    items
-        .iter()
-        .zip(offsets)
-        .map(|(it, &o)| o + it.bytes)
-        .max()
-        .unwrap_or(0)
-}
-
+/// How many buffers reach `arena`.
 fn count_tops(items: &[Item], offsets: &[u64], arena: u64) -> usize {
     items
         .iter()
         .zip(offsets)
-        .filter(|(it, &o)| o + it.bytes == arena)
+        .filter(|&(it, &o)| o + it.bytes == arena)
         .count()
-}
-
-/// Minimum over index ranges (sparse table).
-struct RangeMin {
-    levels: Vec<Vec<u32>>,
-}
-
-impl RangeMin {
-    fn new(values: &[u32]) -> RangeMin {
-        let mut levels = vec![values.to_vec()];
-        let mut width = 1;
-        while 2 * width <= values.len() {
-            let prev = levels.last().expect("a level");
-            let next: Vec<u32> = (0..prev.len() - width)
-                .map(|i| prev[i].min(prev[i + width]))
-                .collect();
-            levels.push(next);
-            width *= 2;
-        }
-        RangeMin { levels }
-    }
-
-    /// Minimum of `values[lo..=hi]`.
-    fn min(&self, lo: usize, hi: usize) -> u32 {
-        let level = (usize::BITS - 1 - (hi - lo + 1).leading_zeros()) as usize;
-        let row = &self.levels[level];
-        row[lo].min(row[hi + 1 - (1 << level)])
-    }
-}
-
-/// A way to build a packing from scratch.
-#[derive(Clone, Copy, Debug)]
-enum Construction {
-    Skyline(SkylineRule),
-    Greedy(Order, Fit),
-}
-
-/// Greedy placement orders (ties: request order).
-#[derive(Clone, Copy, Debug)]
-enum Order {
-    /// Largest first, longest-lived among equals.
-    Size,
-    /// Longest-lived first, largest among equals: the activations kept for backward.
-    Span,
-    /// Largest bytes × steps first.
-    Area,
-    /// TFLite's "greedy by breadth": steps by decreasing live bytes, each step's buffers by
-    /// decreasing size.
-    Breadth,
-}
-
-fn trace2(what: &str, arena: u64, lb: u64) {
-    if std::env::var_os("MEMWISE_PACK_TRACE2").is_some() {
-        eprintln!("STAGE {what} {:.5}", arena as f64 / lb as f64);
-    }
 }
 
 /// How the skyline heuristic breaks ties between buffers that can sit equally low.
@@ -930,21 +835,22 @@ enum SkylineRule {
     Largest,
 }
 
-/// Work units one heap pop of the skyline heuristic costs (a heap operation and a tree
-/// query, each logarithmic), relative to one placed-buffer visit.
-const SKYLINE_POP_WORK: u64 = 24;
-
 /// Repeatedly places the unplaced buffer that can sit lowest. Offsets then never decrease
 /// from one placement to the next, so above the current level every step holds at most one
-/// placed buffer: the lowest place for a buffer is the highest top ("skyline") over its
+/// placed buffer: the lowest place for a buffer is the highest top (the "skyline") over its
 /// lifetime. The heap holds stale levels, which only ever rise; a popped buffer whose level
 /// is still current is the true minimum.
 ///
 /// Placing a long-lived buffer makes every pending buffer under it stale, so nested
-/// lifetimes cost a number of pops quadratic in the buffers. When `budget` work runs out,
-/// the buffers still pending are placed by best-fit in TFLite's order instead.
-fn skyline(items: &[Item], coords: usize, rule: SkylineRule, budget: u64, work: &mut u64) -> Vec<u64> {
-    let mut sky = MaxTree::new(coords);
+/// lifetimes cost pops quadratic in the buffers. When `budget` work runs out, the buffers
+/// still pending are placed by best-fit in TFLite's order instead.
+fn skyline(
+    items: &[Item],
+    coords: usize,
+    rule: SkylineRule,
+    budget: u64,
+    work: &mut u64,
+) -> Vec<u64> {
     let tie = |it: &Item| match rule {
         SkylineRule::Longest => (it.steps, it.bytes),
         SkylineRule::Largest => (it.bytes, it.steps),
@@ -954,14 +860,15 @@ fn skyline(items: &[Item], coords: usize, rule: SkylineRule, budget: u64, work: 
         .enumerate()
         .map(|(k, it)| (Reverse(0), tie(it), Reverse(k as u32)))
         .collect();
+    let mut sky = MaxTree::new(coords);
     let mut offsets = vec![0u64; items.len()];
     let mut placed = vec![false; items.len()];
     let start = *work;
-    while let Some((Reverse(level), t, Reverse(k))) = heap.pop() {
+    while *work - start <= budget {
+        let Some((Reverse(level), t, Reverse(k))) = heap.pop() else {
+            return offsets;
+        };
         *work += SKYLINE_POP_WORK;
-        if *work - start > budget {
-            break;
-        }
         let it = items[k as usize];
         let now = sky.max(it.first as usize, it.last as usize);
         if now > level {
@@ -972,44 +879,31 @@ fn skyline(items: &[Item], coords: usize, rule: SkylineRule, budget: u64, work: 
         placed[k as usize] = true;
         sky.raise(it.first as usize, it.last as usize, level + it.bytes);
     }
-    if placed.iter().all(|&p| p) {
-        return offsets;
-    }
     let mut slots: Vec<Slot> = (0..items.len())
         .filter(|&k| placed[k])
-        .map(|k| Slot {
-            offset: offsets[k],
-            end: offsets[k] + items[k].bytes,
-            first: items[k].first,
-            last: items[k].last,
-        })
+        .map(|k| items[k].at(offsets[k]))
         .collect();
     slots.sort_unstable_by_key(|s| s.offset);
     let mut list = SlotList::new();
     list.rebuild(&slots);
     for k in tflite_order(items) {
-        let k = k as usize;
-        if placed[k] {
+        let it = items[k as usize];
+        if placed[k as usize] {
             continue;
         }
-        let (offset, seen) = list.find(&items[k], Fit::Best);
+        let (offset, seen) = list.find(&it, Fit::Best);
         *work += seen + CHUNK as u64 / 4;
-        offsets[k] = offset;
-        list.insert(Slot {
-            offset,
-            end: offset + items[k].bytes,
-            first: items[k].first,
-            last: items[k].last,
-        });
+        offsets[k as usize] = offset;
+        list.insert(it.at(offset));
     }
     offsets
 }
 
-/// Range "raise to at least v" and range maximum over compressed time (a bottom-up segment
-/// tree: raises commute, so they need no pushing down).
+/// Range "raise to at least v" and range maximum over compressed time: a bottom-up segment
+/// tree; raises commute, so they never need pushing down.
 struct MaxTree {
     size: usize,
-    /// Maximum over the node's range, raises of ancestors excluded.
+    /// Maximum over the node's range, raises recorded at its ancestors excluded.
     max: Vec<u64>,
     /// Raises that covered an inner node's whole range.
     tag: Vec<u64>,
@@ -1040,7 +934,7 @@ impl MaxTree {
             l >>= 1;
             r >>= 1;
         }
-        // Every node that meets the range but is not covered by it lies above one of its
+        // The nodes that meet the range without lying inside it are the ancestors of its
         // two ends.
         for leaf in [lo + self.size, hi + self.size] {
             let mut p = leaf >> 1;
@@ -1074,7 +968,7 @@ impl MaxTree {
             l >>= 1;
             r >>= 1;
         }
-        // Raises recorded above the covering nodes: all on the paths from the two ends.
+        // Raises recorded above the covering nodes sit on the paths from the two ends.
         for leaf in [lo + self.size, hi + self.size] {
             let mut p = leaf >> 1;
             while p > 0 {
@@ -1083,6 +977,34 @@ impl MaxTree {
             }
         }
         best
+    }
+}
+
+/// Minimum over index ranges (a sparse table).
+struct RangeMin {
+    levels: Vec<Vec<u32>>,
+}
+
+impl RangeMin {
+    fn new(values: &[u32]) -> RangeMin {
+        let mut levels = vec![values.to_vec()];
+        let mut width = 1;
+        while 2 * width <= values.len() {
+            let prev = levels.last().expect("a level");
+            let next: Vec<u32> = (0..prev.len() - width)
+                .map(|i| prev[i].min(prev[i + width]))
+                .collect();
+            levels.push(next);
+            width *= 2;
+        }
+        RangeMin { levels }
+    }
+
+    /// Minimum of `values[lo..=hi]`.
+    fn min(&self, lo: usize, hi: usize) -> u32 {
+        let level = (usize::BITS - 1 - (hi - lo + 1).leading_zeros()) as usize;
+        let row = &self.levels[level];
+        row[lo].min(row[hi + 1 - (1 << level)])
     }
 }
 
@@ -1104,23 +1026,24 @@ impl SplitMix {
     }
 }
 
-/// Branch and bound for a packing with an arena below `incumbent`: the best found (`None`
-/// when none is below it), and whether the search finished, proving it optimal, within the
-/// node budget.
+/// Branch and bound for a packing with an arena below `incumbent` (at most 32 items): the
+/// best found (`None` when none is below it), and whether the search finished, which proves
+/// it optimal, within the node budget.
 ///
-/// Why it can search placement orders with first-fit only, and few of them: take an optimal
-/// packing with the smallest sum of offsets. Placing its buffers in order of (offset, index)
-/// with first-fit puts each at or below its offset (the spot is free: everything placed
-/// earlier that meets it in time ends no higher than before), and minimality makes that
-/// "at". So some sequence with non-decreasing (offset, index) reproduces an optimum, and
-/// the search only extends a sequence with a buffer whose first-fit offset is at least the
-/// last one's. Above that level each step holds at most one placed buffer, which gives the
-/// bound: every unplaced buffer lies above the level and above what occupies it.
+/// Why it may search placement sequences with first-fit only, and few of them: take an
+/// optimal packing with the smallest sum of offsets. Placing its buffers in order of
+/// (offset, index) with first-fit puts each at or below its offset (the spot is free:
+/// everything placed earlier that meets it ends no higher than before), and minimality
+/// makes that "at". So some sequence of non-decreasing (offset, index) reproduces an
+/// optimum, and the search only extends a sequence with a buffer whose first-fit offset is
+/// at least the last one's. Above that level each step then holds at most one placed
+/// buffer, which gives the bound: every unplaced buffer lies above the level, and above
+/// what occupies it.
 fn exact(items: &[Item], coords: usize, incumbent: u64) -> (Option<Solution>, bool) {
     let n = items.len();
-    debug_assert!(n <= 32);
-    // Buffers identical to an earlier one are placed after it (swapping them changes
-    // nothing), which removes symmetric branches.
+    assert!(n <= 32, "bit sets of 32 items");
+    // A buffer identical to an earlier one goes after it (swapping the two changes
+    // nothing), which cuts symmetric branches.
     let twin: Vec<Option<usize>> = (0..n)
         .map(|c| {
             (0..c).rev().find(|&d| {
@@ -1130,10 +1053,10 @@ fn exact(items: &[Item], coords: usize, incumbent: u64) -> (Option<Solution>, bo
             })
         })
         .collect();
-    let live: Vec<u32> = (0..coords)
+    let live: Vec<u32> = (0..coords as u32)
         .map(|t| {
             (0..n)
-                .filter(|&k| items[k].first as usize <= t && t <= items[k].last as usize)
+                .filter(|&k| items[k].first <= t && t <= items[k].last)
                 .fold(0u32, |m, k| m | 1 << k)
         })
         .collect();
@@ -1187,7 +1110,7 @@ impl Bnb<'_> {
         prev_end
     }
 
-    /// `mask`: placed items; `level`/`last`: offset and index of the last placement.
+    /// `mask`: the placed items; `level` and `last`: offset and index of the last one.
     fn descend(&mut self, mask: u32, level: u64, last: Option<usize>, arena: u64) {
         let n = self.items.len();
         if self.placed.len() == n {
@@ -1203,16 +1126,13 @@ impl Bnb<'_> {
         }
         let mut bound = arena;
         let mut candidates: Vec<(u64, usize)> = Vec::with_capacity(n);
-        for c in 0..n {
-            if mask & 1 << c != 0 {
-                continue;
-            }
+        for c in (0..n).filter(|&c| mask & 1 << c == 0) {
             let ff = self.first_fit(c);
             let size = self.items[c].bytes;
             if ff < level {
                 if ff + size <= level {
-                    // A gap below the level that nothing placed later can close: this
-                    // buffer could never be placed in non-decreasing order.
+                    // A gap below the level, which nothing placed from now on can close:
+                    // this buffer could never come next in non-decreasing order.
                     return;
                 }
                 bound = bound.max(level + size);
@@ -1220,27 +1140,25 @@ impl Bnb<'_> {
             }
             bound = bound.max(ff + size);
             let after_last = ff > level || last.is_none_or(|l| c > l);
-            let twin_placed = self.twin[c].is_none_or(|d| mask & 1 << d != 0);
-            if after_last && twin_placed {
+            let after_twin = self.twin[c].is_none_or(|d| mask & 1 << d != 0);
+            if after_last && after_twin {
                 candidates.push((ff, c));
             }
         }
-        for (t, &m) in self.live.iter().enumerate() {
-            let unplaced = m & !mask;
+        for &live in &self.live {
+            let unplaced = live & !mask;
             if unplaced == 0 {
                 continue;
             }
-            let mut need = 0;
-            let mut top = level;
+            let (mut need, mut top) = (0, level);
             for k in 0..n {
                 let bit = 1u32 << k;
                 if unplaced & bit != 0 {
                     need += self.items[k].bytes;
-                } else if m & bit != 0 {
+                } else if live & bit != 0 {
                     top = top.max(self.offsets[k] + self.items[k].bytes);
                 }
             }
-            let _ = t;
             bound = bound.max(top + need);
         }
         if bound >= self.best {
@@ -1258,10 +1176,4 @@ impl Bnb<'_> {
             }
         }
     }
-}
-
-thread_local! {
-    static DBG_ITERS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-    static DBG_FAIL: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-    static DBG_RUIN: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
