@@ -18,7 +18,15 @@ fn main() {
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     println!(
         "{:<12} {:>6} {:>6} {:>11} {:>11} {:>11} {:>9} {:>9} {:>10}",
-        "family", "target", "bufs", "LB MiB", "greedy MiB", "pack MiB", "greedy/LB", "pack/LB", "pack ms"
+        "family",
+        "target",
+        "bufs",
+        "LB MiB",
+        "greedy MiB",
+        "pack MiB",
+        "greedy/LB",
+        "pack/LB",
+        "pack ms"
     );
     for target in [50usize, 500, 3000] {
         let (mut log_sum, mut worst, mut count) = (0.0f64, 0.0f64, 0);

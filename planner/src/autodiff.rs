@@ -34,6 +34,8 @@ pub struct StepGraph {
     pub forward_in_place: Vec<Option<usize>>,
     /// Mixed precision with float16 anywhere: dynamic loss scaling is on.
     pub loss_scaling: bool,
+    /// False for an inference pass: no gradients, no backward, no update.
+    pub training: bool,
 }
 
 impl StepGraph {
@@ -161,11 +163,40 @@ impl StepGraph {
                 .iter()
                 .any(|l| l.dtype == Some(DType::F16) && !matches!(l.kind, LayerKind::Input { .. }));
         Ok(StepGraph {
+            training: true,
             requires_grad,
             backward,
             forward_in_place,
             loss_scaling,
         })
+    }
+}
+
+impl StepGraph {
+    /// The inference pass of `graph` (built with [`Graph::build_inference`]): forward and loss
+    /// values only. Every element-wise op may overwrite its input, since nothing is kept for
+    /// a backward pass.
+    pub fn inference(graph: &Graph) -> StepGraph {
+        let forward_in_place = graph
+            .ops
+            .iter()
+            .map(|op| {
+                let same = op.inputs.first().zip(op.outputs.first()).is_some_and(|(&x, &y)| {
+                    graph.tensors[x].dtype == graph.tensors[y].dtype
+                });
+                match op.op {
+                    Op::Activation { .. } | Op::Add { .. } if same => Some(0),
+                    _ => None,
+                }
+            })
+            .collect();
+        StepGraph {
+            requires_grad: vec![false; graph.tensors.len()],
+            backward: vec![None; graph.ops.len()],
+            forward_in_place,
+            loss_scaling: false,
+            training: false,
+        }
     }
 }
 

@@ -24,9 +24,11 @@ pub struct Persistent {
 
 /// Lays out the persistent region: all f32 values, then 16-bit copies, then gradients,
 /// then optimizer state (each parameter's slots contiguous, `align(elems·4)` apart).
+/// `updated[i]`: parameter `i` has a gradient and an update (else it is stored frozen).
 pub fn layout_params(
     spec: &ModelSpec,
     graph: &Graph,
+    updated: &[bool],
     alignment: u64,
 ) -> (Vec<PlanParam>, Persistent) {
     let slots = spec.optimizer.state_slots();
@@ -40,7 +42,7 @@ pub fn layout_params(
             name: Cow::Owned(p.name.clone()),
             layer: Cow::Owned(graph.layers[p.layer].name.clone()),
             shape: Cow::Owned(p.shape.clone()),
-            trainable: p.trainable,
+            trainable: updated[i],
             offset: NO_OFFSET,
             half_copy: p.half_copy,
             half_offset: NO_OFFSET,
@@ -61,14 +63,14 @@ pub fn layout_params(
     }
     let params = at;
     for (i, p) in graph.params.iter().enumerate() {
-        if p.trainable {
+        if updated[i] {
             out[i].grad_offset = at;
             at += f32_bytes(p.elems());
         }
     }
     let grads = at - params;
     for (i, p) in graph.params.iter().enumerate() {
-        if p.trainable && slots > 0 {
+        if updated[i] && slots > 0 {
             out[i].state_offset = at;
             at += slots * f32_bytes(p.elems());
         }
@@ -140,7 +142,7 @@ pub fn assemble(
             params: Cow::Owned(s.params.clone()),
         })
         .collect();
-    let (params, persistent) = layout_params(spec, graph, arena.alignment);
+    let (params, persistent) = layout_params(spec, graph, &schedule.updated, arena.alignment);
     let arena_bytes = arena.packing.arena_bytes;
 
     let mut plan = StaticPlan {
@@ -149,12 +151,19 @@ pub fn assemble(
         alignment: arena.alignment,
         precision: spec.precision,
         optimizer: spec.optimizer,
+        training: schedule.training,
         loss_scaling: schedule.loss_scaling,
         arena_bytes,
         lower_bound_bytes: 0,
         persistent_bytes: persistent.params + persistent.grads + persistent.optimizer,
         params_count: graph.param_count(),
-        trainable_count: graph.trainable_count(),
+        trainable_count: graph
+            .params
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| schedule.updated[*i])
+            .map(|(_, p)| p.elems() as u64)
+            .sum(),
         memory: MemoryReport {
             params: persistent.params,
             grads: persistent.grads,
@@ -245,14 +254,13 @@ fn layer_rows(spec: &ModelSpec, graph: &Graph, plan: &StaticPlan) -> Vec<LayerMe
                 .iter()
                 .filter(mine)
                 .any(|t| t.in_place_of != NONE && t.role == Role::Activation);
-            let ps = graph.params.iter().filter(|p| p.layer == li);
             let mut params = 0u64;
             let mut persistent = 0u64;
-            for p in ps {
+            for (pi, p) in graph.params.iter().enumerate().filter(|(_, p)| p.layer == li) {
                 let e = p.elems() as u64;
                 params += e;
                 persistent += e * 4 + p.half_copy.map_or(0, |h| e * h.size());
-                if p.trainable {
+                if plan.params[pi].trainable {
                     persistent += e * 4 * (1 + slots);
                 }
             }

@@ -119,6 +119,9 @@ struct Builder<'a> {
     by_name: HashMap<&'a str, usize>,
     /// Which layers read each layer (to find the unconsumed input for a default loss target).
     consumed: Vec<bool>,
+    /// Training graph (batch statistics, dropout) or inference graph (running statistics,
+    /// no dropout).
+    training: bool,
 }
 
 impl<'a> Builder<'a> {
@@ -828,15 +831,20 @@ impl<'a> Builder<'a> {
                 let c = *x.shape.last().unwrap_or(&1);
                 let rows = x.shape.iter().product::<usize>() / c.max(1);
                 let y = self.tensor(i, "out", x.shape.clone(), dt);
-                let xh = self.tensor(i, "x_hat", x.shape.clone(), dt);
-                let mean = self.tensor(i, "mean", vec![c], DType::F32);
-                let inv = self.tensor(i, "inv_std", vec![c], DType::F32);
                 let ps = vec![
                     self.param(i, "weight", vec![c], true, None),
                     self.param(i, "bias", vec![c], true, None),
                     self.param(i, "running_mean", vec![c], false, None),
                     self.param(i, "running_var", vec![c], false, None),
                 ];
+                if !self.training {
+                    let op = Op::BatchNormInference { rows, channels: c, epsilon: *epsilon };
+                    self.push(i, op, vec![x.tensor], vec![y], ps);
+                    return self.finish_layer(i, ops_start, Value { tensor: y, shape: x.shape });
+                }
+                let xh = self.tensor(i, "x_hat", x.shape.clone(), dt);
+                let mean = self.tensor(i, "mean", vec![c], DType::F32);
+                let inv = self.tensor(i, "inv_std", vec![c], DType::F32);
                 self.push(
                     i,
                     Op::BatchNorm {
@@ -892,7 +900,7 @@ impl<'a> Builder<'a> {
                     ));
                 }
                 let (v, _) = &ins[0];
-                if *rate == 0.0 {
+                if *rate == 0.0 || !self.training {
                     v.clone()
                 } else {
                     let x = self.cast_to(i, v, dt)?;
@@ -1189,6 +1197,13 @@ impl<'a> Builder<'a> {
                 }
             }
         };
+        self.finish_layer(i, ops_start, output)
+    }
+
+    /// Names the layer's output and records the lowered layer.
+    fn finish_layer(&mut self, i: usize, ops_start: usize, output: Value) -> Result<(), PlanError> {
+        let ls = &self.spec.layers[i];
+        let name = ls.name.as_str();
         // Name the layer's final tensor `<layer>.out` unless it is a view or an input.
         let ops_end = self.g.ops.len();
         if ops_end > ops_start {
@@ -1242,6 +1257,20 @@ impl<'a> Builder<'a> {
             .iter()
             .rposition(|l| !matches!(l.kind, LayerKind::Input { .. }))
             .ok_or_else(|| PlanError::model("the model has no layers besides its inputs"))?;
+        // How many loss terms read each field (a fused activation must feed one term only).
+        let default_pred = spec.layers[last_layer].name.clone();
+        let loss_readers = |n: &str| -> usize {
+            spec.loss
+                .iter()
+                .filter(|t| {
+                    if t.inputs.is_empty() {
+                        n == default_pred
+                    } else {
+                        t.inputs.iter().any(|i| i == n)
+                    }
+                })
+                .count()
+        };
         for term in &spec.loss {
             let kname = term.kind.name();
             let names: Vec<String> = if term.inputs.is_empty() {
@@ -1321,7 +1350,7 @@ impl<'a> Builder<'a> {
                                     act: Activation::Softmax,
                                     ..
                                 }
-                            ) && self.consumers(ta) == 0 =>
+                            ) && self.consumers(ta) == 0 && loss_readers(&names[0]) == 1 =>
                         {
                             self.g.ops[p].fused_into_loss = true;
                             let logits = self.g.ops[p].inputs[0];
@@ -1335,6 +1364,25 @@ impl<'a> Builder<'a> {
                                 grad_of: vec![logits],
                                 prediction: ta,
                             }
+                        }
+                        Some(p)
+                            if matches!(
+                                self.g.ops[p].op,
+                                Op::Activation {
+                                    act: Activation::Softmax,
+                                    ..
+                                }
+                            ) =>
+                        {
+                            return Err(PlanError::at(
+                                &names[0],
+                                format!(
+                                    "`{kname}` reads `{}`, a softmax whose output is also read elsewhere; \
+                                     the loss folds the softmax into its gradient, so give the loss its own \
+                                     softmax (or read the logits: a layer without `activation = softmax`)",
+                                    names[0]
+                                ),
+                            ));
                         }
                         _ => GLoss {
                             op: Op::SoftmaxCrossEntropyFromLogits {
@@ -1382,7 +1430,7 @@ impl<'a> Builder<'a> {
                                         act: Activation::Sigmoid,
                                         ..
                                     }
-                                ) && self.consumers(ta) == 0 =>
+                                ) && self.consumers(ta) == 0 && loss_readers(&names[0]) == 1 =>
                             {
                                 self.g.ops[p].fused_into_loss = true;
                                 let logits = self.g.ops[p].inputs[0];
@@ -1463,6 +1511,15 @@ impl<'a> Builder<'a> {
 impl Graph {
     /// Lowers `spec` to ops, inferring every shape and dtype.
     pub fn build(spec: &ModelSpec) -> Result<Graph, PlanError> {
+        Graph::build_mode(spec, true)
+    }
+
+    /// The inference graph: batch norm from its running statistics, no dropout.
+    pub fn build_inference(spec: &ModelSpec) -> Result<Graph, PlanError> {
+        Graph::build_mode(spec, false)
+    }
+
+    fn build_mode(spec: &ModelSpec, training: bool) -> Result<Graph, PlanError> {
         if spec.batch == 0 {
             return Err(PlanError::model("batch must be at least 1"));
         }
@@ -1474,6 +1531,7 @@ impl Graph {
             g: Graph::default(),
             by_name: HashMap::new(),
             consumed: vec![false; spec.layers.len()],
+            training,
         };
         for (i, l) in spec.layers.iter().enumerate() {
             if b.by_name.contains_key(l.name.as_str()) {

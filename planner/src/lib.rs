@@ -35,15 +35,28 @@ pub use spec::{
 /// Arena alignment in bytes (cudaMalloc's guarantee; also a cache-line multiple).
 pub const ALIGNMENT: u64 = 256;
 
+/// Plans one inference pass of `spec` (for evaluate and predict): the forward pass and the
+/// loss values, batch norm from its running statistics, no dropout, nothing kept for a
+/// backward pass. Its parameters are laid out exactly as in [`plan`]'s persistent region.
+pub fn plan_inference(spec: &ModelSpec) -> Result<StaticPlan, PlanError> {
+    let graph = graph::Graph::build_inference(spec)?;
+    let step = autodiff::StepGraph::inference(&graph);
+    finish(spec, &graph, &step)
+}
+
 /// Plans one training step of `spec`: every step, every tensor's lifetime and offset,
 /// and the memory report. The plan is validated before it is returned.
 pub fn plan(spec: &ModelSpec) -> Result<StaticPlan, PlanError> {
     let graph = graph::Graph::build(spec)?;
     let step = autodiff::StepGraph::build(&graph, spec)?;
-    let schedule = schedule::Schedule::build(&graph, &step);
+    finish(spec, &graph, &step)
+}
+
+fn finish(spec: &ModelSpec, graph: &graph::Graph, step: &autodiff::StepGraph) -> Result<StaticPlan, PlanError> {
+    let schedule = schedule::Schedule::build(graph, step);
     let lifetimes = liveness::Lifetimes::compute(&schedule, ALIGNMENT);
     let arena = arena::ArenaPlan::build(&schedule, &lifetimes, ALIGNMENT);
-    let plan = estimate::assemble(spec, &graph, &schedule, &lifetimes, &arena);
+    let plan = estimate::assemble(spec, graph, &schedule, &lifetimes, &arena);
     arena::validate(&plan)
         .map_err(|e| PlanError::internal(format!("plan failed validation: {e}")))?;
     Ok(plan)

@@ -118,6 +118,12 @@ pub enum Op {
         momentum: f32,
         epsilon: f32,
     },
+    /// Inference-mode batch norm from the running statistics. fwd `[x] → [y]`; no bwd.
+    BatchNormInference {
+        rows: usize,
+        channels: usize,
+        epsilon: f32,
+    },
     /// fwd `[x] → [y, x_hat, rstd]`; bwd `[x_hat, rstd, dy] → [dx]`.
     LayerNorm {
         rows: usize,
@@ -226,6 +232,7 @@ impl Op {
             Op::AvgPool2d { .. } => "avg_pool2d",
             Op::GlobalAvgPool { .. } => "global_avg_pool",
             Op::BatchNorm { .. } => "batch_norm",
+            Op::BatchNormInference { .. } => "batch_norm_inference",
             Op::LayerNorm { .. } => "layer_norm",
             Op::Dropout { .. } => "dropout",
             Op::Activation { act, .. } => act.name(),
@@ -289,6 +296,7 @@ impl Op {
             Op::GlobalAvgPool { n, hw, c } => u(n * hw * c),
             Op::BatchNorm { rows, channels, .. } => 8 * u(rows * channels),
             Op::LayerNorm { rows, features, .. } => 8 * u(rows * features),
+            Op::BatchNormInference { rows, channels, .. } => 2 * u(rows * channels),
             Op::Concat { rows, a, b } => u(rows * (a + b)),
             Op::Embedding { tokens, dim, .. } => u(tokens * dim),
             Op::SoftmaxCrossEntropy { rows, classes, .. }

@@ -189,6 +189,9 @@ pub struct StaticPlan {
     pub alignment: u64,
     pub precision: Precision,
     pub optimizer: Optimizer,
+    /// A training step (forward, loss, backward, update), or an inference pass (forward and
+    /// loss values only; batch norm from running statistics, no dropout).
+    pub training: bool,
     /// Dynamic loss scaling is on (float16 anywhere in the model).
     pub loss_scaling: bool,
     pub arena_bytes: u64,
@@ -493,6 +496,7 @@ struct_to_rust!(
         alignment,
         precision,
         optimizer,
+        training,
         loss_scaling,
         arena_bytes,
         lower_bound_bytes,
@@ -647,6 +651,9 @@ impl ToRust for Op {
                         epsilon
                     }
                 )
+            }
+            Op::BatchNormInference { rows, channels, epsilon } => {
+                write_variant!(w, "Op", BatchNormInference { rows, channels, epsilon })
             }
             Op::LayerNorm {
                 rows,

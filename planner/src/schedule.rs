@@ -51,6 +51,9 @@ pub struct Schedule {
     pub losses: Vec<u32>,
     pub prediction: u32,
     pub loss_scaling: bool,
+    pub training: bool,
+    /// Per graph parameter: it receives a gradient and an update.
+    pub updated: Vec<bool>,
     /// Checkpoint segments: `(segment id, layer indices)`.
     pub segments: Vec<Vec<usize>>,
 }
@@ -354,13 +357,15 @@ impl Schedule {
         }
 
         // Update.
-        let trainable: Vec<u32> = graph
-            .params
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| p.trainable)
-            .map(|(i, _)| i as u32)
-            .collect();
+        // Only parameters some backward step writes a gradient for are updated (a dead
+        // branch, or a layer that only feeds a loss target, learns nothing).
+        let mut has_grad = vec![false; graph.params.len()];
+        for st in cx.steps.iter().filter(|st| st.phase == Phase::Backward) {
+            for &p in &st.params {
+                has_grad[p as usize] |= graph.params[p as usize].trainable;
+            }
+        }
+        let trainable: Vec<u32> = (0..graph.params.len()).filter(|&i| has_grad[i]).map(|i| i as u32).collect();
         if step.loss_scaling && !trainable.is_empty() {
             cx.steps.push(SStep {
                 phase: Phase::Update,
@@ -396,6 +401,8 @@ impl Schedule {
             losses,
             prediction,
             loss_scaling: step.loss_scaling,
+            training: step.training,
+            updated: has_grad,
             segments,
         }
     }

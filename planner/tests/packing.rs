@@ -30,7 +30,11 @@ fn units(spec: &[(u64, usize, usize)]) -> Vec<BufferRequest> {
 fn assert_valid(reqs: &[BufferRequest], p: &Packing, align: u64) {
     assert_eq!(p.offsets.len(), reqs.len());
     for (i, &o) in p.offsets.iter().enumerate() {
-        assert_eq!(o % align, 0, "offset {o} of buffer {i} not aligned to {align}");
+        assert_eq!(
+            o % align,
+            0,
+            "offset {o} of buffer {i} not aligned to {align}"
+        );
     }
     let end = reqs
         .iter()
@@ -47,7 +51,10 @@ fn assert_valid(reqs: &[BufferRequest], p: &Packing, align: u64) {
                 && b.bytes > 0
                 && p.offsets[i] < p.offsets[j] + b.bytes
                 && p.offsets[j] < p.offsets[i] + a.bytes;
-            assert!(!(live_together && share), "buffers {i} and {j} collide: {p:?}");
+            assert!(
+                !(live_together && share),
+                "buffers {i} and {j} collide: {p:?}"
+            );
         }
     }
     assert_eq!(overlaps(reqs, p), None);
@@ -147,7 +154,8 @@ fn instances(
 ) -> impl Strategy<Value = Vec<BufferRequest>> {
     let low = u64::from(!empty);
     prop::collection::vec(
-        (low..=max_units, 0..steps, 0..steps).prop_map(|(u, a, b)| req(u * ALIGN, a.min(b), a.max(b))),
+        (low..=max_units, 0..steps, 0..steps)
+            .prop_map(|(u, a, b)| req(u * ALIGN, a.min(b), a.max(b))),
         0..=n,
     )
 }
@@ -244,11 +252,23 @@ fn lower_bound_is_the_busiest_step() {
 #[test]
 fn nothing_and_zero_bytes_take_no_arena() {
     let none = pack(&[], ALIGN);
-    assert_eq!(none, Packing { offsets: vec![], arena_bytes: 0 });
+    assert_eq!(
+        none,
+        Packing {
+            offsets: vec![],
+            arena_bytes: 0
+        }
+    );
     assert_eq!(greedy_by_size(&[], ALIGN), none);
     let empty = [req(0, 0, 3), req(0, 1, 2)];
     let packed = pack(&empty, ALIGN);
-    assert_eq!(packed, Packing { offsets: vec![0, 0], arena_bytes: 0 });
+    assert_eq!(
+        packed,
+        Packing {
+            offsets: vec![0, 0],
+            arena_bytes: 0
+        }
+    );
     assert_eq!(pack_exact(&empty, ALIGN), Some(packed));
     let mixed = [req(0, 0, 3), req(ALIGN, 1, 2), req(0, 2, 2)];
     assert_eq!(pack(&mixed, ALIGN).arena_bytes, ALIGN);
@@ -271,7 +291,9 @@ fn buffers_that_meet_at_a_step_do_not_share_bytes() {
 fn chain_of_growing_tensors_packs_at_the_lower_bound() {
     // Layer i reads tensor i and writes tensor i + 1, each bigger than the last: only two
     // are ever live, and the arena is the largest pair.
-    let reqs: Vec<BufferRequest> = (0..12).map(|i| req((i as u64 + 1) * ALIGN, i, i + 1)).collect();
+    let reqs: Vec<BufferRequest> = (0..12)
+        .map(|i| req((i as u64 + 1) * ALIGN, i, i + 1))
+        .collect();
     let packed = pack(&reqs, ALIGN);
     assert_valid(&reqs, &packed, ALIGN);
     assert_eq!(lower_bound(&reqs), (12 + 11) * ALIGN);
@@ -294,7 +316,20 @@ fn greedy_by_size_misses_the_optimum_that_pack_finds() {
     let packed = pack(&reqs, ALIGN);
     assert_valid(&reqs, &packed, ALIGN);
     assert_eq!(packed.arena_bytes, 8 * ALIGN);
-    assert_eq!(pack_exact(&reqs, ALIGN).expect("closes").arena_bytes, 8 * ALIGN);
+    assert_eq!(
+        pack_exact(&reqs, ALIGN).expect("closes").arena_bytes,
+        8 * ALIGN
+    );
+}
+
+#[test]
+fn greedy_by_size_orders_by_the_requested_size() {
+    // Both round up to 2,368 bytes at alignment 64, but TFLite sorts by the size asked
+    // for: the 2,306-byte buffer goes first, at the bottom.
+    let reqs = [req(2305, 0, 10), req(2306, 0, 0)];
+    let greedy = greedy_by_size(&reqs, 64);
+    assert_eq!(greedy, tflite_reference(&reqs, 64));
+    assert_eq!(greedy.offsets, vec![2368, 0]);
 }
 
 #[test]

@@ -866,11 +866,7 @@ fn mixed_float16_halves_every_layers_saved_bytes() {
     );
 }
 
-// ---- Planner bugs these properties found (minimal reproductions) ----------------------
-//
-// Ignored until the planner is fixed; each passes once it is (`cargo test -p memwise-plan
-// --test properties -- --ignored`). The generators do not produce these shapes yet, so the
-// sweeps above stay green meanwhile.
+// ---- Planner bugs these properties found (minimal reproductions, now fixed) ------------
 
 /// x f32 [8] and t f32 [8], batch 4; `a` = dense 8 sigmoid (x); loss = bce(a, t) + mse(a, t).
 fn two_losses_on_one_prediction(act: Activation) -> ModelSpec {
@@ -891,28 +887,24 @@ fn two_losses_on_one_prediction(act: Activation) -> ModelSpec {
 }
 
 #[test]
-#[ignore = "planner bug: a loss fused into a sigmoid/softmax drops the other loss terms' gradients on that output"]
 fn a_second_loss_term_on_a_fused_sigmoid_or_softmax_keeps_its_gradient() {
-    // graph.rs fuses bce into the sigmoid (and sparse CE into the softmax) when no *op* reads
-    // its output, without looking at the other loss terms: mse's `a.out.grad` is written
-    // and never read, because the fused activation has no backward step.
-    for act in [Activation::Sigmoid, Activation::Softmax] {
-        let result = check(&two_losses_on_one_prediction(act));
-        assert!(
-            result.is_ok(),
-            "{act:?}: {}",
-            result.err().unwrap_or_default()
-        );
-    }
+    // A loss fuses into the sigmoid (or softmax) only when it is the output's one reader.
+    // With a second loss term, binary cross-entropy runs on the probabilities and the
+    // sigmoid keeps its own backward; sparse cross-entropy (which has no form on
+    // probabilities) is refused with a message naming the layer.
+    let result = check(&two_losses_on_one_prediction(Activation::Sigmoid));
+    assert!(result.is_ok(), "sigmoid: {}", result.err().unwrap_or_default());
+    let e = plan(&two_losses_on_one_prediction(Activation::Softmax)).unwrap_err();
+    assert_eq!(e.layer.as_deref(), Some("a"));
+    assert!(e.message.contains("also read elsewhere"), "{e}");
 }
 
 #[test]
-#[ignore = "planner bug: sparse CE on a softmax output that a layer also reads is planned as CE from logits"]
-fn sparse_ce_on_a_softmax_that_a_layer_also_reads_is_not_taken_for_logits() {
+fn sparse_ce_on_a_softmax_that_a_layer_also_reads_is_refused() {
     // `a` = dense 8 softmax (x), `b` = dense 5 softmax (a); losses: sce(a, labels) and
-    // sce(b, labels). `a` has a consumer, so the loss cannot fuse into its softmax and falls
-    // back to `softmax_cross_entropy_from_logits` on the probabilities: softmax applied
-    // twice. (Binary cross-entropy has a non-fused form on probabilities; sparse CE needs one.)
+    // sce(b, labels). `a` has a consumer, so the loss cannot fold `a`'s softmax into its
+    // gradient; it used to fall back to cross-entropy from logits on the probabilities
+    // (softmax twice). Now it is a planning error naming `a`.
     let mut m = ModelSpec::new("SoftmaxTwice", 4);
     m.input("x", &[8], DType::F32, 1.0);
     m.input("labels", &[], DType::I32, 1.0);
@@ -922,28 +914,11 @@ fn sparse_ce_on_a_softmax_that_a_layer_also_reads_is_not_taken_for_logits() {
         .push(LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["a", "labels"]));
     m.loss
         .push(LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["b", "labels"]));
-    let p = check(&m).expect("plans");
-    let a_out = p
-        .tensors
-        .iter()
-        .find(|t| t.name == "a.out")
-        .expect("a.out")
-        .id;
-    for s in p
-        .steps
-        .iter()
-        .filter(|s| s.phase == Phase::Loss && s.reads.first() == Some(&a_out))
-    {
-        assert!(
-            !matches!(s.op, Op::SoftmaxCrossEntropyFromLogits { .. }),
-            "step {}: cross-entropy from logits reads the softmax output `a.out`",
-            s.index
-        );
-    }
+    let e = plan(&m).unwrap_err();
+    assert_eq!(e.layer.as_deref(), Some("a"), "{e}");
 }
 
 #[test]
-#[ignore = "planner bug: parameters that receive no gradient still get an update step (and gradient/optimizer memory)"]
 fn parameters_without_a_gradient_are_not_updated() {
     // 1. `dead` reads x but nothing reads `dead`; 2. `b` only feeds the target of mse(a, b)
     //    (a target takes no gradient). Both get `update` steps whose gradient no step wrote:

@@ -345,6 +345,60 @@ impl Executor {
         self.refresh_half_copies(Some(id))
     }
 
+    /// Copies every parameter's values (and statistics) from `other`, a model with the same
+    /// parameters (the training executor, into an inference one). Names and shapes must match.
+    pub fn copy_params_from(&mut self, other: &Executor) -> Result<()> {
+        if self.plan.params.len() != other.plan.params.len() {
+            return Err(RuntimeError::Input(format!(
+                "cannot copy weights: {} parameters here, {} there",
+                self.plan.params.len(),
+                other.plan.params.len()
+            )));
+        }
+        for (a, b) in self.plan.params.iter().zip(other.plan.params.iter()) {
+            if a.name != b.name || a.shape != b.shape {
+                return Err(RuntimeError::Input(format!(
+                    "cannot copy weights: `{}` {:?} here, `{}` {:?} there",
+                    a.name, &a.shape[..], b.name, &b.shape[..]
+                )));
+            }
+            // SAFETY: two different executors' regions; no other views are live.
+            unsafe {
+                let src = other.persistent.view::<f32>(b.offset, b.elems())?;
+                self.persistent.view_mut::<f32>(a.offset, a.elems())?.copy_from_slice(src);
+            }
+        }
+        self.refresh_half_copies(None)
+    }
+
+    /// Runs the plan's forward and loss steps without updating (an inference plan). Returns
+    /// the loss and the correct predictions.
+    pub fn evaluate_step(&mut self, inputs: &[Batch<'_>]) -> Result<StepOutput> {
+        if self.plan.training {
+            return Err(RuntimeError::Input("evaluate_step needs an inference plan (plan_inference)".into()));
+        }
+        self.train_step(inputs)
+    }
+
+    /// The prediction tensor's values after the last step (f32 copies into `out`).
+    pub fn read_prediction(&self, out: &mut [f32]) -> Result<()> {
+        let id = self.plan.prediction;
+        if id == NONE {
+            return Err(RuntimeError::Input("the model has no prediction".into()));
+        }
+        let t = self.plan.tensor(id);
+        if out.len() != t.elems() {
+            return Err(RuntimeError::Input(format!("prediction has {} values, buffer {}", t.elems(), out.len())));
+        }
+        // SAFETY: shared view after the step.
+        unsafe {
+            with_float!(t.dtype, T, {
+                k::elementwise::cast::<T, f32>(self.arena.view::<T>(t.offset, t.elems())?, out).map_err(|e| RuntimeError::Memory(e.0))?;
+            })
+        }
+        Ok(())
+    }
+
     /// The whole persistent region (parameters, 16-bit copies, gradients, optimizer state).
     pub fn persistent_bytes(&self) -> &[u8] {
         self.persistent.bytes()
@@ -722,6 +776,16 @@ impl Executor {
                         k::norm::batch_norm_train_forward::<T>(d, cfg, self.r::<T>(rd[0])?, affine, self.w::<T>(wr[0])?, saved, running)?
                     }
                 }),
+                Op::BatchNormInference { rows, channels, epsilon } => with_float!(self.dtype(wr[0]), T, {
+                    let d = k::norm::NormDims { rows, channels };
+                    let affine = k::norm::Affine { gamma: self.pf32(s.params[0])?, beta: self.pf32(s.params[1])? };
+                    let (rm, rv) = (self.pf32(s.params[2])?, self.pf32(s.params[3])?);
+                    if self.same(rd[0], wr[0]) {
+                        k::norm::batch_norm_infer_forward_inplace::<T>(d, epsilon, self.w::<T>(wr[0])?, affine, rm, rv)?
+                    } else {
+                        k::norm::batch_norm_infer_forward::<T>(d, epsilon, self.r::<T>(rd[0])?, affine, rm, rv, self.w::<T>(wr[0])?)?
+                    }
+                }),
                 Op::LayerNorm { rows, features, epsilon } => with_float!(self.dtype(wr[0]), T, {
                     let d = k::norm::NormDims { rows, channels: features };
                     let affine = k::norm::Affine { gamma: self.pf32(s.params[0])?, beta: self.pf32(s.params[1])? };
@@ -936,6 +1000,41 @@ impl Executor {
         Ok(r)
     }
 
+    /// A loss value without gradients (inference plans).
+    fn loss_eval(&self, s: &PlanStep) -> SResult<(f32, usize)> {
+        let (rd, wr) = (&s.reads, &s.writes);
+        let ws_id = wr[wr.len() - 2];
+        // SAFETY: as in `forward`.
+        unsafe {
+            Ok(match s.op {
+                Op::SoftmaxCrossEntropy { rows, classes, weight } => with_float!(self.dtype(rd[0]), P, {
+                    let r = k::loss::sparse_categorical_crossentropy_eval::<P>(self.r::<P>(rd[0])?, self.r::<i32>(rd[1])?, rows, classes)?;
+                    (weight * r.loss, r.correct)
+                }),
+                Op::SoftmaxCrossEntropyFromLogits { rows, classes, weight } => {
+                    let probs = self.w::<f32>(ws_id)?;
+                    with_float!(self.dtype(rd[0]), P, { k::activation::softmax_forward::<P, f32>(self.r::<P>(rd[0])?, probs, rows, classes)? });
+                    let r = k::loss::sparse_categorical_crossentropy_eval::<f32>(probs, self.r::<i32>(rd[1])?, rows, classes)?;
+                    (weight * r.loss, r.correct)
+                }
+                Op::SigmoidBinaryCrossentropy { rows, features, reduction: red, weight }
+                | Op::BinaryCrossentropy { rows, features, reduction: red, weight } => float2!(self.dtype(rd[0]), P, self.dtype(rd[1]), Y, {
+                    (weight * k::loss::binary_crossentropy_eval::<P, Y>(self.r::<P>(rd[0])?, self.r::<Y>(rd[1])?, rows, features, reduction(red))?, 0)
+                }),
+                Op::MeanSquaredError { rows, features, reduction: red, weight } => float2!(self.dtype(rd[0]), P, self.dtype(rd[1]), Y, {
+                    (weight * k::loss::mean_squared_error_eval::<P, Y>(self.r::<P>(rd[0])?, self.r::<Y>(rd[1])?, rows, features, reduction(red))?, 0)
+                }),
+                Op::KlNormal { rows, features, reduction: red, weight } => {
+                    let w = if red == Reduction::Mean { weight / features as f32 } else { weight };
+                    with_float!(self.dtype(rd[0]), T, {
+                        (w * k::loss::kl_divergence_standard_normal_eval::<T>(self.r::<T>(rd[0])?, self.r::<T>(rd[1])?, rows, features)?, 0)
+                    })
+                }
+                other => return Err(Rt(RuntimeError::Memory(format!("{} is not a loss", other.name())))),
+            })
+        }
+    }
+
     fn loss_inner(&self, s: &PlanStep) -> SResult<(f32, usize)> {
         let (rd, wr) = (&s.reads, &s.writes);
         let nw = wr.len();
@@ -948,6 +1047,9 @@ impl Executor {
                 Ok(id)
             }
         };
+        if !self.plan.training {
+            return self.loss_eval(s);
+        }
         // SAFETY: as in `forward`.
         unsafe {
             Ok(match s.op {

@@ -7,8 +7,11 @@ pub mod error;
 pub mod executor;
 pub mod init;
 pub mod memory;
+pub mod monitor;
 pub mod reference;
+pub mod train;
 
 pub use device::Device;
 pub use error::{Result, RuntimeError};
 pub use executor::{Batch, Executor, StepOutput};
+pub use train::{Callback, EpochLog, Evaluation, FitOptions, History, MemoryCallback, Model};

@@ -58,7 +58,7 @@ fn main() {
     assert_eq!(spec.layer("stages.1.shortcut").unwrap().inputs, ["stages.0.out"]);
     assert_eq!(spec.layer("pool").unwrap().inputs, ["stages.1.out"]);
     let layers = Net::layers();
-    assert_eq!(layers.stem.name(), "stem");
+    assert_eq!(layers.stages[1].shortcut.name(), "stages.1.shortcut");
     assert_eq!(layers.stages.len(), 2);
     assert_eq!(Net::MEMORY.layers.iter().filter(|l| l.kind == "conv2d").count(), 1 + 2 * 3);
 }

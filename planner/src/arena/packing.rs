@@ -53,8 +53,8 @@ const EXACT_NODE_BUDGET: u64 = 100_000;
 
 /// Work the heuristics may do, counted in placed-buffer visits: one comparison of a buffer
 /// being placed with one already placed, a few nanoseconds. A greedy pass over n buffers
-/// costs up to n²/2; the budget lets a training step of 3,000 buffers pack in well under
-/// 100 ms when it does not meet the lower bound early.
+/// costs up to n²/2, so at 3,000 buffers this is a dozen passes' worth, about 0.1 s on a
+/// slow machine, and only spent when the lower bound is not met early.
 const WORK_BUDGET: u64 = 30_000_000;
 
 /// Smaller instances get at most this many greedy passes' worth of work, so that one whose
@@ -245,6 +245,8 @@ fn align_up(x: u64, align: u64) -> u64 {
 struct Item {
     /// Rounded up to the alignment, so that every end is aligned too.
     bytes: u64,
+    /// As requested, for TFLite's order.
+    requested: u64,
     first: u32,
     last: u32,
     /// Lifetime in original steps, for the orders.
@@ -405,6 +407,7 @@ impl Instance {
                 let r = reqs[i];
                 Item {
                     bytes: align_up(r.bytes, align),
+                    requested: r.bytes,
                     first: rank(r.first),
                     last: rank(r.last),
                     steps: (r.last - r.first) as u64 + 1,
@@ -439,10 +442,10 @@ impl Instance {
     }
 }
 
-/// TFLite's order: non-increasing size; equal sizes in request order.
+/// TFLite's order: non-increasing requested size; equal sizes in request order.
 fn tflite_order(items: &[Item]) -> Vec<u32> {
     let mut order: Vec<u32> = (0..items.len() as u32).collect();
-    order.sort_by_key(|&k| Reverse(items[k as usize].bytes));
+    order.sort_by_key(|&k| Reverse(items[k as usize].requested));
     order
 }
 
@@ -851,28 +854,33 @@ fn skyline(
     budget: u64,
     work: &mut u64,
 ) -> Vec<u64> {
-    let tie = |it: &Item| match rule {
-        SkylineRule::Longest => (it.steps, it.bytes),
-        SkylineRule::Largest => (it.bytes, it.steps),
-    };
-    let mut heap: BinaryHeap<(Reverse<u64>, (u64, u64), Reverse<u32>)> = items
-        .iter()
-        .enumerate()
-        .map(|(k, it)| (Reverse(0), tie(it), Reverse(k as u32)))
-        .collect();
+    // A heap entry is one integer, (the lowest level the buffer may have, its rank under
+    // the rule), smallest first: between equal levels the better rank wins.
+    let mut by_rule: Vec<u32> = (0..items.len() as u32).collect();
+    by_rule.sort_by_key(|&k| {
+        let it = items[k as usize];
+        Reverse(match rule {
+            SkylineRule::Longest => (it.steps, it.bytes),
+            SkylineRule::Largest => (it.bytes, it.steps),
+        })
+    });
+    let entry = |level: u64, rank: usize| Reverse(u128::from(level) << 32 | rank as u128);
+    let mut heap: BinaryHeap<Reverse<u128>> = (0..items.len()).map(|rank| entry(0, rank)).collect();
     let mut sky = MaxTree::new(coords);
     let mut offsets = vec![0u64; items.len()];
     let mut placed = vec![false; items.len()];
     let start = *work;
     while *work - start <= budget {
-        let Some((Reverse(level), t, Reverse(k))) = heap.pop() else {
+        let Some(Reverse(key)) = heap.pop() else {
             return offsets;
         };
         *work += SKYLINE_POP_WORK;
+        let (level, rank) = ((key >> 32) as u64, (key as u32) as usize);
+        let k = by_rule[rank];
         let it = items[k as usize];
         let now = sky.max(it.first as usize, it.last as usize);
         if now > level {
-            heap.push((Reverse(now), t, Reverse(k)));
+            heap.push(entry(now, rank));
             continue;
         }
         offsets[k as usize] = level;

@@ -286,7 +286,11 @@ impl Net {
             if op.trainable_path {
                 // The output's gradient: made by the latest reader's backward (or the
                 // loss), read by this op's backward.
-                let made = readers[i].iter().map(|&j| backward[j]).min().unwrap_or(loss);
+                let made = readers[i]
+                    .iter()
+                    .map(|&j| backward[j])
+                    .min()
+                    .unwrap_or(loss);
                 buffer(op.bytes, made, backward[i]);
                 buffer(op.bwd_workspace, backward[i], backward[i]);
             }

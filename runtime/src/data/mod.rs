@@ -4,3 +4,4 @@
 //! small real MNIST subset, so examples train out of the box with no download.
 
 pub mod idx;
+pub mod dataset;

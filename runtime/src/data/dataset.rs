@@ -1,0 +1,154 @@
+//! `Dataset`: samples a trainer gathers into batches, column by column, each column kept in
+//! its stored type (u8 pixels stay u8 until the step converts them).
+
+use memwise_plan::DType;
+
+use crate::data::idx::MnistSplit;
+use crate::error::{Result, RuntimeError};
+use crate::executor::Batch;
+
+/// One column of samples (one model input), stored as it arrives.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Column {
+    U8 { data: Vec<u8>, per_sample: usize },
+    I32 { data: Vec<i32>, per_sample: usize },
+    F32 { data: Vec<f32>, per_sample: usize },
+}
+
+impl Column {
+    pub fn dtype(&self) -> DType {
+        match self {
+            Column::U8 { .. } => DType::U8,
+            Column::I32 { .. } => DType::I32,
+            Column::F32 { .. } => DType::F32,
+        }
+    }
+
+    pub fn per_sample(&self) -> usize {
+        match self {
+            Column::U8 { per_sample, .. } | Column::I32 { per_sample, .. } | Column::F32 { per_sample, .. } => {
+                *per_sample
+            }
+        }
+    }
+
+    fn samples(&self) -> usize {
+        let n = match self {
+            Column::U8 { data, .. } => data.len(),
+            Column::I32 { data, .. } => data.len(),
+            Column::F32 { data, .. } => data.len(),
+        };
+        n / self.per_sample().max(1)
+    }
+
+    /// An empty buffer of this column's type for `batch` samples.
+    pub fn buffer(&self, batch: usize) -> Column {
+        let n = batch * self.per_sample();
+        match self {
+            Column::U8 { per_sample, .. } => Column::U8 { data: vec![0; n], per_sample: *per_sample },
+            Column::I32 { per_sample, .. } => Column::I32 { data: vec![0; n], per_sample: *per_sample },
+            Column::F32 { per_sample, .. } => Column::F32 { data: vec![0.0; n], per_sample: *per_sample },
+        }
+    }
+
+    /// Copies samples `indices` into `out` (a buffer from [`Column::buffer`]).
+    fn gather(&self, indices: &[usize], out: &mut Column) {
+        fn copy<T: Copy>(src: &[T], dst: &mut [T], per: usize, idx: &[usize]) {
+            for (k, &i) in idx.iter().enumerate() {
+                dst[k * per..(k + 1) * per].copy_from_slice(&src[i * per..(i + 1) * per]);
+            }
+        }
+        match (self, out) {
+            (Column::U8 { data, per_sample }, Column::U8 { data: d, .. }) => copy(data, d, *per_sample, indices),
+            (Column::I32 { data, per_sample }, Column::I32 { data: d, .. }) => copy(data, d, *per_sample, indices),
+            (Column::F32 { data, per_sample }, Column::F32 { data: d, .. }) => copy(data, d, *per_sample, indices),
+            _ => {}
+        }
+    }
+
+    /// The first `samples` samples of this buffer as a batch.
+    pub fn as_batch(&self, samples: usize) -> Batch<'_> {
+        let n = samples * self.per_sample();
+        match self {
+            Column::U8 { data, .. } => Batch::U8(&data[..n.min(data.len())]),
+            Column::I32 { data, .. } => Batch::I32(&data[..n.min(data.len())]),
+            Column::F32 { data, .. } => Batch::F32(&data[..n.min(data.len())]),
+        }
+    }
+}
+
+/// Samples a trainer can batch: one column per model input, in the model's input order.
+pub trait Dataset {
+    /// Number of samples.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The columns (their types and per-sample sizes; [`Dataset::gather`] fills buffers).
+    fn columns(&self) -> &[Column];
+    /// Copies samples `indices` into `out`, one buffer per column.
+    fn gather(&self, indices: &[usize], out: &mut [Column]) -> Result<()> {
+        let cols = self.columns();
+        if out.len() != cols.len() {
+            return Err(RuntimeError::Input(format!("{} buffers for {} columns", out.len(), cols.len())));
+        }
+        if let Some(&bad) = indices.iter().find(|&&i| i >= self.len()) {
+            return Err(RuntimeError::Input(format!("sample {bad} of a {}-sample dataset", self.len())));
+        }
+        for (c, o) in cols.iter().zip(out.iter_mut()) {
+            c.gather(indices, o);
+        }
+        Ok(())
+    }
+}
+
+/// A dataset held in memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InMemory {
+    columns: Vec<Column>,
+    len: usize,
+}
+
+impl InMemory {
+    /// Columns of equal sample counts; says which column disagrees.
+    pub fn new(columns: Vec<Column>) -> Result<InMemory> {
+        let len = columns.first().map_or(0, |c| c.samples());
+        for (k, c) in columns.iter().enumerate() {
+            if c.samples() != len {
+                return Err(RuntimeError::Input(format!(
+                    "column {k} holds {} samples, column 0 holds {len}",
+                    c.samples()
+                )));
+            }
+        }
+        Ok(InMemory { columns, len })
+    }
+
+    /// MNIST images (u8, 784 per sample) and labels (i32).
+    pub fn mnist(split: &MnistSplit) -> InMemory {
+        InMemory {
+            len: split.len(),
+            columns: vec![
+                Column::U8 { data: split.images.clone(), per_sample: split.pixels_per_image() },
+                Column::I32 { data: split.labels.iter().map(|&l| l as i32).collect(), per_sample: 1 },
+            ],
+        }
+    }
+
+    /// Images only (an autoencoder's input and target).
+    pub fn mnist_images(split: &MnistSplit) -> InMemory {
+        InMemory {
+            len: split.len(),
+            columns: vec![Column::U8 { data: split.images.clone(), per_sample: split.pixels_per_image() }],
+        }
+    }
+}
+
+impl Dataset for InMemory {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn columns(&self) -> &[Column] {
+        &self.columns
+    }
+}

@@ -1,0 +1,55 @@
+//! Memory measurements of the running process: resident size now and at its peak, read
+//! from /proc (Linux), to set beside the compile-time estimate.
+
+/// Resident-set figures in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Rss {
+    /// `VmRSS`: resident now.
+    pub current: u64,
+    /// `VmHWM`: the peak resident size so far.
+    pub peak: u64,
+}
+
+/// Reads `VmRSS` and `VmHWM` from /proc/self/status; `None` where that file does not exist.
+pub fn rss() -> Option<Rss> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = s.lines().find(|l| l.starts_with(name))?;
+        Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+    };
+    Some(Rss { current: field("VmRSS:")?, peak: field("VmHWM:")? })
+}
+
+/// Measures growth from a baseline taken before a model is built (the run report's
+/// `peak_rss_growth_bytes` = peak resident size − resident size at the baseline).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryMonitor {
+    baseline: u64,
+}
+
+impl MemoryMonitor {
+    /// Takes the baseline now.
+    pub fn start() -> MemoryMonitor {
+        MemoryMonitor { baseline: rss().map_or(0, |r| r.current) }
+    }
+
+    pub fn baseline(&self) -> u64 {
+        self.baseline
+    }
+
+    /// Resident growth now and at its peak since the baseline.
+    pub fn growth(&self) -> Option<Rss> {
+        rss().map(|r| Rss {
+            current: r.current.saturating_sub(self.baseline),
+            peak: r.peak.saturating_sub(self.baseline),
+        })
+    }
+}
+
+/// `measured / estimated − 1`, as a signed percentage.
+pub fn error_percent(measured: u64, estimated: u64) -> f64 {
+    if estimated == 0 {
+        return 0.0;
+    }
+    (measured as f64 / estimated as f64 - 1.0) * 100.0
+}

@@ -1,0 +1,388 @@
+//! `Model`: fit / evaluate / predict around the executor, with a Keras-like progress bar and
+//! epoch line, callbacks, and the memory monitor that sets the measured peak beside the
+//! compile-time estimate.
+
+use std::io::IsTerminal;
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use memwise_plan::advice::format_bytes;
+use memwise_plan::{plan, plan_inference, ModelSpec, Op, StaticPlan};
+
+use crate::data::dataset::{Column, Dataset};
+use crate::device::Device;
+use crate::error::{Result, RuntimeError};
+use crate::executor::{Batch, Executor};
+use crate::monitor::{error_percent, MemoryMonitor};
+
+/// What `fit` does.
+#[derive(Clone, Debug)]
+pub struct FitOptions {
+    pub epochs: usize,
+    /// Reshuffle the samples every epoch (seeded).
+    pub shuffle: bool,
+    pub seed: u64,
+    /// Stop an epoch after this many steps (None: every full batch).
+    pub steps_per_epoch: Option<usize>,
+    /// Print the progress bar (when stderr is a terminal) and one line per epoch.
+    pub verbose: bool,
+}
+
+impl Default for FitOptions {
+    fn default() -> Self {
+        FitOptions { epochs: 1, shuffle: true, seed: 0, steps_per_epoch: None, verbose: true }
+    }
+}
+
+/// One epoch's figures.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EpochLog {
+    pub epoch: usize,
+    pub steps: usize,
+    pub loss: f32,
+    /// Fraction of correct predictions (classification losses), else `None`.
+    pub accuracy: Option<f32>,
+    pub val_loss: Option<f32>,
+    pub val_accuracy: Option<f32>,
+    pub seconds: f64,
+    /// Resident-size growth since the model was built: now, and the peak.
+    pub rss_growth: u64,
+    pub peak_rss_growth: u64,
+}
+
+/// What `fit` returns: every epoch, and every step's loss and time.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct History {
+    pub epochs: Vec<EpochLog>,
+    pub step_losses: Vec<f32>,
+    pub step_ms: Vec<f64>,
+}
+
+impl History {
+    /// Median step time in milliseconds.
+    pub fn step_ms_median(&self) -> f64 {
+        let mut v = self.step_ms.clone();
+        v.sort_by(|a, b| a.total_cmp(b));
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    }
+}
+
+/// Loss and accuracy over a dataset.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Evaluation {
+    pub loss: f32,
+    pub accuracy: Option<f32>,
+    pub samples: usize,
+}
+
+/// Called by `fit`.
+pub trait Callback {
+    fn on_epoch_end(&mut self, _log: &EpochLog, _model: &Model) {}
+}
+
+/// The seed's `MemoryCallback`, done right: after each epoch, prints the measured current and
+/// peak resident growth next to the compile-time estimate and the error between them.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryCallback {
+    pub lines: Vec<String>,
+}
+
+impl Callback for MemoryCallback {
+    fn on_epoch_end(&mut self, log: &EpochLog, model: &Model) {
+        let est = model.estimate_bytes();
+        let line = format!(
+            "memory: estimate {} | measured current {} | peak {} ({:+.1}% vs estimate)",
+            format_bytes(est),
+            format_bytes(log.rss_growth),
+            format_bytes(log.peak_rss_growth),
+            error_percent(log.peak_rss_growth, est)
+        );
+        eprintln!("{line}");
+        self.lines.push(line);
+    }
+}
+
+/// A model built on a device: the training executor, and inference executors made on
+/// demand for evaluate and predict.
+pub struct Model {
+    spec: ModelSpec,
+    device: Device,
+    train: Executor,
+    /// Inference executors by batch size (the plan's, and a final partial batch's).
+    infer: Vec<Executor>,
+    monitor: MemoryMonitor,
+}
+
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl Model {
+    /// Plans `spec` and allocates it on `device` (weights initialised from `seed`). The
+    /// memory baseline is taken first, so the monitor measures what the model costs.
+    pub fn build(spec: &ModelSpec, device: &Device, seed: u64) -> Result<Model> {
+        let monitor = MemoryMonitor::start();
+        let p = plan(spec)?;
+        Model::from_plan(spec, p, device, seed, monitor)
+    }
+
+    /// Builds from a plan made earlier (the macro's `PLAN`).
+    pub fn from_plan(spec: &ModelSpec, p: StaticPlan, device: &Device, seed: u64, monitor: MemoryMonitor) -> Result<Model> {
+        let train = Executor::new(p, device, seed)?;
+        Ok(Model { spec: spec.clone(), device: device.clone(), train, infer: Vec::new(), monitor })
+    }
+
+    pub fn executor(&self) -> &Executor {
+        &self.train
+    }
+
+    pub fn executor_mut(&mut self) -> &mut Executor {
+        &mut self.train
+    }
+
+    pub fn plan(&self) -> &StaticPlan {
+        self.train.plan()
+    }
+
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    pub fn monitor(&self) -> &MemoryMonitor {
+        &self.monitor
+    }
+
+    /// The estimate the monitor compares with: the plan's total plus the CPU GEMM library's
+    /// transient packing buffers (see `memwise_plan::op::GEMM_PACKING_BYTES`).
+    pub fn estimate_bytes(&self) -> u64 {
+        self.plan().memory.total + memwise_plan::op::GEMM_PACKING_BYTES
+    }
+
+    fn is_classifier(p: &StaticPlan) -> bool {
+        p.steps.iter().any(|s| matches!(s.op, Op::SoftmaxCrossEntropy { .. } | Op::SoftmaxCrossEntropyFromLogits { .. }))
+    }
+
+    fn check_columns(&self, data: &dyn Dataset) -> Result<()> {
+        let p = self.plan();
+        if data.columns().len() != p.inputs.len() {
+            let names: Vec<&str> = p.inputs.iter().map(|&i| p.tensor(i).name.as_ref()).collect();
+            return Err(RuntimeError::Input(format!(
+                "the dataset has {} columns, the model takes {} inputs ({})",
+                data.columns().len(),
+                p.inputs.len(),
+                names.join(", ")
+            )));
+        }
+        for (c, &id) in data.columns().iter().zip(p.inputs.iter()) {
+            let t = p.tensor(id);
+            let per: usize = t.shape[1..].iter().product();
+            if c.dtype() != t.dtype || c.per_sample() != per {
+                return Err(RuntimeError::Input(format!(
+                    "input `{}` takes {} values of {} per sample, the dataset column has {} of {}",
+                    t.name,
+                    per,
+                    t.dtype.name(),
+                    c.per_sample(),
+                    c.dtype().name()
+                )));
+            }
+        }
+        if data.is_empty() {
+            return Err(RuntimeError::Input("the dataset is empty".into()));
+        }
+        Ok(())
+    }
+
+    /// Trains for `opts.epochs` epochs over full batches of `train` (the plan's batch is
+    /// static: a final partial batch is left for the next epoch's shuffle), evaluating on
+    /// `validation` after each epoch.
+    pub fn fit(
+        &mut self,
+        train: &dyn Dataset,
+        validation: Option<&dyn Dataset>,
+        opts: &FitOptions,
+        callbacks: &mut [&mut dyn Callback],
+    ) -> Result<History> {
+        self.check_columns(train)?;
+        let batch = self.plan().batch;
+        if train.len() < batch {
+            return Err(RuntimeError::Input(format!(
+                "the dataset has {} samples, fewer than one batch of {batch}",
+                train.len()
+            )));
+        }
+        let classifier = Model::is_classifier(self.plan());
+        let full = train.len() / batch;
+        let steps = opts.steps_per_epoch.map_or(full, |s| s.min(full)).max(1);
+        let mut order: Vec<usize> = (0..train.len()).collect();
+        let mut bufs: Vec<Column> = train.columns().iter().map(|c| c.buffer(batch)).collect();
+        let mut rng = opts.seed ^ 0x6D65_6D77_6973_65;
+        let mut history = History::default();
+        let tty = std::io::stderr().is_terminal();
+        for epoch in 1..=opts.epochs {
+            if opts.shuffle {
+                for i in (1..order.len()).rev() {
+                    let j = (splitmix(&mut rng) % (i as u64 + 1)) as usize;
+                    order.swap(i, j);
+                }
+            }
+            let bar = if opts.verbose && tty {
+                let b = ProgressBar::new(steps as u64);
+                b.set_style(
+                    ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
+                        .unwrap_or_else(|_| ProgressStyle::default_bar())
+                        .progress_chars("=> "),
+                );
+                b.set_prefix(format!("Epoch {epoch}/{}", opts.epochs));
+                b
+            } else {
+                ProgressBar::hidden()
+            };
+            let t0 = Instant::now();
+            let (mut loss_sum, mut correct, mut seen) = (0f64, 0usize, 0usize);
+            for s in 0..steps {
+                let idx = &order[s * batch..(s + 1) * batch];
+                train.gather(idx, &mut bufs)?;
+                let batches: Vec<Batch<'_>> = bufs.iter().map(|b| b.as_batch(batch)).collect();
+                let ts = Instant::now();
+                let out = self.train.train_step(&batches)?;
+                history.step_ms.push(ts.elapsed().as_secs_f64() * 1e3);
+                if !out.loss.is_finite() && !out.skipped {
+                    return Err(RuntimeError::NonFinite(format!(
+                        "epoch {epoch}, step {}: the loss is {} (float32 training diverged; lower the learning rate)",
+                        s + 1,
+                        out.loss
+                    )));
+                }
+                history.step_losses.push(out.loss);
+                loss_sum += out.loss as f64;
+                correct += out.correct;
+                seen += batch;
+                bar.inc(1);
+                if classifier {
+                    bar.set_message(format!("loss: {:.4} - accuracy: {:.4}", loss_sum / (s + 1) as f64, correct as f64 / seen as f64));
+                } else {
+                    bar.set_message(format!("loss: {:.4}", loss_sum / (s + 1) as f64));
+                }
+            }
+            bar.finish_and_clear();
+            let seconds = t0.elapsed().as_secs_f64();
+            let (val_loss, val_accuracy) = match validation {
+                Some(v) => {
+                    let e = self.evaluate(v)?;
+                    (Some(e.loss), e.accuracy)
+                }
+                None => (None, None),
+            };
+            let g = self.monitor.growth().unwrap_or_default();
+            let log = EpochLog {
+                epoch,
+                steps,
+                loss: (loss_sum / steps as f64) as f32,
+                accuracy: classifier.then_some(correct as f32 / seen as f32),
+                val_loss,
+                val_accuracy,
+                seconds,
+                rss_growth: g.current,
+                peak_rss_growth: g.peak,
+            };
+            if opts.verbose {
+                eprintln!("{}", epoch_line(&log, opts.epochs, self.estimate_bytes()));
+            }
+            for c in callbacks.iter_mut() {
+                c.on_epoch_end(&log, self);
+            }
+            history.epochs.push(log);
+        }
+        Ok(history)
+    }
+
+    /// The inference executor for batches of `n`, built on first use; weights copied from
+    /// the training executor.
+    fn inference(&mut self, n: usize) -> Result<usize> {
+        let k = match self.infer.iter().position(|e| e.plan().batch == n) {
+            Some(k) => k,
+            None => {
+                let p = plan_inference(&self.spec.with_batch(n))?;
+                self.infer.push(Executor::new(p, &self.device, self.train.seed())?);
+                self.infer.len() - 1
+            }
+        };
+        let (train, infer) = (&self.train, &mut self.infer[k]);
+        infer.copy_params_from(train)?;
+        Ok(k)
+    }
+
+    /// Loss (and accuracy for classifiers) over every sample of `data`, in inference mode
+    /// (batch norm from running statistics, no dropout).
+    pub fn evaluate(&mut self, data: &dyn Dataset) -> Result<Evaluation> {
+        self.check_columns(data)?;
+        let batch = self.plan().batch;
+        let classifier = Model::is_classifier(self.plan());
+        let (mut loss, mut correct) = (0f64, 0usize);
+        let mut start = 0;
+        while start < data.len() {
+            let n = batch.min(data.len() - start);
+            let k = self.inference(n)?;
+            let idx: Vec<usize> = (start..start + n).collect();
+            let mut bufs: Vec<Column> = data.columns().iter().map(|c| c.buffer(n)).collect();
+            data.gather(&idx, &mut bufs)?;
+            let batches: Vec<Batch<'_>> = bufs.iter().map(|b| b.as_batch(n)).collect();
+            let out = self.infer[k].evaluate_step(&batches)?;
+            loss += out.loss as f64 * n as f64;
+            correct += out.correct;
+            start += n;
+        }
+        let samples = data.len();
+        Ok(Evaluation {
+            loss: (loss / samples as f64) as f32,
+            accuracy: classifier.then_some(correct as f32 / samples as f32),
+            samples,
+        })
+    }
+
+    /// The model's prediction for every sample (row-major, `[samples, …]`), in inference
+    /// mode. Label columns are read but do not change the prediction.
+    pub fn predict(&mut self, data: &dyn Dataset) -> Result<Vec<f32>> {
+        self.check_columns(data)?;
+        let batch = self.plan().batch;
+        let mut out = Vec::new();
+        let mut start = 0;
+        while start < data.len() {
+            let n = batch.min(data.len() - start);
+            let k = self.inference(n)?;
+            let idx: Vec<usize> = (start..start + n).collect();
+            let mut bufs: Vec<Column> = data.columns().iter().map(|c| c.buffer(n)).collect();
+            data.gather(&idx, &mut bufs)?;
+            let batches: Vec<Batch<'_>> = bufs.iter().map(|b| b.as_batch(n)).collect();
+            self.infer[k].evaluate_step(&batches)?;
+            let ex = &self.infer[k];
+            let elems = ex.plan().tensor(ex.plan().prediction).elems();
+            let at = out.len();
+            out.resize(at + elems, 0.0);
+            ex.read_prediction(&mut out[at..])?;
+            start += n;
+        }
+        Ok(out)
+    }
+}
+
+/// Keras's line: `Epoch 3/5 - 62 steps - 4.1s - loss: 0.2311 - accuracy: 0.9312 - val_…`.
+pub fn epoch_line(l: &EpochLog, epochs: usize, estimate: u64) -> String {
+    let mut s = format!("Epoch {}/{epochs} - {} steps - {:.1}s - loss: {:.4}", l.epoch, l.steps, l.seconds, l.loss);
+    if let Some(a) = l.accuracy {
+        s += &format!(" - accuracy: {a:.4}");
+    }
+    if let Some(v) = l.val_loss {
+        s += &format!(" - val_loss: {v:.4}");
+    }
+    if let Some(a) = l.val_accuracy {
+        s += &format!(" - val_accuracy: {a:.4}");
+    }
+    s += &format!(" - memory: {} peak / {} estimated", format_bytes(l.peak_rss_growth), format_bytes(estimate));
+    s
+}
