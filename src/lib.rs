@@ -1,14 +1,372 @@
 //! memwise: declare a model as an annotated struct; the compiler plans its memory.
+//!
+//! ```
+//! use memwise::prelude::*;
+//!
+//! #[memwise::model(batch = 128, optimizer = rmsprop(lr = 1e-3),
+//!                  loss = sparse_categorical_crossentropy, budget = "2 GiB")]
+//! pub struct MnistMlp {
+//!     #[input(shape = [784], dtype = u8, scale = 1.0 / 255.0)]
+//!     pixels: Input,
+//!     #[input(shape = [], dtype = i32)]
+//!     labels: Input,
+//!     #[dense(512, activation = relu, from = pixels)]
+//!     hidden: Dense,
+//!     #[dense(10, activation = softmax)]
+//!     probs: Dense,
+//! }
+//!
+//! // Known when `cargo check` finishes:
+//! const _: () = assert!(MnistMlp::MEMORY.total < 8 << 20);
+//! # fn main() {}
+//! ```
+//!
+//! The DSL is documented on [`model`] (every attribute) and [`block`] (repetition); the
+//! design notes are in `docs/DSL.md`.
 pub mod layers;
 pub mod prelude;
 pub mod summary;
 
-pub use memwise_macros::{block, model};
 pub use memwise_plan as plan;
 pub use memwise_runtime as runtime;
 
 #[doc(hidden)]
 pub use memwise_macros::__model_continue;
+
+/// Declares a model: a struct whose fields are layers. The macro plans one training step
+/// at compile time and adds the plan to the struct as consts — or stops the build with a
+/// spanned error.
+///
+/// ```
+/// use memwise::prelude::*;
+///
+/// #[memwise::model(batch = 128, optimizer = rmsprop(lr = 1e-3), loss = sparse_categorical_crossentropy,
+///                  metrics = [accuracy], budget = "2 GiB")]
+/// pub struct MnistMlp {
+///     #[input(shape = [784], dtype = u8, scale = 1.0 / 255.0)]
+///     pixels: Input,
+///     #[input(shape = [], dtype = i32)]
+///     labels: Input,
+///     #[dense(512, activation = relu, from = pixels)]
+///     hidden: Dense,
+///     #[dense(10, activation = softmax)]
+///     probs: Dense,
+/// }
+///
+/// const _: () = assert!(MnistMlp::MEMORY.total <= 4 << 30);
+///
+/// fn main() {
+///     println!("{}", MnistMlp::summary());
+///     assert_eq!(MnistMlp::PARAMS, 407_050);
+///     assert_eq!(MnistMlp::layers().hidden.params()[0].name, "hidden.weight");
+/// }
+/// ```
+///
+/// # The model attribute
+///
+/// | argument | values | default |
+/// |---|---|---|
+/// | `batch` | a positive integer (also `batch_size`) | 32 (Keras's `fit`) |
+/// | `optimizer` | `sgd`, `momentum`, `rmsprop`, `adam`, `adamw`, bare or with options: `adam(lr = 1e-4)` | `rmsprop` |
+/// | `loss` | a loss, or a weighted sum of terms (below) | required |
+/// | `metrics` | `[accuracy]`, `[binary_accuracy]`, `[mse]` (recorded for training) | none |
+/// | `budget` | a string: `"512 MiB"`, `"8 GiB"`, `"1.5 GiB"` (powers of 1024) or `"80GB"` (powers of 1000) | none |
+/// | `precision` | `float32`, `mixed_float16`, `mixed_bfloat16` (Keras's global policy) | `float32` |
+/// | `checkpoint` | `auto` — not available yet: an error says so; use `#[checkpoint]` | — |
+///
+/// Optimizer options, with Keras's names and defaults: `sgd(lr = 0.01, momentum = 0.0,
+/// nesterov = false)` (a momentum above 0 makes it `momentum`), `momentum(lr = 0.01,
+/// momentum = 0.9, nesterov = false)`, `rmsprop(lr = 1e-3, rho = 0.9, epsilon = 1e-7,
+/// momentum = 0.0, centered = false)`, `adam(lr = 1e-3, beta_1 = 0.9, beta_2 = 0.999,
+/// epsilon = 1e-7)`, `adamw(…, weight_decay = 0.004)`. `lr` may be spelt `learning_rate`
+/// or given first: `adam(3e-4)`.
+///
+/// Losses: `sparse_categorical_crossentropy`, `binary_crossentropy` (`bce`), `mse`
+/// (`mean_squared_error`), `kl_normal` (`kl`). Bare, a loss reads the last layer as its
+/// prediction and the one input no layer reads as its target. Called, it names its fields
+/// — `(prediction, target)`, or `(mean, log_var)` for `kl_normal` — and takes
+/// `reduction = mean | sum` (sum over features, mean over the batch) and `weight = w`.
+/// Terms add up, and a number in front weights a term:
+///
+/// ```
+/// use memwise::prelude::*;
+///
+/// #[memwise::model(batch = 32, optimizer = adam,
+///                  loss = binary_crossentropy(decoded, pixels, reduction = sum) + 0.5 * kl_normal(z_mean, z_log_var))]
+/// struct Vae {
+///     #[input(shape = [784], dtype = u8, scale = 1.0 / 255.0)]
+///     pixels: Input,
+///     #[dense(64, activation = relu)]
+///     encoder: Dense,
+///     #[dense(2, from = encoder)]
+///     z_mean: Dense,
+///     #[dense(2, from = encoder)]
+///     z_log_var: Dense,
+///     #[sample_normal(z_mean, z_log_var)]
+///     z: SampleNormal,
+///     #[dense(784, activation = sigmoid)]
+///     decoded: Dense,
+/// }
+/// # fn main() { assert_eq!(Vae::spec().loss.len(), 2); }
+/// ```
+///
+/// # Layer attributes
+///
+/// Every field carries exactly one layer attribute, and its type is the layer's handle
+/// from [`layers`] (an array `[T; N]` repeats the layer N times in a row). Options use
+/// Keras's names and defaults; the ones in the "positional" column may be given in that
+/// order without a name. A layer reads the field above it unless `from = field` names
+/// another; `add`, `concat` and `sample_normal` name their inputs as arguments.
+/// Option values may be numbers with `+ - * /` (`7 * 7 * 64`, `1.0 / 255.0`), names
+/// (`relu`, `same`), or lists (`[3, 3]`); `kernel_size`, `strides` and `pool_size` take one
+/// number or two.
+///
+/// | attribute | type | positional | options (default) |
+/// |---|---|---|---|
+/// | `input` | [`Input`](layers::Input) | `shape` | `shape` (required; without batch, `[]` for a scalar), `dtype = f32` (`u8`, `i32`, `f16`, `bf16`), `scale = 1.0` |
+/// | `dense` | [`Dense`](layers::Dense) | `units` | `activation = linear`, `use_bias = true` |
+/// | `conv2d` | [`Conv2d`](layers::Conv2d) | `filters`, `kernel_size` | `strides = 1`, `padding = valid`, `activation = linear`, `use_bias = true` |
+/// | `conv2d_transpose` | [`Conv2dTranspose`](layers::Conv2dTranspose) | `filters`, `kernel_size` | as `conv2d` |
+/// | `separable_conv2d` | [`SeparableConv2d`](layers::SeparableConv2d) | `filters`, `kernel_size` | as `conv2d`, `depth_multiplier = 1` |
+/// | `depthwise_conv2d` | [`DepthwiseConv2d`](layers::DepthwiseConv2d) | `kernel_size` | `strides`, `padding`, `depth_multiplier = 1`, `activation`, `use_bias` |
+/// | `max_pool2d`, `avg_pool2d` | [`MaxPool2d`](layers::MaxPool2d), [`AvgPool2d`](layers::AvgPool2d) | `pool_size` | `pool_size = 2`, `strides = pool_size`, `padding = valid` |
+/// | `global_avg_pool` | [`GlobalAvgPool`](layers::GlobalAvgPool) | | |
+/// | `batch_norm` | [`BatchNorm`](layers::BatchNorm) | | `momentum = 0.99`, `epsilon = 1e-3` |
+/// | `layer_norm` | [`LayerNorm`](layers::LayerNorm) | | `epsilon = 1e-3` |
+/// | `dropout` | [`Dropout`](layers::Dropout) | `rate` | |
+/// | `flatten` | [`Flatten`](layers::Flatten) | | |
+/// | `reshape` | [`Reshape`](layers::Reshape) | `target_shape` | |
+/// | `activation` | [`Activation`](layers::Activation) | `activation` | |
+/// | `embedding` | [`Embedding`](layers::Embedding) | `input_dim`, `output_dim` | |
+/// | `attention` | [`Attention`](layers::Attention) | `num_heads` | `causal = false`, `dropout = 0.0` |
+/// | `add` | [`Add`](layers::Add) | the fields to sum | `activation = linear` |
+/// | `concat` | [`Concat`](layers::Concat) | the fields to join | `axis = -1` (the only one) |
+/// | `sample_normal` | [`SampleNormal`](layers::SampleNormal) | `mean`, `log_var` | |
+///
+/// Activations: `linear`, `relu`, `sigmoid`, `tanh`, `gelu`, `silu`, `softmax`. Aliases:
+/// `kernel` for `kernel_size`, `pool` for `pool_size`, `stride` for `strides`,
+/// `multiplier` for `depth_multiplier`, `shape` for `target_shape`, `vocab`/`dim` for
+/// `input_dim`/`output_dim`, `heads` for `num_heads`, `use_causal_mask` for `causal`.
+///
+/// ```
+/// use memwise::prelude::*;
+///
+/// #[memwise::model(batch = 32, loss = sparse_categorical_crossentropy)]
+/// struct Cnn {
+///     #[input(shape = [32, 32, 3], dtype = u8, scale = 1.0 / 255.0)]
+///     image: Input,
+///     #[conv2d(32, 3, padding = same, use_bias = false)]
+///     conv: Conv2d,
+///     #[batch_norm]
+///     bn: BatchNorm,
+///     #[activation(relu)]
+///     relu: Activation,
+///     #[depthwise_conv2d(3, strides = 2, padding = same, activation = relu)]
+///     depthwise: DepthwiseConv2d,
+///     #[separable_conv2d(64, 3, padding = same, activation = relu)]
+///     separable: SeparableConv2d,
+///     #[max_pool2d(2)]
+///     max_pool: MaxPool2d,
+///     #[conv2d_transpose(32, 3, strides = 2, padding = same)]
+///     up: Conv2dTranspose,
+///     #[avg_pool2d(pool_size = 2, strides = 2)]
+///     avg_pool: AvgPool2d,
+///     #[conv2d(32, 1, from = up)]
+///     skip: Conv2d,
+///     #[max_pool2d(2)]
+///     skip_pool: MaxPool2d,
+///     #[add(avg_pool, skip_pool, activation = relu)]
+///     merged: Add,
+///     #[concat(merged, avg_pool)]
+///     both: Concat,
+///     #[global_avg_pool]
+///     pool: GlobalAvgPool,
+///     #[dropout(0.5)]
+///     drop: Dropout,
+///     #[dense(10, activation = softmax)]
+///     probs: Dense,
+///     #[input(shape = [], dtype = i32)]
+///     label: Input,
+/// }
+///
+/// #[memwise::model(batch = 4, precision = mixed_float16, loss = sparse_categorical_crossentropy(logits, next))]
+/// struct TinyLm {
+///     #[input(shape = [64], dtype = i32)]
+///     ids: Input,
+///     #[input(shape = [64], dtype = i32)]
+///     next: Input,
+///     #[embedding(input_dim = 512, output_dim = 32, from = ids)]
+///     embed: Embedding,
+///     #[layer_norm(epsilon = 1e-5)]
+///     norm: LayerNorm,
+///     #[attention(num_heads = 4, causal = true)]
+///     attn: Attention,
+///     #[dense(64)]
+///     flat_in: Dense,
+///     #[flatten]
+///     flat: Flatten,
+///     #[reshape([64, 64])]
+///     back: Reshape,
+///     #[dense(512)]
+///     logits: Dense,
+/// }
+/// # fn main() { assert!(Cnn::MEMORY.total > 0 && TinyLm::MEMORY.total > 0); }
+/// ```
+///
+/// # Modifiers
+///
+/// - `#[checkpoint]`: the field's activations are dropped after the forward pass and
+///   recomputed before its backward pass. A run of consecutive `#[checkpoint]` fields is
+///   **one** segment (everything inside it is recomputed; only its input stays). To cut a
+///   run in two, number the segments: `#[checkpoint(segment = 1)]` … `#[checkpoint(segment
+///   = 2)]`; consecutive fields with the same number form one segment. A checkpointed
+///   block field is one segment per instance. Inputs cannot be checkpointed.
+/// - `#[fp16]`, `#[bf16]`, `#[f32]`: the layer computes and stores its activations in that
+///   type, whatever the model's `precision` (one per field; not on inputs).
+///
+/// ```
+/// use memwise::prelude::*;
+///
+/// #[memwise::model(batch = 256, precision = mixed_float16, loss = mse(out, x))]
+/// struct Deep {
+///     #[input(shape = [512])]
+///     x: Input,
+///     #[checkpoint]
+///     #[dense(512, activation = relu)]
+///     a: Dense,
+///     #[checkpoint]
+///     #[dense(512, activation = relu)]
+///     b: Dense,
+///     #[checkpoint(segment = 2)]
+///     #[dense(512, activation = relu)]
+///     c: Dense,
+///     #[f32]
+///     #[dense(512)]
+///     out: Dense,
+/// }
+/// # fn main() {
+/// #     let s = Deep::spec();
+/// #     assert_eq!(s.layer("a").unwrap().checkpoint, s.layer("b").unwrap().checkpoint);
+/// #     assert_ne!(s.layer("b").unwrap().checkpoint, s.layer("c").unwrap().checkpoint);
+/// # }
+/// ```
+///
+/// # Repetition
+///
+/// An array field repeats its layer (`[Dense; 3]`: three in a row, named `field.0` …). A
+/// `#[block(args)]` field instantiates a [`macro@block`]; an array of blocks repeats it,
+/// each instance reading the previous one's output. See [`macro@block`].
+///
+/// # What it generates
+///
+/// The struct stays an ordinary struct (the macro's attributes removed) whose fields are
+/// layer handles, plus, as inherent items and through the [`Model`] trait:
+///
+/// - `const PLAN: memwise::plan::StaticPlan` — every step, tensor, offset of one training
+///   step, executed later by the runtime;
+/// - `const MEMORY: memwise::plan::MemoryReport` — params, grads, optimizer state,
+///   activations, workspace, inputs, `total`; usable in `const` context;
+/// - `const PARAMS: u64`;
+/// - `fn spec() -> ModelSpec` (the model as declared), `fn plan_for_batch(n)`,
+///   `fn summary() -> String` (a Keras-like table), `const fn layers() -> Self` (the
+///   handles: layer names and parameter ids in `PLAN`).
+///
+/// (`Self::new(&Device)` arrives with the runtime's executor.)
+///
+/// # The budget error
+///
+/// With `budget = "…"`, a plan that does not fit stops the build with one error on the
+/// `budget` argument: what the step needs, the breakdown, and the fixes that were planned
+/// and fit — the largest batch, `mixed_float16`, which fields to `#[checkpoint]`:
+///
+/// ```compile_fail
+/// use memwise::prelude::*;
+///
+/// #[memwise::model(batch = 4096, loss = mse(out, x), budget = "64 MiB")]
+/// struct TooBig {
+///     #[input(shape = [1024])]
+///     x: Input,
+///     #[dense(1024, activation = relu)]
+///     hidden: Dense,
+///     #[dense(1024)]
+///     out: Dense,
+/// }
+/// # fn main() {}
+/// ```
+///
+/// ```text
+/// error: model `TooBig` needs 100.03 MiB but the budget is 64 MiB (36.03 MiB over)
+///        = note: at batch 4096, float32: params 8.01 MiB + grads 8.01 MiB + optimizer 8.01 MiB + …
+///        = help: each of these fits (planned):
+///                - `batch = 2300` (the largest batch that fits): 63.99 MiB
+///                - …
+/// ```
+///
+/// Every other mistake — an unknown layer or option (with a suggestion), a missing or
+/// mistyped option, a reference to an unknown or later field, two layers on one field,
+/// shapes that do not match — is an error on the field at fault.
+pub use memwise_macros::model;
+
+/// Declares a reusable block of layers with parameters, used as a field type by
+/// [`macro@model`] (or by another block) with `#[block(param = value, …)]`.
+///
+/// A block's fields are layers like a model's, but it has no inputs: its first field reads
+/// the field above the `#[block]` field (or `from = field` given there), and the name
+/// `input` refers to that input inside the block. Its output is its last field. Parameters
+/// are declared in the attribute, optionally with a default, and used in option values,
+/// with arithmetic: `filters * 4`.
+///
+/// An array of blocks, `[Bottleneck; 3]`, chains three instances. Layers are named
+/// `field.inner` (or `field.i.inner` in an array), PyTorch's state-dict names.
+///
+/// ```
+/// use memwise::prelude::*;
+///
+/// /// A residual bottleneck; `strides = 2` halves the resolution.
+/// #[memwise::block(filters, strides = 1)]
+/// pub struct Bottleneck {
+///     #[conv2d(filters * 4, 1, strides = strides, use_bias = false)]
+///     shortcut: Conv2d,
+///     #[conv2d(filters, 1, strides = strides, activation = relu, from = input)]
+///     reduce: Conv2d,
+///     #[conv2d(filters, 3, padding = same, activation = relu)]
+///     conv: Conv2d,
+///     #[conv2d(filters * 4, 1)]
+///     expand: Conv2d,
+///     #[add(shortcut, expand, activation = relu)]
+///     out: Add,
+/// }
+///
+/// #[memwise::model(batch = 8, loss = sparse_categorical_crossentropy)]
+/// pub struct Net {
+///     #[input(shape = [64, 64, 3])]
+///     image: Input,
+///     #[block(filters = 16, strides = 2)]
+///     stage1: Bottleneck,
+///     #[checkpoint]
+///     #[block(filters = 32, strides = 2)]
+///     stage2: [Bottleneck; 3],
+///     #[global_avg_pool]
+///     pool: GlobalAvgPool,
+///     #[dense(10, activation = softmax)]
+///     probs: Dense,
+///     #[input(shape = [], dtype = i32)]
+///     label: Input,
+/// }
+///
+/// fn main() {
+///     let spec = Net::spec();
+///     assert_eq!(spec.layer("stage2.2.out").unwrap().inputs, ["stage2.2.shortcut", "stage2.2.expand"]);
+///     assert_eq!(spec.layer("stage2.1.reduce").unwrap().inputs, ["stage2.0.out"]);
+/// }
+/// ```
+///
+/// Blocks may contain blocks. The model macro reads a block's definition through a
+/// `macro_rules!` the block macro leaves next to it, named like the struct: import a block
+/// where the model is (`use blocks::Bottleneck;`), as you would the type, and blocks nested
+/// in blocks must be importable under the same path from the model's module. A block is
+/// usable within its crate.
+pub use memwise_macros::block;
 
 use plan::{MemoryReport, ModelSpec, PlanError, StaticPlan};
 

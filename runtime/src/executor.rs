@@ -118,7 +118,7 @@ macro_rules! with_float {
 
 /// The optimizer's kernel.
 #[derive(Clone, Copy, Debug)]
-enum Opt {
+pub(crate) enum Opt {
     Sgd(k::optimizer::Sgd),
     RmsProp(k::optimizer::RmsProp),
     Adam(k::optimizer::Adam),
@@ -159,20 +159,20 @@ impl Opt {
 
 /// Runs training steps of one plan on the CPU.
 pub struct Executor {
-    plan: StaticPlan,
-    arena: Region,
-    persistent: Region,
-    seed: u64,
+    pub(crate) plan: StaticPlan,
+    pub(crate) arena: Region,
+    pub(crate) persistent: Region,
+    pub(crate) seed: u64,
     /// Training steps run so far (keys dropout and sampling, counts optimizer updates).
-    step_counter: u64,
+    pub(crate) step_counter: u64,
     /// Optimizer updates applied (Adam's bias correction counts these).
-    updates: u64,
-    scaler: k::optimizer::LossScaler,
-    opt: Opt,
+    pub(crate) updates: u64,
+    pub(crate) scaler: k::optimizer::LossScaler,
+    pub(crate) opt: Opt,
     /// Byte range of the gradients in the persistent region (zeroed at each step).
-    grads_range: (usize, usize),
+    pub(crate) grads_range: (usize, usize),
     /// Test hook: tensors to overwrite with NaN right after each step (their last use).
-    poison_after: Option<Vec<Vec<u32>>>,
+    pub(crate) poison_after: Option<Vec<Vec<u32>>>,
     /// Kernel steps executed (for tests).
     pub steps_executed: u64,
 }
