@@ -5,7 +5,7 @@ use memwise_runtime::*;
 fn main() -> Result<()> {
     let (train, test) = load_bundled_digits().map_err(|e| RuntimeError::Io(e.to_string()))?;
     let spec = memwise_plan::zoo::mnist_mlp(128);
-    let mut m = Model::build(&spec, &Device::cpu(), 1)?;
+    let mut m = Trainer::build(&spec, &Device::cpu(), 1)?;
     let (tr, te) = (InMemory::mnist(&train), InMemory::mnist(&test));
     let mut mem = MemoryCallback::default();
     let h = m.fit(&tr, Some(&te), &FitOptions { epochs: 5, ..Default::default() }, &mut [&mut mem])?;

@@ -412,7 +412,7 @@ impl Executor {
         Ok(unsafe { self.arena.view::<f32>(t.offset, 1)? }[0])
     }
 
-    fn refresh_half_copies(&mut self, only: Option<usize>) -> Result<()> {
+    pub(crate) fn refresh_half_copies(&mut self, only: Option<usize>) -> Result<()> {
         for (i, p) in self.plan.params.iter().enumerate() {
             if only.is_some_and(|o| o != i) {
                 continue;

@@ -8,10 +8,12 @@ pub mod executor;
 pub mod init;
 pub mod memory;
 pub mod monitor;
+pub mod plot;
 pub mod reference;
 pub mod train;
+pub mod weights;
 
 pub use device::Device;
 pub use error::{Result, RuntimeError};
 pub use executor::{Batch, Executor, StepOutput};
-pub use train::{Callback, EpochLog, Evaluation, FitOptions, History, MemoryCallback, Model};
+pub use train::{Callback, EpochLog, Evaluation, FitOptions, History, MemoryCallback, Trainer};

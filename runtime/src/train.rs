@@ -1,4 +1,4 @@
-//! `Model`: fit / evaluate / predict around the executor, with a Keras-like progress bar and
+//! `Trainer`: fit / evaluate / predict around the executor, with a Keras-like progress bar and
 //! epoch line, callbacks, and the memory monitor that sets the measured peak beside the
 //! compile-time estimate.
 
@@ -24,13 +24,15 @@ pub struct FitOptions {
     pub seed: u64,
     /// Stop an epoch after this many steps (None: every full batch).
     pub steps_per_epoch: Option<usize>,
+    /// Stop training after this many steps in all (None: run every epoch).
+    pub max_steps: Option<usize>,
     /// Print the progress bar (when stderr is a terminal) and one line per epoch.
     pub verbose: bool,
 }
 
 impl Default for FitOptions {
     fn default() -> Self {
-        FitOptions { epochs: 1, shuffle: true, seed: 0, steps_per_epoch: None, verbose: true }
+        FitOptions { epochs: 1, shuffle: true, seed: 0, steps_per_epoch: None, max_steps: None, verbose: true }
     }
 }
 
@@ -77,7 +79,7 @@ pub struct Evaluation {
 
 /// Called by `fit`.
 pub trait Callback {
-    fn on_epoch_end(&mut self, _log: &EpochLog, _model: &Model) {}
+    fn on_epoch_end(&mut self, _log: &EpochLog, _model: &Trainer) {}
 }
 
 /// The seed's `MemoryCallback`, done right: after each epoch, prints the measured current and
@@ -88,7 +90,7 @@ pub struct MemoryCallback {
 }
 
 impl Callback for MemoryCallback {
-    fn on_epoch_end(&mut self, log: &EpochLog, model: &Model) {
+    fn on_epoch_end(&mut self, log: &EpochLog, model: &Trainer) {
         let est = model.estimate_bytes();
         let line = format!(
             "memory: estimate {} | measured current {} | peak {} ({:+.1}% vs estimate)",
@@ -104,7 +106,7 @@ impl Callback for MemoryCallback {
 
 /// A model built on a device: the training executor, and inference executors made on
 /// demand for evaluate and predict.
-pub struct Model {
+pub struct Trainer {
     spec: ModelSpec,
     device: Device,
     train: Executor,
@@ -121,19 +123,19 @@ fn splitmix(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-impl Model {
+impl Trainer {
     /// Plans `spec` and allocates it on `device` (weights initialised from `seed`). The
     /// memory baseline is taken first, so the monitor measures what the model costs.
-    pub fn build(spec: &ModelSpec, device: &Device, seed: u64) -> Result<Model> {
+    pub fn build(spec: &ModelSpec, device: &Device, seed: u64) -> Result<Trainer> {
         let monitor = MemoryMonitor::start();
         let p = plan(spec)?;
-        Model::from_plan(spec, p, device, seed, monitor)
+        Trainer::from_plan(spec, p, device, seed, monitor)
     }
 
     /// Builds from a plan made earlier (the macro's `PLAN`).
-    pub fn from_plan(spec: &ModelSpec, p: StaticPlan, device: &Device, seed: u64, monitor: MemoryMonitor) -> Result<Model> {
+    pub fn from_plan(spec: &ModelSpec, p: StaticPlan, device: &Device, seed: u64, monitor: MemoryMonitor) -> Result<Trainer> {
         let train = Executor::new(p, device, seed)?;
-        Ok(Model { spec: spec.clone(), device: device.clone(), train, infer: Vec::new(), monitor })
+        Ok(Trainer { spec: spec.clone(), device: device.clone(), train, infer: Vec::new(), monitor })
     }
 
     pub fn executor(&self) -> &Executor {
@@ -215,15 +217,21 @@ impl Model {
                 train.len()
             )));
         }
-        let classifier = Model::is_classifier(self.plan());
+        let classifier = Trainer::is_classifier(self.plan());
         let full = train.len() / batch;
-        let steps = opts.steps_per_epoch.map_or(full, |s| s.min(full)).max(1);
+        let per_epoch = opts.steps_per_epoch.map_or(full, |s| s.min(full)).max(1);
+        let mut remaining = opts.max_steps.unwrap_or(usize::MAX);
         let mut order: Vec<usize> = (0..train.len()).collect();
         let mut bufs: Vec<Column> = train.columns().iter().map(|c| c.buffer(batch)).collect();
         let mut rng = opts.seed ^ 0x6D65_6D77_6973_65;
         let mut history = History::default();
         let tty = std::io::stderr().is_terminal();
         for epoch in 1..=opts.epochs {
+            if remaining == 0 {
+                break;
+            }
+            let steps = per_epoch.min(remaining);
+            remaining -= steps;
             if opts.shuffle {
                 for i in (1..order.len()).rev() {
                     let j = (splitmix(&mut rng) % (i as u64 + 1)) as usize;
@@ -322,7 +330,7 @@ impl Model {
     pub fn evaluate(&mut self, data: &dyn Dataset) -> Result<Evaluation> {
         self.check_columns(data)?;
         let batch = self.plan().batch;
-        let classifier = Model::is_classifier(self.plan());
+        let classifier = Trainer::is_classifier(self.plan());
         let (mut loss, mut correct) = (0f64, 0usize);
         let mut start = 0;
         while start < data.len() {

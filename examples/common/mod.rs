@@ -1,0 +1,142 @@
+//! What every example shares: the flags of the architecture's contract, data loading, and
+//! the plan, report and picture outputs.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use memwise::plan::{ModelSpec, StaticPlan};
+use memwise::runtime::data::dataset::InMemory;
+use memwise::runtime::data::idx::{load_bundled_digits, load_mnist_dir};
+use memwise::runtime::{Device, History, RuntimeError, Trainer};
+
+/// Flags every example takes.
+#[derive(Parser, Debug, Clone)]
+pub struct Flags {
+    /// Print the model summary (Keras-style) and exit.
+    #[arg(long)]
+    pub summary: bool,
+    /// Write the static plan as JSON (memwise.plan/1).
+    #[arg(long, value_name = "PATH")]
+    pub plan_json: Option<PathBuf>,
+    /// Write the run report as JSON (memwise.report/1).
+    #[arg(long, value_name = "PATH")]
+    pub report_json: Option<PathBuf>,
+    /// Write the memory timeline picture (SVG).
+    #[arg(long, value_name = "PATH")]
+    pub timeline_svg: Option<PathBuf>,
+    /// Write the model graph picture (SVG, or DOT when the path ends in .dot).
+    #[arg(long, value_name = "PATH")]
+    pub graph_svg: Option<PathBuf>,
+    /// Where to run: cpu, cuda or auto.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+    /// Batch size (re-plans the model at run time when it differs from the declared one).
+    #[arg(long)]
+    pub batch: Option<usize>,
+    /// Stop after this many training steps.
+    #[arg(long)]
+    pub steps: Option<usize>,
+    /// Number of epochs.
+    #[arg(long)]
+    pub epochs: Option<usize>,
+    /// A folder with the standard MNIST IDX files (train-images-idx3-ubyte[.gz] …);
+    /// without it the bundled 10,000 digits are used (8,000 train / 2,000 held out).
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
+    /// Seed for weights, shuffling and dropout.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// The plan to run: the compile-time one, or a re-plan for `--batch`.
+pub fn plan_for(spec: &ModelSpec, compiled: StaticPlan, flags: &Flags) -> Res<(ModelSpec, StaticPlan)> {
+    match flags.batch {
+        Some(b) if b != spec.batch => {
+            let s = spec.with_batch(b);
+            let p = memwise::plan::plan(&s)?;
+            Ok((s, p))
+        }
+        _ => Ok((spec.clone(), compiled)),
+    }
+}
+
+/// `(train, held-out)` MNIST digits as (pixels u8, labels i32) datasets.
+pub fn mnist(flags: &Flags) -> Res<(InMemory, InMemory, String)> {
+    match &flags.data {
+        Some(dir) => {
+            let set = load_mnist_dir(dir)?;
+            Ok((InMemory::mnist(&set.train), InMemory::mnist(&set.test), format!("MNIST from {}", dir.display())))
+        }
+        None => {
+            let (tr, te) = load_bundled_digits()?;
+            Ok((InMemory::mnist(&tr), InMemory::mnist(&te), "bundled MNIST digits (8,000 train / 2,000 held out)".into()))
+        }
+    }
+}
+
+/// Same, images only (autoencoders).
+pub fn mnist_images(flags: &Flags) -> Res<(InMemory, InMemory)> {
+    match &flags.data {
+        Some(dir) => {
+            let set = load_mnist_dir(dir)?;
+            Ok((InMemory::mnist_images(&set.train), InMemory::mnist_images(&set.test)))
+        }
+        None => {
+            let (tr, te) = load_bundled_digits()?;
+            Ok((InMemory::mnist_images(&tr), InMemory::mnist_images(&te)))
+        }
+    }
+}
+
+pub fn device(flags: &Flags) -> Res<Device> {
+    Ok(Device::parse(&flags.device)?)
+}
+
+/// Writes `--plan-json`.
+pub fn write_plan(flags: &Flags, plan: &StaticPlan) -> Res<()> {
+    if let Some(p) = &flags.plan_json {
+        std::fs::write(p, plan.to_json())?;
+        eprintln!("plan written to {}", p.display());
+    }
+    Ok(())
+}
+
+/// Writes `--report-json` (memwise.report/1).
+pub fn write_report(flags: &Flags, trainer: &Trainer, device: &Device, history: &History, metrics: serde_json::Value) -> Res<()> {
+    let Some(path) = &flags.report_json else { return Ok(()) };
+    let plan = trainer.plan();
+    let m = &plan.memory;
+    let peak = trainer.monitor().growth().map(|g| g.peak);
+    let median = history.step_ms_median();
+    let report = serde_json::json!({
+        "schema": "memwise.report/1",
+        "model": plan.model,
+        "device": device.name(),
+        "batch": plan.batch,
+        "steps": history.step_losses.len(),
+        "estimate": {
+            "params": m.params, "grads": m.grads, "optimizer": m.optimizer,
+            "activations_peak": m.activations_peak, "workspace_peak": m.workspace_peak,
+            "inputs": m.inputs, "total": m.total,
+        },
+        "measured": {
+            "peak_rss_growth_bytes": peak,
+            "device_peak_bytes": serde_json::Value::Null,
+            "step_ms_median": median,
+            "samples_per_s": if median > 0.0 { plan.batch as f64 / (median / 1e3) } else { 0.0 },
+        },
+        "loss": history.step_losses,
+        "metrics": metrics,
+    });
+    std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+    eprintln!("report written to {}", path.display());
+    Ok(())
+}
+
+/// Turns a runtime error into the example's error.
+pub fn rt<T>(r: Result<T, RuntimeError>) -> Res<T> {
+    r.map_err(|e| e.into())
+}
