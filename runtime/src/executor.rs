@@ -466,6 +466,25 @@ impl Executor {
             }
         }
         for (b, &id) in inputs.iter().zip(ids.iter()) {
+            let bad = match b {
+                Batch::F32(x) => x.iter().position(|v| !v.is_finite()),
+                Batch::F16(x) => x.iter().position(|v| !v.is_finite()),
+                Batch::BF16(x) => x.iter().position(|v| !v.is_finite()),
+                Batch::U8(_) | Batch::I32(_) => None,
+            };
+            if let Some(i) = bad {
+                let t = self.plan.tensor(id);
+                let per = (t.elems() / t.shape[0].max(1)).max(1);
+                return Err(RuntimeError::Input(format!(
+                    "input `{}`: sample {} holds a non-finite value (element {} of the batch); \
+                     clean the data or drop such samples",
+                    t.name,
+                    i / per,
+                    i
+                )));
+            }
+        }
+        for (b, &id) in inputs.iter().zip(ids.iter()) {
             let t = self.plan.tensor(id);
             if t.first > t.last {
                 continue;
@@ -505,6 +524,17 @@ impl Executor {
                     let (loss, correct) = self.loss_step(i)?;
                     out.loss += loss;
                     out.correct += correct;
+                    // Without loss scaling a non-finite loss would poison the weights: stop
+                    // before any gradient is applied, and say where it started.
+                    if !loss.is_finite() && !self.plan.loss_scaling && self.plan.training {
+                        let culprit = self.first_non_finite(inputs)?;
+                        return Err(RuntimeError::NonFinite(format!(
+                            "training step {} (the model's {}th): the loss is {loss}; {culprit}. \
+                             The weights were not updated.",
+                            self.step_counter + 1,
+                            self.step_counter + 1
+                        )));
+                    }
                 }
                 _ => self.run(i)?,
             }
@@ -516,6 +546,49 @@ impl Executor {
         }
         self.step_counter += 1;
         Ok(out)
+    }
+
+    /// Re-runs the forward steps on `inputs`, checking every float output, and names the
+    /// first layer whose output is not finite (weights are untouched: this runs before any
+    /// update).
+    fn first_non_finite(&mut self, inputs: &[Batch<'_>]) -> Result<String> {
+        self.load_inputs(inputs)?;
+        for (k, &id) in self.plan.inputs.iter().enumerate() {
+            if !self.tensor_finite(id)? {
+                return Ok(format!("input {k} (`{}`) holds non-finite values", self.plan.tensor(id).name));
+            }
+        }
+        for i in 0..self.plan.steps.len() {
+            if self.plan.steps[i].phase != Phase::Forward {
+                break;
+            }
+            self.run(i)?;
+            let s = &self.plan.steps[i];
+            let n = s.writes.len().saturating_sub(2);
+            for &w in &s.writes[..n] {
+                if w != NONE && !self.tensor_finite(w)? {
+                    let t = self.plan.tensor(w);
+                    return Ok(format!(
+                        "the first non-finite value appears in the output `{}` of layer `{}` ({} at step {})",
+                        t.name, s.layer, s.op.name(), s.index
+                    ));
+                }
+            }
+        }
+        Ok("every forward output is finite: the loss itself overflowed".to_string())
+    }
+
+    fn tensor_finite(&self, id: u32) -> Result<bool> {
+        let t = self.plan.tensor(id);
+        // SAFETY: shared view between steps.
+        unsafe {
+            Ok(match t.dtype {
+                DType::F32 => k::elementwise::all_finite(self.arena.view::<f32>(t.offset, t.elems())?),
+                DType::F16 => k::elementwise::all_finite(self.arena.view::<f16>(t.offset, t.elems())?),
+                DType::BF16 => k::elementwise::all_finite(self.arena.view::<bf16>(t.offset, t.elems())?),
+                DType::U8 | DType::I32 => true,
+            })
+        }
     }
 
     fn poison(&mut self, i: usize) -> Result<()> {

@@ -18,7 +18,7 @@
 //! what did not match; a failed load leaves the model as it was.
 
 use std::borrow::Cow;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -237,7 +237,7 @@ fn sync_dir(_dir: &Path) -> std::io::Result<()> {
 
 /// Sorts `entries` by name, and returns the safetensors header (8-byte length, JSON padded
 /// to a multiple of 8) with `meta` plus the checksum.
-fn encode_header(entries: &mut [Entry<'_>], mut meta: HashMap<String, String>) -> Result<Vec<u8>> {
+fn encode_header(entries: &mut [Entry<'_>], mut meta: BTreeMap<String, String>) -> Result<Vec<u8>> {
     entries.sort_by(|a, b| a.name.cmp(&b.name));
     let sum = checksum(
         entries
@@ -245,24 +245,44 @@ fn encode_header(entries: &mut [Entry<'_>], mut meta: HashMap<String, String>) -
             .map(|e| (e.name.as_str(), Dtype::F32, &e.shape[..], &e.data[..])),
     );
     meta.insert(keys::CHECKSUM.into(), format_checksum(sum));
+    let fail = |e: String| RuntimeError::Io(format!("cannot build the safetensors header: {e}"));
+    let quote = |s: &str| serde_json::to_string(s).map_err(|e| fail(e.to_string()));
+    // The JSON by hand, so the bytes are deterministic: `__metadata__` first with its keys
+    // sorted, then the tensors in data order (as the safetensors crate writes them).
+    let mut json = String::from("{\"__metadata__\":{");
+    for (k, (key, value)) in meta.iter().enumerate() {
+        if k > 0 {
+            json.push(',');
+        }
+        json.push_str(&quote(key)?);
+        json.push(':');
+        json.push_str(&quote(value)?);
+    }
+    json.push('}');
     let mut at = 0usize;
-    let infos: Vec<(String, TensorInfo)> = entries
-        .iter()
-        .map(|e| {
-            let info = TensorInfo {
+    let mut infos = Vec::with_capacity(entries.len());
+    for e in entries.iter() {
+        let end = at + e.data.len();
+        let dims: Vec<String> = e.shape.iter().map(|d| d.to_string()).collect();
+        json.push_str(&format!(
+            ",{}:{{\"dtype\":\"F32\",\"shape\":[{}],\"data_offsets\":[{at},{end}]}}",
+            quote(&e.name)?,
+            dims.join(",")
+        ));
+        infos.push((
+            e.name.clone(),
+            TensorInfo {
                 dtype: Dtype::F32,
                 shape: e.shape.clone(),
-                data_offsets: (at, at + e.data.len()),
-            };
-            at += e.data.len();
-            (e.name.clone(), info)
-        })
-        .collect();
-    let metadata = Metadata::new(Some(meta), infos)
-        .map_err(|e| RuntimeError::Io(format!("cannot build the safetensors header: {e}")))?;
-    let mut json = serde_json::to_string(&metadata)
-        .map_err(|e| RuntimeError::Io(format!("cannot build the safetensors header: {e}")))?
-        .into_bytes();
+                data_offsets: (at, end),
+            },
+        ));
+        at = end;
+    }
+    json.push('}');
+    // The same checks the safetensors crate makes on its own headers (offsets, sizes).
+    Metadata::new(None, infos).map_err(|e| fail(e.to_string()))?;
+    let mut json = json.into_bytes();
     json.resize(json.len().next_multiple_of(8), b' ');
     let mut header = Vec::with_capacity(8 + json.len());
     header.extend_from_slice(&(json.len() as u64).to_le_bytes());
@@ -453,8 +473,8 @@ impl Executor {
 
     // ---- saving ----
 
-    fn base_metadata(&self, kind: Kind) -> HashMap<String, String> {
-        let mut m = HashMap::new();
+    fn base_metadata(&self, kind: Kind) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
         m.insert(keys::FORMAT_VERSION.into(), FORMAT_VERSION.to_string());
         m.insert(keys::KIND.into(), kind.name().into());
         m.insert(keys::MODEL.into(), self.plan.model.to_string());
@@ -520,7 +540,7 @@ impl Executor {
         v
     }
 
-    fn checkpoint_parts(&self) -> Result<(Vec<Entry<'_>>, HashMap<String, String>)> {
+    fn checkpoint_parts(&self) -> Result<(Vec<Entry<'_>>, BTreeMap<String, String>)> {
         let entries = self
             .checkpoint_slots()
             .into_iter()

@@ -99,7 +99,7 @@ fn timelines_parse_and_legend_names_every_layer_with_a_tensor() {
             }
             assert!(t.iter().any(|s| s.starts_with("arena")), "{name}: arena line");
             if budget.is_some() {
-                assert!(t.iter().any(|s| s.starts_with("budget ")), "{name}: budget line");
+                assert!(t.iter().any(|s| s.starts_with("budget")), "{name}: budget line");
             }
             let stacked = timeline::stacked_svg(&plan, budget);
             parses(&stacked);

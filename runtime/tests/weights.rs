@@ -202,7 +202,7 @@ fn round_trip_is_bit_exact_and_the_file_is_plain_safetensors() {
 
     // Saving again over the existing file replaces it atomically.
     b.save_weights(&path).unwrap();
-    assert_eq!(std::fs::read(&path).unwrap(), b.weights_to_bytes().unwrap());
+    assert!(std::fs::read(&path).unwrap() == b.weights_to_bytes().unwrap());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -493,11 +493,12 @@ fn mutated_files_never_panic_and_never_half_load() {
         let edits = 1 + rnd() % 4;
         for _ in 0..edits {
             // Mostly the header, where structure lives.
-            let at = if rnd() % 4 == 0 {
-                (rnd() as usize) % b.len()
+            let span = if rnd() % 4 == 0 {
+                b.len()
             } else {
-                (rnd() as usize) % (8 + header)
+                (8 + header).min(b.len())
             };
+            let at = (rnd() as usize) % span;
             match rnd() % 4 {
                 0 => b[at] ^= 1 << (rnd() % 8),
                 1 => b[at] = rnd() as u8,

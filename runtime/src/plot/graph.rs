@@ -572,6 +572,37 @@ fn layout(m: &Model) -> Layout {
             }
         }
     }
+    // Straighten long edges: all virtual vertices of an edge on one vertical, where every
+    // rank it crosses leaves room for it, so a skip reads as one line beside the boxes.
+    let mut index_in_rank = vec![0usize; nv];
+    for o in &order {
+        for (i, &v) in o.iter().enumerate() {
+            index_in_rank[v] = i;
+        }
+    }
+    for p in &paths {
+        let inner = &p[1..p.len() - 1];
+        if inner.is_empty() {
+            continue;
+        }
+        let (mut lo, mut hi) = (f64::NEG_INFINITY, f64::INFINITY);
+        for &v in inner {
+            let o = &order[vrank[v]];
+            let i = index_in_rank[v];
+            if i > 0 {
+                lo = lo.max(x[o[i - 1]] + sep(o[i - 1], v));
+            }
+            if i + 1 < o.len() {
+                hi = hi.min(x[o[i + 1]] - sep(v, o[i + 1]));
+            }
+        }
+        if lo <= hi {
+            let mean = inner.iter().map(|&v| x[v]).sum::<f64>() / inner.len() as f64;
+            for &v in inner {
+                x[v] = mean.clamp(lo, hi);
+            }
+        }
+    }
     let min_x = (0..nv).map(|v| x[v] - w[v] / 2.0).fold(f64::INFINITY, f64::min);
     for xv in &mut x {
         *xv += MARGIN - min_x;
@@ -600,7 +631,7 @@ fn render(m: &Model) -> String {
     width = width
         .max(text_width(&title, 17.0, true) + 2.0 * MARGIN)
         .max(text_width(&m.subtitle, 12.0, false) + 2.0 * MARGIN);
-    let height = rank_top(lay.ranks) + 64.0;
+    let height = rank_top(lay.ranks) - RANK_GAP + 40.0;
     let mut svg = Svg::new();
     svg.def(
         r##"<marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" orient="auto"><path d="M0 0 L10 5 L0 10 Z" fill="#555555"/></marker><marker id="arrow-skip" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" orient="auto"><path d="M0 0 L10 5 L0 10 Z" fill="#d95f02"/></marker>"##,

@@ -260,7 +260,7 @@ impl<'a> Frame<'a> {
         budget: Option<u64>,
         callout_rows: usize,
     ) -> Self {
-        let callout_top = 62.0;
+        let callout_top = 76.0;
         let callout_h = callout_rows as f64 * ROW_H + 12.0;
         let top = callout_top + callout_h + 16.0 + 22.0;
         let content = plan
@@ -324,13 +324,15 @@ impl<'a> Frame<'a> {
         } else {
             100.0
         };
-        let mut sub = format!(
-            "{} steps · {} tensors · arena {} · lower bound {} (packing {efficiency:.1} %) · \
-             + {} persistent (params, gradients, optimizer state) outside the arena",
+        let line1 = format!(
+            "{} steps · {} tensors · arena {} · lower bound {} (packing {efficiency:.1} %)",
             p.steps.len(),
             p.tensors.len(),
             format_bytes(p.arena_bytes),
             format_bytes(p.lower_bound_bytes),
+        );
+        let mut line2 = format!(
+            "+ {} persistent (params, gradients, optimizer state) outside the arena",
             format_bytes(p.memory.persistent()),
         );
         if let Some(b) = self.budget {
@@ -340,9 +342,10 @@ impl<'a> Frame<'a> {
             } else {
                 format!("exceeds the {} budget", format_bytes(b))
             };
-            let _ = write!(sub, " · total {} {verdict}", format_bytes(total));
+            let _ = write!(line2, " · total {} {verdict}", format_bytes(total));
         }
-        svg.text(16.0, 46.0, Font::new(12.0).fill("#444"), &sub);
+        svg.text(16.0, 46.0, Font::new(12.0).fill("#444"), &line1);
+        svg.text(16.0, 62.0, Font::new(12.0).fill("#444"), &line2);
     }
 
     /// Background tints per phase and the labelled phase strip above the plot.
@@ -449,87 +452,85 @@ impl<'a> Frame<'a> {
         ));
     }
 
-    /// The lower-bound, arena and budget lines, labelled in the right margin.
+    /// The lower-bound, arena and budget lines, labelled in the right margin (name, then
+    /// value, on two lines: the margin is narrow and the plot should keep the width).
     fn lines(&self, svg: &mut Svg) {
         let p = self.plan;
         let lx = self.right + 8.0;
-        // (bytes, label, colour, dash, id)
-        let mut marks: Vec<(u64, String, &str, &str, &str)> = Vec::new();
-        if p.arena_bytes == p.lower_bound_bytes {
-            marks.push((
-                p.arena_bytes,
-                format!("arena = lower bound {}", format_bytes(p.arena_bytes)),
-                "#111111",
-                "",
-                "arena-line",
-            ));
-        } else {
-            marks.push((
-                p.arena_bytes,
-                format!("arena {}", format_bytes(p.arena_bytes)),
-                "#111111",
-                "",
-                "arena-line",
-            ));
-            marks.push((
-                p.lower_bound_bytes,
-                format!("lower bound {}", format_bytes(p.lower_bound_bytes)),
-                "#555555",
-                r#" stroke-dasharray="6 4""#,
-                "lower-bound-line",
-            ));
+        struct Mark {
+            y: f64,
+            name: String,
+            value: String,
+            colour: &'static str,
+            dash: &'static str,
+            id: &'static str,
+            /// Drawn as a line (false: a budget above the chart, label only).
+            drawn: bool,
         }
-        let mut off_scale = None;
+        let mut marks: Vec<Mark> = Vec::new();
+        let (arena_name, arena_id) = if p.arena_bytes == p.lower_bound_bytes {
+            ("arena = lower bound", "arena-line")
+        } else {
+            ("arena", "arena-line")
+        };
+        marks.push(Mark {
+            y: self.y(p.arena_bytes as f64),
+            name: arena_name.to_string(),
+            value: format_bytes(p.arena_bytes),
+            colour: "#111111",
+            dash: "",
+            id: arena_id,
+            drawn: true,
+        });
+        if p.arena_bytes != p.lower_bound_bytes {
+            marks.push(Mark {
+                y: self.y(p.lower_bound_bytes as f64),
+                name: "lower bound".to_string(),
+                value: format_bytes(p.lower_bound_bytes),
+                colour: "#555555",
+                dash: r#" stroke-dasharray="6 4""#,
+                id: "lower-bound-line",
+                drawn: true,
+            });
+        }
         if let Some(b) = self.budget {
-            if (b as f64) <= self.y_max {
-                marks.push((
-                    b,
-                    format!("budget {}", format_bytes(b)),
-                    "#c62828",
-                    r#" stroke-dasharray="10 5""#,
-                    "budget-line",
-                ));
-            } else {
-                off_scale = Some(b);
-            }
+            let on_scale = (b as f64) <= self.y_max;
+            marks.push(Mark {
+                y: if on_scale {
+                    self.y(b as f64)
+                } else {
+                    self.top
+                },
+                name: if on_scale {
+                    "budget".to_string()
+                } else {
+                    "budget ↑ (off the chart)".to_string()
+                },
+                value: format_bytes(b),
+                colour: "#c62828",
+                dash: r#" stroke-dasharray="10 5""#,
+                id: "budget-line",
+                drawn: on_scale,
+            });
         }
         // Labels sit at their line's height, pushed apart when lines are close.
-        let mut placed: Vec<(f64, usize)> = marks
-            .iter()
-            .enumerate()
-            .map(|(i, m)| (self.y(m.0 as f64), i))
-            .collect();
-        placed.sort_by(|a, b| a.0.total_cmp(&b.0));
+        marks.sort_by(|a, b| a.y.total_cmp(&b.y));
         let mut last_y = f64::NEG_INFINITY;
-        for (y, i) in placed {
-            let (_, label, colour, dash, id) = &marks[i];
-            let ly = (y + 4.0).max(last_y + 15.0);
+        for m in &marks {
+            let ly = (m.y + 4.0).max(self.top + 12.0).max(last_y + 32.0);
             last_y = ly;
-            svg.raw(&format!(r#"<g id="{id}">"#));
-            svg.line(
-                self.left,
-                y,
-                self.right + 4.0,
-                y,
-                &format!(r#"stroke="{colour}" stroke-width="1.6"{dash}"#),
-            );
-            svg.text(lx, ly, Font::new(11.0).bold().fill(colour), label);
-            svg.raw("</g>");
-        }
-        if let Some(b) = off_scale {
-            svg.raw(r#"<g id="budget-line">"#);
-            svg.text(
-                lx,
-                self.top + 12.0,
-                Font::new(11.0).bold().fill("#c62828"),
-                &format!("budget {} ↑", format_bytes(b)),
-            );
-            svg.text(
-                lx,
-                self.top + 27.0,
-                Font::new(11.0).fill("#c62828"),
-                "(above the chart)",
-            );
+            svg.raw(&format!(r#"<g id="{}">"#, m.id));
+            if m.drawn {
+                svg.line(
+                    self.left,
+                    m.y,
+                    self.right + 4.0,
+                    m.y,
+                    &format!(r#"stroke="{}" stroke-width="1.6"{}"#, m.colour, m.dash),
+                );
+            }
+            svg.text(lx, ly, Font::new(11.0).bold().fill(m.colour), &m.name);
+            svg.text(lx, ly + 14.0, Font::new(11.0).fill(m.colour), &m.value);
             svg.raw("</g>");
         }
     }
