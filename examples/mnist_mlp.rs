@@ -36,6 +36,7 @@ fn main() -> Res<()> {
         return Ok(());
     }
     write_plan(&flags, &plan)?;
+    write_pictures(&flags, &spec, &plan)?;
     let device = device(&flags)?;
     // Data first, so the memory monitor's baseline (taken when the model is built)
     // measures the model, not the dataset.

@@ -104,6 +104,24 @@ pub fn write_plan(flags: &Flags, plan: &StaticPlan) -> Res<()> {
     Ok(())
 }
 
+/// Writes `--timeline-svg` and `--graph-svg` (DOT when the path ends in `.dot`).
+pub fn write_pictures(flags: &Flags, spec: &ModelSpec, plan: &StaticPlan) -> Res<()> {
+    if let Some(p) = &flags.timeline_svg {
+        std::fs::write(p, memwise::runtime::plot::timeline::svg(plan, spec.budget))?;
+        eprintln!("memory timeline written to {}", p.display());
+    }
+    if let Some(p) = &flags.graph_svg {
+        let text = if p.extension().is_some_and(|e| e == "dot") {
+            memwise::runtime::plot::graph::dot(spec, plan)
+        } else {
+            memwise::runtime::plot::graph::svg(spec, plan)
+        };
+        std::fs::write(p, text)?;
+        eprintln!("model graph written to {}", p.display());
+    }
+    Ok(())
+}
+
 /// Writes `--report-json` (memwise.report/1).
 pub fn write_report(flags: &Flags, trainer: &Trainer, device: &Device, history: &History, metrics: serde_json::Value) -> Res<()> {
     let Some(path) = &flags.report_json else { return Ok(()) };

@@ -25,6 +25,9 @@ pub mod norm;
 pub mod random;
 pub mod loss;
 pub mod optimizer;
+// the CUDA side: sources, launch shapes, the cuBLAS mapping (device code with feature `cuda`)
+pub mod cuda;
+pub mod cublas_map;
 
 pub use element::Element;
 pub use error::{check_len, KResult, KernelError};

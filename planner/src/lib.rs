@@ -8,6 +8,7 @@
 pub mod advice;
 pub mod arena;
 pub mod autodiff;
+pub mod checkpoint;
 pub mod dtype;
 pub mod error;
 pub mod estimate;

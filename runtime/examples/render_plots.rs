@@ -32,7 +32,11 @@ fn write(dir: &Path, name: &str, svg: &str, fonts: &usvg::Options<'_>) -> Result
     let size = tree.size().to_int_size();
     let mut pixmap = tiny_skia::Pixmap::new(size.width(), size.height())
         .ok_or_else(|| format!("{name}: empty picture"))?;
-    resvg::render(&tree, tiny_skia::Transform::identity(), &mut pixmap.as_mut());
+    resvg::render(
+        &tree,
+        tiny_skia::Transform::identity(),
+        &mut pixmap.as_mut(),
+    );
     let png_path = dir.join(format!("{name}.png"));
     pixmap
         .save_png(&png_path)
@@ -109,7 +113,12 @@ fn main() -> Result<(), String> {
                 .then(|| n.split('_').next().unwrap_or(n).to_string())
         });
         let gpt2_plan = plan(&gpt2);
-        write(&dir, "gpt2_ckpt_graph", &graph::svg(&gpt2, &gpt2_plan), &fonts)?;
+        write(
+            &dir,
+            "gpt2_ckpt_graph",
+            &graph::svg(&gpt2, &gpt2_plan),
+            &fonts,
+        )?;
         write(
             &dir,
             "gpt2_ckpt_timeline",

@@ -329,7 +329,7 @@ fn parse<'a>(bytes: &'a [u8], label: &str) -> Result<Parsed<'a>> {
                 }
             }
             SafeTensorError::InvalidHeader(e) => format!("corrupt header: not UTF-8 ({e})"),
-            SafeTensorError::InvalidHeaderDeserialization(e) => format!("corrupt header: {e}"),
+            SafeTensorError::InvalidHeaderDeserialization(e) => format!("corrupt header: not the JSON safetensors expects ({e})"),
             SafeTensorError::HeaderTooLarge => format!("corrupt header: its length field says {n} bytes (over safetensors' 100 MB limit)"),
             SafeTensorError::InvalidOffset(name) => {
                 format!("corrupt header: the data offsets of tensor `{name}` overlap, leave gaps, or run backwards")
@@ -683,6 +683,14 @@ impl Executor {
                 if o != opt {
                     return Err(err(format!(
                         "the checkpoint's optimizer is `{o}`, this model trains with `{opt}`: its state cannot be resumed (load_weights reads just the weights){from}"
+                    )));
+                }
+            }
+            let slots = self.plan.optimizer.state_slots();
+            if let Some(k) = meta.get(keys::OPTIMIZER_SLOTS) {
+                if *k != slots.to_string() {
+                    return Err(err(format!(
+                        "the checkpoint holds {k} optimizer state slots per parameter, this model's `{opt}` keeps {slots} (momentum or centering changed?): its state cannot be resumed (load_weights reads just the weights)"
                     )));
                 }
             }

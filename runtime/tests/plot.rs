@@ -32,8 +32,12 @@ fn texts(svg: &str) -> Vec<String> {
     let mut rest = svg;
     while let Some(i) = rest.find("<text") {
         rest = &rest[i..];
-        let Some(open_end) = rest.find('>') else { break };
-        let Some(close) = rest.find("</text>") else { break };
+        let Some(open_end) = rest.find('>') else {
+            break;
+        };
+        let Some(close) = rest.find("</text>") else {
+            break;
+        };
         out.push(
             rest[open_end + 1..close]
                 .replace("&lt;", "<")
@@ -71,7 +75,11 @@ fn models() -> Vec<(&'static str, ModelSpec)> {
 fn timelines_parse_and_legend_names_every_layer_with_a_tensor() {
     for (name, spec) in models() {
         let plan = planned(&spec);
-        for budget in [None, Some(plan.memory.total + plan.memory.total / 5), Some(1 << 40)] {
+        for budget in [
+            None,
+            Some(plan.memory.total + plan.memory.total / 5),
+            Some(1 << 40),
+        ] {
             let svg = timeline::svg(&plan, budget);
             parses(&svg);
             let t = texts(&svg);
@@ -97,9 +105,15 @@ fn timelines_parse_and_legend_names_every_layer_with_a_tensor() {
                 assert!(svg.contains(&hover), "{name}: no hover for {}", tensor.name);
                 assert!(svg.contains(&format!("steps [{}, {}]", tensor.first, tensor.last)));
             }
-            assert!(t.iter().any(|s| s.starts_with("arena")), "{name}: arena line");
+            assert!(
+                t.iter().any(|s| s.starts_with("arena")),
+                "{name}: arena line"
+            );
             if budget.is_some() {
-                assert!(t.iter().any(|s| s.starts_with("budget")), "{name}: budget line");
+                assert!(
+                    t.iter().any(|s| s.starts_with("budget")),
+                    "{name}: budget line"
+                );
             }
             let stacked = timeline::stacked_svg(&plan, budget);
             parses(&stacked);
@@ -131,10 +145,16 @@ fn labelled_peak_is_the_planners_lower_bound_at_its_peak_step() {
         // And the breakdown at the peak is the memory report's.
         let r = &live.by_role[live.peak_step as usize];
         assert_eq!(r[0], plan.memory.inputs, "{name}: inputs at peak");
-        assert_eq!(r[4], plan.memory.workspace_peak, "{name}: workspace at peak");
+        assert_eq!(
+            r[4], plan.memory.workspace_peak,
+            "{name}: workspace at peak"
+        );
         assert_eq!(r[1] + r[2] + r[3], plan.memory.activations_peak, "{name}");
 
-        for svg in [timeline::svg(&plan, None), timeline::stacked_svg(&plan, None)] {
+        for svg in [
+            timeline::svg(&plan, None),
+            timeline::stacked_svg(&plan, None),
+        ] {
             assert_eq!(
                 attr_of(&svg, "peak-label", "data-peak-bytes").as_deref(),
                 Some(plan.lower_bound_bytes.to_string().as_str()),
@@ -159,7 +179,10 @@ fn labelled_peak_is_the_planners_lower_bound_at_its_peak_step() {
         // The biggest buffer alive at the peak is listed first in the callout.
         let svg = timeline::svg(&plan, None);
         let first = &plan.tensors[live.at_peak[0] as usize];
-        assert!(texts(&svg).iter().any(|s| s == first.name.as_ref()), "{name}");
+        assert!(
+            texts(&svg).iter().any(|s| s == first.name.as_ref()),
+            "{name}"
+        );
     }
 }
 
@@ -182,7 +205,13 @@ fn expected_edges(spec: &ModelSpec) -> usize {
         .iter()
         .enumerate()
         .filter(|(_, l)| !matches!(l.kind, LayerKind::Input { .. }))
-        .map(|(i, l)| if l.inputs.is_empty() { usize::from(i > 0) } else { l.inputs.len() })
+        .map(|(i, l)| {
+            if l.inputs.is_empty() {
+                usize::from(i > 0)
+            } else {
+                l.inputs.len()
+            }
+        })
         .sum();
     let loss_inputs: usize = spec.loss.iter().map(|t| t.inputs.len()).sum();
     layer_inputs + loss_inputs
@@ -196,7 +225,11 @@ fn graphs_parse_and_name_every_layer() {
         parses(&svg);
         let t = texts(&svg);
         for l in &spec.layers {
-            assert!(t.iter().any(|s| s == &l.name), "{name}: no box for `{}`", l.name);
+            assert!(
+                t.iter().any(|s| s == &l.name),
+                "{name}: no box for `{}`",
+                l.name
+            );
             assert!(svg.contains(&format!(r#"data-layer="{}""#, l.name)));
         }
         for row in plan.memory.layers.iter() {
@@ -235,7 +268,10 @@ fn graph_shades_checkpoint_segments_and_draws_skips() {
     assert!(svg.contains("url(#arrow-skip)"));
     let vae = zoo::conv_vae(128);
     let vsvg = graph::svg(&vae, &planned(&vae));
-    assert!(vsvg.contains("url(#arrow-skip)"), "the VAE's pixels → loss branch skips");
+    assert!(
+        vsvg.contains("url(#arrow-skip)"),
+        "the VAE's pixels → loss branch skips"
+    );
     assert!(!vsvg.contains(r#"class="segment""#));
 }
 
@@ -271,9 +307,16 @@ fn dot_has_one_node_per_layer_and_one_edge_per_input() {
                 .count();
             assert_eq!(n, 1, "{name}: node `{}`", l.name);
         }
-        let loss_nodes = node_lines.iter().filter(|x| x.starts_with("\"loss:")).count();
+        let loss_nodes = node_lines
+            .iter()
+            .filter(|x| x.starts_with("\"loss:"))
+            .count();
         assert_eq!(loss_nodes, spec.loss.len(), "{name}");
-        assert_eq!(node_lines.len(), spec.layers.len() + spec.loss.len(), "{name}");
+        assert_eq!(
+            node_lines.len(),
+            spec.layers.len() + spec.loss.len(),
+            "{name}"
+        );
         let edges = dot.lines().filter(|l| l.contains(" -> ")).count();
         assert_eq!(edges, expected_edges(&spec), "{name}: edges");
         let clusters = dot.matches("subgraph \"cluster_checkpoint_").count();

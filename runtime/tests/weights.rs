@@ -458,6 +458,25 @@ fn checkpoints_and_weights_files_are_told_apart() {
         "{e}"
     );
     assert!(c.persistent_bytes() == &before[..]);
+    // Nor one whose optimizer keeps another number of state slots.
+    let mut with_momentum = spec.clone();
+    with_momentum.optimizer = Optimizer::RmsProp {
+        lr: 1e-3,
+        rho: 0.9,
+        epsilon: 1e-7,
+        momentum: 0.9,
+        centered: false,
+    };
+    let m = Executor::new(plan(&with_momentum).unwrap(), &Device::cpu(), 1).unwrap();
+    let mut r = r;
+    let e = r
+        .load_checkpoint_from_bytes(&m.checkpoint_to_bytes().unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("holds 2 optimizer state slots per parameter, this model's `rmsprop` keeps 1"),
+        "{e}"
+    );
 }
 
 #[test]

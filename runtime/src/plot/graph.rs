@@ -45,15 +45,14 @@ struct Model {
 }
 
 fn thousands(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
+    // Groups of three from the right: "25,557,032".
+    let digits: Vec<char> = n.to_string().chars().collect();
+    let groups: Vec<String> = digits
+        .rchunks(3)
+        .rev()
+        .map(|g| g.iter().collect())
+        .collect();
+    groups.join(",")
 }
 
 fn shape_text(shape: &[usize]) -> String {
@@ -211,8 +210,10 @@ impl Model {
                 continues: all_edges.iter().any(|&(a, b)| a == i && b >= n),
             });
         }
-        let mut edges: Vec<(usize, usize)> =
-            all_edges.into_iter().filter(|&(a, b)| a < n && b < n).collect();
+        let mut edges: Vec<(usize, usize)> = all_edges
+            .into_iter()
+            .filter(|&(a, b)| a < n && b < n)
+            .collect();
         if n == spec.layers.len() {
             for (k, (term, ins)) in spec.loss.iter().zip(&losses).enumerate() {
                 let me = nodes.len();
@@ -326,7 +327,11 @@ pub fn dot(spec: &ModelSpec, plan: &StaticPlan) -> String {
         )
     };
     for s in &segments {
-        let _ = writeln!(out, "  subgraph {} {{", dq(&format!("cluster_checkpoint_{s}")));
+        let _ = writeln!(
+            out,
+            "  subgraph {} {{",
+            dq(&format!("cluster_checkpoint_{s}"))
+        );
         let _ = writeln!(
             out,
             "    label={}; style=\"rounded,filled,dashed\"; fillcolor=\"#fff3d6\"; color=\"#e0a030\";",
@@ -540,7 +545,11 @@ fn layout(m: &Model) -> Layout {
                 .map(|&v| {
                     // Both neighbours count, the sweep's side twice: chains straighten
                     // while a box still sits between what it reads and what reads it.
-                    let (a, b) = if downward { (&up[v], &down[v]) } else { (&down[v], &up[v]) };
+                    let (a, b) = if downward {
+                        (&up[v], &down[v])
+                    } else {
+                        (&down[v], &up[v])
+                    };
                     let (mut s, mut k) = (0.0, 0.0);
                     for &u in a.iter() {
                         s += 2.0 * x[u];
@@ -603,7 +612,9 @@ fn layout(m: &Model) -> Layout {
             }
         }
     }
-    let min_x = (0..nv).map(|v| x[v] - w[v] / 2.0).fold(f64::INFINITY, f64::min);
+    let min_x = (0..nv)
+        .map(|v| x[v] - w[v] / 2.0)
+        .fold(f64::INFINITY, f64::min);
     for xv in &mut x {
         *xv += MARGIN - min_x;
     }
@@ -673,11 +684,25 @@ fn render(m: &Model) -> String {
     segments.sort_unstable();
     segments.dedup();
     for s in segments {
-        let members: Vec<usize> = (0..nn).filter(|&v| m.nodes[v].checkpoint == Some(s)).collect();
-        let x0 = members.iter().map(|&v| lay.x[v] - lay.w[v] / 2.0).fold(f64::INFINITY, f64::min);
-        let x1 = members.iter().map(|&v| lay.x[v] + lay.w[v] / 2.0).fold(0.0, f64::max);
-        let y0 = members.iter().map(|&v| top_of(v)).fold(f64::INFINITY, f64::min);
-        let y1 = members.iter().map(|&v| top_of(v) + NODE_H).fold(0.0, f64::max);
+        let members: Vec<usize> = (0..nn)
+            .filter(|&v| m.nodes[v].checkpoint == Some(s))
+            .collect();
+        let x0 = members
+            .iter()
+            .map(|&v| lay.x[v] - lay.w[v] / 2.0)
+            .fold(f64::INFINITY, f64::min);
+        let x1 = members
+            .iter()
+            .map(|&v| lay.x[v] + lay.w[v] / 2.0)
+            .fold(0.0, f64::max);
+        let y0 = members
+            .iter()
+            .map(|&v| top_of(v))
+            .fold(f64::INFINITY, f64::min);
+        let y1 = members
+            .iter()
+            .map(|&v| top_of(v) + NODE_H)
+            .fold(0.0, f64::max);
         svg.raw(&format!(r#"<g class="segment" data-segment="{s}">"#));
         svg.rect(
             x0 - 12.0,
@@ -686,10 +711,11 @@ fn render(m: &Model) -> String {
             y1 - y0 + 32.0,
             r##"rx="12" fill="#fff3d6" stroke="#e0a030" stroke-width="1.2" stroke-dasharray="6 4""##,
         );
+        // Top right: edges into a segment mostly arrive from the top left.
         svg.text(
-            x0 - 4.0,
+            x1 + 4.0,
             y0 - 8.0,
-            Font::new(11.0).bold().fill("#a06000"),
+            Font::new(11.0).bold().fill("#a06000").anchor(Anchor::End),
             &format!("checkpoint segment {s}"),
         );
         svg.raw("</g>");
@@ -762,7 +788,11 @@ fn render(m: &Model) -> String {
         } else {
             r##"stroke="#555555" stroke-width="1.3" marker-end="url(#arrow)""##
         };
-        let dash = if to_loss { r#" stroke-dasharray="5 3""# } else { "" };
+        let dash = if to_loss {
+            r#" stroke-dasharray="5 3""#
+        } else {
+            ""
+        };
         svg.raw(&format!(
             r#"<path class="edge" d="{d}" fill="none" {style}{dash}><title>{}</title></path>"#,
             esc(&format!("{} → {}", m.nodes[a].id, m.nodes[b].id))
@@ -791,7 +821,13 @@ fn render(m: &Model) -> String {
             &format!(r#"rx="6" fill="{fill}" stroke="{stroke}" stroke-width="1.2"{dash}"#),
         );
         // The layer's colour, as in the timeline's bands.
-        svg.rect(x, y + 6.0, 6.0, NODE_H - 12.0, &format!(r#"fill="{}""#, n.colour));
+        svg.rect(
+            x,
+            y + 6.0,
+            6.0,
+            NODE_H - 12.0,
+            &format!(r#"fill="{}""#, n.colour),
+        );
         let cx = x + w / 2.0 + 3.0;
         svg.text(
             cx,
@@ -800,9 +836,10 @@ fn render(m: &Model) -> String {
             &n.title,
         );
         for (i, l) in n.lines.iter().enumerate() {
-            let f = Font::new(11.0)
-                .anchor(Anchor::Middle)
-                .fill(if i == 0 { "#333" } else { "#555" });
+            let f =
+                Font::new(11.0)
+                    .anchor(Anchor::Middle)
+                    .fill(if i == 0 { "#333" } else { "#555" });
             svg.text(cx, y + 32.0 + 14.0 * i as f64, f, l);
         }
         if n.continues {

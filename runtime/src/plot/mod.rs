@@ -205,7 +205,11 @@ impl Svg {
             r#"<text x="{x:.2}" y="{y:.2}" font-size="{}" fill="{}"{}{}{}{}>{}</text>"#,
             font.size,
             font.fill,
-            if font.bold { r#" font-weight="bold""# } else { "" },
+            if font.bold {
+                r#" font-weight="bold""#
+            } else {
+                ""
+            },
             match font.anchor {
                 Anchor::Start => String::new(),
                 a => format!(r#" text-anchor="{}""#, a.name()),

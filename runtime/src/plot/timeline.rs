@@ -496,11 +496,7 @@ impl<'a> Frame<'a> {
         if let Some(b) = self.budget {
             let on_scale = (b as f64) <= self.y_max;
             marks.push(Mark {
-                y: if on_scale {
-                    self.y(b as f64)
-                } else {
-                    self.top
-                },
+                y: if on_scale { self.y(b as f64) } else { self.top },
                 name: if on_scale {
                     "budget".to_string()
                 } else {
@@ -630,12 +626,7 @@ impl<'a> Frame<'a> {
                         f.anchor(Anchor::End).bold(),
                         bytes,
                     );
-                    svg.text(
-                        bx + 44.0 + name_w + 28.0 + bytes_w,
-                        y,
-                        f.fill("#555"),
-                        note,
-                    );
+                    svg.text(bx + 44.0 + name_w + 28.0 + bytes_w, y, f.fill("#555"), note);
                 }
             }
             y += ROW_H;
@@ -1087,8 +1078,8 @@ pub fn stacked_svg(plan: &StaticPlan, budget: Option<u64>) -> String {
             .collect();
         if above != below {
             let mut d = String::new();
-            for s in 0..n {
-                let y = f.y(above[s] as f64);
+            for (s, &b) in above.iter().enumerate() {
+                let y = f.y(b as f64);
                 let cmd = if s == 0 { 'M' } else { 'L' };
                 let _ = write!(
                     d,
@@ -1097,8 +1088,8 @@ pub fn stacked_svg(plan: &StaticPlan, budget: Option<u64>) -> String {
                     f.x(s as f64 + 1.0)
                 );
             }
-            for s in (0..n).rev() {
-                let y = f.y(below[s] as f64);
+            for (s, &b) in below.iter().enumerate().rev() {
+                let y = f.y(b as f64);
                 let _ = write!(
                     d,
                     "L{:.2} {y:.2} L{:.2} {y:.2} ",
@@ -1148,13 +1139,7 @@ pub fn stacked_svg(plan: &StaticPlan, budget: Option<u64>) -> String {
     svg.text(16.0, y + 10.0, Font::new(11.0).bold(), "roles:");
     let mut x = 62.0;
     for (k, role) in ROLES.iter().enumerate() {
-        svg.rect(
-            x,
-            y,
-            22.0,
-            12.0,
-            &format!(r#"fill="{}""#, ROLE_COLOURS[k]),
-        );
+        svg.rect(x, y, 22.0, 12.0, &format!(r#"fill="{}""#, ROLE_COLOURS[k]));
         svg.text(x + 26.0, y + 10.0, Font::new(11.0), role_label(*role));
         x += 26.0 + text_width(role_label(*role), 11.0, false) + 16.0;
     }

@@ -1,0 +1,78 @@
+//! Host emulation of memwise's CUDA kernels, for tests on machines without a GPU.
+//!
+//! `build.rs` compiles every `kernels/cuda/*.cu` as C++ with `kernels/cuda/emu/shim.h` (thread
+//! and block indices, `__syncthreads` as a barrier across the block's threads, per-block
+//! `__shared__` storage, the warp shuffles, the 16-bit conversions) into one static library.
+//! [`launch`] runs a kernel's grid on the calling thread — blocks one after another, each
+//! block's threads as fibers — taking its arguments the way `cuLaunchKernel` does (one pointer
+//! per parameter) plus the caller's signature string, which must match the kernel's.
+//!
+//! Nothing here knows the kernels' meaning: `kernels/tests/cuda_emulation.rs` compares every
+//! kernel against the CPU kernels.
+
+use std::ffi::{c_char, c_void, CStr, CString};
+
+extern "C" {
+    fn mw_emu_kernel_count() -> u32;
+    fn mw_emu_kernel_name(i: u32) -> *const c_char;
+    fn mw_emu_kernel_sig(i: u32, out: *mut c_char, len: usize) -> i32;
+    fn mw_emu_launch(
+        name: *const c_char,
+        grid: *const u32,
+        block: *const u32,
+        args: *mut *mut c_void,
+        sig: *const c_char,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> i32;
+}
+
+/// Every kernel in the sources, with its parameter signature (`p` pointer, `f` f32, `d` f64,
+/// `i` i32, `u` u32, `q` i64, `Q` u64, `sN` an N-byte struct; comma-separated).
+pub fn kernels() -> Vec<(String, String)> {
+    // SAFETY: the registry is a static table; names are NUL-terminated literals.
+    unsafe {
+        (0..mw_emu_kernel_count())
+            .map(|i| {
+                let name = CStr::from_ptr(mw_emu_kernel_name(i)).to_string_lossy().into_owned();
+                let mut buf = vec![0u8; 512];
+                mw_emu_kernel_sig(i, buf.as_mut_ptr() as *mut c_char, buf.len());
+                let sig = CStr::from_ptr(buf.as_ptr() as *const c_char).to_string_lossy().into_owned();
+                (name, sig)
+            })
+            .collect()
+    }
+}
+
+/// Runs kernel `name` over `grid` × `block` threads on the CPU.
+///
+/// # Safety
+/// `args` holds one pointer per kernel parameter, each to a value of the parameter's type
+/// (checked against `sig`); pointer parameters must point at host memory large enough for
+/// what the kernel touches — exactly the contract of `cuLaunchKernel` with device memory.
+pub unsafe fn launch(
+    name: &str,
+    grid: [u32; 3],
+    block: [u32; 3],
+    args: &[*mut c_void],
+    sig: &str,
+) -> Result<(), String> {
+    let cname = CString::new(name).map_err(|e| e.to_string())?;
+    let csig = CString::new(sig).map_err(|e| e.to_string())?;
+    let mut args = args.to_vec();
+    let mut err = vec![0u8; 4096];
+    let rc = mw_emu_launch(
+        cname.as_ptr(),
+        grid.as_ptr(),
+        block.as_ptr(),
+        args.as_mut_ptr(),
+        csig.as_ptr(),
+        err.as_mut_ptr() as *mut c_char,
+        err.len(),
+    );
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(CStr::from_ptr(err.as_ptr() as *const c_char).to_string_lossy().into_owned())
+    }
+}

@@ -1,0 +1,206 @@
+// memwise CUDA kernels: definitions shared by every .cu file.
+//
+// Every kernel is plain CUDA C++ with an `extern "C" __global__` entry point named `mw_…`,
+// and one entry per storage type where storage can be half (`_f32`, `_f16`, `_bf16`).
+// Arithmetic is always f32 (f64 for the sums the CPU kernels take in f64), exactly like the
+// CPU kernels in kernels/src, whose numerics these kernels reproduce.
+//
+// The sources need no header at all: the 16-bit storage types are this file's own
+// (`mw_f16`, `mw_bf16`: the bits of IEEE binary16 / bfloat16, converted with the PTX `cvt`
+// instructions), so NVRTC compiles them with no include path on any machine, nvcc compiles
+// them for `-cubin` checks in CI, and the host emulation (kernels/cuda/emu/shim.h, which
+// defines `threadIdx`, `__syncthreads`, the warp shuffles … on the CPU) compiles them as C++.
+//
+// Sources are compiled one at a time: each .cu starts with `#include "common.cuh"`; the
+// runtime prepends this file to each source (and drops that line) before calling NVRTC.
+
+#ifndef MW_COMMON_CUH
+#define MW_COMMON_CUH
+
+#if defined(__CUDACC__)
+#define MW_DEV __device__ __forceinline__
+#else
+// Host emulation: kernels/cuda/emu/shim.h is included first by the harness.
+#define MW_DEV inline
+#endif
+
+typedef unsigned long long u64;
+typedef long long i64;
+typedef unsigned int u32;
+
+// Threads per block of the 1-D kernels (pointwise, per-element gathers).
+#define MW_BLOCK 256
+// Warps per block of the row kernels (one warp per row: softmax, layer norm, losses).
+#define MW_ROW_WARPS 8
+// The channel-strip kernels (per-channel sums over rows: batch norm, bias gradients) run
+// blocks of 32 channels × MW_STRIP_Y row lanes.
+#define MW_STRIP_Y 32
+// Threads of the single-block reductions (loss values).
+#define MW_REDUCE_THREADS 1024
+
+// ---- 16-bit storage ------------------------------------------------------------------------
+
+struct mw_f16 {
+    unsigned short bits;
+};
+struct mw_bf16 {
+    unsigned short bits;
+};
+
+#if defined(__CUDACC__)
+MW_DEV float mw_f16_to_f32(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+MW_DEV unsigned short mw_f32_to_f16(float f) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+MW_DEV float mw_bf16_to_f32(unsigned short h) {
+    return __uint_as_float(((u32)h) << 16);
+}
+MW_DEV unsigned short mw_f32_to_bf16(float f) {
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+#endif
+
+// Load as f32 / store from f32 (round to nearest even), overloaded on the storage type.
+MW_DEV float ld(float v) { return v; }
+MW_DEV float ld(mw_f16 v) { return mw_f16_to_f32(v.bits); }
+MW_DEV float ld(mw_bf16 v) { return mw_bf16_to_f32(v.bits); }
+
+template <typename T> MW_DEV T st(float v);
+template <> MW_DEV float st<float>(float v) { return v; }
+template <> MW_DEV mw_f16 st<mw_f16>(float v) {
+    mw_f16 r;
+    r.bits = mw_f32_to_f16(v);
+    return r;
+}
+template <> MW_DEV mw_bf16 st<mw_bf16>(float v) {
+    mw_bf16 r;
+    r.bits = mw_f32_to_bf16(v);
+    return r;
+}
+
+#define MW_NEG_INF __uint_as_float(0xff800000u)
+
+MW_DEV bool mw_isfinite(float x) { return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u; }
+MW_DEV bool mw_isnan(float x) { return (__float_as_uint(x) & 0x7fffffffu) > 0x7f800000u; }
+
+// Instantiates `M(suffix, type)` for the three float storage types.
+#define MW_FLOATS(M) M(f32, float) M(f16, mw_f16) M(bf16, mw_bf16)
+// `M(suffix_a, type_a, suffix_b, type_b)` for every pair of float storage types.
+#define MW_FLOAT_PAIRS(M)                                                                       \
+    M(f32, float, f32, float)                                                                   \
+    M(f32, float, f16, mw_f16)                                                                  \
+    M(f32, float, bf16, mw_bf16)                                                                \
+    M(f16, mw_f16, f32, float)                                                                  \
+    M(f16, mw_f16, f16, mw_f16)                                                                 \
+    M(f16, mw_f16, bf16, mw_bf16)                                                               \
+    M(bf16, mw_bf16, f32, float)                                                                \
+    M(bf16, mw_bf16, f16, mw_f16)                                                               \
+    M(bf16, mw_bf16, bf16, mw_bf16)
+
+// ---- per-step values on the device ---------------------------------------------------------
+
+// Values that change from one training step to the next live in device memory, so a captured
+// CUDA graph replays every step unchanged. The host writes them before each step and reads
+// the flags and counters after it. Mirrored by `MwScalars` in kernels/src/cuda/launch.rs.
+struct MwScalars {
+    u64 step;           // training steps run so far: keys dropout and sampling
+    float loss_scale;   // dynamic loss scale: the loss kernels multiply their gradients by it
+    float grad_unscale; // 1 / loss_scale: the optimizer kernels multiply gradients by it
+    float adam_alpha;   // lr · sqrt(1 − β₂ᵗ) / (1 − β₁ᵗ) for this update
+    int nonfinite;      // set to 1 by mw_all_finite_f32: the optimizers then skip the update
+    int correct;        // correct predictions of the classification losses, summed
+    int bad_index;      // 1 + position of an out-of-range label or id (0: none)
+};
+
+// ---- indexing ------------------------------------------------------------------------------
+
+MW_DEV u64 mw_tid() { return (u64)blockIdx.x * blockDim.x + threadIdx.x; }
+MW_DEV u64 mw_nthreads() { return (u64)gridDim.x * blockDim.x; }
+
+// Grid-stride loop over [0, n).
+#define MW_FOR(i, n) for (u64 i = mw_tid(); i < (n); i += mw_nthreads())
+
+// ---- warp and block reductions ---------------------------------------------------------------
+
+MW_DEV float mw_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+MW_DEV double mw_warp_sum(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+MW_DEV int mw_warp_sum(int v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+MW_DEV float mw_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+MW_DEV int mw_warp_min(int v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        int w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = w < v ? w : v;
+    }
+    return v;
+}
+
+// Sum over a 1-D block of MW_REDUCE_THREADS threads (every thread gets the total).
+MW_DEV double mw_block_sum(double v, double* sh /* [32] shared */) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = mw_warp_sum(v);
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    int nw = (blockDim.x + 31) >> 5;
+    double t = lane < nw ? sh[lane] : 0.0;
+    t = mw_warp_sum(t);
+    __syncthreads();
+    return t;
+}
+MW_DEV int mw_block_sum_int(int v, int* sh /* [32] shared */) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = mw_warp_sum(v);
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    int nw = (blockDim.x + 31) >> 5;
+    int t = lane < nw ? sh[lane] : 0;
+    t = mw_warp_sum(t);
+    __syncthreads();
+    return t;
+}
+MW_DEV int mw_block_min_int(int v, int* sh /* [32] shared */) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = mw_warp_min(v);
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    int nw = (blockDim.x + 31) >> 5;
+    int t = lane < nw ? sh[lane] : 0x7fffffff;
+    t = mw_warp_min(t);
+    __syncthreads();
+    return t;
+}
+
+// Channel strip: a block of (32, MW_STRIP_Y) threads, x = channel in the strip, y = row lane.
+// Sums `v` over the y lanes of each channel; row 0 of the strip gets the totals.
+MW_DEV double mw_strip_sum(double v, double (*sh)[33]) {
+    sh[threadIdx.y][threadIdx.x] = v;
+    __syncthreads();
+    for (int s = MW_STRIP_Y / 2; s > 0; s >>= 1) {
+        if (threadIdx.y < (u32)s) sh[threadIdx.y][threadIdx.x] += sh[threadIdx.y + s][threadIdx.x];
+        __syncthreads();
+    }
+    double t = sh[0][threadIdx.x];
+    __syncthreads();
+    return t;
+}
+
+#endif // MW_COMMON_CUH

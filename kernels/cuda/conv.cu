@@ -1,0 +1,176 @@
+// Convolution helpers (kernels/src/conv.rs): im2col and its adjoint col2im (conv2d and
+// conv2d_transpose are im2col/col2im plus cuBLAS GEMMs), and the direct depthwise conv2d.
+//
+// Layouts (Keras): activations NHWC, conv2d weight [kh, kw, c_in, c_out], depthwise weight
+// [kh, kw, c, multiplier] with output channel ci·multiplier + mi. Padding follows TensorFlow.
+// Gathers everywhere (one thread per output element, summing in the CPU kernel's order), so
+// no output needs zeroing and nothing races. The depthwise weight gradient is a channel strip
+// (see norm.cu), accumulated into the f32 master gradient.
+#include "common.cuh"
+
+// The im2col geometry: an image [h, w, c] and a grid of oh × ow windows of kh × kw taps,
+// stride sh × sw, padded by pt rows / pl columns before. Mirrored by `MwGeom` in
+// kernels/src/cuda/launch.rs.
+struct MwGeom {
+    int h, w, c, oh, ow, kh, kw, sh, sw, pt, pl;
+};
+
+// Depthwise conv dims (m = multiplier). Mirrored by `MwDepthwise` in launch.rs.
+struct MwDepthwise {
+    int n, h, w, c, m, kh, kw, sh, sw, oh, ow, pt, pl;
+};
+
+// col[(s, oy, ox), (ki, kj, ci)] for samples n0 .. n0+cn of img [n, h, w, c]; padding taps are 0.
+template <typename T> MW_DEV void im2col(const T* img, T* col, MwGeom g, int n0, int cn) {
+    u64 k = (u64)g.kh * g.kw * g.c;
+    u64 p = (u64)g.oh * g.ow;
+    MW_FOR(e, (u64)cn * p * k) {
+        u64 r = e / k, kk = e % k;
+        int ci = (int)(kk % g.c);
+        int tap = (int)(kk / g.c);
+        int ki = tap / g.kw, kj = tap % g.kw;
+        u64 s = n0 + r / p, q = r % p;
+        int oy = (int)(q / g.ow), ox = (int)(q % g.ow);
+        int iy = oy * g.sh + ki - g.pt, ix = ox * g.sw + kj - g.pl;
+        col[e] = (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w)
+                     ? st<T>(0.0f)
+                     : img[((s * g.h + iy) * g.w + ix) * g.c + ci];
+    }
+}
+
+// The output o with o·stride + k − pad = i, or −1.
+MW_DEV int mw_origin(int i, int k, int pad, int stride, int out) {
+    int t = i + pad - k;
+    if (t < 0 || t % stride != 0) return -1;
+    int o = t / stride;
+    return o < out ? o : -1;
+}
+
+// img[s, iy, ix, ci] = bias[ci] + Σ col over the windows covering (iy, ix), for cn samples
+// (img points at the first); overwritten. bias may be null.
+template <typename T>
+MW_DEV void col2im(const T* col, T* img, MwGeom g, int cn, const float* bias) {
+    u64 k = (u64)g.kh * g.kw * g.c;
+    MW_FOR(e, (u64)cn * g.h * g.w * g.c) {
+        int ci = (int)(e % g.c);
+        u64 q = e / g.c;
+        int ix = (int)(q % g.w);
+        q /= g.w;
+        int iy = (int)(q % g.h);
+        u64 s = q / g.h;
+        float acc = bias ? bias[ci] : 0.0f;
+        for (int ki = 0; ki < g.kh; ki++) {
+            int oy = mw_origin(iy, ki, g.pt, g.sh, g.oh);
+            if (oy < 0) continue;
+            for (int kj = 0; kj < g.kw; kj++) {
+                int ox = mw_origin(ix, kj, g.pl, g.sw, g.ow);
+                if (ox < 0) continue;
+                acc += ld(col[((s * g.oh + oy) * g.ow + ox) * k + (u64)(ki * g.kw + kj) * g.c + ci]);
+            }
+        }
+        img[e] = st<T>(acc);
+    }
+}
+
+// y[s, oy, ox, o] = bias[o] + Σ_{ki,kj} x[s, iy, ix, o / m] · w[ki, kj, o].
+template <typename T>
+MW_DEV void dw_fwd(const T* x, const T* w, const float* bias, T* y, MwDepthwise d) {
+    int co = d.c * d.m;
+    MW_FOR(e, (u64)d.n * d.oh * d.ow * co) {
+        int o = (int)(e % co);
+        u64 q = e / co;
+        int ox = (int)(q % d.ow);
+        q /= d.ow;
+        int oy = (int)(q % d.oh);
+        u64 s = q / d.oh;
+        int ci = o / d.m;
+        float acc = bias ? bias[o] : 0.0f;
+        for (int ki = 0; ki < d.kh; ki++) {
+            int iy = oy * d.sh + ki - d.pt;
+            if (iy < 0 || iy >= d.h) continue;
+            for (int kj = 0; kj < d.kw; kj++) {
+                int ix = ox * d.sw + kj - d.pl;
+                if (ix < 0 || ix >= d.w) continue;
+                acc += ld(x[((s * d.h + iy) * d.w + ix) * d.c + ci]) *
+                       ld(w[(u64)(ki * d.kw + kj) * co + o]);
+            }
+        }
+        y[e] = st<T>(acc);
+    }
+}
+
+// dx[s, iy, ix, ci] = Σ over covering windows and multipliers of dy · w (overwritten).
+template <typename T> MW_DEV void dw_bwd_dx(const T* w, const T* dy, T* dx, MwDepthwise d) {
+    int co = d.c * d.m;
+    MW_FOR(e, (u64)d.n * d.h * d.w * d.c) {
+        int ci = (int)(e % d.c);
+        u64 q = e / d.c;
+        int ix = (int)(q % d.w);
+        q /= d.w;
+        int iy = (int)(q % d.h);
+        u64 s = q / d.h;
+        float acc = 0.0f;
+        for (int ki = 0; ki < d.kh; ki++) {
+            int oy = mw_origin(iy, ki, d.pt, d.sh, d.oh);
+            if (oy < 0) continue;
+            for (int kj = 0; kj < d.kw; kj++) {
+                int ox = mw_origin(ix, kj, d.pl, d.sw, d.ow);
+                if (ox < 0) continue;
+                u64 g = ((s * d.oh + oy) * d.ow + ox) * co;
+                u64 wt = (u64)(ki * d.kw + kj) * co;
+                for (int mi = 0; mi < d.m; mi++) {
+                    int o = ci * d.m + mi;
+                    acc += ld(dy[g + o]) * ld(w[wt + o]);
+                }
+            }
+        }
+        dx[e] = st<T>(acc);
+    }
+}
+
+// dw[tap, o] += Σ_{s, oy, ox} x[s, iy, ix, o / m] · dy[s, oy, ox, o]: grid (⌈co/32⌉, kh·kw),
+// block (32, MW_STRIP_Y).
+template <typename T> MW_DEV void dw_bwd_dw(const T* x, const T* dy, float* dw, MwDepthwise d) {
+    __shared__ double sh[MW_STRIP_Y][33];
+    int co = d.c * d.m;
+    int o = blockIdx.x * 32 + threadIdx.x;
+    int tap = blockIdx.y;
+    int ki = tap / d.kw, kj = tap % d.kw;
+    float acc = 0.0f;
+    if (o < co) {
+        int ci = o / d.m;
+        u64 positions = (u64)d.n * d.oh * d.ow;
+        for (u64 p = threadIdx.y; p < positions; p += MW_STRIP_Y) {
+            int ox = (int)(p % d.ow);
+            int oy = (int)((p / d.ow) % d.oh);
+            u64 s = p / ((u64)d.ow * d.oh);
+            int iy = oy * d.sh + ki - d.pt, ix = ox * d.sw + kj - d.pl;
+            if (iy < 0 || iy >= d.h || ix < 0 || ix >= d.w) continue;
+            acc += ld(x[((s * d.h + iy) * d.w + ix) * d.c + ci]) * ld(dy[p * co + o]);
+        }
+    }
+    double t = mw_strip_sum((double)acc, sh);
+    if (o < co && threadIdx.y == 0) dw[(u64)tap * co + o] += (float)t;
+}
+
+#define MW_CONV(S, T)                                                                           \
+    extern "C" __global__ void mw_im2col_##S(const T* img, T* col, MwGeom g, int n0, int cn) {  \
+        im2col<T>(img, col, g, n0, cn);                                                         \
+    }                                                                                           \
+    extern "C" __global__ void mw_col2im_##S(const T* col, T* img, MwGeom g, int cn,            \
+                                             const float* bias) {                               \
+        col2im<T>(col, img, g, cn, bias);                                                       \
+    }                                                                                           \
+    extern "C" __global__ void mw_dw_fwd_##S(const T* x, const T* w, const float* bias, T* y,   \
+                                             MwDepthwise d) {                                   \
+        dw_fwd<T>(x, w, bias, y, d);                                                            \
+    }                                                                                           \
+    extern "C" __global__ void mw_dw_bwd_dx_##S(const T* w, const T* dy, T* dx,                 \
+                                                MwDepthwise d) {                                \
+        dw_bwd_dx<T>(w, dy, dx, d);                                                             \
+    }                                                                                           \
+    extern "C" __global__ void mw_dw_bwd_dw_##S(const T* x, const T* dy, float* dw,             \
+                                                MwDepthwise d) {                                \
+        dw_bwd_dw<T>(x, dy, dw, d);                                                             \
+    }
+MW_FLOATS(MW_CONV)

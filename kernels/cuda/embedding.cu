@@ -1,0 +1,42 @@
+// Embedding lookup (kernels/src/embedding.rs): forward gathers rows of the f32 table,
+// backward scatter-adds into the f32 master gradient with atomics (repeated ids add up; the
+// order of the additions, and so the last bits, may vary from run to run, unlike the CPU's).
+// An id outside 0..vocab cannot raise an error here: its row is left out (zeros forward,
+// nothing backward) and sc->bad_index records 1 + its position for the runtime to report.
+#include "common.cuh"
+
+template <typename T>
+MW_DEV void embedding_fwd(const int* ids, const float* w, T* y, u64 tokens, u64 vocab, u64 dim,
+                          MwScalars* sc) {
+    MW_FOR(e, tokens * dim) {
+        u64 t = e / dim, j = e % dim;
+        long long id = ids[t];
+        if (id < 0 || id >= (long long)vocab) {
+            y[e] = st<T>(0.0f);
+            if (j == 0) atomicMax(&sc->bad_index, (int)t + 1);
+        } else {
+            y[e] = st<T>(w[(u64)id * dim + j]);
+        }
+    }
+}
+
+template <typename T>
+MW_DEV void embedding_bwd(const int* ids, const T* dy, float* dw, u64 tokens, u64 vocab, u64 dim) {
+    MW_FOR(e, tokens * dim) {
+        u64 t = e / dim, j = e % dim;
+        long long id = ids[t];
+        if (id >= 0 && id < (long long)vocab) atomicAdd(&dw[(u64)id * dim + j], ld(dy[e]));
+    }
+}
+
+#define MW_EMBEDDING(S, T)                                                                      \
+    extern "C" __global__ void mw_embedding_fwd_##S(const int* ids, const float* w, T* y,       \
+                                                    u64 tokens, u64 vocab, u64 dim,             \
+                                                    MwScalars* sc) {                            \
+        embedding_fwd<T>(ids, w, y, tokens, vocab, dim, sc);                                    \
+    }                                                                                           \
+    extern "C" __global__ void mw_embedding_bwd_##S(const int* ids, const T* dy, float* dw,     \
+                                                    u64 tokens, u64 vocab, u64 dim) {           \
+        embedding_bwd<T>(ids, dy, dw, tokens, vocab, dim);                                      \
+    }
+MW_FLOATS(MW_EMBEDDING)

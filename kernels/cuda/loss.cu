@@ -1,0 +1,201 @@
+// Losses fused with their gradients (kernels/src/loss.rs): sparse categorical cross-entropy
+// on softmax probabilities, binary cross-entropy (fused with the sigmoid, or on
+// probabilities), mean squared error, and the VAE's KL divergence to N(0, 1).
+//
+// Each loss is two kernels: the gradient (grid-wide; overwritten, multiplied by the dynamic
+// loss scale read from MwScalars) and the value (one block of MW_REDUCE_THREADS threads: sums
+// in f64 in a fixed order, so the value is deterministic; it writes `w · loss` to the loss
+// tensor). Labels out of range cannot raise an error on the device: the value kernel records
+// 1 + the first offending sample in sc->bad_index (the runtime turns it into an Err) and the
+// gradient kernel treats such a row as having no true class.
+#include "common.cuh"
+
+#define MW_EPSILON 1e-7f
+
+MW_DEV float mw_clip_prob(float p) {
+    // Written with comparisons so a NaN stays NaN (like f32::clamp).
+    return p < MW_EPSILON ? MW_EPSILON : (p > 1.0f - MW_EPSILON ? 1.0f - MW_EPSILON : p);
+}
+
+// ---- sparse categorical cross-entropy ----------------------------------------------------------
+
+// dlogits = (weight · loss_scale / rows) · (p − onehot(label)), one warp per row.
+template <typename P, typename G>
+MW_DEV void scce(const P* probs, const int* labels, G* dlogits, u64 rows, u64 classes,
+                 float weight, const MwScalars* sc) {
+    u64 r = (u64)blockIdx.x * MW_ROW_WARPS + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    int lane = threadIdx.x & 31;
+    float coef = (weight * sc->loss_scale) / (float)rows;
+    long long label = labels[r];
+    for (u64 j = lane; j < classes; j += 32) {
+        float t = (long long)j == label ? 1.0f : 0.0f;
+        dlogits[r * classes + j] = st<G>((ld(probs[r * classes + j]) - t) * coef);
+    }
+}
+#define MW_SCCE(SA, TA, SB, TB)                                                                 \
+    extern "C" __global__ void mw_scce_##SA##_##SB(const TA* probs, const int* labels,          \
+                                                   TB* dlogits, u64 rows, u64 classes,          \
+                                                   float weight, const MwScalars* sc) {         \
+        scce<TA, TB>(probs, labels, dlogits, rows, classes, weight, sc);                        \
+    }
+MW_FLOAT_PAIRS(MW_SCCE)
+
+// *loss = weight · mean_r −ln clip(p[r, label_r]); sc->correct += rows whose arg-max (first
+// on ties) is the label. One block; each warp takes rows r ≡ warp (mod warps).
+template <typename P>
+MW_DEV void scce_value(const P* probs, const int* labels, u64 rows, u64 classes, float weight,
+                       float* loss, MwScalars* sc) {
+    __shared__ double sh_d[32];
+    __shared__ int sh_i[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    double sum = 0.0;
+    int correct = 0;
+    int bad = 0x7fffffff;
+    for (u64 r = warp; r < rows; r += nw) {
+        const P* pr = probs + r * classes;
+        // Arg-max: the smallest index among the largest values (NaN never wins, as `v > best`).
+        float best = MW_NEG_INF;
+        long long arg = 0x7fffffffffffffffLL;
+        for (u64 j = lane; j < classes; j += 32) {
+            float v = ld(pr[j]);
+            if (v > best) {
+                best = v;
+                arg = (long long)j;
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            long long oa = __shfl_xor_sync(0xffffffffu, arg, o);
+            if (ob > best || (ob == best && oa < arg)) {
+                best = ob;
+                arg = oa;
+            }
+        }
+        if (arg == 0x7fffffffffffffffLL) arg = 0;
+        long long label = labels[r];
+        if (label < 0 || label >= (long long)classes) {
+            if (lane == 0 && (int)r < bad) bad = (int)r;
+            continue;
+        }
+        if (lane == 0) {
+            float pl = mw_clip_prob(ld(pr[label]));
+            sum += -(double)logf(pl);
+            correct += arg == label ? 1 : 0;
+        }
+    }
+    sum = mw_block_sum(sum, sh_d);
+    correct = mw_block_sum_int(correct, sh_i);
+    bad = mw_block_min_int(bad, sh_i);
+    if (threadIdx.x == 0) {
+        if (bad != 0x7fffffff) {
+            sc->bad_index = bad + 1;
+            *loss = __uint_as_float(0x7fc00000u);
+        } else {
+            *loss = weight * (float)(sum / (double)rows);
+            sc->correct += correct;
+        }
+    }
+}
+#define MW_SCCE_VALUE(S, T)                                                                     \
+    extern "C" __global__ void mw_scce_value_##S(const T* probs, const int* labels, u64 rows,   \
+                                                 u64 classes, float weight, float* loss,        \
+                                                 MwScalars* sc) {                               \
+        scce_value<T>(probs, labels, rows, classes, weight, loss, sc);                          \
+    }
+MW_FLOATS(MW_SCCE_VALUE)
+
+// ---- elementwise losses ----------------------------------------------------------------------
+
+#define MW_LOSS_BCE_SIGMOID 0
+#define MW_LOSS_BCE 1
+#define MW_LOSS_MSE 2
+
+// Keras's BCE on a probability (TF backend): clip, then −(t·ln(p + ε) + (1 − t)·ln(1 − p + ε)).
+MW_DEV float mw_bce_value(float p, float t) {
+    float pc = mw_clip_prob(p);
+    return -(t * logf(pc + MW_EPSILON) + (1.0f - t) * logf(1.0f - pc + MW_EPSILON));
+}
+MW_DEV float mw_elem_loss(int kind, float p, float t) {
+    if (kind == MW_LOSS_MSE) {
+        float e = p - t;
+        return e * e;
+    }
+    return mw_bce_value(p, t);
+}
+MW_DEV float mw_elem_loss_grad(int kind, float p, float t) {
+    switch (kind) {
+    case MW_LOSS_BCE_SIGMOID: return p - t;
+    case MW_LOSS_BCE:
+        return (p >= MW_EPSILON && p <= 1.0f - MW_EPSILON)
+                   ? -t / (p + MW_EPSILON) + (1.0f - t) / (1.0f - p + MW_EPSILON)
+                   : 0.0f;
+    default: return 2.0f * (p - t);
+    }
+}
+
+// grad = (weight · loss_scale / denom) · dℓ/dinput, denom = elements (mean) or rows (sum
+// over features, mean over the batch).
+template <typename P, typename Y>
+MW_DEV void elem_loss(int kind, const P* p, const Y* t, P* grad, u64 n, double denom,
+                      float weight, const MwScalars* sc) {
+    float coef = (float)((double)(weight * sc->loss_scale) / denom);
+    MW_FOR(i, n) grad[i] = st<P>(mw_elem_loss_grad(kind, ld(p[i]), ld(t[i])) * coef);
+}
+// *loss = weight · Σ ℓ / denom.
+template <typename P, typename Y>
+MW_DEV void elem_loss_value(int kind, const P* p, const Y* t, u64 n, double denom, float weight,
+                            float* loss) {
+    __shared__ double sh[32];
+    double sum = 0.0;
+    for (u64 i = threadIdx.x; i < n; i += blockDim.x)
+        sum += (double)mw_elem_loss(kind, ld(p[i]), ld(t[i]));
+    sum = mw_block_sum(sum, sh);
+    if (threadIdx.x == 0) *loss = weight * (float)(sum / denom);
+}
+#define MW_ELEM_LOSS(SA, TA, SB, TB)                                                            \
+    extern "C" __global__ void mw_elem_loss_##SA##_##SB(int kind, const TA* p, const TB* t,     \
+                                                        TA* grad, u64 n, double denom,          \
+                                                        float weight, const MwScalars* sc) {    \
+        elem_loss<TA, TB>(kind, p, t, grad, n, denom, weight, sc);                              \
+    }                                                                                           \
+    extern "C" __global__ void mw_elem_loss_value_##SA##_##SB(                                  \
+        int kind, const TA* p, const TB* t, u64 n, double denom, float weight, float* loss) {   \
+        elem_loss_value<TA, TB>(kind, p, t, n, denom, weight, loss);                            \
+    }
+MW_FLOAT_PAIRS(MW_ELEM_LOSS)
+
+// ---- KL divergence of N(mean, exp(logvar)) from N(0, 1) ----------------------------------------
+
+// dmean = c·mean, dlogvar = c·0.5·(exp(logvar) − 1), c = weight · loss_scale / rows.
+template <typename T>
+MW_DEV void kl(const T* mean, const T* logvar, T* dmean, T* dlogvar, u64 n, u64 rows,
+               float weight, const MwScalars* sc) {
+    float coef = (weight * sc->loss_scale) / (float)rows;
+    MW_FOR(i, n) {
+        dmean[i] = st<T>(ld(mean[i]) * coef);
+        dlogvar[i] = st<T>(0.5f * (expf(ld(logvar[i])) - 1.0f) * coef);
+    }
+}
+// *loss = weight · Σ −0.5·(1 + logvar − mean² − exp(logvar)) / rows.
+template <typename T>
+MW_DEV void kl_value(const T* mean, const T* logvar, u64 n, u64 rows, float weight, float* loss) {
+    __shared__ double sh[32];
+    double sum = 0.0;
+    for (u64 i = threadIdx.x; i < n; i += blockDim.x) {
+        float m = ld(mean[i]), lv = ld(logvar[i]);
+        sum += (double)(-0.5f * (1.0f + lv - m * m - expf(lv)));
+    }
+    sum = mw_block_sum(sum, sh);
+    if (threadIdx.x == 0) *loss = weight * (float)(sum / (double)rows);
+}
+#define MW_KL(S, T)                                                                             \
+    extern "C" __global__ void mw_kl_##S(const T* mean, const T* logvar, T* dmean, T* dlogvar,  \
+                                         u64 n, u64 rows, float weight, const MwScalars* sc) {  \
+        kl<T>(mean, logvar, dmean, dlogvar, n, rows, weight, sc);                               \
+    }                                                                                           \
+    extern "C" __global__ void mw_kl_value_##S(const T* mean, const T* logvar, u64 n, u64 rows, \
+                                               float weight, float* loss) {                     \
+        kl_value<T>(mean, logvar, n, rows, weight, loss);                                       \
+    }
+MW_FLOATS(MW_KL)

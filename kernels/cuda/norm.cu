@@ -1,0 +1,227 @@
+// Normalisation (kernels/src/norm.rs) and the per-channel sums that bias gradients need.
+//
+// Batch norm and the column sums run "channel strips": one block of 32 channels ×
+// MW_STRIP_Y row lanes per 32 channels; each lane sums its rows in f64, then the lanes are
+// combined in shared memory in a fixed order (deterministic, no atomics). A strip block first
+// takes its statistics, then writes its channels, so y may be x and dx may be dy (in place).
+// Layer norm runs one warp per row (MW_ROW_WARPS rows per block).
+//
+// Parameter gradients (dgamma, dbeta, bias gradients) are f32 and ACCUMULATED (+=); activation
+// gradients are overwritten.
+#include "common.cuh"
+
+// ---- per-channel sums --------------------------------------------------------------------------
+
+// sums[j] += Σ_r m[r, j] over a row-major [rows, cols] matrix (bias gradients).
+template <typename T> MW_DEV void column_sums(const T* m, u64 rows, u64 cols, float* sums) {
+    __shared__ double sh[MW_STRIP_Y][33];
+    u64 j = (u64)blockIdx.x * 32 + threadIdx.x;
+    double acc = 0.0;
+    if (j < cols)
+        for (u64 r = threadIdx.y; r < rows; r += MW_STRIP_Y) acc += (double)ld(m[r * cols + j]);
+    acc = mw_strip_sum(acc, sh);
+    if (threadIdx.y == 0 && j < cols) sums[j] += (float)acc;
+}
+#define MW_COLUMN_SUMS(S, T)                                                                    \
+    extern "C" __global__ void mw_column_sums_##S(const T* m, u64 rows, u64 cols, float* sums) { \
+        column_sums<T>(m, rows, cols, sums);                                                    \
+    }
+MW_FLOATS(MW_COLUMN_SUMS)
+
+// ---- batch norm --------------------------------------------------------------------------------
+
+// Training forward over x [rows, c]: batch mean and biased variance per channel (two f64
+// passes), x_hat = (x − mean_hi − mean_lo)·inv_std (the mean applied as an f32 hi/lo pair, as
+// on the CPU), y = gamma·x_hat + beta; saves mean (hi) and inv_std; moves the running
+// statistics unless they are null (a recompute must not move them twice).
+template <typename T>
+MW_DEV void bn_train_fwd(const T* x, T* y, T* x_hat, float* mean, float* inv_std,
+                         float* run_mean, float* run_var, const float* gamma, const float* beta,
+                         u64 rows, u64 c, float eps, float momentum) {
+    __shared__ double sh[MW_STRIP_Y][33];
+    u64 ch = (u64)blockIdx.x * 32 + threadIdx.x;
+    bool ok = ch < c;
+    double s = 0.0;
+    if (ok)
+        for (u64 r = threadIdx.y; r < rows; r += MW_STRIP_Y) s += (double)ld(x[r * c + ch]);
+    double mu = mw_strip_sum(s, sh) / (double)rows;
+    double v = 0.0;
+    if (ok)
+        for (u64 r = threadIdx.y; r < rows; r += MW_STRIP_Y) {
+            double t = (double)ld(x[r * c + ch]) - mu;
+            v += t * t;
+        }
+    double var = mw_strip_sum(v, sh) / (double)rows;
+    if (!ok) return;
+    float hi = (float)mu;
+    float lo = (float)(mu - (double)hi);
+    float inv = (float)(1.0 / sqrt(var + (double)eps));
+    if (threadIdx.y == 0) {
+        mean[ch] = hi;
+        inv_std[ch] = inv;
+        if (run_mean) {
+            run_mean[ch] = run_mean[ch] * momentum + (float)mu * (1.0f - momentum);
+            run_var[ch] = run_var[ch] * momentum + (float)var * (1.0f - momentum);
+        }
+    }
+    float g = gamma[ch], b = beta[ch];
+    for (u64 r = threadIdx.y; r < rows; r += MW_STRIP_Y) {
+        float h = (ld(x[r * c + ch]) - hi - lo) * inv;
+        x_hat[r * c + ch] = st<T>(h);
+        y[r * c + ch] = st<T>(g * h + b);
+    }
+}
+
+// Inference: y = gamma·(x − running_mean)·(1/sqrt(running_var + eps)) + beta (pointwise).
+template <typename T>
+MW_DEV void bn_infer(const T* x, T* y, const float* gamma, const float* beta, const float* rm,
+                     const float* rv, u64 rows, u64 c, float eps) {
+    MW_FOR(i, rows * c) {
+        u64 ch = i % c;
+        float inv = 1.0f / sqrtf(rv[ch] + eps);
+        y[i] = st<T>(gamma[ch] * (ld(x[i]) - rm[ch]) * inv + beta[ch]);
+    }
+}
+
+// Backward: dx = gamma·inv_std·(dy − (Σdy + x_hat·Σ(dy·x_hat))/rows) (overwritten),
+// dgamma += Σ dy·x_hat, dbeta += Σ dy.
+template <typename T>
+MW_DEV void bn_bwd(const T* x_hat, const float* inv_std, const float* gamma, const T* dy, T* dx,
+                   float* dgamma, float* dbeta, u64 rows, u64 c) {
+    __shared__ double sh[MW_STRIP_Y][33];
+    u64 ch = (u64)blockIdx.x * 32 + threadIdx.x;
+    bool ok = ch < c;
+    double s1 = 0.0, s2 = 0.0;
+    if (ok)
+        for (u64 r = threadIdx.y; r < rows; r += MW_STRIP_Y) {
+            double g = (double)ld(dy[r * c + ch]);
+            s1 += g;
+            s2 += g * (double)ld(x_hat[r * c + ch]);
+        }
+    float sum_dy = (float)mw_strip_sum(s1, sh);
+    float sum_dyh = (float)mw_strip_sum(s2, sh);
+    if (!ok) return;
+    if (threadIdx.y == 0) {
+        dbeta[ch] += sum_dy;
+        dgamma[ch] += sum_dyh;
+    }
+    float coef = gamma[ch] * inv_std[ch];
+    float inv_m = 1.0f / (float)rows;
+    for (u64 r = threadIdx.y; r < rows; r += MW_STRIP_Y) {
+        float g = ld(dy[r * c + ch]);
+        float h = ld(x_hat[r * c + ch]);
+        dx[r * c + ch] = st<T>(coef * (g - (sum_dy + h * sum_dyh) * inv_m));
+    }
+}
+
+#define MW_BN(S, T)                                                                             \
+    extern "C" __global__ void mw_bn_train_fwd_##S(                                             \
+        const T* x, T* y, T* x_hat, float* mean, float* inv_std, float* run_mean,               \
+        float* run_var, const float* gamma, const float* beta, u64 rows, u64 c, float eps,      \
+        float momentum) {                                                                       \
+        bn_train_fwd<T>(x, y, x_hat, mean, inv_std, run_mean, run_var, gamma, beta, rows, c,    \
+                        eps, momentum);                                                         \
+    }                                                                                           \
+    extern "C" __global__ void mw_bn_infer_##S(const T* x, T* y, const float* gamma,            \
+                                               const float* beta, const float* rm,              \
+                                               const float* rv, u64 rows, u64 c, float eps) {   \
+        bn_infer<T>(x, y, gamma, beta, rm, rv, rows, c, eps);                                   \
+    }                                                                                           \
+    extern "C" __global__ void mw_bn_bwd_##S(const T* x_hat, const float* inv_std,              \
+                                             const float* gamma, const T* dy, T* dx,            \
+                                             float* dgamma, float* dbeta, u64 rows, u64 c) {    \
+        bn_bwd<T>(x_hat, inv_std, gamma, dy, dx, dgamma, dbeta, rows, c);                       \
+    }
+MW_FLOATS(MW_BN)
+
+// ---- layer norm --------------------------------------------------------------------------------
+
+// Forward per row: mean and biased variance in f64, rstd = 1/sqrt(var + eps),
+// x_hat = (x − mean)·rstd, y = gamma·x_hat + beta; saves x_hat and rstd.
+template <typename T>
+MW_DEV void ln_fwd(const T* x, T* y, T* x_hat, float* rstd, const float* gamma,
+                   const float* beta, u64 rows, u64 c, float eps) {
+    u64 r = (u64)blockIdx.x * MW_ROW_WARPS + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    int lane = threadIdx.x & 31;
+    const T* xr = x + r * c;
+    double s = 0.0;
+    for (u64 j = lane; j < c; j += 32) s += (double)ld(xr[j]);
+    double mean = mw_warp_sum(s) / (double)c;
+    double v = 0.0;
+    for (u64 j = lane; j < c; j += 32) {
+        double t = (double)ld(xr[j]) - mean;
+        v += t * t;
+    }
+    double var = mw_warp_sum(v) / (double)c;
+    float m = (float)mean;
+    float rs = (float)(1.0 / sqrt(var + (double)eps));
+    if (lane == 0) rstd[r] = rs;
+    for (u64 j = lane; j < c; j += 32) {
+        float h = (ld(xr[j]) - m) * rs;
+        x_hat[r * c + j] = st<T>(h);
+        y[r * c + j] = st<T>(gamma[j] * h + beta[j]);
+    }
+}
+
+// dgamma += Σ_rows dy·x_hat, dbeta += Σ_rows dy (a channel strip). Run it before mw_ln_bwd
+// when dx is written over dy.
+template <typename T>
+MW_DEV void ln_param_grads(const T* x_hat, const T* dy, float* dgamma, float* dbeta, u64 rows,
+                           u64 c) {
+    __shared__ double sh[MW_STRIP_Y][33];
+    u64 ch = (u64)blockIdx.x * 32 + threadIdx.x;
+    bool ok = ch < c;
+    double s1 = 0.0, s2 = 0.0;
+    if (ok)
+        for (u64 r = threadIdx.y; r < rows; r += MW_STRIP_Y) {
+            double g = (double)ld(dy[r * c + ch]);
+            s1 += g;
+            s2 += g * (double)ld(x_hat[r * c + ch]);
+        }
+    float a = (float)mw_strip_sum(s1, sh);
+    float b = (float)mw_strip_sum(s2, sh);
+    if (ok && threadIdx.y == 0) {
+        dbeta[ch] += a;
+        dgamma[ch] += b;
+    }
+}
+
+// dx = rstd·(g − mean(g) − x_hat·mean(g·x_hat)) per row, g = dy·gamma (overwritten; dx may be dy).
+template <typename T>
+MW_DEV void ln_bwd(const T* x_hat, const float* rstd, const float* gamma, const T* dy, T* dx,
+                   u64 rows, u64 c) {
+    u64 r = (u64)blockIdx.x * MW_ROW_WARPS + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    int lane = threadIdx.x & 31;
+    float s1 = 0.0f, s2 = 0.0f;
+    for (u64 j = lane; j < c; j += 32) {
+        float g = ld(dy[r * c + j]) * gamma[j];
+        s1 += g;
+        s2 += g * ld(x_hat[r * c + j]);
+    }
+    float inv_c = 1.0f / (float)c;
+    float m1 = mw_warp_sum(s1) * inv_c, m2 = mw_warp_sum(s2) * inv_c;
+    float rs = rstd[r];
+    for (u64 j = lane; j < c; j += 32) {
+        float g = ld(dy[r * c + j]) * gamma[j];
+        dx[r * c + j] = st<T>(rs * (g - m1 - ld(x_hat[r * c + j]) * m2));
+    }
+}
+
+#define MW_LN(S, T)                                                                             \
+    extern "C" __global__ void mw_ln_fwd_##S(const T* x, T* y, T* x_hat, float* rstd,           \
+                                             const float* gamma, const float* beta, u64 rows,   \
+                                             u64 c, float eps) {                                \
+        ln_fwd<T>(x, y, x_hat, rstd, gamma, beta, rows, c, eps);                                \
+    }                                                                                           \
+    extern "C" __global__ void mw_ln_param_grads_##S(const T* x_hat, const T* dy, float* dgamma, \
+                                                     float* dbeta, u64 rows, u64 c) {           \
+        ln_param_grads<T>(x_hat, dy, dgamma, dbeta, rows, c);                                   \
+    }                                                                                           \
+    extern "C" __global__ void mw_ln_bwd_##S(const T* x_hat, const float* rstd,                 \
+                                             const float* gamma, const T* dy, T* dx, u64 rows,  \
+                                             u64 c) {                                           \
+        ln_bwd<T>(x_hat, rstd, gamma, dy, dx, rows, c);                                         \
+    }
+MW_FLOATS(MW_LN)

@@ -1,0 +1,168 @@
+// Counter-based random numbers (kernels/src/random.rs): Philox4x32-10 with the same counter
+// layout as the CPU, so a dropout mask drawn here is bit-identical to the CPU's, and a
+// recomputed (checkpointed) forward or a backward regenerates exactly the same numbers.
+//
+//   key     = [seed lo, seed hi]
+//   counter = [element / 4, step lo, step hi, layer]
+//   word    = philox4x32_10(counter, key)[element % 4]
+//
+// Uniforms are (word >> 8)·2⁻²⁴ (exact in f32). Normals use Box–Muller on the word pairs
+// (0, 1) and (2, 3); logf/sqrtf/sincos here match the CPU's libm to a few ulp (a tensor's
+// forward and backward always run on the same device). One thread per block of 4 elements.
+// The step comes from MwScalars (device memory), so a captured graph draws fresh masks on
+// every replay.
+#include "common.cuh"
+
+#define MW_PHILOX_M0 0xD2511F53u
+#define MW_PHILOX_M1 0xCD9E8D57u
+#define MW_PHILOX_W0 0x9E3779B9u
+#define MW_PHILOX_W1 0xBB67AE85u
+
+struct MwWords {
+    u32 w[4];
+};
+
+MW_DEV MwWords mw_philox(u32 c0, u32 c1, u32 c2, u32 c3, u32 k0, u32 k1) {
+#pragma unroll
+    for (int round = 0; round < 10; round++) {
+        if (round > 0) {
+            k0 += MW_PHILOX_W0;
+            k1 += MW_PHILOX_W1;
+        }
+        u32 hi0 = __umulhi(MW_PHILOX_M0, c0), lo0 = MW_PHILOX_M0 * c0;
+        u32 hi1 = __umulhi(MW_PHILOX_M1, c2), lo1 = MW_PHILOX_M1 * c2;
+        u32 n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+        c0 = n0;
+        c1 = lo1;
+        c2 = n2;
+        c3 = lo0;
+    }
+    MwWords r;
+    r.w[0] = c0;
+    r.w[1] = c1;
+    r.w[2] = c2;
+    r.w[3] = c3;
+    return r;
+}
+
+// The 4 words of block `b` of stream (seed, layer, step).
+MW_DEV MwWords mw_rng_block(u64 b, u64 seed, u32 layer, u64 step) {
+    return mw_philox((u32)b, (u32)step, (u32)(step >> 32), layer, (u32)seed, (u32)(seed >> 32));
+}
+
+MW_DEV float mw_unit(u32 w) { return (float)(w >> 8) * (1.0f / 16777216.0f); }
+MW_DEV float mw_unit_open0(u32 w) { return (float)((w >> 8) + 1) * (1.0f / 16777216.0f); }
+
+MW_DEV void mw_box_muller(u32 w1, u32 w2, float* a, float* b) {
+    float r = sqrtf(-2.0f * logf(mw_unit_open0(w1)));
+    float theta = (2.0f * 3.14159265358979323846f) * mw_unit(w2);
+    *a = r * cosf(theta);
+    *b = r * sinf(theta);
+}
+
+// Raw words, for the bit-exactness test against the CPU: out[4b + j] = word j of block b.
+extern "C" __global__ void mw_philox_words(u32* out, u64 nblocks, u64 seed, u32 layer, u64 step) {
+    MW_FOR(b, nblocks) {
+        MwWords w = mw_rng_block(b, seed, layer, step);
+        #pragma unroll
+        for (int j = 0; j < 4; j++) out[4 * b + j] = w.w[j];
+    }
+}
+
+// mask[i] = uniform(i) >= rate; y = mask ? x / (1 − rate) : 0 (y may be x).
+template <typename T>
+MW_DEV void dropout_fwd(const T* x, T* y, unsigned char* mask, u64 n, float rate, u64 seed,
+                        u32 layer, const MwScalars* sc) {
+    u64 step = sc->step;
+    float scale = 1.0f / (1.0f - rate);
+    MW_FOR(b, (n + 3) / 4) {
+        MwWords w = mw_rng_block(b, seed, layer, step);
+        #pragma unroll
+        for (int j = 0; j < 4; j++) {
+            u64 i = 4 * b + j;
+            if (i >= n) break;
+            bool kept = mw_unit(w.w[j]) >= rate;
+            mask[i] = kept ? 1 : 0;
+            y[i] = st<T>(kept ? ld(x[i]) * scale : 0.0f);
+        }
+    }
+}
+
+// dx = mask ? dy / (1 − rate) : 0 (dx may be dy).
+template <typename T>
+MW_DEV void dropout_bwd(const unsigned char* mask, const T* dy, T* dx, u64 n, float rate) {
+    float scale = 1.0f / (1.0f - rate);
+    MW_FOR(i, n) dx[i] = st<T>(mask[i] != 0 ? ld(dy[i]) * scale : 0.0f);
+}
+
+// The 4 standard normals of block b.
+MW_DEV void mw_normals(u64 b, u64 seed, u32 layer, u64 step, float e[4]) {
+    MwWords w = mw_rng_block(b, seed, layer, step);
+    mw_box_muller(w.w[0], w.w[1], &e[0], &e[1]);
+    mw_box_muller(w.w[2], w.w[3], &e[2], &e[3]);
+}
+
+// z = mean + exp(0.5·logvar)·ε, ε ~ N(0, 1) from stream (seed, layer, step).
+template <typename T>
+MW_DEV void sample_normal_fwd(const T* mean, const T* logvar, T* z, u64 n, u64 seed, u32 layer,
+                              const MwScalars* sc) {
+    u64 step = sc->step;
+    MW_FOR(b, (n + 3) / 4) {
+        float e[4];
+        mw_normals(b, seed, layer, step, e);
+        #pragma unroll
+        for (int j = 0; j < 4; j++) {
+            u64 i = 4 * b + j;
+            if (i >= n) break;
+            z[i] = st<T>(ld(mean[i]) + expf(0.5f * ld(logvar[i])) * e[j]);
+        }
+    }
+}
+
+// dmean = dz, dlogvar = dz·0.5·exp(0.5·logvar)·ε (ε regenerated); overwritten, or added to
+// what is there when `accumulate` (the KL loss wrote its share first).
+template <typename T>
+MW_DEV void sample_normal_bwd(const T* logvar, const T* dz, T* dmean, T* dlogvar, u64 n,
+                              u64 seed, u32 layer, const MwScalars* sc, int accumulate) {
+    u64 step = sc->step;
+    MW_FOR(b, (n + 3) / 4) {
+        float e[4];
+        mw_normals(b, seed, layer, step, e);
+        #pragma unroll
+        for (int j = 0; j < 4; j++) {
+            u64 i = 4 * b + j;
+            if (i >= n) break;
+            float g = ld(dz[i]);
+            float dl = g * 0.5f * expf(0.5f * ld(logvar[i])) * e[j];
+            if (accumulate) {
+                dlogvar[i] = st<T>(ld(dlogvar[i]) + dl);
+                dmean[i] = st<T>(ld(dmean[i]) + g);
+            } else {
+                dlogvar[i] = st<T>(dl);
+                dmean[i] = st<T>(g);
+            }
+        }
+    }
+}
+
+#define MW_RANDOM(S, T)                                                                         \
+    extern "C" __global__ void mw_dropout_fwd_##S(const T* x, T* y, unsigned char* mask, u64 n, \
+                                                  float rate, u64 seed, u32 layer,              \
+                                                  const MwScalars* sc) {                        \
+        dropout_fwd<T>(x, y, mask, n, rate, seed, layer, sc);                                   \
+    }                                                                                           \
+    extern "C" __global__ void mw_dropout_bwd_##S(const unsigned char* mask, const T* dy, T* dx, \
+                                                  u64 n, float rate) {                          \
+        dropout_bwd<T>(mask, dy, dx, n, rate);                                                  \
+    }                                                                                           \
+    extern "C" __global__ void mw_sample_normal_fwd_##S(const T* mean, const T* logvar, T* z,   \
+                                                        u64 n, u64 seed, u32 layer,             \
+                                                        const MwScalars* sc) {                  \
+        sample_normal_fwd<T>(mean, logvar, z, n, seed, layer, sc);                              \
+    }                                                                                           \
+    extern "C" __global__ void mw_sample_normal_bwd_##S(                                        \
+        const T* logvar, const T* dz, T* dmean, T* dlogvar, u64 n, u64 seed, u32 layer,         \
+        const MwScalars* sc, int accumulate) {                                                  \
+        sample_normal_bwd<T>(logvar, dz, dmean, dlogvar, n, seed, layer, sc, accumulate);       \
+    }
+MW_FLOATS(MW_RANDOM)
