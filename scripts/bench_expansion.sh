@@ -53,21 +53,22 @@ check() { # crate dir → seconds of one touch + cargo check
     t0=$(date +%s.%N)
     (cd "$dir" && cargo check --offline -q)
     t1=$(date +%s.%N)
-    echo "$t1 - $t0" | bc -l
+    echo "$t1 - $t0" | bc -l | awk '{printf "%.3f", $1}'
 }
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 
 echo "warming up (builds memwise and its dependencies once)…" >&2
-(cd "$WORK/without" && cargo check --offline -q)
-(cd "$WORK/with" && cargo check --offline -q)
+# Dependencies' warnings are not ours to show; errors still stop the script.
+(cd "$WORK/without" && cargo check --offline -q 2>/dev/null) || (cd "$WORK/without" && cargo check --offline)
+(cd "$WORK/with" && cargo check --offline -q 2>/dev/null) || (cd "$WORK/with" && cargo check --offline)
 
 declare -A result
 for c in without with; do
     samples=()
     for _ in $(seq "$RUNS"); do samples+=("$(check "$c")"); done
     result[$c]=$(printf '%s\n' "${samples[@]}" | median)
-    printf '%-8s %s s  (samples: %s)\n' "$c" "${result[$c]}" "${samples[*]}"
+    printf '%-8s %.3f s  (samples:%s)\n' "$c" "${result[$c]}" "$(printf ' %.3f' "${samples[@]}")"
 done
 printf 'added by ResNet-50 + 12-layer GPT-2: %.3f s (median of %s)\n' \
     "$(echo "${result[with]} - ${result[without]}" | bc -l)" "$RUNS"

@@ -404,7 +404,13 @@ pub mod __private {
     //! Helpers for generated code (not a public API).
     use crate::plan::{DType, LayerKind, LayerSpec};
 
-    pub fn layer(name: &str, kind: LayerKind, inputs: &[&str], dtype: Option<DType>, checkpoint: Option<u32>) -> LayerSpec {
+    pub fn layer(
+        name: &str,
+        kind: LayerKind,
+        inputs: &[&str],
+        dtype: Option<DType>,
+        checkpoint: Option<u32>,
+    ) -> LayerSpec {
         LayerSpec {
             name: name.to_string(),
             kind,

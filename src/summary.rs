@@ -8,7 +8,7 @@ fn thousands(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::with_capacity(s.len() + s.len() / 3);
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -27,7 +27,14 @@ fn shape(dims: &[usize]) -> String {
 
 /// The table `MyNet::summary()` returns.
 pub fn table(plan: &StaticPlan) -> String {
-    let header = ["Layer (type)", "Output shape", "Param #", "DType", "Saved", "Checkpointed"];
+    let header = [
+        "Layer (type)",
+        "Output shape",
+        "Param #",
+        "DType",
+        "Saved",
+        "Checkpointed",
+    ];
     let rows: Vec<[String; 6]> = plan
         .memory
         .layers
@@ -39,7 +46,11 @@ pub fn table(plan: &StaticPlan) -> String {
                 thousands(l.params),
                 l.dtype.name().to_string(),
                 format_bytes(l.saved_bytes),
-                if l.checkpointed { format!("yes ({} recomputed)", format_bytes(l.recomputed_bytes)) } else { String::new() },
+                if l.checkpointed {
+                    format!("yes ({} recomputed)", format_bytes(l.recomputed_bytes))
+                } else {
+                    String::new()
+                },
             ]
         })
         .collect();
@@ -55,7 +66,11 @@ pub fn table(plan: &StaticPlan) -> String {
         let mut s = String::new();
         for (i, (c, w)) in cells.iter().zip(width).enumerate() {
             // Numbers right-aligned, text left-aligned (Keras's layout).
-            let cell = if i == 2 { format!("{c:>w$}") } else { format!("{c:<w$}") };
+            let cell = if i == 2 {
+                format!("{c:>w$}")
+            } else {
+                format!("{c:<w$}")
+            };
             s += &cell;
             if i + 1 < cells.len() {
                 s += "  ";

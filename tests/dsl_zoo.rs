@@ -11,12 +11,36 @@ use models::{ConvVae, Gpt2Small, MnistMlp, ResNet50, SeparableConvNet};
 fn same_as_zoo<M: Model>(zoo_spec: memwise::plan::ModelSpec) {
     let from_zoo = plan(&zoo_spec).expect("zoo model plans");
     let name = &M::PLAN.model;
-    assert_eq!(M::PLAN.params_count, from_zoo.params_count, "{name}: parameters");
-    assert_eq!(M::PLAN.trainable_count, from_zoo.trainable_count, "{name}: trainable");
+    assert_eq!(
+        M::PLAN.params_count,
+        from_zoo.params_count,
+        "{name}: parameters"
+    );
+    assert_eq!(
+        M::PLAN.trainable_count,
+        from_zoo.trainable_count,
+        "{name}: trainable"
+    );
     let (a, b) = (&M::MEMORY, &from_zoo.memory);
     assert_eq!(
-        (a.params, a.grads, a.optimizer, a.activations_peak, a.workspace_peak, a.inputs, a.total),
-        (b.params, b.grads, b.optimizer, b.activations_peak, b.workspace_peak, b.inputs, b.total),
+        (
+            a.params,
+            a.grads,
+            a.optimizer,
+            a.activations_peak,
+            a.workspace_peak,
+            a.inputs,
+            a.total
+        ),
+        (
+            b.params,
+            b.grads,
+            b.optimizer,
+            b.activations_peak,
+            b.workspace_peak,
+            b.inputs,
+            b.total
+        ),
         "{name}: memory"
     );
 }
@@ -46,7 +70,10 @@ fn gpt2_small_matches_zoo() {
 #[test]
 fn compile_time_plans_equal_run_time_plans() {
     assert_eq!(MnistMlp::plan_for_batch(128).unwrap(), MnistMlp::PLAN);
-    assert_eq!(SeparableConvNet::plan_for_batch(128).unwrap(), SeparableConvNet::PLAN);
+    assert_eq!(
+        SeparableConvNet::plan_for_batch(128).unwrap(),
+        SeparableConvNet::PLAN
+    );
     assert_eq!(ConvVae::plan_for_batch(128).unwrap(), ConvVae::PLAN);
     assert_eq!(ResNet50::plan_for_batch(32).unwrap(), ResNet50::PLAN);
     assert_eq!(Gpt2Small::plan_for_batch(8).unwrap(), Gpt2Small::PLAN);
@@ -55,7 +82,10 @@ fn compile_time_plans_equal_run_time_plans() {
 /// Lines of the definitions between two markers of the example file.
 fn lines_between(start: &str, end: &str) -> usize {
     let src = include_str!("../examples/dsl_models.rs");
-    let (a, b) = (src.find(start).expect("start marker"), src.find(end).expect("end marker"));
+    let (a, b) = (
+        src.find(start).expect("start marker"),
+        src.find(end).expect("end marker"),
+    );
     src[a..b].lines().filter(|l| !l.trim().is_empty()).count()
 }
 

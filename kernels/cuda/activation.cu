@@ -94,26 +94,27 @@ template <typename I, typename O> MW_DEV void softmax(const I* x, O* y, u64 rows
     }
 MW_FLOAT_PAIRS(MW_SOFTMAX)
 
-// dx = y ⊙ (dy − Σ dy·y) per row; dx may be dy (in place).
-template <typename Y, typename G>
-MW_DEV void softmax_bwd(const Y* y, const G* dy, G* dx, u64 rows, u64 cols) {
+// dx = y ⊙ (dy − Σ dy·y) per row; dx may be dy (in place, same type). y, dy and dx may each
+// have their own storage type (`mw_softmax_bwd_Y_G_D`).
+template <typename Y, typename G, typename D>
+MW_DEV void softmax_bwd(const Y* y, const G* dy, D* dx, u64 rows, u64 cols) {
     u64 r = (u64)blockIdx.x * MW_ROW_WARPS + (threadIdx.x >> 5);
     if (r >= rows) return;
     int lane = threadIdx.x & 31;
     const Y* yr = y + r * cols;
     const G* gr = dy + r * cols;
-    G* dr = dx + r * cols;
+    D* dr = dx + r * cols;
     float dot = 0.0f;
     for (u64 j = lane; j < cols; j += 32) dot += ld(yr[j]) * ld(gr[j]);
     dot = mw_warp_sum(dot);
-    for (u64 j = lane; j < cols; j += 32) dr[j] = st<G>(ld(yr[j]) * (ld(gr[j]) - dot));
+    for (u64 j = lane; j < cols; j += 32) dr[j] = st<D>(ld(yr[j]) * (ld(gr[j]) - dot));
 }
-#define MW_SOFTMAX_BWD(SA, TA, SB, TB)                                                          \
-    extern "C" __global__ void mw_softmax_bwd_##SA##_##SB(const TA* y, const TB* dy, TB* dx,    \
-                                                          u64 rows, u64 cols) {                 \
-        softmax_bwd<TA, TB>(y, dy, dx, rows, cols);                                             \
+#define MW_SOFTMAX_BWD(SA, TA, SB, TB, SC, TC)                                                  \
+    extern "C" __global__ void mw_softmax_bwd_##SA##_##SB##_##SC(const TA* y, const TB* dy,     \
+                                                                 TC* dx, u64 rows, u64 cols) {  \
+        softmax_bwd<TA, TB, TC>(y, dy, dx, rows, cols);                                         \
     }
-MW_FLOAT_PAIRS(MW_SOFTMAX_BWD)
+MW_FLOAT_TRIPLES(MW_SOFTMAX_BWD)
 
 // Attention's causal mask: scores[p, i, j] = -1e30 (−inf in f16) for keys after the query.
 template <typename T> MW_DEV void causal_mask(T* scores, u64 pairs, u64 s) {

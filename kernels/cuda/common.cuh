@@ -105,6 +105,16 @@ MW_DEV bool mw_isnan(float x) { return (__float_as_uint(x) & 0x7fffffffu) > 0x7f
     M(bf16, mw_bf16, f16, mw_f16)                                                               \
     M(bf16, mw_bf16, bf16, mw_bf16)
 
+// `M(sa, ta, sb, tb, sc, tc)` for every triple of float storage types.
+#define MW_FLOAT_TRIPLES_2(M, SA, TA, SB, TB)                                                   \
+    M(SA, TA, SB, TB, f32, float) M(SA, TA, SB, TB, f16, mw_f16) M(SA, TA, SB, TB, bf16, mw_bf16)
+#define MW_FLOAT_TRIPLES_1(M, SA, TA)                                                           \
+    MW_FLOAT_TRIPLES_2(M, SA, TA, f32, float)                                                   \
+    MW_FLOAT_TRIPLES_2(M, SA, TA, f16, mw_f16) MW_FLOAT_TRIPLES_2(M, SA, TA, bf16, mw_bf16)
+#define MW_FLOAT_TRIPLES(M)                                                                     \
+    MW_FLOAT_TRIPLES_1(M, f32, float)                                                           \
+    MW_FLOAT_TRIPLES_1(M, f16, mw_f16) MW_FLOAT_TRIPLES_1(M, bf16, mw_bf16)
+
 // ---- per-step values on the device ---------------------------------------------------------
 
 // Values that change from one training step to the next live in device memory, so a captured

@@ -4,15 +4,15 @@
 //
 // Everything that changes between steps comes from MwScalars in device memory: the gradient
 // unscale factor (1 / loss scale), Adam's bias-corrected step size, and the non-finite flag
-// set by mw_all_finite_f32 — when it is set the update is skipped and params and state stay
-// bit-identical, as on the CPU. So the whole step, update included, replays as one graph.
+// set by mw_all_finite_f32 (or an out-of-range label or id, sc->bad_index) — when it is set
+// the update is skipped and params and state stay bit-identical, as on the CPU. So the whole step, update included, replays as one graph.
 #include "common.cuh"
 
 // Without momentum p −= g·lr; with it m = momentum·m − g·lr, then p += m, or with Nesterov
 // p += momentum·m − g·lr. m is null without momentum.
 extern "C" __global__ void mw_sgd(float* p, const float* g, float* m, u64 n, float lr,
                                   float momentum, int nesterov, const MwScalars* sc) {
-    if (sc->nonfinite) return;
+    if (sc->nonfinite || sc->bad_index) return;
     float unscale = sc->grad_unscale;
     MW_FOR(i, n) {
         float gi = g[i] * unscale;
@@ -32,7 +32,7 @@ extern "C" __global__ void mw_sgd(float* p, const float* g, float* m, u64 n, flo
 extern "C" __global__ void mw_rmsprop(float* p, const float* g, float* v, float* mom, float* avg,
                                       u64 n, float lr, float rho, float momentum, float eps,
                                       const MwScalars* sc) {
-    if (sc->nonfinite) return;
+    if (sc->nonfinite || sc->bad_index) return;
     float unscale = sc->grad_unscale;
     MW_FOR(i, n) {
         float gi = g[i] * unscale;
@@ -63,7 +63,7 @@ extern "C" __global__ void mw_rmsprop(float* p, const float* g, float* v, float*
 extern "C" __global__ void mw_adam(float* p, const float* g, float* m, float* v, u64 n,
                                    float beta1, float beta2, float eps, float decay,
                                    const MwScalars* sc) {
-    if (sc->nonfinite) return;
+    if (sc->nonfinite || sc->bad_index) return;
     float unscale = sc->grad_unscale;
     float alpha = sc->adam_alpha;
     MW_FOR(i, n) {

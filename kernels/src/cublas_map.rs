@@ -57,10 +57,18 @@ pub struct MatRef {
 
 impl MatRef {
     pub fn new(buf: Operand, offset: usize, ld: usize) -> MatRef {
-        MatRef { buf, offset, ld, trans: false }
+        MatRef {
+            buf,
+            offset,
+            ld,
+            trans: false,
+        }
     }
     pub fn t(self) -> MatRef {
-        MatRef { trans: !self.trans, ..self }
+        MatRef {
+            trans: !self.trans,
+            ..self
+        }
     }
 }
 
@@ -85,8 +93,29 @@ pub struct RowGemm {
 
 impl RowGemm {
     /// A single (unbatched) GEMM.
-    pub fn single(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: MatRef, beta: f32) -> RowGemm {
-        RowGemm { m, n, k, a, b, c, alpha: 1.0, beta, batch: 1, stride_a: 0, stride_b: 0, stride_c: 0 }
+    pub fn single(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: MatRef,
+        b: MatRef,
+        c: MatRef,
+        beta: f32,
+    ) -> RowGemm {
+        RowGemm {
+            m,
+            n,
+            k,
+            a,
+            b,
+            c,
+            alpha: 1.0,
+            beta,
+            batch: 1,
+            stride_a: 0,
+            stride_b: 0,
+            stride_c: 0,
+        }
     }
 }
 
@@ -154,7 +183,12 @@ impl CublasGemm {
         if self.ldc < self.m.max(1) {
             return Err(format!("ldc {} < {}", self.ldc, self.m));
         }
-        for (what, v) in [("m", self.m), ("n", self.n), ("k", self.k), ("batch", self.batch)] {
+        for (what, v) in [
+            ("m", self.m),
+            ("n", self.n),
+            ("k", self.k),
+            ("batch", self.batch),
+        ] {
             if v > i32::MAX as usize {
                 return Err(format!("{what} = {v} exceeds cuBLAS's int range"));
             }
@@ -171,12 +205,23 @@ impl CublasGemm {
                 off + (self.batch - 1) * stride + (cols - 1) * ld + rows
             }
         };
-        let (ra, ca) = if self.transa { (self.k, self.m) } else { (self.m, self.k) };
-        let (rb, cb) = if self.transb { (self.n, self.k) } else { (self.k, self.n) };
+        let (ra, ca) = if self.transa {
+            (self.k, self.m)
+        } else {
+            (self.m, self.k)
+        };
+        let (rb, cb) = if self.transb {
+            (self.n, self.k)
+        } else {
+            (self.k, self.n)
+        };
         [
             (self.a.0, span(ra, ca, self.lda, self.a.1, self.stride_a)),
             (self.b.0, span(rb, cb, self.ldb, self.b.1, self.stride_b)),
-            (self.c.0, span(self.m, self.n, self.ldc, self.c.1, self.stride_c)),
+            (
+                self.c.0,
+                span(self.m, self.n, self.ldc, self.c.1, self.stride_c),
+            ),
         ]
     }
 }
@@ -185,19 +230,40 @@ impl CublasGemm {
 /// and rounding each `C` element once — the reference the mapping is tested against, and what
 /// the host emulation runs in place of cuBLAS. `a`, `b`, `c` are the buffers `g.a.0`, `g.b.0`,
 /// `g.c.0`.
-pub fn reference_gemm<A: Element, B: Element, C: Element>(g: &CublasGemm, a: &[A], b: &[B], c: &mut [C]) {
+pub fn reference_gemm<A: Element, B: Element, C: Element>(
+    g: &CublasGemm,
+    a: &[A],
+    b: &[B],
+    c: &mut [C],
+) {
     for item in 0..g.batch {
-        let (a0, b0, c0) = (g.a.1 + item * g.stride_a, g.b.1 + item * g.stride_b, g.c.1 + item * g.stride_c);
+        let (a0, b0, c0) = (
+            g.a.1 + item * g.stride_a,
+            g.b.1 + item * g.stride_b,
+            g.c.1 + item * g.stride_c,
+        );
         for j in 0..g.n {
             for r in 0..g.m {
                 let mut acc = 0f32;
                 for l in 0..g.k {
-                    let av = if g.transa { a[a0 + l + r * g.lda] } else { a[a0 + r + l * g.lda] };
-                    let bv = if g.transb { b[b0 + j + l * g.ldb] } else { b[b0 + l + j * g.ldb] };
+                    let av = if g.transa {
+                        a[a0 + l + r * g.lda]
+                    } else {
+                        a[a0 + r + l * g.lda]
+                    };
+                    let bv = if g.transb {
+                        b[b0 + j + l * g.ldb]
+                    } else {
+                        b[b0 + l + j * g.ldb]
+                    };
                     acc += av.to_f32() * bv.to_f32();
                 }
                 let ci = c0 + r + j * g.ldc;
-                let prev = if g.beta == 0.0 { 0.0 } else { g.beta * c[ci].to_f32() };
+                let prev = if g.beta == 0.0 {
+                    0.0
+                } else {
+                    g.beta * c[ci].to_f32()
+                };
                 c[ci] = C::from_f32(g.alpha * acc + prev);
             }
         }
@@ -213,16 +279,40 @@ use Operand::*;
 /// Dense forward: `Y[b×o] = X[b×i]·W[i×o]` (the bias is added by `mw_bias_add`).
 pub fn dense_forward(d: DenseDims) -> RowGemm {
     let (b, i, o) = (d.batch, d.in_features, d.out_features);
-    RowGemm::single(b, o, i, MatRef::new(X, 0, i), MatRef::new(W, 0, o), MatRef::new(Y, 0, o), 0.0)
+    RowGemm::single(
+        b,
+        o,
+        i,
+        MatRef::new(X, 0, i),
+        MatRef::new(W, 0, o),
+        MatRef::new(Y, 0, o),
+        0.0,
+    )
 }
 
 /// Dense backward: `Dw[i×o] += Xᵀ·Dy`, then (when the input takes a gradient) `Dx = Dy·Wᵀ`.
 /// The bias gradient is `mw_column_sums` of `Dy`.
 pub fn dense_backward(d: DenseDims, dx: bool) -> Vec<RowGemm> {
     let (b, i, o) = (d.batch, d.in_features, d.out_features);
-    let mut v = vec![RowGemm::single(i, o, b, MatRef::new(X, 0, i).t(), MatRef::new(Dy, 0, o), MatRef::new(Dw, 0, o), 1.0)];
+    let mut v = vec![RowGemm::single(
+        i,
+        o,
+        b,
+        MatRef::new(X, 0, i).t(),
+        MatRef::new(Dy, 0, o),
+        MatRef::new(Dw, 0, o),
+        1.0,
+    )];
     if dx {
-        v.push(RowGemm::single(b, i, o, MatRef::new(Dy, 0, o), MatRef::new(W, 0, o).t(), MatRef::new(Dx, 0, i), 0.0));
+        v.push(RowGemm::single(
+            b,
+            i,
+            o,
+            MatRef::new(Dy, 0, o),
+            MatRef::new(W, 0, o).t(),
+            MatRef::new(Dx, 0, i),
+            0.0,
+        ));
     }
     v
 }
@@ -236,22 +326,54 @@ pub fn chunks(n: usize, chunk: usize) -> impl Iterator<Item = (usize, usize)> {
 /// Conv2d forward of a 1×1 stride-1 convolution (no im2col): `Y[nhw×co] = X[nhw×ci]·W[ci×co]`.
 pub fn conv2d_forward_pointwise(d: &Conv2dDims) -> RowGemm {
     let rows = d.n * d.h * d.w;
-    RowGemm::single(rows, d.c_out, d.c_in, MatRef::new(X, 0, d.c_in), MatRef::new(W, 0, d.c_out), MatRef::new(Y, 0, d.c_out), 0.0)
+    RowGemm::single(
+        rows,
+        d.c_out,
+        d.c_in,
+        MatRef::new(X, 0, d.c_in),
+        MatRef::new(W, 0, d.c_out),
+        MatRef::new(Y, 0, d.c_out),
+        0.0,
+    )
 }
 
 /// Conv2d forward of chunk `(n0, cn)` after `mw_im2col` filled `Col`:
 /// `Y[n0·p.., cn·p × co] = Col[cn·p × K]·W[K × co]`.
 pub fn conv2d_forward_chunk(d: &Conv2dDims, n0: usize, cn: usize) -> RowGemm {
     let (p, k) = (d.out_h() * d.out_w(), d.kh * d.kw * d.c_in);
-    RowGemm::single(cn * p, d.c_out, k, MatRef::new(Col, 0, k), MatRef::new(W, 0, d.c_out), MatRef::new(Y, n0 * p * d.c_out, d.c_out), 0.0)
+    RowGemm::single(
+        cn * p,
+        d.c_out,
+        k,
+        MatRef::new(Col, 0, k),
+        MatRef::new(W, 0, d.c_out),
+        MatRef::new(Y, n0 * p * d.c_out, d.c_out),
+        0.0,
+    )
 }
 
 /// Conv2d backward of a pointwise convolution: `Dw += Xᵀ·Dy`, `Dx = Dy·Wᵀ`.
 pub fn conv2d_backward_pointwise(d: &Conv2dDims, dx: bool) -> Vec<RowGemm> {
     let rows = d.n * d.h * d.w;
-    let mut v = vec![RowGemm::single(d.c_in, d.c_out, rows, MatRef::new(X, 0, d.c_in).t(), MatRef::new(Dy, 0, d.c_out), MatRef::new(Dw, 0, d.c_out), 1.0)];
+    let mut v = vec![RowGemm::single(
+        d.c_in,
+        d.c_out,
+        rows,
+        MatRef::new(X, 0, d.c_in).t(),
+        MatRef::new(Dy, 0, d.c_out),
+        MatRef::new(Dw, 0, d.c_out),
+        1.0,
+    )];
     if dx {
-        v.push(RowGemm::single(rows, d.c_in, d.c_out, MatRef::new(Dy, 0, d.c_out), MatRef::new(W, 0, d.c_out).t(), MatRef::new(Dx, 0, d.c_in), 0.0));
+        v.push(RowGemm::single(
+            rows,
+            d.c_in,
+            d.c_out,
+            MatRef::new(Dy, 0, d.c_out),
+            MatRef::new(W, 0, d.c_out).t(),
+            MatRef::new(Dx, 0, d.c_in),
+            0.0,
+        ));
     }
     v
 }
@@ -263,8 +385,24 @@ pub fn conv2d_backward_chunk(d: &Conv2dDims, n0: usize, cn: usize) -> (RowGemm, 
     let (p, k) = (d.out_h() * d.out_w(), d.kh * d.kw * d.c_in);
     let dy = MatRef::new(Dy, n0 * p * d.c_out, d.c_out);
     (
-        RowGemm::single(k, d.c_out, cn * p, MatRef::new(Col, 0, k).t(), dy, MatRef::new(Dw, 0, d.c_out), 1.0),
-        RowGemm::single(cn * p, k, d.c_out, dy, MatRef::new(W, 0, d.c_out).t(), MatRef::new(Col, 0, k), 0.0),
+        RowGemm::single(
+            k,
+            d.c_out,
+            cn * p,
+            MatRef::new(Col, 0, k).t(),
+            dy,
+            MatRef::new(Dw, 0, d.c_out),
+            1.0,
+        ),
+        RowGemm::single(
+            cn * p,
+            k,
+            d.c_out,
+            dy,
+            MatRef::new(W, 0, d.c_out).t(),
+            MatRef::new(Col, 0, k),
+            0.0,
+        ),
     )
 }
 
@@ -272,33 +410,86 @@ pub fn conv2d_backward_chunk(d: &Conv2dDims, n0: usize, cn: usize) -> (RowGemm, 
 /// (weight `[co, ci]`).
 pub fn conv2d_transpose_forward_pointwise(d: &ConvTranspose2dDims) -> RowGemm {
     let rows = d.n * d.h * d.w;
-    RowGemm::single(rows, d.c_out, d.c_in, MatRef::new(X, 0, d.c_in), MatRef::new(W, 0, d.c_in).t(), MatRef::new(Y, 0, d.c_out), 0.0)
+    RowGemm::single(
+        rows,
+        d.c_out,
+        d.c_in,
+        MatRef::new(X, 0, d.c_in),
+        MatRef::new(W, 0, d.c_in).t(),
+        MatRef::new(Y, 0, d.c_out),
+        0.0,
+    )
 }
 
 /// Conv2d_transpose forward of chunk `(n0, cn)`: `Col[cn·hw × K] = X_chunk·Wᵀ` (weight
 /// `[K, ci]`), which `mw_col2im` (with the bias) folds into `Y`.
 pub fn conv2d_transpose_forward_chunk(d: &ConvTranspose2dDims, n0: usize, cn: usize) -> RowGemm {
     let (p, k) = (d.h * d.w, d.kh * d.kw * d.c_out);
-    RowGemm::single(cn * p, k, d.c_in, MatRef::new(X, n0 * p * d.c_in, d.c_in), MatRef::new(W, 0, d.c_in).t(), MatRef::new(Col, 0, k), 0.0)
+    RowGemm::single(
+        cn * p,
+        k,
+        d.c_in,
+        MatRef::new(X, n0 * p * d.c_in, d.c_in),
+        MatRef::new(W, 0, d.c_in).t(),
+        MatRef::new(Col, 0, k),
+        0.0,
+    )
 }
 
 /// Conv2d_transpose backward of a pointwise convolution: `Dw[co×ci] += Dyᵀ·X`, `Dx = Dy·W`.
 pub fn conv2d_transpose_backward_pointwise(d: &ConvTranspose2dDims, dx: bool) -> Vec<RowGemm> {
     let rows = d.n * d.h * d.w;
-    let mut v = vec![RowGemm::single(d.c_out, d.c_in, rows, MatRef::new(Dy, 0, d.c_out).t(), MatRef::new(X, 0, d.c_in), MatRef::new(Dw, 0, d.c_in), 1.0)];
+    let mut v = vec![RowGemm::single(
+        d.c_out,
+        d.c_in,
+        rows,
+        MatRef::new(Dy, 0, d.c_out).t(),
+        MatRef::new(X, 0, d.c_in),
+        MatRef::new(Dw, 0, d.c_in),
+        1.0,
+    )];
     if dx {
-        v.push(RowGemm::single(rows, d.c_in, d.c_out, MatRef::new(Dy, 0, d.c_out), MatRef::new(W, 0, d.c_in), MatRef::new(Dx, 0, d.c_in), 0.0));
+        v.push(RowGemm::single(
+            rows,
+            d.c_in,
+            d.c_out,
+            MatRef::new(Dy, 0, d.c_out),
+            MatRef::new(W, 0, d.c_in),
+            MatRef::new(Dx, 0, d.c_in),
+            0.0,
+        ));
     }
     v
 }
 
 /// Conv2d_transpose backward of chunk `(n0, cn)`, after `mw_im2col` of `dy` into `Col`:
 /// `Dw[K×ci] += Colᵀ·X_chunk` and (for `dx`) `Dx_chunk = Col·W`.
-pub fn conv2d_transpose_backward_chunk(d: &ConvTranspose2dDims, n0: usize, cn: usize, dx: bool) -> Vec<RowGemm> {
+pub fn conv2d_transpose_backward_chunk(
+    d: &ConvTranspose2dDims,
+    n0: usize,
+    cn: usize,
+    dx: bool,
+) -> Vec<RowGemm> {
     let (p, k) = (d.h * d.w, d.kh * d.kw * d.c_out);
-    let mut v = vec![RowGemm::single(k, d.c_in, cn * p, MatRef::new(Col, 0, k).t(), MatRef::new(X, n0 * p * d.c_in, d.c_in), MatRef::new(Dw, 0, d.c_in), 1.0)];
+    let mut v = vec![RowGemm::single(
+        k,
+        d.c_in,
+        cn * p,
+        MatRef::new(Col, 0, k).t(),
+        MatRef::new(X, n0 * p * d.c_in, d.c_in),
+        MatRef::new(Dw, 0, d.c_in),
+        1.0,
+    )];
     if dx {
-        v.push(RowGemm::single(cn * p, d.c_in, k, MatRef::new(Col, 0, k), MatRef::new(W, 0, d.c_in), MatRef::new(Dx, n0 * p * d.c_in, d.c_in), 0.0));
+        v.push(RowGemm::single(
+            cn * p,
+            d.c_in,
+            k,
+            MatRef::new(Col, 0, k),
+            MatRef::new(W, 0, d.c_in),
+            MatRef::new(Dx, n0 * p * d.c_in, d.c_in),
+            0.0,
+        ));
     }
     v
 }
@@ -318,7 +509,10 @@ fn attention_split(d: &AttentionDims) -> (usize, usize, [usize; 3], [usize; 3]) 
     }
 }
 
-fn attention_gemms(d: &AttentionDims, f: impl Fn(usize, usize, usize, usize) -> RowGemm) -> Vec<RowGemm> {
+fn attention_gemms(
+    d: &AttentionDims,
+    f: impl Fn(usize, usize, usize, usize) -> RowGemm,
+) -> Vec<RowGemm> {
     let (outer, inner, o_step, i_step) = attention_split(d);
     (0..outer)
         .map(|o| {
@@ -448,5 +642,7 @@ pub fn attention_scores_backward(d: &AttentionDims, scale: f32) -> Vec<RowGemm> 
 /// Whether a GEMM's shape suits the tensor cores with 16-bit operands: `m`, `n` and `k` (and
 /// the leading dimensions) multiples of 8. For the summary's notes.
 pub fn tensor_core_friendly(g: &CublasGemm) -> bool {
-    [g.m, g.n, g.k, g.lda, g.ldb, g.ldc].iter().all(|v| v % 8 == 0)
+    [g.m, g.n, g.k, g.lda, g.ldb, g.ldc]
+        .iter()
+        .all(|v| v % 8 == 0)
 }

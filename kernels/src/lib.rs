@@ -26,8 +26,8 @@ pub mod random;
 pub mod loss;
 pub mod optimizer;
 // the CUDA side: sources, launch shapes, the cuBLAS mapping (device code with feature `cuda`)
-pub mod cuda;
 pub mod cublas_map;
+pub mod cuda;
 
 pub use element::Element;
 pub use error::{check_len, KResult, KernelError};

@@ -15,7 +15,10 @@ impl Rng {
     fn vec(&mut self, n: usize) -> Vec<f32> {
         (0..n)
             .map(|_| {
-                self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                self.0 = self
+                    .0
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
             })
             .collect()
@@ -26,7 +29,10 @@ impl Rng {
 fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
     assert_eq!(got.len(), want.len(), "{what}");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{what}[{i}]: got {g}, want {w}");
+        assert!(
+            (g - w).abs() <= tol * (1.0 + w.abs()),
+            "{what}[{i}]: got {g}, want {w}"
+        );
     }
 }
 
@@ -47,20 +53,44 @@ fn run<T: Element, C: Element>(g: &RowGemm, a: &[T], b: &[T], c: &mut [C]) -> Cu
 #[test]
 fn the_mapping_swaps_operands_and_dimensions() {
     // Row-major C[2×3] = A[2×4]·B[4×3] is column-major Cᵀ[3×2] = Bᵀ·Aᵀ.
-    let g = RowGemm::single(2, 3, 4, MatRef::new(Operand::X, 0, 4), MatRef::new(Operand::W, 0, 3), MatRef::new(Operand::Y, 0, 3), 0.0);
+    let g = RowGemm::single(
+        2,
+        3,
+        4,
+        MatRef::new(Operand::X, 0, 4),
+        MatRef::new(Operand::W, 0, 3),
+        MatRef::new(Operand::Y, 0, 3),
+        0.0,
+    );
     let c = cm::to_cublas(&g);
     assert_eq!((c.m, c.n, c.k), (3, 2, 4));
     assert_eq!((c.a.0, c.b.0, c.c.0), (Operand::W, Operand::X, Operand::Y));
     assert_eq!((c.lda, c.ldb, c.ldc), (3, 4, 3));
     assert!(!c.transa && !c.transb);
     // A transposed operand keeps its flag and its own leading dimension.
-    let g = RowGemm::single(2, 3, 4, MatRef::new(Operand::X, 0, 2).t(), MatRef::new(Operand::W, 0, 4).t(), MatRef::new(Operand::Y, 0, 3), 1.0);
+    let g = RowGemm::single(
+        2,
+        3,
+        4,
+        MatRef::new(Operand::X, 0, 2).t(),
+        MatRef::new(Operand::W, 0, 4).t(),
+        MatRef::new(Operand::Y, 0, 3),
+        1.0,
+    );
     let c = cm::to_cublas(&g);
     assert!(c.transa && c.transb);
     assert_eq!((c.lda, c.ldb), (4, 2));
     assert_eq!(c.beta, 1.0);
     // A matrix whose leading dimension is too small is refused.
-    let bad = RowGemm::single(2, 3, 4, MatRef::new(Operand::X, 0, 3), MatRef::new(Operand::W, 0, 3), MatRef::new(Operand::Y, 0, 3), 0.0);
+    let bad = RowGemm::single(
+        2,
+        3,
+        4,
+        MatRef::new(Operand::X, 0, 3),
+        MatRef::new(Operand::W, 0, 3),
+        MatRef::new(Operand::Y, 0, 3),
+        0.0,
+    );
     assert!(cm::to_cublas(&bad).validate().is_err());
 }
 
@@ -68,7 +98,11 @@ fn the_mapping_swaps_operands_and_dimensions() {
 fn dense_gemms_match_the_cpu_kernels() {
     let mut r = Rng(1);
     for (batch, i, o) in [(5, 7, 3), (1, 1, 1), (33, 16, 9)] {
-        let d = k::dense::DenseDims { batch, in_features: i, out_features: o };
+        let d = k::dense::DenseDims {
+            batch,
+            in_features: i,
+            out_features: o,
+        };
         let (x, w, dy) = (r.vec(batch * i), r.vec(i * o), r.vec(batch * o));
         let mut want = vec![0f32; batch * o];
         k::dense::dense_forward(d, &x, &w, None, &mut want, &mut []).unwrap();
@@ -95,7 +129,11 @@ fn dense_gemms_match_the_cpu_kernels() {
 fn mixed_precision_weight_gradient() {
     let mut r = Rng(2);
     let (batch, i, o) = (9, 6, 4);
-    let d = k::dense::DenseDims { batch, in_features: i, out_features: o };
+    let d = k::dense::DenseDims {
+        batch,
+        in_features: i,
+        out_features: o,
+    };
     let x: Vec<f16> = r.vec(batch * i).iter().map(|&v| f16::from_f32(v)).collect();
     let w: Vec<f16> = r.vec(i * o).iter().map(|&v| f16::from_f32(v)).collect();
     let dy: Vec<f16> = r.vec(batch * o).iter().map(|&v| f16::from_f32(v)).collect();
@@ -119,7 +157,8 @@ fn im2col(g: &k::cuda::MwGeom, img: &[f32], n0: usize, cn: usize, col: &mut [f32
             col[r * kk + e] = if iy < 0 || iy >= g.h || ix < 0 || ix >= g.w {
                 0.0
             } else {
-                img[((s * g.h as usize + iy as usize) * g.w as usize + ix as usize) * g.c as usize + ci as usize]
+                img[((s * g.h as usize + iy as usize) * g.w as usize + ix as usize) * g.c as usize
+                    + ci as usize]
             };
         }
     }
@@ -135,7 +174,9 @@ fn col2im(g: &k::cuda::MwGeom, col: &[f32], cn: usize, img: &mut [f32]) {
             let (ci, tap) = ((e % g.c as usize) as i32, (e / g.c as usize) as i32);
             let (iy, ix) = (oy * g.sh + tap / g.kw - g.pt, ox * g.sw + tap % g.kw - g.pl);
             if iy >= 0 && iy < g.h && ix >= 0 && ix < g.w {
-                img[((s * g.h as usize + iy as usize) * g.w as usize + ix as usize) * g.c as usize + ci as usize] += col[r * kk + e];
+                img[((s * g.h as usize + iy as usize) * g.w as usize + ix as usize)
+                    * g.c as usize
+                    + ci as usize] += col[r * kk + e];
             }
         }
     }
@@ -150,15 +191,47 @@ fn conv2d_gemms_match_the_cpu_kernels() {
         (2, 7, 7, 2, 5, 2, 3, 2, 2, Padding::Valid),
         (2, 4, 4, 3, 2, 1, 1, 1, 1, Padding::Same),
     ] {
-        let d = Conv2dDims { n, h, w, c_in, c_out, kh, kw, sh, sw, padding };
+        let d = Conv2dDims {
+            n,
+            h,
+            w,
+            c_in,
+            c_out,
+            kh,
+            kw,
+            sh,
+            sw,
+            padding,
+        };
         let g = k::cuda::MwGeom::conv2d(&d);
         let (x, wt, dy) = (r.vec(d.x_len()), r.vec(d.w_len()), r.vec(d.y_len()));
         for chunk in [1, 2, 5] {
             let mut col_cpu = vec![0f32; k::conv::conv2d_col_len(d, chunk)];
-            let (mut wy, mut wdx, mut wdw) = (vec![0f32; d.y_len()], vec![0f32; d.x_len()], vec![0f32; d.w_len()]);
-            k::conv::conv2d_forward(d, &x, &wt, None, &mut wy, &mut col_cpu, chunk, &mut []).unwrap();
-            k::conv::conv2d_backward(d, &x, &wt, &dy, Some(&mut wdx), &mut wdw, None, &mut col_cpu, chunk, &mut []).unwrap();
-            let (mut y, mut dx, mut dw) = (vec![0f32; d.y_len()], vec![0f32; d.x_len()], vec![0f32; d.w_len()]);
+            let (mut wy, mut wdx, mut wdw) = (
+                vec![0f32; d.y_len()],
+                vec![0f32; d.x_len()],
+                vec![0f32; d.w_len()],
+            );
+            k::conv::conv2d_forward(d, &x, &wt, None, &mut wy, &mut col_cpu, chunk, &mut [])
+                .unwrap();
+            k::conv::conv2d_backward(
+                d,
+                &x,
+                &wt,
+                &dy,
+                Some(&mut wdx),
+                &mut wdw,
+                None,
+                &mut col_cpu,
+                chunk,
+                &mut [],
+            )
+            .unwrap();
+            let (mut y, mut dx, mut dw) = (
+                vec![0f32; d.y_len()],
+                vec![0f32; d.x_len()],
+                vec![0f32; d.w_len()],
+            );
             if d.is_pointwise() {
                 run(&cm::conv2d_forward_pointwise(&d), &x, &wt, &mut y);
                 let gs = cm::conv2d_backward_pointwise(&d, true);
@@ -193,15 +266,56 @@ fn conv2d_transpose_gemms_match_the_cpu_kernels() {
         (3, 2, 3, 2, 4, 2, 2, 1, 2, Padding::Valid),
         (2, 3, 3, 4, 3, 1, 1, 1, 1, Padding::Same),
     ] {
-        let d = ConvTranspose2dDims { n, h, w, c_in, c_out, kh, kw, sh, sw, padding };
+        let d = ConvTranspose2dDims {
+            n,
+            h,
+            w,
+            c_in,
+            c_out,
+            kh,
+            kw,
+            sh,
+            sw,
+            padding,
+        };
         let g = k::cuda::MwGeom::conv2d_transpose(&d);
         let (x, wt, dy) = (r.vec(d.x_len()), r.vec(d.w_len()), r.vec(d.y_len()));
         for chunk in [1, 2] {
             let mut col_cpu = vec![0f32; k::conv::conv2d_transpose_col_len(d, chunk)];
-            let (mut wy, mut wdx, mut wdw) = (vec![0f32; d.y_len()], vec![0f32; d.x_len()], vec![0f32; d.w_len()]);
-            k::conv::conv2d_transpose_forward(d, &x, &wt, None, &mut wy, &mut col_cpu, chunk, &mut []).unwrap();
-            k::conv::conv2d_transpose_backward(d, &x, &wt, &dy, Some(&mut wdx), &mut wdw, None, &mut col_cpu, chunk, &mut []).unwrap();
-            let (mut y, mut dx, mut dw) = (vec![0f32; d.y_len()], vec![0f32; d.x_len()], vec![0f32; d.w_len()]);
+            let (mut wy, mut wdx, mut wdw) = (
+                vec![0f32; d.y_len()],
+                vec![0f32; d.x_len()],
+                vec![0f32; d.w_len()],
+            );
+            k::conv::conv2d_transpose_forward(
+                d,
+                &x,
+                &wt,
+                None,
+                &mut wy,
+                &mut col_cpu,
+                chunk,
+                &mut [],
+            )
+            .unwrap();
+            k::conv::conv2d_transpose_backward(
+                d,
+                &x,
+                &wt,
+                &dy,
+                Some(&mut wdx),
+                &mut wdw,
+                None,
+                &mut col_cpu,
+                chunk,
+                &mut [],
+            )
+            .unwrap();
+            let (mut y, mut dx, mut dw) = (
+                vec![0f32; d.y_len()],
+                vec![0f32; d.x_len()],
+                vec![0f32; d.w_len()],
+            );
             if d.is_pointwise() {
                 run(&cm::conv2d_transpose_forward_pointwise(&d), &x, &wt, &mut y);
                 let gs = cm::conv2d_transpose_backward_pointwise(&d, true);
@@ -211,7 +325,12 @@ fn conv2d_transpose_gemms_match_the_cpu_kernels() {
                 let mut col = vec![0f32; chunk.min(n) * h * w * g.k()];
                 let img_out = d.out_h() * d.out_w() * c_out;
                 for (n0, cn) in cm::chunks(n, chunk) {
-                    run(&cm::conv2d_transpose_forward_chunk(&d, n0, cn), &x, &wt, &mut col);
+                    run(
+                        &cm::conv2d_transpose_forward_chunk(&d, n0, cn),
+                        &x,
+                        &wt,
+                        &mut col,
+                    );
                     col2im(&g, &col, cn, &mut y[n0 * img_out..(n0 + cn) * img_out]);
                     im2col(&g, &dy, n0, cn, &mut col);
                     let gs = cm::conv2d_transpose_backward_chunk(&d, n0, cn, true);
@@ -232,7 +351,12 @@ fn attention_gemms_match_the_cpu_kernels() {
     let mut r = Rng(5);
     // batch < heads (loop over batch items, batch the heads) and batch > heads (the reverse).
     for (batch, seq, heads, hd) in [(2, 5, 3, 4), (4, 3, 2, 2), (1, 7, 1, 8)] {
-        let d = AttentionDims { batch, seq, hidden: heads * hd, heads };
+        let d = AttentionDims {
+            batch,
+            seq,
+            hidden: heads * hd,
+            heads,
+        };
         let scale = 1.0 / (hd as f32).sqrt();
         let qkv = r.vec(d.qkv_len());
         let mut wp = vec![0f32; d.scores_len()];
@@ -277,8 +401,20 @@ fn attention_gemms_match_the_cpu_kernels() {
 
 #[test]
 fn tensor_core_notes() {
-    let d = k::dense::DenseDims { batch: 128, in_features: 784, out_features: 512 };
-    assert!(cm::tensor_core_friendly(&cm::to_cublas(&cm::dense_forward(d))));
-    let d = k::dense::DenseDims { batch: 128, in_features: 512, out_features: 10 };
-    assert!(!cm::tensor_core_friendly(&cm::to_cublas(&cm::dense_forward(d))));
+    let d = k::dense::DenseDims {
+        batch: 128,
+        in_features: 784,
+        out_features: 512,
+    };
+    assert!(cm::tensor_core_friendly(&cm::to_cublas(
+        &cm::dense_forward(d)
+    )));
+    let d = k::dense::DenseDims {
+        batch: 128,
+        in_features: 512,
+        out_features: 10,
+    };
+    assert!(!cm::tensor_core_friendly(&cm::to_cublas(
+        &cm::dense_forward(d)
+    )));
 }

@@ -19,7 +19,8 @@ use memwise_cuda_emu as emu;
 use memwise_kernels as k;
 use memwise_kernels::cublas_map::{self as cm, RowGemm};
 use memwise_kernels::cuda::launch::{
-    self as l, name1, name2, Float, KArg, KernelCall, LaunchCfg, MwDepthwise, MwGeom, MwPool, MwScalars,
+    self as l, name1, name2, Float, KArg, KernelCall, LaunchCfg, MwDepthwise, MwGeom, MwPool,
+    MwScalars,
 };
 use memwise_kernels::Element;
 
@@ -73,8 +74,16 @@ fn run(name: &str, cfg: LaunchCfg, args: Vec<KArg>) {
     let call = KernelCall::new(name, cfg, args);
     LAUNCHED.lock().unwrap().insert(call.name.clone());
     // SAFETY: every pointer argument is a live host buffer sized for the kernel's dims.
-    unsafe { emu::launch(&call.name, call.cfg.grid, call.cfg.block, &call.params(), &call.signature()) }
-        .unwrap_or_else(|e| panic!("{e}"));
+    unsafe {
+        emu::launch(
+            &call.name,
+            call.cfg.grid,
+            call.cfg.block,
+            &call.params(),
+            &call.signature(),
+        )
+    }
+    .unwrap_or_else(|e| panic!("{e}"));
 }
 
 fn p<T>(v: &[T]) -> KArg {
@@ -171,9 +180,22 @@ fn cast_u8_case<T: Ty>(r: &mut Rng) {
     let x: Vec<u8> = (0..n).map(|_| r.next() as u8).collect();
     let mut want = zeros::<T>(n);
     k::elementwise::cast_u8(&x, &mut want, 1.0 / 255.0, -0.5).unwrap();
-    for cfg in [LaunchCfg::pointwise(n as u64), LaunchCfg::pointwise(n as u64).with_blocks(2)] {
+    for cfg in [
+        LaunchCfg::pointwise(n as u64),
+        LaunchCfg::pointwise(n as u64).with_blocks(2),
+    ] {
         let mut y = zeros::<T>(n);
-        run(&name1("mw_cast_u8", T::F), cfg, vec![p(&x), pm(&mut y), u(n), KArg::F32(1.0 / 255.0), KArg::F32(-0.5)]);
+        run(
+            &name1("mw_cast_u8", T::F),
+            cfg,
+            vec![
+                p(&x),
+                pm(&mut y),
+                u(n),
+                KArg::F32(1.0 / 255.0),
+                KArg::F32(-0.5),
+            ],
+        );
         exact("cast_u8", &y, &want);
     }
 }
@@ -182,14 +204,32 @@ fn cast_case<S: Ty, D: Ty>(r: &mut Rng) {
     let mut v = r.vec(600, -70000.0, 70000.0);
     v.extend(r.vec(300, -1e-4, 1e-4));
     v.extend([
-        0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 65504.0, 65519.0, 65520.0, 1e-40, -6e-8, 3e-8,
-        2.9802322e-8, 5.9604645e-8, 1.0 + 1.0 / 2048.0, 1.0 + 3.0 / 2048.0, 3.4e38,
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        65504.0,
+        65519.0,
+        65520.0,
+        1e-40,
+        -6e-8,
+        3e-8,
+        2.9802322e-8,
+        5.9604645e-8,
+        1.0 + 1.0 / 2048.0,
+        1.0 + 3.0 / 2048.0,
+        3.4e38,
     ]);
     let x: Vec<S> = v.iter().map(|&f| S::from_f32(f)).collect();
     let mut want = zeros::<D>(x.len());
     k::elementwise::cast(&x, &mut want).unwrap();
     let mut y = zeros::<D>(x.len());
-    run(&name2("mw_cast", S::F, D::F), LaunchCfg::pointwise(x.len() as u64), vec![p(&x), pm(&mut y), u(x.len())]);
+    run(
+        &name2("mw_cast", S::F, D::F),
+        LaunchCfg::pointwise(x.len() as u64),
+        vec![p(&x), pm(&mut y), u(x.len())],
+    );
     exact("cast", &y, &want);
 }
 
@@ -206,7 +246,11 @@ fn add_n_case<T: Ty>(r: &mut Rng) {
             args.push(if j < arity { p(&xs[j]) } else { NULL });
         }
         args.extend([KArg::I32(arity as i32), u(n)]);
-        run(&name1("mw_add_n", T::F), LaunchCfg::pointwise(n as u64), args);
+        run(
+            &name1("mw_add_n", T::F),
+            LaunchCfg::pointwise(n as u64),
+            args,
+        );
         exact("add_n", &y, &want);
         // In place over the first input.
         let mut acc = xs[0].clone();
@@ -217,7 +261,11 @@ fn add_n_case<T: Ty>(r: &mut Rng) {
             args.push(if j < arity { p(&xs[j]) } else { NULL });
         }
         args.extend([KArg::I32(arity as i32), u(n)]);
-        run(&name1("mw_add_n", T::F), LaunchCfg::pointwise(n as u64).with_blocks(1), args);
+        run(
+            &name1("mw_add_n", T::F),
+            LaunchCfg::pointwise(n as u64).with_blocks(1),
+            args,
+        );
         exact("add_n in place", &acc, &want2);
     }
 }
@@ -228,7 +276,11 @@ fn accumulate_case<T: Ty>(r: &mut Rng) {
     let mut dst: Vec<T> = r.t(n, -2.0, 2.0);
     let mut want = dst.clone();
     k::elementwise::accumulate::<T, T>(&mut want, &src).unwrap();
-    run(&name1("mw_accumulate", T::F), LaunchCfg::pointwise(n as u64), vec![pm(&mut dst), p(&src), u(n)]);
+    run(
+        &name1("mw_accumulate", T::F),
+        LaunchCfg::pointwise(n as u64),
+        vec![pm(&mut dst), p(&src), u(n)],
+    );
     exact("accumulate", &dst, &want);
 }
 
@@ -239,7 +291,11 @@ fn concat_case<T: Ty>(r: &mut Rng) {
     let mut want = zeros::<T>(rows * (wa + wb));
     k::elementwise::concat_last(&[&a, &b], &[wa, wb], rows, &mut want).unwrap();
     let mut y = zeros::<T>(rows * (wa + wb));
-    run(&name1("mw_concat", T::F), LaunchCfg::pointwise(y.len() as u64), vec![p(&a), p(&b), pm(&mut y), u(rows), u(wa), u(wb)]);
+    run(
+        &name1("mw_concat", T::F),
+        LaunchCfg::pointwise(y.len() as u64),
+        vec![p(&a), p(&b), pm(&mut y), u(rows), u(wa), u(wb)],
+    );
     exact("concat", &y, &want);
     let (mut da, mut db) = (zeros::<T>(rows * wa), zeros::<T>(rows * wb));
     let (mut wa_, mut wb_) = (zeros::<T>(rows * wa), zeros::<T>(rows * wb));
@@ -257,8 +313,16 @@ fn bias_add_case<T: Ty>(r: &mut Rng) {
     let (rows, cols) = (33, 70);
     let mut y: Vec<T> = r.t(rows * cols, -1.0, 1.0);
     let bias = r.vec(cols, -1.0, 1.0);
-    let want: Vec<T> = y.iter().enumerate().map(|(i, v)| T::from_f32(v.to_f32() + bias[i % cols])).collect();
-    run(&name1("mw_bias_add", T::F), LaunchCfg::pointwise(y.len() as u64), vec![pm(&mut y), p(&bias), u(rows), u(cols)]);
+    let want: Vec<T> = y
+        .iter()
+        .enumerate()
+        .map(|(i, v)| T::from_f32(v.to_f32() + bias[i % cols]))
+        .collect();
+    run(
+        &name1("mw_bias_add", T::F),
+        LaunchCfg::pointwise(y.len() as u64),
+        vec![pm(&mut y), p(&bias), u(rows), u(cols)],
+    );
     exact("bias_add", &y, &want);
 }
 
@@ -273,20 +337,36 @@ fn elementwise() {
     // The finite check, over grids too small for the data (grid-stride).
     let n = 5000;
     let mut g = r.vec(n, -1e30, 1e30);
-    for (bad, want) in [(None, 0), (Some(f32::NAN), 1), (Some(f32::INFINITY), 1), (Some(f32::NEG_INFINITY), 1)] {
+    for (bad, want) in [
+        (None, 0),
+        (Some(f32::NAN), 1),
+        (Some(f32::INFINITY), 1),
+        (Some(f32::NEG_INFINITY), 1),
+    ] {
         if let Some(v) = bad {
             g[4321] = v;
         }
         for blocks in [1, 3, 64] {
             let mut sc = MwScalars::default();
-            run("mw_all_finite_f32", LaunchCfg::pointwise(n as u64).with_blocks(blocks), vec![p(&g), u(n), scal(&mut sc)]);
-            assert_eq!(sc.nonfinite, want, "all_finite with {bad:?} on {blocks} blocks");
+            run(
+                "mw_all_finite_f32",
+                LaunchCfg::pointwise(n as u64).with_blocks(blocks),
+                vec![p(&g), u(n), scal(&mut sc)],
+            );
+            assert_eq!(
+                sc.nonfinite, want,
+                "all_finite with {bad:?} on {blocks} blocks"
+            );
             assert_eq!(want == 0, k::elementwise::all_finite(&g));
         }
     }
     let x: Vec<u8> = (0..1001).map(|_| r.next() as u8).collect();
     let mut y = vec![0u8; 1001];
-    run("mw_copy_u8", LaunchCfg::pointwise(1001), vec![p(&x), pm(&mut y), u(1001)]);
+    run(
+        "mw_copy_u8",
+        LaunchCfg::pointwise(1001),
+        vec![p(&x), pm(&mut y), u(1001)],
+    );
     assert_eq!(x, y);
 }
 
@@ -302,22 +382,54 @@ fn act_case<T: Ty>(r: &mut Rng) {
         let mut want = zeros::<T>(n);
         act.forward(&x, &mut want).unwrap();
         let mut y = zeros::<T>(n);
-        run(&name1("mw_act_fwd", T::F), LaunchCfg::pointwise(n as u64), vec![code, p(&x), pm(&mut y), u(n)]);
+        run(
+            &name1("mw_act_fwd", T::F),
+            LaunchCfg::pointwise(n as u64),
+            vec![code, p(&x), pm(&mut y), u(n)],
+        );
         close(&format!("{act:?} forward"), &y, &want, T::REL, 1e-6);
         let mut xy = x.clone();
-        run(&name1("mw_act_fwd", T::F), LaunchCfg::pointwise(n as u64).with_blocks(2), vec![code, pm(&mut xy), pm(&mut xy), u(n)]);
-        close(&format!("{act:?} forward in place"), &xy, &want, T::REL, 1e-6);
+        run(
+            &name1("mw_act_fwd", T::F),
+            LaunchCfg::pointwise(n as u64).with_blocks(2),
+            vec![code, pm(&mut xy), pm(&mut xy), u(n)],
+        );
+        close(
+            &format!("{act:?} forward in place"),
+            &xy,
+            &want,
+            T::REL,
+            1e-6,
+        );
 
-        let saved = if act.saved() == Saved::Output { want.clone() } else { x.clone() };
+        let saved = if act.saved() == Saved::Output {
+            want.clone()
+        } else {
+            x.clone()
+        };
         let dy: Vec<T> = r.t(n, -1.0, 1.0);
         let mut want_dx = zeros::<T>(n);
         act.backward(&saved, &dy, &mut want_dx).unwrap();
         let mut dx = zeros::<T>(n);
-        run(&name1("mw_act_bwd", T::F), LaunchCfg::pointwise(n as u64), vec![code, p(&saved), p(&dy), pm(&mut dx), u(n)]);
+        run(
+            &name1("mw_act_bwd", T::F),
+            LaunchCfg::pointwise(n as u64),
+            vec![code, p(&saved), p(&dy), pm(&mut dx), u(n)],
+        );
         close(&format!("{act:?} backward"), &dx, &want_dx, T::REL, 1e-6);
         let mut g = dy.clone();
-        run(&name1("mw_act_bwd", T::F), LaunchCfg::pointwise(n as u64), vec![code, p(&saved), pm(&mut g), pm(&mut g), u(n)]);
-        close(&format!("{act:?} backward in place"), &g, &want_dx, T::REL, 1e-6);
+        run(
+            &name1("mw_act_bwd", T::F),
+            LaunchCfg::pointwise(n as u64),
+            vec![code, p(&saved), pm(&mut g), pm(&mut g), u(n)],
+        );
+        close(
+            &format!("{act:?} backward in place"),
+            &g,
+            &want_dx,
+            T::REL,
+            1e-6,
+        );
     }
 }
 
@@ -334,8 +446,18 @@ fn softmax_case<I: Ty, O: Ty>(r: &mut Rng) {
         let mut want = zeros::<O>(rows * cols);
         k::activation::softmax_forward(&x, &mut want, rows, cols).unwrap();
         let mut y = zeros::<O>(rows * cols);
-        run(&name2("mw_softmax", I::F, O::F), LaunchCfg::rows(rows as u64), vec![p(&x), pm(&mut y), u(rows), u(cols)]);
-        close(&format!("softmax {cols}"), &y, &want, O::REL.max(I::REL), 1e-6);
+        run(
+            &name2("mw_softmax", I::F, O::F),
+            LaunchCfg::rows(rows as u64),
+            vec![p(&x), pm(&mut y), u(rows), u(cols)],
+        );
+        close(
+            &format!("softmax {cols}"),
+            &y,
+            &want,
+            O::REL.max(I::REL),
+            1e-6,
+        );
     }
 }
 
@@ -345,26 +467,41 @@ fn softmax_inplace_case<T: Ty>(r: &mut Rng) {
     let mut want = x.clone();
     k::activation::softmax_inplace(&mut want, rows, cols).unwrap();
     let mut y = x.clone();
-    run(&name2("mw_softmax", T::F, T::F), LaunchCfg::rows(rows as u64), vec![pm(&mut y), pm(&mut y), u(rows), u(cols)]);
+    run(
+        &name2("mw_softmax", T::F, T::F),
+        LaunchCfg::rows(rows as u64),
+        vec![pm(&mut y), pm(&mut y), u(rows), u(cols)],
+    );
     close("softmax in place", &y, &want, T::REL, 1e-6);
 }
 
 fn softmax_bwd_case<Y: Ty, G: Ty>(r: &mut Rng) {
+    softmax_bwd_to::<Y, G, f32>(r);
+    softmax_bwd_to::<Y, G, f16>(r);
+    softmax_bwd_to::<Y, G, bf16>(r);
+}
+
+fn softmax_bwd_to<Y: Ty, G: Ty, D: Ty>(r: &mut Rng) {
     for cols in [1usize, 33, 200] {
         let rows = 11;
         let logits: Vec<f32> = r.vec(rows * cols, -4.0, 4.0);
         let mut y = zeros::<Y>(rows * cols);
         k::activation::softmax_forward(&logits, &mut y, rows, cols).unwrap();
         let dy: Vec<G> = r.t(rows * cols, -1.0, 1.0);
-        let mut want = zeros::<G>(rows * cols);
-        k::activation::softmax_backward::<Y, G, G>(&y, &dy, &mut want, rows, cols).unwrap();
-        let mut dx = zeros::<G>(rows * cols);
-        let name = name2("mw_softmax_bwd", Y::F, G::F);
+        let mut want = zeros::<D>(rows * cols);
+        k::activation::softmax_backward::<Y, G, D>(&y, &dy, &mut want, rows, cols).unwrap();
+        let mut dx = zeros::<D>(rows * cols);
+        let name = l::name3("mw_softmax_bwd", Y::F, G::F, D::F);
         run(&name, LaunchCfg::rows(rows as u64), vec![p(&y), p(&dy), pm(&mut dx), u(rows), u(cols)]);
-        close("softmax backward", &dx, &want, G::REL, 2e-6);
-        let mut g = dy.clone();
-        run(&name, LaunchCfg::rows(rows as u64), vec![p(&y), pm(&mut g), pm(&mut g), u(rows), u(cols)]);
-        close("softmax backward in place", &g, &want, G::REL, 2e-6);
+        close("softmax backward", &dx, &want, D::REL.max(G::REL), 2e-6);
+        if G::F == D::F {
+            // In place: dx over dy.
+            let mut want2 = dy.clone();
+            k::activation::softmax_backward_inplace::<Y, G>(&y, &mut want2, rows, cols).unwrap();
+            let mut g = dy.clone();
+            run(&name, LaunchCfg::rows(rows as u64), vec![p(&y), pm(&mut g), pm(&mut g), u(rows), u(cols)]);
+            close("softmax backward in place", &g, &want2, G::REL, 2e-6);
+        }
     }
 }
 
@@ -374,9 +511,19 @@ fn causal_case<T: Ty>(r: &mut Rng) {
     let want: Vec<T> = sc
         .iter()
         .enumerate()
-        .map(|(e, v)| if e % s > (e / s) % s { T::from_f32(k::attention::CAUSAL_MASK) } else { *v })
+        .map(|(e, v)| {
+            if e % s > (e / s) % s {
+                T::from_f32(k::attention::CAUSAL_MASK)
+            } else {
+                *v
+            }
+        })
         .collect();
-    run(&name1("mw_causal_mask", T::F), LaunchCfg::pointwise(sc.len() as u64), vec![pm(&mut sc), u(pairs), u(s)]);
+    run(
+        &name1("mw_causal_mask", T::F),
+        LaunchCfg::pointwise(sc.len() as u64),
+        vec![pm(&mut sc), u(pairs), u(s)],
+    );
     exact("causal mask", &sc, &want);
 }
 
@@ -401,20 +548,47 @@ fn scce_case<P: Ty, G: Ty>(r: &mut Rng) {
         k::activation::softmax_forward(&logits, &mut probs, rows, classes).unwrap();
         let mut labels: Vec<i32> = (0..rows).map(|_| r.below(classes) as i32).collect();
         let mut want = zeros::<G>(rows * classes);
-        let res = k::loss::sparse_categorical_crossentropy(&probs, &labels, rows, classes, weight * scale, &mut want).unwrap();
-        let mut sc = MwScalars { loss_scale: scale, ..Default::default() };
+        let res = k::loss::sparse_categorical_crossentropy(
+            &probs,
+            &labels,
+            rows,
+            classes,
+            weight * scale,
+            &mut want,
+        )
+        .unwrap();
+        let mut sc = MwScalars {
+            loss_scale: scale,
+            ..Default::default()
+        };
         let mut g = zeros::<G>(rows * classes);
         run(
             &name2("mw_scce", P::F, G::F),
             LaunchCfg::rows(rows as u64),
-            vec![p(&probs), p(&labels), pm(&mut g), u(rows), u(classes), KArg::F32(weight), scal(&mut sc)],
+            vec![
+                p(&probs),
+                p(&labels),
+                pm(&mut g),
+                u(rows),
+                u(classes),
+                KArg::F32(weight),
+                scal(&mut sc),
+            ],
         );
         close("scce gradient", &g, &want, G::REL, 1e-7);
         let mut loss = [0f32];
         run(
             &name1("mw_scce_value", P::F),
             LaunchCfg::single(),
-            vec![p(&probs), p(&labels), u(rows), u(classes), KArg::F32(weight), pm(&mut loss), scal(&mut sc)],
+            vec![
+                p(&probs),
+                p(&labels),
+                u(rows),
+                u(classes),
+                KArg::F32(weight),
+                pm(&mut loss),
+                scal(&mut sc),
+            ],
         );
         close("scce loss", &loss, &[weight * res.loss], 1e-6, 0.0);
         assert_eq!(sc.correct as usize, res.correct, "scce correct count");
@@ -426,11 +600,21 @@ fn scce_case<P: Ty, G: Ty>(r: &mut Rng) {
         run(
             &name1("mw_scce_value", P::F),
             LaunchCfg::single(),
-            vec![p(&probs), p(&labels), u(rows), u(classes), KArg::F32(weight), pm(&mut loss), scal(&mut sc)],
+            vec![
+                p(&probs),
+                p(&labels),
+                u(rows),
+                u(classes),
+                KArg::F32(weight),
+                pm(&mut loss),
+                scal(&mut sc),
+            ],
         );
         assert_eq!(sc.bad_index, 6, "first bad label is sample 5");
         assert!(loss[0].is_nan());
-        assert!(k::loss::sparse_categorical_crossentropy_eval(&probs, &labels, rows, classes).is_err());
+        assert!(
+            k::loss::sparse_categorical_crossentropy_eval(&probs, &labels, rows, classes).is_err()
+        );
     }
 }
 
@@ -451,31 +635,84 @@ fn elem_loss_case<P: Ty, Y: Ty>(r: &mut Rng) {
             let t: Vec<Y> = r.t(n, 0.0, 1.0);
             let mut want = zeros::<P>(n);
             let lv = match kind {
-                l::LOSS_BCE_SIGMOID => k::loss::binary_crossentropy_with_sigmoid(&pr, &t, rows, features, red, weight * scale, &mut want),
-                l::LOSS_BCE => k::loss::binary_crossentropy(&pr, &t, rows, features, red, weight * scale, &mut want),
-                _ => k::loss::mean_squared_error(&pr, &t, rows, features, red, weight * scale, &mut want),
+                l::LOSS_BCE_SIGMOID => k::loss::binary_crossentropy_with_sigmoid(
+                    &pr,
+                    &t,
+                    rows,
+                    features,
+                    red,
+                    weight * scale,
+                    &mut want,
+                ),
+                l::LOSS_BCE => k::loss::binary_crossentropy(
+                    &pr,
+                    &t,
+                    rows,
+                    features,
+                    red,
+                    weight * scale,
+                    &mut want,
+                ),
+                _ => k::loss::mean_squared_error(
+                    &pr,
+                    &t,
+                    rows,
+                    features,
+                    red,
+                    weight * scale,
+                    &mut want,
+                ),
             }
             .unwrap();
             let denom = match red {
                 Reduction::Mean => n as f64,
                 Reduction::SumOverFeaturesMeanOverBatch => rows as f64,
             };
-            let mut sc = MwScalars { loss_scale: scale, ..Default::default() };
+            let mut sc = MwScalars {
+                loss_scale: scale,
+                ..Default::default()
+            };
             let mut g = zeros::<P>(n);
-            let names = (name2("mw_elem_loss", P::F, Y::F), name2("mw_elem_loss_value", P::F, Y::F));
+            let names = (
+                name2("mw_elem_loss", P::F, Y::F),
+                name2("mw_elem_loss_value", P::F, Y::F),
+            );
             run(
                 &names.0,
                 LaunchCfg::pointwise(n as u64).with_blocks(1),
-                vec![KArg::I32(kind), p(&pr), p(&t), pm(&mut g), u(n), KArg::F64(denom), KArg::F32(weight), scal(&mut sc)],
+                vec![
+                    KArg::I32(kind),
+                    p(&pr),
+                    p(&t),
+                    pm(&mut g),
+                    u(n),
+                    KArg::F64(denom),
+                    KArg::F32(weight),
+                    scal(&mut sc),
+                ],
             );
             close(&format!("loss {kind} gradient"), &g, &want, P::REL, 1e-7);
             let mut loss = [0f32];
             run(
                 &names.1,
                 LaunchCfg::single(),
-                vec![KArg::I32(kind), p(&pr), p(&t), u(n), KArg::F64(denom), KArg::F32(weight), pm(&mut loss)],
+                vec![
+                    KArg::I32(kind),
+                    p(&pr),
+                    p(&t),
+                    u(n),
+                    KArg::F64(denom),
+                    KArg::F32(weight),
+                    pm(&mut loss),
+                ],
             );
-            close(&format!("loss {kind} value"), &loss, &[weight * lv], 1e-6, 0.0);
+            close(
+                &format!("loss {kind} value"),
+                &loss,
+                &[weight * lv],
+                1e-6,
+                0.0,
+            );
         }
     }
 }
@@ -487,18 +724,50 @@ fn kl_case<T: Ty>(r: &mut Rng) {
     let mean: Vec<T> = r.t(n, -2.0, 2.0);
     let logvar: Vec<T> = r.t(n, -3.0, 1.0);
     let (mut wm, mut wl) = (zeros::<T>(n), zeros::<T>(n));
-    let lv = k::loss::kl_divergence_standard_normal(&mean, &logvar, rows, latent, w * scale, &mut wm, &mut wl).unwrap();
-    let mut sc = MwScalars { loss_scale: scale, ..Default::default() };
+    let lv = k::loss::kl_divergence_standard_normal(
+        &mean,
+        &logvar,
+        rows,
+        latent,
+        w * scale,
+        &mut wm,
+        &mut wl,
+    )
+    .unwrap();
+    let mut sc = MwScalars {
+        loss_scale: scale,
+        ..Default::default()
+    };
     let (mut dm, mut dl) = (zeros::<T>(n), zeros::<T>(n));
     run(
         &name1("mw_kl", T::F),
         LaunchCfg::pointwise(n as u64),
-        vec![p(&mean), p(&logvar), pm(&mut dm), pm(&mut dl), u(n), u(rows), KArg::F32(w), scal(&mut sc)],
+        vec![
+            p(&mean),
+            p(&logvar),
+            pm(&mut dm),
+            pm(&mut dl),
+            u(n),
+            u(rows),
+            KArg::F32(w),
+            scal(&mut sc),
+        ],
     );
     close("kl dmean", &dm, &wm, T::REL, 1e-7);
     close("kl dlogvar", &dl, &wl, T::REL, 1e-7);
     let mut loss = [0f32];
-    run(&name1("mw_kl_value", T::F), LaunchCfg::single(), vec![p(&mean), p(&logvar), u(n), u(rows), KArg::F32(w), pm(&mut loss)]);
+    run(
+        &name1("mw_kl_value", T::F),
+        LaunchCfg::single(),
+        vec![
+            p(&mean),
+            p(&logvar),
+            u(n),
+            u(rows),
+            KArg::F32(w),
+            pm(&mut loss),
+        ],
+    );
     close("kl value", &loss, &[w * lv], 1e-6, 0.0);
 }
 
@@ -517,9 +786,18 @@ fn column_sums_case<T: Ty>(r: &mut Rng) {
     let m: Vec<T> = r.t(rows * cols, -1.0, 1.0);
     let mut sums = r.vec(cols, -1.0, 1.0);
     let want: Vec<f32> = (0..cols)
-        .map(|j| sums[j] + (0..rows).map(|i| m[i * cols + j].to_f32() as f64).sum::<f64>() as f32)
+        .map(|j| {
+            sums[j]
+                + (0..rows)
+                    .map(|i| m[i * cols + j].to_f32() as f64)
+                    .sum::<f64>() as f32
+        })
         .collect();
-    run(&name1("mw_column_sums", T::F), LaunchCfg::strip(cols as u64, 1), vec![p(&m), u(rows), u(cols), pm(&mut sums)]);
+    run(
+        &name1("mw_column_sums", T::F),
+        LaunchCfg::strip(cols as u64, 1),
+        vec![p(&m), u(rows), u(cols), pm(&mut sums)],
+    );
     close("column sums", &sums, &want, 1e-5, 1e-5);
 }
 
@@ -527,30 +805,56 @@ fn bn_case<T: Ty>(r: &mut Rng) {
     use k::norm::*;
     let (rows, c) = (300usize, 45usize);
     let d = NormDims { rows, channels: c };
-    let cfg = BatchNormConfig { epsilon: 1e-3, momentum: 0.9 };
+    let cfg = BatchNormConfig {
+        epsilon: 1e-3,
+        momentum: 0.9,
+    };
     let x: Vec<T> = r.t(rows * c, 1.0, 5.0);
     let gamma = r.vec(c, 0.5, 1.5);
     let beta = r.vec(c, -0.5, 0.5);
     let rm0 = r.vec(c, -1.0, 1.0);
     let rv0 = r.vec(c, 0.5, 2.0);
     for (running, in_place) in [(true, false), (false, false), (true, true)] {
-        let (mut wy, mut wh, mut wmean, mut winv) = (zeros::<T>(rows * c), zeros::<T>(rows * c), vec![0f32; c], vec![0f32; c]);
+        let (mut wy, mut wh, mut wmean, mut winv) = (
+            zeros::<T>(rows * c),
+            zeros::<T>(rows * c),
+            vec![0f32; c],
+            vec![0f32; c],
+        );
         let (mut wrm, mut wrv) = (rm0.clone(), rv0.clone());
         k::norm::batch_norm_train_forward(
             d,
             cfg,
             &x,
-            Affine { gamma: &gamma, beta: &beta },
+            Affine {
+                gamma: &gamma,
+                beta: &beta,
+            },
             &mut wy,
-            BatchNormSaved { x_hat: &mut wh, mean: &mut wmean, inv_std: &mut winv },
-            running.then_some(RunningStats { mean: &mut wrm, var: &mut wrv }),
+            BatchNormSaved {
+                x_hat: &mut wh,
+                mean: &mut wmean,
+                inv_std: &mut winv,
+            },
+            running.then_some(RunningStats {
+                mean: &mut wrm,
+                var: &mut wrv,
+            }),
         )
         .unwrap();
-        let mut y = if in_place { x.clone() } else { zeros::<T>(rows * c) };
+        let mut y = if in_place {
+            x.clone()
+        } else {
+            zeros::<T>(rows * c)
+        };
         let xin = if in_place { pm(&mut y) } else { p(&x) };
         let (mut h, mut mean, mut inv) = (zeros::<T>(rows * c), vec![0f32; c], vec![0f32; c]);
         let (mut rm, mut rv) = (rm0.clone(), rv0.clone());
-        let (prm, prv) = if running { (pm(&mut rm), pm(&mut rv)) } else { (NULL, NULL) };
+        let (prm, prv) = if running {
+            (pm(&mut rm), pm(&mut rv))
+        } else {
+            (NULL, NULL)
+        };
         run(
             &name1("mw_bn_train_fwd", T::F),
             LaunchCfg::strip(c as u64, 1),
@@ -579,12 +883,34 @@ fn bn_case<T: Ty>(r: &mut Rng) {
     }
     // Inference.
     let mut want = zeros::<T>(rows * c);
-    k::norm::batch_norm_infer_forward(d, 1e-3, &x, Affine { gamma: &gamma, beta: &beta }, &rm0, &rv0, &mut want).unwrap();
+    k::norm::batch_norm_infer_forward(
+        d,
+        1e-3,
+        &x,
+        Affine {
+            gamma: &gamma,
+            beta: &beta,
+        },
+        &rm0,
+        &rv0,
+        &mut want,
+    )
+    .unwrap();
     let mut y = x.clone();
     run(
         &name1("mw_bn_infer", T::F),
         LaunchCfg::pointwise((rows * c) as u64),
-        vec![pm(&mut y), pm(&mut y), p(&gamma), p(&beta), p(&rm0), p(&rv0), u(rows), u(c), KArg::F32(1e-3)],
+        vec![
+            pm(&mut y),
+            pm(&mut y),
+            p(&gamma),
+            p(&beta),
+            p(&rm0),
+            p(&rv0),
+            u(rows),
+            u(c),
+            KArg::F32(1e-3),
+        ],
     );
     close("bn inference (in place)", &y, &want, T::REL, 1e-6);
     // Backward.
@@ -593,15 +919,41 @@ fn bn_case<T: Ty>(r: &mut Rng) {
     let dy: Vec<T> = r.t(rows * c, -1.0, 1.0);
     let (dg0, db0) = (r.vec(c, -1.0, 1.0), r.vec(c, -1.0, 1.0));
     let (mut wdx, mut wdg, mut wdb) = (zeros::<T>(rows * c), dg0.clone(), db0.clone());
-    k::norm::batch_norm_backward(d, &h, &inv, &gamma, &dy, &mut wdx, AffineGrads { dgamma: &mut wdg, dbeta: &mut wdb }).unwrap();
+    k::norm::batch_norm_backward(
+        d,
+        &h,
+        &inv,
+        &gamma,
+        &dy,
+        &mut wdx,
+        AffineGrads {
+            dgamma: &mut wdg,
+            dbeta: &mut wdb,
+        },
+    )
+    .unwrap();
     for in_place in [false, true] {
-        let mut dx = if in_place { dy.clone() } else { zeros::<T>(rows * c) };
+        let mut dx = if in_place {
+            dy.clone()
+        } else {
+            zeros::<T>(rows * c)
+        };
         let (mut dg, mut db) = (dg0.clone(), db0.clone());
         let dyin = if in_place { pm(&mut dx) } else { p(&dy) };
         run(
             &name1("mw_bn_bwd", T::F),
             LaunchCfg::strip(c as u64, 1),
-            vec![p(&h), p(&inv), p(&gamma), dyin, pm(&mut dx), pm(&mut dg), pm(&mut db), u(rows), u(c)],
+            vec![
+                p(&h),
+                p(&inv),
+                p(&gamma),
+                dyin,
+                pm(&mut dx),
+                pm(&mut dg),
+                pm(&mut db),
+                u(rows),
+                u(c),
+            ],
         );
         close("bn dx", &dx, &wdx, T::REL, 2e-5);
         close("bn dgamma", &dg, &wdg, 1e-5, 1e-4);
@@ -617,13 +969,36 @@ fn ln_case<T: Ty>(r: &mut Rng) {
         let x: Vec<T> = r.t(rows * c, -3.0, 4.0);
         let gamma = r.vec(c, 0.5, 1.5);
         let beta = r.vec(c, -0.5, 0.5);
-        let (mut wy, mut wh, mut wr) = (zeros::<T>(rows * c), zeros::<T>(rows * c), vec![0f32; rows]);
-        k::norm::layer_norm_forward(d, 1e-3, &x, Affine { gamma: &gamma, beta: &beta }, &mut wy, &mut wh, &mut wr).unwrap();
+        let (mut wy, mut wh, mut wr) =
+            (zeros::<T>(rows * c), zeros::<T>(rows * c), vec![0f32; rows]);
+        k::norm::layer_norm_forward(
+            d,
+            1e-3,
+            &x,
+            Affine {
+                gamma: &gamma,
+                beta: &beta,
+            },
+            &mut wy,
+            &mut wh,
+            &mut wr,
+        )
+        .unwrap();
         let (mut y, mut h, mut rs) = (zeros::<T>(rows * c), zeros::<T>(rows * c), vec![0f32; rows]);
         run(
             &name1("mw_ln_fwd", T::F),
             LaunchCfg::rows(rows as u64),
-            vec![p(&x), pm(&mut y), pm(&mut h), pm(&mut rs), p(&gamma), p(&beta), u(rows), u(c), KArg::F32(1e-3)],
+            vec![
+                p(&x),
+                pm(&mut y),
+                pm(&mut h),
+                pm(&mut rs),
+                p(&gamma),
+                p(&beta),
+                u(rows),
+                u(c),
+                KArg::F32(1e-3),
+            ],
         );
         close("ln y", &y, &wy, T::REL, 1e-5);
         close("ln x_hat", &h, &wh, T::REL, 1e-5);
@@ -631,9 +1006,25 @@ fn ln_case<T: Ty>(r: &mut Rng) {
         let dy: Vec<T> = r.t(rows * c, -1.0, 1.0);
         let (dg0, db0) = (r.vec(c, -1.0, 1.0), r.vec(c, -1.0, 1.0));
         let (mut wdx, mut wdg, mut wdb) = (zeros::<T>(rows * c), dg0.clone(), db0.clone());
-        k::norm::layer_norm_backward(d, &wh, &wr, &gamma, &dy, &mut wdx, AffineGrads { dgamma: &mut wdg, dbeta: &mut wdb }).unwrap();
+        k::norm::layer_norm_backward(
+            d,
+            &wh,
+            &wr,
+            &gamma,
+            &dy,
+            &mut wdx,
+            AffineGrads {
+                dgamma: &mut wdg,
+                dbeta: &mut wdb,
+            },
+        )
+        .unwrap();
         for in_place in [false, true] {
-            let mut dx = if in_place { dy.clone() } else { zeros::<T>(rows * c) };
+            let mut dx = if in_place {
+                dy.clone()
+            } else {
+                zeros::<T>(rows * c)
+            };
             let (mut dg, mut db) = (dg0.clone(), db0.clone());
             let dyin = if in_place { pm(&mut dx) } else { p(&dy) };
             run(
@@ -676,33 +1067,53 @@ fn pool_case<T: Ty>(r: &mut Rng) {
         let d = Pool2d::new(n, h, w, c, pool, strides, pad).unwrap();
         let md = KArg::Pool(MwPool::from(&d));
         // Quantised values make ties (first wins), and one NaN must win its windows.
-        let mut x: Vec<T> = r.vec(d.in_len(), -4.0, 4.0).iter().map(|v| T::from_f32((v * 2.0).round() / 2.0)).collect();
+        let mut x: Vec<T> = r
+            .vec(d.in_len(), -4.0, 4.0)
+            .iter()
+            .map(|v| T::from_f32((v * 2.0).round() / 2.0))
+            .collect();
         if T::F == Float::F32 {
             x[d.in_len() / 2] = T::from_f32(f32::NAN);
         }
         let (mut wy, mut wa) = (zeros::<T>(d.out_len()), vec![0u8; d.out_len()]);
         k::pool::max_pool2d_forward(&d, &x, &mut wy, &mut wa).unwrap();
         let (mut y, mut a) = (zeros::<T>(d.out_len()), vec![0u8; d.out_len()]);
-        run(&name1("mw_maxpool_fwd", T::F), LaunchCfg::pointwise(d.out_len() as u64), vec![p(&x), pm(&mut y), pm(&mut a), md]);
+        run(
+            &name1("mw_maxpool_fwd", T::F),
+            LaunchCfg::pointwise(d.out_len() as u64),
+            vec![p(&x), pm(&mut y), pm(&mut a), md],
+        );
         exact("max pool y", &y, &wy);
         assert_eq!(a, wa, "max pool argmax");
         let dy: Vec<T> = r.t(d.out_len(), -1.0, 1.0);
         let mut wdx = zeros::<T>(d.in_len());
         k::pool::max_pool2d_backward(&d, &wa, &dy, &mut wdx).unwrap();
         let mut dx = zeros::<T>(d.in_len());
-        run(&name1("mw_maxpool_bwd", T::F), LaunchCfg::pointwise(d.in_len() as u64).with_blocks(3), vec![p(&wa), p(&dy), pm(&mut dx), md]);
+        run(
+            &name1("mw_maxpool_bwd", T::F),
+            LaunchCfg::pointwise(d.in_len() as u64).with_blocks(3),
+            vec![p(&wa), p(&dy), pm(&mut dx), md],
+        );
         exact("max pool dx", &dx, &wdx);
 
         let x: Vec<T> = r.t(d.in_len(), -4.0, 4.0);
         let mut wy = zeros::<T>(d.out_len());
         k::pool::avg_pool2d_forward(&d, &x, &mut wy).unwrap();
         let mut y = zeros::<T>(d.out_len());
-        run(&name1("mw_avgpool_fwd", T::F), LaunchCfg::pointwise(d.out_len() as u64), vec![p(&x), pm(&mut y), md]);
+        run(
+            &name1("mw_avgpool_fwd", T::F),
+            LaunchCfg::pointwise(d.out_len() as u64),
+            vec![p(&x), pm(&mut y), md],
+        );
         close("avg pool y", &y, &wy, T::REL, 1e-6);
         let mut wdx = zeros::<T>(d.in_len());
         k::pool::avg_pool2d_backward(&d, &dy, &mut wdx).unwrap();
         let mut dx = zeros::<T>(d.in_len());
-        run(&name1("mw_avgpool_bwd", T::F), LaunchCfg::pointwise(d.in_len() as u64), vec![p(&dy), pm(&mut dx), md]);
+        run(
+            &name1("mw_avgpool_bwd", T::F),
+            LaunchCfg::pointwise(d.in_len() as u64),
+            vec![p(&dy), pm(&mut dx), md],
+        );
         close("avg pool dx", &dx, &wdx, T::REL, 1e-6);
     }
     let (n, hw, c) = (3usize, 13usize, 70usize);
@@ -710,13 +1121,21 @@ fn pool_case<T: Ty>(r: &mut Rng) {
     let mut wy = zeros::<T>(n * c);
     k::pool::global_avg_pool_forward(&x, &mut wy, n, hw, c).unwrap();
     let mut y = zeros::<T>(n * c);
-    run(&name1("mw_gap_fwd", T::F), LaunchCfg::pointwise((n * c) as u64), vec![p(&x), pm(&mut y), u(n), u(hw), u(c)]);
+    run(
+        &name1("mw_gap_fwd", T::F),
+        LaunchCfg::pointwise((n * c) as u64),
+        vec![p(&x), pm(&mut y), u(n), u(hw), u(c)],
+    );
     close("global avg pool", &y, &wy, T::REL, 1e-6);
     let dy: Vec<T> = r.t(n * c, -1.0, 1.0);
     let mut wdx = zeros::<T>(n * hw * c);
     k::pool::global_avg_pool_backward(&dy, &mut wdx, n, hw, c).unwrap();
     let mut dx = zeros::<T>(n * hw * c);
-    run(&name1("mw_gap_bwd", T::F), LaunchCfg::pointwise((n * hw * c) as u64), vec![p(&dy), pm(&mut dx), u(n), u(hw), u(c)]);
+    run(
+        &name1("mw_gap_bwd", T::F),
+        LaunchCfg::pointwise((n * hw * c) as u64),
+        vec![p(&dy), pm(&mut dx), u(n), u(hw), u(c)],
+    );
     exact("global avg pool dx", &dx, &wdx);
 }
 
@@ -737,7 +1156,18 @@ fn conv2d_case<T: Ty>(r: &mut Rng) {
         (2, 4, 5, 3, 4, 1, 1, 1, 1, Padding::Same),
     ];
     for (n, h, w, c_in, c_out, kh, kw, sh, sw, padding) in dims {
-        let d = Conv2dDims { n, h, w, c_in, c_out, kh, kw, sh, sw, padding };
+        let d = Conv2dDims {
+            n,
+            h,
+            w,
+            c_in,
+            c_out,
+            kh,
+            kw,
+            sh,
+            sw,
+            padding,
+        };
         let g = MwGeom::conv2d(&d);
         let p_ = d.out_h() * d.out_w();
         let x: Vec<T> = r.t(d.x_len(), -1.0, 1.0);
@@ -748,7 +1178,17 @@ fn conv2d_case<T: Ty>(r: &mut Rng) {
             let mut col_cpu = zeros::<T>(k::conv::conv2d_col_len(d, chunk));
             let mut ws = vec![0f32; k::conv::conv2d_ws_len::<T>(d, chunk)];
             let mut wy = zeros::<T>(d.y_len());
-            k::conv::conv2d_forward(d, &x, &wt, Some(&bias), &mut wy, &mut col_cpu, chunk, &mut ws).unwrap();
+            k::conv::conv2d_forward(
+                d,
+                &x,
+                &wt,
+                Some(&bias),
+                &mut wy,
+                &mut col_cpu,
+                chunk,
+                &mut ws,
+            )
+            .unwrap();
             let mut y = zeros::<T>(d.y_len());
             let mut col = zeros::<T>(k::conv::conv2d_col_len(d, chunk).max(1));
             if d.is_pointwise() {
@@ -756,11 +1196,25 @@ fn conv2d_case<T: Ty>(r: &mut Rng) {
             } else {
                 for (n0, cn) in cm::chunks(n, chunk) {
                     let len = cn * p_ * g.k();
-                    run(&name1("mw_im2col", T::F), LaunchCfg::pointwise(len as u64), vec![p(&x), pm(&mut col), KArg::Geom(g), KArg::I32(n0 as i32), KArg::I32(cn as i32)]);
+                    run(
+                        &name1("mw_im2col", T::F),
+                        LaunchCfg::pointwise(len as u64),
+                        vec![
+                            p(&x),
+                            pm(&mut col),
+                            KArg::Geom(g),
+                            KArg::I32(n0 as i32),
+                            KArg::I32(cn as i32),
+                        ],
+                    );
                     row_gemm(&cm::conv2d_forward_chunk(&d, n0, cn), &col, &wt, &mut y);
                 }
             }
-            run(&name1("mw_bias_add", T::F), LaunchCfg::pointwise(y.len() as u64), vec![pm(&mut y), p(&bias), u(n * p_), u(c_out)]);
+            run(
+                &name1("mw_bias_add", T::F),
+                LaunchCfg::pointwise(y.len() as u64),
+                vec![pm(&mut y), p(&bias), u(n * p_), u(c_out)],
+            );
             // Half storage: the GEMM rounds to T before the bias is added (one more rounding).
             close("conv2d y", &y, &wy, 2.0 * T::REL, half_abs::<T>());
 
@@ -768,7 +1222,19 @@ fn conv2d_case<T: Ty>(r: &mut Rng) {
             let dw0 = r.vec(d.w_len(), -1.0, 1.0);
             let db0 = r.vec(c_out, -1.0, 1.0);
             let (mut wdx, mut wdw, mut wdb) = (zeros::<T>(d.x_len()), dw0.clone(), db0.clone());
-            k::conv::conv2d_backward(d, &x, &wt, &dy, Some(&mut wdx), &mut wdw, Some(&mut wdb), &mut col_cpu, chunk, &mut ws).unwrap();
+            k::conv::conv2d_backward(
+                d,
+                &x,
+                &wt,
+                &dy,
+                Some(&mut wdx),
+                &mut wdw,
+                Some(&mut wdb),
+                &mut col_cpu,
+                chunk,
+                &mut ws,
+            )
+            .unwrap();
             let (mut dx, mut dw, mut db) = (zeros::<T>(d.x_len()), dw0.clone(), db0.clone());
             if d.is_pointwise() {
                 let gs = cm::conv2d_backward_pointwise(&d, true);
@@ -778,18 +1244,38 @@ fn conv2d_case<T: Ty>(r: &mut Rng) {
                 let img = h * w * c_in;
                 for (n0, cn) in cm::chunks(n, chunk) {
                     let len = cn * p_ * g.k();
-                    run(&name1("mw_im2col", T::F), LaunchCfg::pointwise(len as u64), vec![p(&x), pm(&mut col), KArg::Geom(g), KArg::I32(n0 as i32), KArg::I32(cn as i32)]);
+                    run(
+                        &name1("mw_im2col", T::F),
+                        LaunchCfg::pointwise(len as u64),
+                        vec![
+                            p(&x),
+                            pm(&mut col),
+                            KArg::Geom(g),
+                            KArg::I32(n0 as i32),
+                            KArg::I32(cn as i32),
+                        ],
+                    );
                     let (gw, gx) = cm::conv2d_backward_chunk(&d, n0, cn);
                     row_gemm(&gw, &col, &dy, &mut dw);
                     row_gemm(&gx, &dy, &wt, &mut col);
                     run(
                         &name1("mw_col2im", T::F),
                         LaunchCfg::pointwise((cn * img) as u64),
-                        vec![p(&col), pat(&mut dx, n0 * img), KArg::Geom(g), KArg::I32(cn as i32), NULL],
+                        vec![
+                            p(&col),
+                            pat(&mut dx, n0 * img),
+                            KArg::Geom(g),
+                            KArg::I32(cn as i32),
+                            NULL,
+                        ],
                     );
                 }
             }
-            run(&name1("mw_column_sums", T::F), LaunchCfg::strip(c_out as u64, 1), vec![p(&dy), u(n * p_), u(c_out), pm(&mut db)]);
+            run(
+                &name1("mw_column_sums", T::F),
+                LaunchCfg::strip(c_out as u64, 1),
+                vec![p(&dy), u(n * p_), u(c_out), pm(&mut db)],
+            );
             close("conv2d dx", &dx, &wdx, 2.0 * T::REL, 1e-5);
             close("conv2d dw", &dw, &wdw, 1e-4, 1e-4);
             close("conv2d db", &db, &wdb, 1e-5, 1e-4);
@@ -805,7 +1291,18 @@ fn conv2d_transpose_case<T: Ty>(r: &mut Rng) {
         (3, 3, 4, 4, 2, 1, 1, 1, 1, Padding::Same),
     ];
     for (n, h, w, c_in, c_out, kh, kw, sh, sw, padding) in dims {
-        let d = ConvTranspose2dDims { n, h, w, c_in, c_out, kh, kw, sh, sw, padding };
+        let d = ConvTranspose2dDims {
+            n,
+            h,
+            w,
+            c_in,
+            c_out,
+            kh,
+            kw,
+            sh,
+            sw,
+            padding,
+        };
         let g = MwGeom::conv2d_transpose(&d);
         let (hw, img_out) = (h * w, d.out_h() * d.out_w() * c_out);
         let x: Vec<T> = r.t(d.x_len(), -1.0, 1.0);
@@ -816,19 +1313,44 @@ fn conv2d_transpose_case<T: Ty>(r: &mut Rng) {
             let mut col_cpu = zeros::<T>(k::conv::conv2d_transpose_col_len(d, chunk));
             let mut ws = vec![0f32; k::conv::conv2d_transpose_ws_len::<T>(d, chunk)];
             let mut wy = zeros::<T>(d.y_len());
-            k::conv::conv2d_transpose_forward(d, &x, &wt, Some(&bias), &mut wy, &mut col_cpu, chunk, &mut ws).unwrap();
+            k::conv::conv2d_transpose_forward(
+                d,
+                &x,
+                &wt,
+                Some(&bias),
+                &mut wy,
+                &mut col_cpu,
+                chunk,
+                &mut ws,
+            )
+            .unwrap();
             let mut y = zeros::<T>(d.y_len());
             let mut col = zeros::<T>(k::conv::conv2d_transpose_col_len(d, chunk).max(1));
             if d.is_pointwise() {
                 row_gemm(&cm::conv2d_transpose_forward_pointwise(&d), &x, &wt, &mut y);
-                run(&name1("mw_bias_add", T::F), LaunchCfg::pointwise(y.len() as u64), vec![pm(&mut y), p(&bias), u(n * hw), u(c_out)]);
+                run(
+                    &name1("mw_bias_add", T::F),
+                    LaunchCfg::pointwise(y.len() as u64),
+                    vec![pm(&mut y), p(&bias), u(n * hw), u(c_out)],
+                );
             } else {
                 for (n0, cn) in cm::chunks(n, chunk) {
-                    row_gemm(&cm::conv2d_transpose_forward_chunk(&d, n0, cn), &x, &wt, &mut col);
+                    row_gemm(
+                        &cm::conv2d_transpose_forward_chunk(&d, n0, cn),
+                        &x,
+                        &wt,
+                        &mut col,
+                    );
                     run(
                         &name1("mw_col2im", T::F),
                         LaunchCfg::pointwise((cn * img_out) as u64),
-                        vec![p(&col), pat(&mut y, n0 * img_out), KArg::Geom(g), KArg::I32(cn as i32), p(&bias)],
+                        vec![
+                            p(&col),
+                            pat(&mut y, n0 * img_out),
+                            KArg::Geom(g),
+                            KArg::I32(cn as i32),
+                            p(&bias),
+                        ],
                     );
                 }
             }
@@ -837,7 +1359,19 @@ fn conv2d_transpose_case<T: Ty>(r: &mut Rng) {
             let dw0 = r.vec(d.w_len(), -1.0, 1.0);
             let db0 = r.vec(c_out, -1.0, 1.0);
             let (mut wdx, mut wdw, mut wdb) = (zeros::<T>(d.x_len()), dw0.clone(), db0.clone());
-            k::conv::conv2d_transpose_backward(d, &x, &wt, &dy, Some(&mut wdx), &mut wdw, Some(&mut wdb), &mut col_cpu, chunk, &mut ws).unwrap();
+            k::conv::conv2d_transpose_backward(
+                d,
+                &x,
+                &wt,
+                &dy,
+                Some(&mut wdx),
+                &mut wdw,
+                Some(&mut wdb),
+                &mut col_cpu,
+                chunk,
+                &mut ws,
+            )
+            .unwrap();
             let (mut dx, mut dw, mut db) = (zeros::<T>(d.x_len()), dw0.clone(), db0.clone());
             if d.is_pointwise() {
                 let gs = cm::conv2d_transpose_backward_pointwise(&d, true);
@@ -846,13 +1380,27 @@ fn conv2d_transpose_case<T: Ty>(r: &mut Rng) {
             } else {
                 for (n0, cn) in cm::chunks(n, chunk) {
                     let len = cn * hw * g.k();
-                    run(&name1("mw_im2col", T::F), LaunchCfg::pointwise(len as u64), vec![p(&dy), pm(&mut col), KArg::Geom(g), KArg::I32(n0 as i32), KArg::I32(cn as i32)]);
+                    run(
+                        &name1("mw_im2col", T::F),
+                        LaunchCfg::pointwise(len as u64),
+                        vec![
+                            p(&dy),
+                            pm(&mut col),
+                            KArg::Geom(g),
+                            KArg::I32(n0 as i32),
+                            KArg::I32(cn as i32),
+                        ],
+                    );
                     let gs = cm::conv2d_transpose_backward_chunk(&d, n0, cn, true);
                     row_gemm(&gs[0], &col, &x, &mut dw);
                     row_gemm(&gs[1], &col, &wt, &mut dx);
                 }
             }
-            run(&name1("mw_column_sums", T::F), LaunchCfg::strip(c_out as u64, 1), vec![p(&dy), u(d.y_len() / c_out), u(c_out), pm(&mut db)]);
+            run(
+                &name1("mw_column_sums", T::F),
+                LaunchCfg::strip(c_out as u64, 1),
+                vec![p(&dy), u(d.y_len() / c_out), u(c_out), pm(&mut db)],
+            );
             close("conv2d_transpose dx", &dx, &wdx, 2.0 * T::REL, 1e-5);
             close("conv2d_transpose dw", &dw, &wdw, 1e-4, 1e-4);
             close("conv2d_transpose db", &db, &wdb, 1e-5, 1e-4);
@@ -868,7 +1416,18 @@ fn depthwise_case<T: Ty>(r: &mut Rng) {
         (1, 5, 5, 33, 1, 5, 5, 2, 2, Padding::Same),
     ];
     for (n, h, w, c, multiplier, kh, kw, sh, sw, padding) in dims {
-        let d = DepthwiseConv2dDims { n, h, w, c, multiplier, kh, kw, sh, sw, padding };
+        let d = DepthwiseConv2dDims {
+            n,
+            h,
+            w,
+            c,
+            multiplier,
+            kh,
+            kw,
+            sh,
+            sw,
+            padding,
+        };
         let md = KArg::Depthwise(MwDepthwise::from(&d));
         let x: Vec<T> = r.t(d.x_len(), -1.0, 1.0);
         let wt: Vec<T> = r.t(d.w_len(), -1.0, 1.0);
@@ -876,17 +1435,42 @@ fn depthwise_case<T: Ty>(r: &mut Rng) {
         let mut wy = zeros::<T>(d.y_len());
         k::conv::depthwise_conv2d_forward(d, &x, &wt, Some(&bias), &mut wy).unwrap();
         let mut y = zeros::<T>(d.y_len());
-        run(&name1("mw_dw_fwd", T::F), LaunchCfg::pointwise(d.y_len() as u64), vec![p(&x), p(&wt), p(&bias), pm(&mut y), md]);
+        run(
+            &name1("mw_dw_fwd", T::F),
+            LaunchCfg::pointwise(d.y_len() as u64),
+            vec![p(&x), p(&wt), p(&bias), pm(&mut y), md],
+        );
         close("depthwise y", &y, &wy, T::REL, 1e-6);
         let dy: Vec<T> = r.t(d.y_len(), -1.0, 1.0);
         let dw0 = r.vec(d.w_len(), -1.0, 1.0);
         let db0 = r.vec(d.c_out(), -1.0, 1.0);
         let (mut wdx, mut wdw, mut wdb) = (zeros::<T>(d.x_len()), dw0.clone(), db0.clone());
-        k::conv::depthwise_conv2d_backward(d, &x, &wt, &dy, Some(&mut wdx), &mut wdw, Some(&mut wdb)).unwrap();
+        k::conv::depthwise_conv2d_backward(
+            d,
+            &x,
+            &wt,
+            &dy,
+            Some(&mut wdx),
+            &mut wdw,
+            Some(&mut wdb),
+        )
+        .unwrap();
         let (mut dx, mut dw, mut db) = (zeros::<T>(d.x_len()), dw0.clone(), db0.clone());
-        run(&name1("mw_dw_bwd_dx", T::F), LaunchCfg::pointwise(d.x_len() as u64), vec![p(&wt), p(&dy), pm(&mut dx), md]);
-        run(&name1("mw_dw_bwd_dw", T::F), LaunchCfg::strip(d.c_out() as u64, (kh * kw) as u32), vec![p(&x), p(&dy), pm(&mut dw), md]);
-        run(&name1("mw_column_sums", T::F), LaunchCfg::strip(d.c_out() as u64, 1), vec![p(&dy), u(d.y_len() / d.c_out()), u(d.c_out()), pm(&mut db)]);
+        run(
+            &name1("mw_dw_bwd_dx", T::F),
+            LaunchCfg::pointwise(d.x_len() as u64),
+            vec![p(&wt), p(&dy), pm(&mut dx), md],
+        );
+        run(
+            &name1("mw_dw_bwd_dw", T::F),
+            LaunchCfg::strip(d.c_out() as u64, (kh * kw) as u32),
+            vec![p(&x), p(&dy), pm(&mut dw), md],
+        );
+        run(
+            &name1("mw_column_sums", T::F),
+            LaunchCfg::strip(d.c_out() as u64, 1),
+            vec![p(&dy), u(d.y_len() / d.c_out()), u(d.c_out()), pm(&mut db)],
+        );
         close("depthwise dx", &dx, &wdx, T::REL, 1e-6);
         close("depthwise dw", &dw, &wdw, 1e-5, 1e-5);
         close("depthwise db", &db, &wdb, 1e-5, 1e-5);
@@ -905,42 +1489,98 @@ fn conv() {
 
 fn dropout_case<T: Ty>(r: &mut Rng) {
     use k::random::RngKey;
-    let key = RngKey { seed: 0xDEAD_BEEF_0123_4567, layer: 3, step: 0x1_0000_0002 };
+    let key = RngKey {
+        seed: 0xDEAD_BEEF_0123_4567,
+        layer: 3,
+        step: 0x1_0000_0002,
+    };
     let (n, rate) = (1003usize, 0.3f32);
     let x: Vec<T> = r.t(n, -2.0, 2.0);
     let (mut wy, mut wm) = (zeros::<T>(n), vec![0u8; n]);
     k::random::dropout_forward(key, rate, &x, &mut wy, &mut wm).unwrap();
-    let mut sc = MwScalars { step: key.step, ..Default::default() };
+    let mut sc = MwScalars {
+        step: key.step,
+        ..Default::default()
+    };
     let (mut y, mut m) = (zeros::<T>(n), vec![0u8; n]);
     let name = name1("mw_dropout_fwd", T::F);
     let cfg = LaunchCfg::pointwise(n.div_ceil(4) as u64);
-    run(&name, cfg, vec![p(&x), pm(&mut y), pm(&mut m), u(n), KArg::F32(rate), KArg::U64(key.seed), KArg::U32(key.layer), scal(&mut sc)]);
+    run(
+        &name,
+        cfg,
+        vec![
+            p(&x),
+            pm(&mut y),
+            pm(&mut m),
+            u(n),
+            KArg::F32(rate),
+            KArg::U64(key.seed),
+            KArg::U32(key.layer),
+            scal(&mut sc),
+        ],
+    );
     assert_eq!(m, wm, "dropout mask is bit-identical to the CPU's");
     exact("dropout y", &y, &wy);
     let mut xy = x.clone();
-    run(&name, cfg.with_blocks(1), vec![pm(&mut xy), pm(&mut xy), pm(&mut m), u(n), KArg::F32(rate), KArg::U64(key.seed), KArg::U32(key.layer), scal(&mut sc)]);
+    run(
+        &name,
+        cfg.with_blocks(1),
+        vec![
+            pm(&mut xy),
+            pm(&mut xy),
+            pm(&mut m),
+            u(n),
+            KArg::F32(rate),
+            KArg::U64(key.seed),
+            KArg::U32(key.layer),
+            scal(&mut sc),
+        ],
+    );
     exact("dropout y in place", &xy, &wy);
     let dy: Vec<T> = r.t(n, -1.0, 1.0);
     let mut wdx = zeros::<T>(n);
     k::random::dropout_backward(rate, &wm, &dy, &mut wdx).unwrap();
     let mut dx = dy.clone();
-    run(&name1("mw_dropout_bwd", T::F), LaunchCfg::pointwise(n as u64), vec![p(&wm), pm(&mut dx), pm(&mut dx), u(n), KArg::F32(rate)]);
+    run(
+        &name1("mw_dropout_bwd", T::F),
+        LaunchCfg::pointwise(n as u64),
+        vec![p(&wm), pm(&mut dx), pm(&mut dx), u(n), KArg::F32(rate)],
+    );
     exact("dropout dx", &dx, &wdx);
 }
 
 fn sample_normal_case<T: Ty>(r: &mut Rng) {
     use k::elementwise::GradWrite;
     use k::random::RngKey;
-    let key = RngKey { seed: 42, layer: 9, step: 17 };
+    let key = RngKey {
+        seed: 42,
+        layer: 9,
+        step: 17,
+    };
     let n = 1001;
     let mean: Vec<T> = r.t(n, -1.0, 1.0);
     let logvar: Vec<T> = r.t(n, -2.0, 1.0);
     let mut wz = zeros::<T>(n);
     k::random::sample_normal_forward(key, &mean, &logvar, &mut wz).unwrap();
-    let mut sc = MwScalars { step: key.step, ..Default::default() };
+    let mut sc = MwScalars {
+        step: key.step,
+        ..Default::default()
+    };
     let mut z = zeros::<T>(n);
     let cfg = LaunchCfg::pointwise(n.div_ceil(4) as u64);
-    run(&name1("mw_sample_normal_fwd", T::F), cfg, vec![p(&mean), p(&logvar), pm(&mut z), u(n), KArg::U64(key.seed), KArg::U32(key.layer), scal(&mut sc)]);
+    run(
+        &name1("mw_sample_normal_fwd", T::F),
+        cfg,
+        vec![
+            p(&mean),
+            p(&logvar),
+            pm(&mut z),
+            u(n),
+            KArg::U64(key.seed),
+            KArg::U32(key.layer),
+            scal(&mut sc),
+        ],
+    );
     close("sample_normal z", &z, &wz, T::REL, 1e-5);
     let dz: Vec<T> = r.t(n, -1.0, 1.0);
     for (write, acc) in [(GradWrite::Overwrite, 0), (GradWrite::Accumulate, 1)] {
@@ -951,7 +1591,17 @@ fn sample_normal_case<T: Ty>(r: &mut Rng) {
         run(
             &name1("mw_sample_normal_bwd", T::F),
             cfg.with_blocks(2),
-            vec![p(&logvar), p(&dz), pm(&mut dm), pm(&mut dl), u(n), KArg::U64(key.seed), KArg::U32(key.layer), scal(&mut sc), KArg::I32(acc)],
+            vec![
+                p(&logvar),
+                p(&dz),
+                pm(&mut dm),
+                pm(&mut dl),
+                u(n),
+                KArg::U64(key.seed),
+                KArg::U32(key.layer),
+                scal(&mut sc),
+                KArg::I32(acc),
+            ],
         );
         close("sample_normal dmean", &dm, &wdm, T::REL, 1e-6);
         close("sample_normal dlogvar", &dl, &wdl, T::REL, 1e-5);
@@ -962,12 +1612,30 @@ fn random() {
     use k::random::RngKey;
     let r = &mut Rng::new(7);
     // Raw Philox words, bit for bit, with a step above 2^32 (both counter words used).
-    let key = RngKey { seed: 0x1234_5678_9ABC_DEF0, layer: 7, step: 0x1_0000_0003 };
+    let key = RngKey {
+        seed: 0x1234_5678_9ABC_DEF0,
+        layer: 7,
+        step: 0x1_0000_0003,
+    };
     let nb = 1001usize;
     let mut out = vec![0u32; 4 * nb];
-    run("mw_philox_words", LaunchCfg::pointwise(nb as u64), vec![pm(&mut out), u(nb), KArg::U64(key.seed), KArg::U32(key.layer), KArg::U64(key.step)]);
+    run(
+        "mw_philox_words",
+        LaunchCfg::pointwise(nb as u64),
+        vec![
+            pm(&mut out),
+            u(nb),
+            KArg::U64(key.seed),
+            KArg::U32(key.layer),
+            KArg::U64(key.step),
+        ],
+    );
     for b in 0..nb {
-        assert_eq!(&out[4 * b..4 * b + 4], &key.block(b as u32), "philox block {b}");
+        assert_eq!(
+            &out[4 * b..4 * b + 4],
+            &key.block(b as u32),
+            "philox block {b}"
+        );
     }
     each!(dropout_case, r);
     each!(sample_normal_case, r);
@@ -988,7 +1656,11 @@ fn optimizer() {
 
     // Runs the CPU update and the kernel from the same state; params and state must agree bit
     // for bit (the same f32 operations in the same order; sqrt and division correctly rounded).
-    let check = |what: &str, opt: &dyn Optimizer, name: &str, extra: &dyn Fn(&mut [Vec<f32>], &mut Vec<f32>, &mut MwScalars) -> Vec<KArg>, alpha: f32| {
+    let check = |what: &str,
+                 opt: &dyn Optimizer,
+                 name: &str,
+                 extra: &dyn Fn(&mut [Vec<f32>], &mut Vec<f32>, &mut MwScalars) -> Vec<KArg>,
+                 alpha: f32| {
         let slots = opt.state_slots();
         let (mut wp, mut ws) = (p0.clone(), s0[..slots].to_vec());
         {
@@ -997,7 +1669,12 @@ fn optimizer() {
         }
         for skip in [0, 1] {
             let (mut pp, mut ss) = (p0.clone(), s0[..slots].to_vec());
-            let mut sc = MwScalars { grad_unscale: unscale, adam_alpha: alpha, nonfinite: skip, ..Default::default() };
+            let mut sc = MwScalars {
+                grad_unscale: unscale,
+                adam_alpha: alpha,
+                nonfinite: skip,
+                ..Default::default()
+            };
             let args = extra(&mut ss, &mut pp, &mut sc);
             run(name, LaunchCfg::pointwise(n as u64).with_blocks(3), args);
             let s0s = s0[..slots].to_vec();
@@ -1010,7 +1687,11 @@ fn optimizer() {
     };
 
     for (mom, nesterov) in [(0.0, false), (0.9, false), (0.9, true)] {
-        let o = Sgd { learning_rate: 0.1, momentum: mom, nesterov };
+        let o = Sgd {
+            learning_rate: 0.1,
+            momentum: mom,
+            nesterov,
+        };
         let gp = g.clone();
         check(
             &format!("sgd {mom} {nesterov}"),
@@ -1018,13 +1699,28 @@ fn optimizer() {
             "mw_sgd",
             &|s, pp, sc| {
                 let m = if mom != 0.0 { pm(&mut s[0]) } else { NULL };
-                vec![pm(pp), p(&gp), m, u(n), KArg::F32(0.1), KArg::F32(mom), KArg::I32(nesterov as i32), scal(sc)]
+                vec![
+                    pm(pp),
+                    p(&gp),
+                    m,
+                    u(n),
+                    KArg::F32(0.1),
+                    KArg::F32(mom),
+                    KArg::I32(nesterov as i32),
+                    scal(sc),
+                ]
             },
             0.0,
         );
     }
     for (mom, centered) in [(0.0, false), (0.5, false), (0.0, true), (0.5, true)] {
-        let o = RmsProp { learning_rate: 1e-2, rho: 0.9, momentum: mom, epsilon: 1e-7, centered };
+        let o = RmsProp {
+            learning_rate: 1e-2,
+            rho: 0.9,
+            momentum: mom,
+            epsilon: 1e-7,
+            centered,
+        };
         let gp = g.clone();
         check(
             &format!("rmsprop {mom} {centered}"),
@@ -1033,24 +1729,65 @@ fn optimizer() {
             &|s, pp, sc| {
                 let (v, rest) = s.split_at_mut(1);
                 let mo = if mom > 0.0 { pm(&mut rest[0]) } else { NULL };
-                let avg = if centered { pm(rest.last_mut().unwrap()) } else { NULL };
-                vec![pm(pp), p(&gp), pm(&mut v[0]), mo, avg, u(n), KArg::F32(1e-2), KArg::F32(0.9), KArg::F32(mom), KArg::F32(1e-7), scal(sc)]
+                let avg = if centered {
+                    pm(rest.last_mut().unwrap())
+                } else {
+                    NULL
+                };
+                vec![
+                    pm(pp),
+                    p(&gp),
+                    pm(&mut v[0]),
+                    mo,
+                    avg,
+                    u(n),
+                    KArg::F32(1e-2),
+                    KArg::F32(0.9),
+                    KArg::F32(mom),
+                    KArg::F32(1e-7),
+                    scal(sc),
+                ]
             },
             0.0,
         );
     }
-    let adam = Adam { learning_rate: 1e-3, beta_1: 0.9, beta_2: 0.999, epsilon: 1e-7 };
+    let adam = Adam {
+        learning_rate: 1e-3,
+        beta_1: 0.9,
+        beta_2: 0.999,
+        epsilon: 1e-7,
+    };
     for wd in [0.0f32, 0.004] {
         let alpha = l::adam_alpha(adam.learning_rate, adam.beta_1, adam.beta_2, step);
         let gp = g.clone();
         let args = |s: &mut [Vec<f32>], pp: &mut Vec<f32>, sc: &mut MwScalars| {
             let (m, v) = s.split_at_mut(1);
-            vec![pm(pp), p(&gp), pm(&mut m[0]), pm(&mut v[0]), u(n), KArg::F32(0.9), KArg::F32(0.999), KArg::F32(1e-7), KArg::F32(wd * 1e-3), scal(sc)]
+            vec![
+                pm(pp),
+                p(&gp),
+                pm(&mut m[0]),
+                pm(&mut v[0]),
+                u(n),
+                KArg::F32(0.9),
+                KArg::F32(0.999),
+                KArg::F32(1e-7),
+                KArg::F32(wd * 1e-3),
+                scal(sc),
+            ]
         };
         if wd == 0.0 {
             check("adam", &adam, "mw_adam", &args, alpha);
         } else {
-            check("adamw", &AdamW { adam, weight_decay: wd }, "mw_adam", &args, alpha);
+            check(
+                "adamw",
+                &AdamW {
+                    adam,
+                    weight_decay: wd,
+                },
+                "mw_adam",
+                &args,
+                alpha,
+            );
         }
     }
 }
@@ -1069,7 +1806,19 @@ fn embedding_case<T: Ty>(r: &mut Rng) {
     let mut sc = MwScalars::default();
     let mut y = zeros::<T>(tokens * dim);
     let cfg = LaunchCfg::pointwise((tokens * dim) as u64);
-    run(&name1("mw_embedding_fwd", T::F), cfg, vec![p(&ids), p(&w), pm(&mut y), u(tokens), u(vocab), u(dim), scal(&mut sc)]);
+    run(
+        &name1("mw_embedding_fwd", T::F),
+        cfg,
+        vec![
+            p(&ids),
+            p(&w),
+            pm(&mut y),
+            u(tokens),
+            u(vocab),
+            u(dim),
+            scal(&mut sc),
+        ],
+    );
     exact("embedding y", &y, &wy);
     assert_eq!(sc.bad_index, 0);
     let dy: Vec<T> = r.t(tokens * dim, -1.0, 1.0);
@@ -1077,10 +1826,26 @@ fn embedding_case<T: Ty>(r: &mut Rng) {
     let mut wdw = dw0.clone();
     k::embedding::embedding_backward(d, &ids, &dy, &mut wdw).unwrap();
     let mut dw = dw0.clone();
-    run(&name1("mw_embedding_bwd", T::F), cfg.with_blocks(2), vec![p(&ids), p(&dy), pm(&mut dw), u(tokens), u(vocab), u(dim)]);
+    run(
+        &name1("mw_embedding_bwd", T::F),
+        cfg.with_blocks(2),
+        vec![p(&ids), p(&dy), pm(&mut dw), u(tokens), u(vocab), u(dim)],
+    );
     close("embedding dw", &dw, &wdw, 1e-6, 1e-6);
     ids[3] = vocab as i32;
-    run(&name1("mw_embedding_fwd", T::F), cfg, vec![p(&ids), p(&w), pm(&mut y), u(tokens), u(vocab), u(dim), scal(&mut sc)]);
+    run(
+        &name1("mw_embedding_fwd", T::F),
+        cfg,
+        vec![
+            p(&ids),
+            p(&w),
+            pm(&mut y),
+            u(tokens),
+            u(vocab),
+            u(dim),
+            scal(&mut sc),
+        ],
+    );
     assert_eq!(sc.bad_index, 4, "token 3's id is out of range");
     assert!(y[3 * dim..4 * dim].iter().all(|v| v.to_f32() == 0.0));
 }
@@ -1123,13 +1888,19 @@ fn every_cuda_kernel_matches_the_cpu_kernels() {
         .map(|(n, _)| n)
         .filter(|n| !launched.contains(n) && !n.starts_with("mw_emu_"))
         .collect();
-    assert!(missing.is_empty(), "kernels never run against the CPU: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "kernels never run against the CPU: {missing:?}"
+    );
 }
 
 /// Every kernel maps to the source module that defines it (what NVRTC compiles on first use).
 #[test]
 fn every_kernel_has_a_module() {
-    for (name, _) in emu::kernels().into_iter().filter(|(n, _)| !n.starts_with("mw_emu_")) {
+    for (name, _) in emu::kernels()
+        .into_iter()
+        .filter(|(n, _)| !n.starts_with("mw_emu_"))
+    {
         let src = k::cuda::sources::source_of(&name).unwrap_or_else(|| panic!("{name}: no module"));
         let text = k::cuda::sources::module_source(src.module).unwrap();
         assert!(text.contains("extern \"C\" __global__"), "{name}");
@@ -1141,9 +1912,28 @@ fn every_kernel_has_a_module() {
 fn a_wrong_argument_list_is_refused() {
     let x = vec![0u8; 4];
     let mut y = vec![0f32; 4];
-    let call = KernelCall::new("mw_cast_u8_f32", LaunchCfg::pointwise(4), vec![p(&x), pm(&mut y), KArg::I32(4), KArg::F32(1.0), KArg::F32(0.0)]);
+    let call = KernelCall::new(
+        "mw_cast_u8_f32",
+        LaunchCfg::pointwise(4),
+        vec![
+            p(&x),
+            pm(&mut y),
+            KArg::I32(4),
+            KArg::F32(1.0),
+            KArg::F32(0.0),
+        ],
+    );
     // SAFETY: the launch is refused before anything runs.
-    let e = unsafe { emu::launch(&call.name, call.cfg.grid, call.cfg.block, &call.params(), &call.signature()) }.unwrap_err();
+    let e = unsafe {
+        emu::launch(
+            &call.name,
+            call.cfg.grid,
+            call.cfg.block,
+            &call.params(),
+            &call.signature(),
+        )
+    }
+    .unwrap_err();
     assert!(e.contains("takes (p,p,Q,f,f)"), "{e}");
     let e = unsafe { emu::launch("mw_nothing", [1, 1, 1], [32, 1, 1], &[], "") }.unwrap_err();
     assert!(e.contains("no kernel named"), "{e}");
@@ -1155,9 +1945,24 @@ fn a_wrong_argument_list_is_refused() {
 fn the_emulator_reports_barrier_misuse() {
     let mut out = vec![0i32; 64];
     let launch = |name: &str, grid: u32, block: u32, out: &mut [i32]| {
-        let call = KernelCall::new(name, LaunchCfg { grid: [grid, 1, 1], block: [block, 1, 1] }, vec![pm(out)]);
+        let call = KernelCall::new(
+            name,
+            LaunchCfg {
+                grid: [grid, 1, 1],
+                block: [block, 1, 1],
+            },
+            vec![pm(out)],
+        );
         // SAFETY: `out` holds 64 ints, more than any of these kernels writes.
-        unsafe { emu::launch(&call.name, call.cfg.grid, call.cfg.block, &call.params(), &call.signature()) }
+        unsafe {
+            emu::launch(
+                &call.name,
+                call.cfg.grid,
+                call.cfg.block,
+                &call.params(),
+                &call.signature(),
+            )
+        }
     };
     launch("mw_emu_selftest_block_sum", 3, 256, &mut out).unwrap();
     assert_eq!(&out[..3], &[255 * 256 / 2; 3]);

@@ -3,7 +3,10 @@
 use std::collections::HashMap;
 
 use memwise_plan::advice::{format_bytes, Fixes};
-use memwise_plan::{Activation, DType, LayerKind, LossKind, Metric, ModelSpec, Optimizer, Padding, Precision, Reduction, StaticPlan};
+use memwise_plan::{
+    Activation, DType, LayerKind, LossKind, Metric, ModelSpec, Optimizer, Padding, Precision,
+    Reduction, StaticPlan,
+};
 use proc_macro2::{Literal, TokenStream};
 use quote::{format_ident, quote};
 use syn::ItemStruct;
@@ -51,21 +54,65 @@ fn padding_tokens(p: Padding) -> TokenStream {
 fn kind_tokens(k: &LayerKind) -> TokenStream {
     let p = quote!(::memwise::plan::LayerKind);
     match k {
-        LayerKind::Input { shape, dtype, scale } => {
-            let (shape, dtype, scale) = (shape.iter().map(|&d| usize_tokens(d)), dtype_tokens(*dtype), f32_tokens(*scale));
+        LayerKind::Input {
+            shape,
+            dtype,
+            scale,
+        } => {
+            let (shape, dtype, scale) = (
+                shape.iter().map(|&d| usize_tokens(d)),
+                dtype_tokens(*dtype),
+                f32_tokens(*scale),
+            );
             quote!(#p::Input { shape: ::std::vec![#(#shape),*], dtype: #dtype, scale: #scale })
         }
-        LayerKind::Dense { units, activation, use_bias } => {
+        LayerKind::Dense {
+            units,
+            activation,
+            use_bias,
+        } => {
             let (u, a) = (usize_tokens(*units), activation_tokens(*activation));
             quote!(#p::Dense { units: #u, activation: #a, use_bias: #use_bias })
         }
-        LayerKind::Conv2d { filters, kernel, strides, padding, activation, use_bias }
-        | LayerKind::Conv2dTranspose { filters, kernel, strides, padding, activation, use_bias } => {
-            let v = if matches!(k, LayerKind::Conv2d { .. }) { quote!(Conv2d) } else { quote!(Conv2dTranspose) };
-            let (f, kk, s, pd, a) = (usize_tokens(*filters), pair_tokens(*kernel), pair_tokens(*strides), padding_tokens(*padding), activation_tokens(*activation));
+        LayerKind::Conv2d {
+            filters,
+            kernel,
+            strides,
+            padding,
+            activation,
+            use_bias,
+        }
+        | LayerKind::Conv2dTranspose {
+            filters,
+            kernel,
+            strides,
+            padding,
+            activation,
+            use_bias,
+        } => {
+            let v = if matches!(k, LayerKind::Conv2d { .. }) {
+                quote!(Conv2d)
+            } else {
+                quote!(Conv2dTranspose)
+            };
+            let (f, kk, s, pd, a) = (
+                usize_tokens(*filters),
+                pair_tokens(*kernel),
+                pair_tokens(*strides),
+                padding_tokens(*padding),
+                activation_tokens(*activation),
+            );
             quote!(#p::#v { filters: #f, kernel: #kk, strides: #s, padding: #pd, activation: #a, use_bias: #use_bias })
         }
-        LayerKind::SeparableConv2d { filters, kernel, strides, padding, multiplier, activation, use_bias } => {
+        LayerKind::SeparableConv2d {
+            filters,
+            kernel,
+            strides,
+            padding,
+            multiplier,
+            activation,
+            use_bias,
+        } => {
             let (f, kk, s, pd, m, a) = (
                 usize_tokens(*filters),
                 pair_tokens(*kernel),
@@ -76,13 +123,43 @@ fn kind_tokens(k: &LayerKind) -> TokenStream {
             );
             quote!(#p::SeparableConv2d { filters: #f, kernel: #kk, strides: #s, padding: #pd, multiplier: #m, activation: #a, use_bias: #use_bias })
         }
-        LayerKind::DepthwiseConv2d { kernel, strides, padding, multiplier, activation, use_bias } => {
-            let (kk, s, pd, m, a) = (pair_tokens(*kernel), pair_tokens(*strides), padding_tokens(*padding), usize_tokens(*multiplier), activation_tokens(*activation));
+        LayerKind::DepthwiseConv2d {
+            kernel,
+            strides,
+            padding,
+            multiplier,
+            activation,
+            use_bias,
+        } => {
+            let (kk, s, pd, m, a) = (
+                pair_tokens(*kernel),
+                pair_tokens(*strides),
+                padding_tokens(*padding),
+                usize_tokens(*multiplier),
+                activation_tokens(*activation),
+            );
             quote!(#p::DepthwiseConv2d { kernel: #kk, strides: #s, padding: #pd, multiplier: #m, activation: #a, use_bias: #use_bias })
         }
-        LayerKind::MaxPool2d { pool, strides, padding } | LayerKind::AvgPool2d { pool, strides, padding } => {
-            let v = if matches!(k, LayerKind::MaxPool2d { .. }) { quote!(MaxPool2d) } else { quote!(AvgPool2d) };
-            let (pl, s, pd) = (pair_tokens(*pool), pair_tokens(*strides), padding_tokens(*padding));
+        LayerKind::MaxPool2d {
+            pool,
+            strides,
+            padding,
+        }
+        | LayerKind::AvgPool2d {
+            pool,
+            strides,
+            padding,
+        } => {
+            let v = if matches!(k, LayerKind::MaxPool2d { .. }) {
+                quote!(MaxPool2d)
+            } else {
+                quote!(AvgPool2d)
+            };
+            let (pl, s, pd) = (
+                pair_tokens(*pool),
+                pair_tokens(*strides),
+                padding_tokens(*padding),
+            );
             quote!(#p::#v { pool: #pl, strides: #s, padding: #pd })
         }
         LayerKind::GlobalAvgPool => quote!(#p::GlobalAvgPool),
@@ -112,7 +189,11 @@ fn kind_tokens(k: &LayerKind) -> TokenStream {
             let (v, d) = (usize_tokens(*vocab), usize_tokens(*dim));
             quote!(#p::Embedding { vocab: #v, dim: #d })
         }
-        LayerKind::Attention { heads, causal, dropout } => {
+        LayerKind::Attention {
+            heads,
+            causal,
+            dropout,
+        } => {
             let (h, d) = (usize_tokens(*heads), f32_tokens(*dropout));
             quote!(#p::Attention { heads: #h, causal: #causal, dropout: #d })
         }
@@ -131,20 +212,57 @@ fn optimizer_tokens(o: &Optimizer) -> TokenStream {
             let lr = f32_tokens(lr);
             quote!(#p::Sgd { lr: #lr })
         }
-        Optimizer::Momentum { lr, momentum, nesterov } => {
+        Optimizer::Momentum {
+            lr,
+            momentum,
+            nesterov,
+        } => {
             let (lr, m) = (f32_tokens(lr), f32_tokens(momentum));
             quote!(#p::Momentum { lr: #lr, momentum: #m, nesterov: #nesterov })
         }
-        Optimizer::RmsProp { lr, rho, epsilon, momentum, centered } => {
-            let (lr, r, e, m) = (f32_tokens(lr), f32_tokens(rho), f32_tokens(epsilon), f32_tokens(momentum));
+        Optimizer::RmsProp {
+            lr,
+            rho,
+            epsilon,
+            momentum,
+            centered,
+        } => {
+            let (lr, r, e, m) = (
+                f32_tokens(lr),
+                f32_tokens(rho),
+                f32_tokens(epsilon),
+                f32_tokens(momentum),
+            );
             quote!(#p::RmsProp { lr: #lr, rho: #r, epsilon: #e, momentum: #m, centered: #centered })
         }
-        Optimizer::Adam { lr, beta_1, beta_2, epsilon } => {
-            let (lr, b1, b2, e) = (f32_tokens(lr), f32_tokens(beta_1), f32_tokens(beta_2), f32_tokens(epsilon));
+        Optimizer::Adam {
+            lr,
+            beta_1,
+            beta_2,
+            epsilon,
+        } => {
+            let (lr, b1, b2, e) = (
+                f32_tokens(lr),
+                f32_tokens(beta_1),
+                f32_tokens(beta_2),
+                f32_tokens(epsilon),
+            );
             quote!(#p::Adam { lr: #lr, beta_1: #b1, beta_2: #b2, epsilon: #e })
         }
-        Optimizer::AdamW { lr, beta_1, beta_2, epsilon, weight_decay } => {
-            let (lr, b1, b2, e, w) = (f32_tokens(lr), f32_tokens(beta_1), f32_tokens(beta_2), f32_tokens(epsilon), f32_tokens(weight_decay));
+        Optimizer::AdamW {
+            lr,
+            beta_1,
+            beta_2,
+            epsilon,
+            weight_decay,
+        } => {
+            let (lr, b1, b2, e, w) = (
+                f32_tokens(lr),
+                f32_tokens(beta_1),
+                f32_tokens(beta_2),
+                f32_tokens(epsilon),
+                f32_tokens(weight_decay),
+            );
             quote!(#p::AdamW { lr: #lr, beta_1: #b1, beta_2: #b2, epsilon: #e, weight_decay: #w })
         }
     }
@@ -169,7 +287,14 @@ fn spec_tokens(spec: &ModelSpec) -> TokenStream {
                 LossKind::KlNormal => "KlNormal",
             }
         );
-        let red = format_ident!("{}", if t.reduction == Reduction::Mean { "Mean" } else { "SumOverFeatures" });
+        let red = format_ident!(
+            "{}",
+            if t.reduction == Reduction::Mean {
+                "Mean"
+            } else {
+                "SumOverFeatures"
+            }
+        );
         let (w, inputs) = (f32_tokens(t.weight), &t.inputs);
         quote!(::memwise::plan::LossTerm {
             kind: ::memwise::plan::LossKind::#kind,
@@ -224,7 +349,12 @@ fn handle_tokens(h: &Handle, params: &HashMap<&str, Vec<(u32, &str)>>) -> TokenS
     match h {
         Handle::Layer { handle, name } => {
             let ty = format_ident!("{}", handle);
-            let ps = params.get(name.as_str()).map(Vec::as_slice).unwrap_or(&[]).iter().map(|(id, n)| quote!(::memwise::layers::Param { id: #id, name: #n }));
+            let ps = params
+                .get(name.as_str())
+                .map(Vec::as_slice)
+                .unwrap_or(&[])
+                .iter()
+                .map(|(id, n)| quote!(::memwise::layers::Param { id: #id, name: #n }));
             quote!(::memwise::layers::#ty::__new(#name, &[#(#ps),*]))
         }
         Handle::Array(items) => {
@@ -248,7 +378,10 @@ pub fn model_items(item: &ItemStruct, lowered: &Lowered, plan: &StaticPlan) -> T
     let params_count = plan.params_count;
     let mut params: HashMap<&str, Vec<(u32, &str)>> = HashMap::new();
     for p in plan.params.iter() {
-        params.entry(p.layer.as_ref()).or_default().push((p.id, p.name.as_ref()));
+        params
+            .entry(p.layer.as_ref())
+            .or_default()
+            .push((p.id, p.name.as_ref()));
     }
     let fields: Vec<&syn::Ident> = match &item.fields {
         syn::Fields::Named(n) => n.named.iter().filter_map(|f| f.ident.as_ref()).collect(),
@@ -331,8 +464,14 @@ pub fn model_items(item: &ItemStruct, lowered: &Lowered, plan: &StaticPlan) -> T
 /// touch (each run of marked fields is one segment), numbered segments when some do.
 /// Labels are `index:name` (the field's index in the struct), runs in declaration order.
 fn checkpoint_advice(runs: &[Vec<String>], first_segment: i64) -> String {
-    let parse = |u: &String| u.split_once(':').and_then(|(i, n)| Some((i.parse::<usize>().ok()?, n.to_string())));
-    let runs: Vec<Vec<(usize, String)>> = runs.iter().map(|r| r.iter().filter_map(parse).collect()).collect();
+    let parse = |u: &String| {
+        u.split_once(':')
+            .and_then(|(i, n)| Some((i.parse::<usize>().ok()?, n.to_string())))
+    };
+    let runs: Vec<Vec<(usize, String)>> = runs
+        .iter()
+        .map(|r| r.iter().filter_map(parse).collect())
+        .collect();
     let touch = runs.windows(2).any(|w| match (w[0].last(), w[1].first()) {
         (Some(a), Some(b)) => b.0 == a.0 + 1,
         _ => false,
@@ -340,7 +479,12 @@ fn checkpoint_advice(runs: &[Vec<String>], first_segment: i64) -> String {
     let names = |run: &[(usize, String)]| {
         let n: Vec<String> = run.iter().map(|(_, n)| format!("`{n}`")).collect();
         if n.len() > 8 {
-            format!("{}, … {} (all {} fields)", n[..3].join(", "), n[n.len() - 1], n.len())
+            format!(
+                "{}, … {} (all {} fields)",
+                n[..3].join(", "),
+                n[n.len() - 1],
+                n.len()
+            )
         } else {
             n.join(", ")
         }
@@ -348,7 +492,13 @@ fn checkpoint_advice(runs: &[Vec<String>], first_segment: i64) -> String {
     if touch {
         runs.iter()
             .enumerate()
-            .map(|(r, run)| format!("`#[checkpoint(segment = {})]` on {}", first_segment + r as i64, names(run)))
+            .map(|(r, run)| {
+                format!(
+                    "`#[checkpoint(segment = {})]` on {}",
+                    first_segment + r as i64,
+                    names(run)
+                )
+            })
             .collect::<Vec<_>>()
             .join("; ")
     } else {
@@ -358,7 +508,13 @@ fn checkpoint_advice(runs: &[Vec<String>], first_segment: i64) -> String {
 }
 
 /// The budget error's text: the headline, the breakdown, and the planned fixes.
-pub fn budget_message(spec: &ModelSpec, plan: &StaticPlan, fixes: &Fixes, batch_one: Option<u64>, first_segment: i64) -> String {
+pub fn budget_message(
+    spec: &ModelSpec,
+    plan: &StaticPlan,
+    fixes: &Fixes,
+    batch_one: Option<u64>,
+    first_segment: i64,
+) -> String {
     let m = &plan.memory;
     let (need, budget) = (m.total, fixes.budget);
     let mut s = format!(
@@ -368,8 +524,14 @@ pub fn budget_message(spec: &ModelSpec, plan: &StaticPlan, fixes: &Fixes, batch_
         format_bytes(budget),
         format_bytes(need - budget)
     );
-    let packing = m.arena.saturating_sub(m.activations_peak + m.workspace_peak + m.inputs);
-    let packing = if packing > 0 { format!(" + arena packing {}", format_bytes(packing)) } else { String::new() };
+    let packing = m
+        .arena
+        .saturating_sub(m.activations_peak + m.workspace_peak + m.inputs);
+    let packing = if packing > 0 {
+        format!(" + arena packing {}", format_bytes(packing))
+    } else {
+        String::new()
+    };
     s += &format!(
         "\n= note: at batch {}, {}: params {} + grads {} + optimizer {} + activations {} + workspace {} + inputs {}{packing} = {} total, budget {}",
         spec.batch,
@@ -386,9 +548,15 @@ pub fn budget_message(spec: &ModelSpec, plan: &StaticPlan, fixes: &Fixes, batch_
     let mut fits = Vec::new();
     let mut not = Vec::new();
     match fixes.max_batch {
-        Some((b, t)) => fits.push(format!("`batch = {b}` (the largest batch that fits): {}", format_bytes(t))),
+        Some((b, t)) => fits.push(format!(
+            "`batch = {b}` (the largest batch that fits): {}",
+            format_bytes(t)
+        )),
         None => not.push(match batch_one {
-            Some(t) => format!("a smaller batch: even `batch = 1` needs {}", format_bytes(t)),
+            Some(t) => format!(
+                "a smaller batch: even `batch = 1` needs {}",
+                format_bytes(t)
+            ),
             None => "a smaller batch: no batch size fits".to_string(),
         }),
     }
@@ -401,16 +569,33 @@ pub fn budget_message(spec: &ModelSpec, plan: &StaticPlan, fixes: &Fixes, batch_
                 Some(b) => format!(" (with it, `batch = {b}` fits)"),
                 None => String::new(),
             };
-            not.push(format!("`precision = {name}` still needs {}{with}", format_bytes(p.total)));
+            not.push(format!(
+                "`precision = {name}` still needs {}{with}",
+                format_bytes(p.total)
+            ));
         }
     }
     let forward: u64 = m.layers.iter().map(|l| l.forward_flops).sum();
     match (&fixes.checkpoint, fixes.checkpoint_best) {
         (Some(c), _) => {
-            let share = if forward > 0 { format!(", recomputing {:.0}% of the forward pass", 100.0 * c.recompute_flops as f64 / forward as f64) } else { String::new() };
-            fits.push(format!("{}: {}{share}", checkpoint_advice(&c.runs, first_segment), format_bytes(c.total)))
+            let share = if forward > 0 {
+                format!(
+                    ", recomputing {:.0}% of the forward pass",
+                    100.0 * c.recompute_flops as f64 / forward as f64
+                )
+            } else {
+                String::new()
+            };
+            fits.push(format!(
+                "{}: {}{share}",
+                checkpoint_advice(&c.runs, first_segment),
+                format_bytes(c.total)
+            ))
         }
-        (None, Some(t)) => not.push(format!("checkpointing: the best placement tried still needs {}", format_bytes(t))),
+        (None, Some(t)) => not.push(format!(
+            "checkpointing: the best placement tried still needs {}",
+            format_bytes(t)
+        )),
         (None, None) => {}
     }
     if !fits.is_empty() {
@@ -420,7 +605,11 @@ pub fn budget_message(spec: &ModelSpec, plan: &StaticPlan, fixes: &Fixes, batch_
         }
     }
     if !not.is_empty() {
-        s += if fits.is_empty() { "\n= help: no single change fits:" } else { "\n= note: these do not fit alone:" };
+        s += if fits.is_empty() {
+            "\n= help: no single change fits:"
+        } else {
+            "\n= note: these do not fit alone:"
+        };
         for f in &not {
             s += &format!("\n        - {f}");
         }

@@ -14,7 +14,11 @@ pub enum FieldKind {
     /// `#[dense(…)]` and the like.
     Layer { attr: String, args: TokenStream },
     /// `#[block(…)]`: an instance of a `#[memwise::block]` struct.
-    Block { path: syn::Path, key: String, args: TokenStream },
+    Block {
+        path: syn::Path,
+        key: String,
+        args: TokenStream,
+    },
 }
 
 /// `#[checkpoint]` or `#[checkpoint(segment = N)]`.
@@ -123,7 +127,10 @@ fn read_field(field: &mut syn::Field, in_block: bool, e: &mut Errors) -> Option<
             Meta::Path(_) => TokenStream::new(),
             Meta::List(l) => l.tokens.clone(),
             Meta::NameValue(_) if is_ours(&attr_name) => {
-                e.at(attr, format!("write `#[{attr_name}(…)]`, not `#[{attr_name} = …]`"));
+                e.at(
+                    attr,
+                    format!("write `#[{attr_name}(…)]`, not `#[{attr_name} = …]`"),
+                );
                 broken = true;
                 continue;
             }
@@ -132,7 +139,10 @@ fn read_field(field: &mut syn::Field, in_block: bool, e: &mut Errors) -> Option<
         match attr_name.as_str() {
             "checkpoint" => {
                 if checkpoint.is_some() {
-                    e.at(attr, format!("`#[checkpoint]` is given twice on field `{name}`"));
+                    e.at(
+                        attr,
+                        format!("`#[checkpoint]` is given twice on field `{name}`"),
+                    );
                 }
                 checkpoint = Some(read_checkpoint(args, tokens, e));
             }
@@ -162,7 +172,14 @@ fn read_field(field: &mut syn::Field, in_block: bool, e: &mut Errors) -> Option<
                 let new_kind = if n == "block" {
                     block_kind(&field.ty, args, e).map(|k| (k, tokens.clone(), "block".to_string()))
                 } else {
-                    Some((FieldKind::Layer { attr: n.to_string(), args }, tokens.clone(), n.to_string()))
+                    Some((
+                        FieldKind::Layer {
+                            attr: n.to_string(),
+                            args,
+                        },
+                        tokens.clone(),
+                        n.to_string(),
+                    ))
                 };
                 match &kind {
                     Some((_, _, prev)) => {
@@ -181,7 +198,10 @@ fn read_field(field: &mut syn::Field, in_block: bool, e: &mut Errors) -> Option<
             n if PASS_THROUGH.contains(&n) => {}
             n => {
                 if let Some(c) = closest(n, attribute_names()) {
-                    e.at(attr.path(), format!("unknown layer `{n}`; did you mean `{c}`?"));
+                    e.at(
+                        attr.path(),
+                        format!("unknown layer `{n}`; did you mean `{c}`?"),
+                    );
                     reported.push(n.to_string());
                     broken = true;
                 } else {
@@ -195,7 +215,10 @@ fn read_field(field: &mut syn::Field, in_block: bool, e: &mut Errors) -> Option<
             // Already reported (an attribute we could not read).
         } else if let Some(first) = foreign.first() {
             let n = first.path().to_token_stream().to_string().replace(' ', "");
-            e.at(first.path(), format!("unknown layer `{n}`\n= note: layers are {}", layer_list()));
+            e.at(
+                first.path(),
+                format!("unknown layer `{n}`\n= note: layers are {}", layer_list()),
+            );
             reported.push(n);
         } else {
             e.at(
@@ -211,7 +234,15 @@ fn read_field(field: &mut syn::Field, in_block: bool, e: &mut Errors) -> Option<
         return None;
     }
     let (_, repeat) = element_type(&field.ty, e)?;
-    let decl = FieldDecl { name: name.clone(), kind, anchor, repeat, checkpoint, dtype, ty: field.ty.clone() };
+    let decl = FieldDecl {
+        name: name.clone(),
+        kind,
+        anchor,
+        repeat,
+        checkpoint,
+        dtype,
+        ty: field.ty.clone(),
+    };
 
     // Field-level rules that need the whole picture.
     if let FieldKind::Layer { attr, .. } = &decl.kind {
@@ -225,14 +256,26 @@ fn read_field(field: &mut syn::Field, in_block: bool, e: &mut Errors) -> Option<
             e.at(&cp.tokens, format!("`#[checkpoint]` on input `{name}`: an input is not computed, so there is nothing to recompute"));
         }
         if let Some((d, t)) = &decl.dtype {
-            e.at(t, format!("`#[{}]` on input `{name}`: an input is stored as its `dtype = …` option", modifier_name(*d)));
+            e.at(
+                t,
+                format!(
+                    "`#[{}]` on input `{name}`: an input is stored as its `dtype = …` option",
+                    modifier_name(*d)
+                ),
+            );
         }
         if decl.repeat.is_some() {
-            e.at(&decl.ty, "an input cannot be an array: declare each input as its own field");
+            e.at(
+                &decl.ty,
+                "an input cannot be an array: declare each input as its own field",
+            );
         }
     }
     if in_block && name == "input" {
-        e.at(&ident, "`input` names the block's input; call this field something else");
+        e.at(
+            &ident,
+            "`input` names the block's input; call this field something else",
+        );
     }
     let _ = attr_name;
     Some(decl)
@@ -247,7 +290,11 @@ fn modifier_name(d: DType) -> &'static str {
 }
 
 fn layer_list() -> String {
-    LAYERS.iter().map(|l| format!("`{}`", l.attr)).collect::<Vec<_>>().join(", ")
+    LAYERS
+        .iter()
+        .map(|l| format!("`{}`", l.attr))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn read_checkpoint(args: TokenStream, tokens: TokenStream, e: &mut Errors) -> Checkpoint {
@@ -279,15 +326,24 @@ pub fn element_type(ty: &Type, e: &mut Errors) -> Option<(syn::Path, Option<usiz
                 _ => None,
             };
             let Some(n) = n else {
-                e.at(&a.len, "the repeat count of an array field must be an integer literal (`[Dense; 3]`)");
+                e.at(
+                    &a.len,
+                    "the repeat count of an array field must be an integer literal (`[Dense; 3]`)",
+                );
                 return None;
             };
             if n == 0 {
-                e.at(&a.len, "an array field repeats its layer at least once: `[T; 1]` or more");
+                e.at(
+                    &a.len,
+                    "an array field repeats its layer at least once: `[T; 1]` or more",
+                );
                 return None;
             }
             if matches!(*a.elem, Type::Array(_)) {
-                e.at(&a.elem, "arrays of arrays are not supported: use one array, or a block");
+                e.at(
+                    &a.elem,
+                    "arrays of arrays are not supported: use one array, or a block",
+                );
                 return None;
             }
             element_type(&a.elem, e).map(|(p, _)| (p, Some(n)))
@@ -295,7 +351,10 @@ pub fn element_type(ty: &Type, e: &mut Errors) -> Option<(syn::Path, Option<usiz
         Type::Path(p) if p.qself.is_none() => {
             if let Some(seg) = p.path.segments.last() {
                 if !seg.arguments.is_empty() {
-                    e.at(&seg.arguments, "layer and block types take no generic arguments");
+                    e.at(
+                        &seg.arguments,
+                        "layer and block types take no generic arguments",
+                    );
                     return None;
                 }
             }
@@ -312,10 +371,20 @@ pub fn element_type(ty: &Type, e: &mut Errors) -> Option<(syn::Path, Option<usiz
 fn check_type(decl: &FieldDecl, attr: &str, e: &mut Errors) {
     let expected = layer::info(attr).expect("known layer").handle;
     let mut scratch = Errors::default();
-    let Some((path, _)) = element_type(&decl.ty, &mut scratch) else { return };
-    let found = path.segments.last().map(|s| s.ident.to_string()).unwrap_or_default();
+    let Some((path, _)) = element_type(&decl.ty, &mut scratch) else {
+        return;
+    };
+    let found = path
+        .segments
+        .last()
+        .map(|s| s.ident.to_string())
+        .unwrap_or_default();
     if found != expected {
-        let ty = if decl.repeat.is_some() { format!("[{expected}; N]") } else { expected.to_string() };
+        let ty = if decl.repeat.is_some() {
+            format!("[{expected}; N]")
+        } else {
+            expected.to_string()
+        };
         e.at(
             &decl.ty,
             format!(
@@ -329,9 +398,19 @@ fn check_type(decl: &FieldDecl, attr: &str, e: &mut Errors) {
 
 fn block_kind(ty: &Type, args: TokenStream, e: &mut Errors) -> Option<FieldKind> {
     let (path, _) = element_type(ty, e)?;
-    let last = path.segments.last().map(|s| s.ident.to_string()).unwrap_or_default();
+    let last = path
+        .segments
+        .last()
+        .map(|s| s.ident.to_string())
+        .unwrap_or_default();
     if let Some(l) = LAYERS.iter().find(|l| l.handle == last) {
-        e.at(ty, format!("`{last}` is a layer, not a block: use `#[{}(…)]` on this field", l.attr));
+        e.at(
+            ty,
+            format!(
+                "`{last}` is a layer, not a block: use `#[{}(…)]` on this field",
+                l.attr
+            ),
+        );
         return None;
     }
     let key = path.to_token_stream().to_string().replace(' ', "");
@@ -361,14 +440,23 @@ pub fn read_block_params(attr: TokenStream, e: &mut Errors) -> Vec<BlockParam> {
             },
         };
         if name == "from" || name == "input" {
-            e.at(&a.tokens, format!("`{name}` is reserved for the block's input; name the parameter differently"));
+            e.at(
+                &a.tokens,
+                format!(
+                    "`{name}` is reserved for the block's input; name the parameter differently"
+                ),
+            );
             continue;
         }
         if params.iter().any(|p| p.name == name) {
             e.at(&a.tokens, format!("parameter `{name}` is declared twice"));
             continue;
         }
-        params.push(BlockParam { name, default, tokens: a.tokens });
+        params.push(BlockParam {
+            name,
+            default,
+            tokens: a.tokens,
+        });
     }
     params
 }

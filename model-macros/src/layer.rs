@@ -4,7 +4,9 @@ use memwise_plan::{Activation, DType, LayerKind, Padding};
 use proc_macro2::TokenStream;
 
 use crate::diag::Errors;
-use crate::value::{boolean, float, pair, positive, refs, shape, word, Arg, Env, FieldRef, Opts, Val, V};
+use crate::value::{
+    boolean, float, pair, positive, refs, shape, word, Arg, Env, FieldRef, Opts, Val, V,
+};
 
 /// A layer attribute and the field type (in `memwise::layers`) that goes with it.
 pub struct LayerInfo {
@@ -50,7 +52,10 @@ pub fn info(attr: &str) -> Option<&'static LayerInfo> {
 
 /// Every attribute name a field may carry (for "did you mean").
 pub fn attribute_names() -> impl Iterator<Item = &'static str> {
-    LAYERS.iter().map(|l| l.attr).chain(MODIFIERS.iter().copied())
+    LAYERS
+        .iter()
+        .map(|l| l.attr)
+        .chain(MODIFIERS.iter().copied())
 }
 
 /// A layer as declared: its kind, and the fields it reads (empty: the previous field).
@@ -69,20 +74,30 @@ const ACTIVATIONS: [&str; 7] = {
     names
 };
 const PADDINGS: [&str; 2] = ["valid", "same"];
-const DTYPES: [&str; 10] = ["f32", "f16", "bf16", "u8", "i32", "float32", "float16", "bfloat16", "uint8", "int32"];
+const DTYPES: [&str; 10] = [
+    "f32", "f16", "bf16", "u8", "i32", "float32", "float16", "bfloat16", "uint8", "int32",
+];
 
 fn activation(v: &Val, what: &str) -> syn::Result<Activation> {
     word(v, what, &ACTIVATIONS).map(|w| Activation::parse(w).expect("listed"))
 }
 
 fn padding(v: &Val, what: &str) -> syn::Result<Padding> {
-    word(v, what, &PADDINGS).map(|w| if w == "same" { Padding::Same } else { Padding::Valid })
+    word(v, what, &PADDINGS).map(|w| {
+        if w == "same" {
+            Padding::Same
+        } else {
+            Padding::Valid
+        }
+    })
 }
 
 fn dtype(v: &Val, _what: &str) -> syn::Result<DType> {
     match &v.v {
         V::Word(w) => DType::parse(w).ok_or_else(|| {
-            v.err(format!("unsupported dtype `{w}`: inputs are stored as `u8`, `i32`, `f32`, `f16` or `bf16`"))
+            v.err(format!(
+                "unsupported dtype `{w}`: inputs are stored as `u8`, `i32`, `f32`, `f16` or `bf16`"
+            ))
         }),
         V::Unknown => Ok(DType::F32),
         _ => word(v, "dtype", &DTYPES).map(|_| DType::F32),
@@ -92,7 +107,10 @@ fn dtype(v: &Val, _what: &str) -> syn::Result<DType> {
 fn rate(v: &Val, what: &str) -> syn::Result<f32> {
     let r = float(v, what)?;
     if !(0.0..1.0).contains(&r) && !v.is_unknown() {
-        return Err(v.err(format!("`{what}` must be in [0, 1), found {}", v.describe())));
+        return Err(v.err(format!(
+            "`{what}` must be in [0, 1), found {}",
+            v.describe()
+        )));
     }
     Ok(r)
 }
@@ -106,25 +124,53 @@ fn act(o: &mut Opts, e: &mut Errors) -> Activation {
 }
 
 /// Reads one layer attribute. `anchor` is the whole attribute (for "missing option" errors).
-pub fn lower_layer(attr: &str, anchor: TokenStream, args: Vec<Arg>, env: &Env, e: &mut Errors) -> LayerDecl {
+pub fn lower_layer(
+    attr: &str,
+    anchor: TokenStream,
+    args: Vec<Arg>,
+    env: &Env,
+    e: &mut Errors,
+) -> LayerDecl {
     let mut opts = Opts::new(format!("`#[{attr}]`"), anchor.clone(), args, env);
     let decl = read_layer(attr, &anchor, &mut opts, env, e);
     opts.finish(e);
     decl
 }
 
-fn read_layer(attr: &str, anchor: &TokenStream, o: &mut Opts, env: &Env, e: &mut Errors) -> LayerDecl {
+fn read_layer(
+    attr: &str,
+    anchor: &TokenStream,
+    o: &mut Opts,
+    env: &Env,
+    e: &mut Errors,
+) -> LayerDecl {
     let kernel = |o: &mut Opts, pos, e: &mut Errors| {
-        o.require("kernel_size", &["kernel"], Some(pos), [1, 1], "kernel_size = 3", e, pair)
+        o.require(
+            "kernel_size",
+            &["kernel"],
+            Some(pos),
+            [1, 1],
+            "kernel_size = 3",
+            e,
+            pair,
+        )
     };
-    let strides = |o: &mut Opts, e: &mut Errors| o.read("strides", &["stride"], None, [1, 1], e, pair);
-    let pad = |o: &mut Opts, e: &mut Errors| o.read("padding", &[], None, Padding::Valid, e, padding);
-    let multiplier = |o: &mut Opts, e: &mut Errors| o.read("depth_multiplier", &["multiplier"], None, 1, e, positive);
+    let strides =
+        |o: &mut Opts, e: &mut Errors| o.read("strides", &["stride"], None, [1, 1], e, pair);
+    let pad =
+        |o: &mut Opts, e: &mut Errors| o.read("padding", &[], None, Padding::Valid, e, padding);
+    let multiplier = |o: &mut Opts, e: &mut Errors| {
+        o.read("depth_multiplier", &["multiplier"], None, 1, e, positive)
+    };
 
     // Layers that combine fields take them as arguments; the others may name one with `from`.
     let mut inputs = Vec::new();
     let combine = matches!(attr, "add" | "concat" | "sample_normal");
-    let positional = if combine { o.rest_positional(0, "fields") } else { Vec::new() };
+    let positional = if combine {
+        o.rest_positional(0, "fields")
+    } else {
+        Vec::new()
+    };
     for a in &positional {
         if let Some(v) = e.ok(crate::value::eval(&a.value, env)) {
             inputs.extend(e.ok(refs(&v)).unwrap_or_default());
@@ -136,28 +182,69 @@ fn read_layer(attr: &str, anchor: &TokenStream, o: &mut Opts, env: &Env, e: &mut
             let shape = o.require("shape", &[], Some(0), vec![1], "shape = [784]", e, shape);
             let dtype = o.read("dtype", &[], None, DType::F32, e, dtype);
             let scale = o.read("scale", &[], None, 1.0, e, float);
-            LayerKind::Input { shape, dtype, scale }
+            LayerKind::Input {
+                shape,
+                dtype,
+                scale,
+            }
         }
         "dense" => {
             let units = o.require("units", &[], Some(0), 1, "#[dense(64)]", e, positive);
-            LayerKind::Dense { units, activation: act(o, e), use_bias: use_bias(o, e) }
+            LayerKind::Dense {
+                units,
+                activation: act(o, e),
+                use_bias: use_bias(o, e),
+            }
         }
         "conv2d" | "conv2d_transpose" | "separable_conv2d" => {
             let filters = o.require("filters", &[], Some(0), 1, "filters = 32", e, positive);
             let kernel = kernel(o, 1, e);
             let (strides, padding) = (strides(o, e), pad(o, e));
-            let multiplier = if attr == "separable_conv2d" { multiplier(o, e) } else { 1 };
+            let multiplier = if attr == "separable_conv2d" {
+                multiplier(o, e)
+            } else {
+                1
+            };
             let (activation, use_bias) = (act(o, e), use_bias(o, e));
             match attr {
-                "conv2d" => LayerKind::Conv2d { filters, kernel, strides, padding, activation, use_bias },
-                "conv2d_transpose" => LayerKind::Conv2dTranspose { filters, kernel, strides, padding, activation, use_bias },
-                _ => LayerKind::SeparableConv2d { filters, kernel, strides, padding, multiplier, activation, use_bias },
+                "conv2d" => LayerKind::Conv2d {
+                    filters,
+                    kernel,
+                    strides,
+                    padding,
+                    activation,
+                    use_bias,
+                },
+                "conv2d_transpose" => LayerKind::Conv2dTranspose {
+                    filters,
+                    kernel,
+                    strides,
+                    padding,
+                    activation,
+                    use_bias,
+                },
+                _ => LayerKind::SeparableConv2d {
+                    filters,
+                    kernel,
+                    strides,
+                    padding,
+                    multiplier,
+                    activation,
+                    use_bias,
+                },
             }
         }
         "depthwise_conv2d" => {
             let kernel = kernel(o, 0, e);
             let (strides, padding, multiplier) = (strides(o, e), pad(o, e), multiplier(o, e));
-            LayerKind::DepthwiseConv2d { kernel, strides, padding, multiplier, activation: act(o, e), use_bias: use_bias(o, e) }
+            LayerKind::DepthwiseConv2d {
+                kernel,
+                strides,
+                padding,
+                multiplier,
+                activation: act(o, e),
+                use_bias: use_bias(o, e),
+            }
         }
         "max_pool2d" | "avg_pool2d" => {
             let pool = o.read("pool_size", &["pool"], Some(0), [2, 2], e, pair);
@@ -165,9 +252,17 @@ fn read_layer(attr: &str, anchor: &TokenStream, o: &mut Opts, env: &Env, e: &mut
             let strides = o.read("strides", &["stride"], None, pool, e, pair);
             let padding = pad(o, e);
             if attr == "max_pool2d" {
-                LayerKind::MaxPool2d { pool, strides, padding }
+                LayerKind::MaxPool2d {
+                    pool,
+                    strides,
+                    padding,
+                }
             } else {
-                LayerKind::AvgPool2d { pool, strides, padding }
+                LayerKind::AvgPool2d {
+                    pool,
+                    strides,
+                    padding,
+                }
             }
         }
         "global_avg_pool" => LayerKind::GlobalAvgPool,
@@ -176,13 +271,27 @@ fn read_layer(attr: &str, anchor: &TokenStream, o: &mut Opts, env: &Env, e: &mut
             let epsilon = o.read("epsilon", &[], None, 1e-3, e, float);
             LayerKind::BatchNorm { momentum, epsilon }
         }
-        "layer_norm" => LayerKind::LayerNorm { epsilon: o.read("epsilon", &[], None, 1e-3, e, float) },
-        "dropout" => LayerKind::Dropout { rate: o.require("rate", &[], Some(0), 0.0, "#[dropout(0.5)]", e, rate) },
+        "layer_norm" => LayerKind::LayerNorm {
+            epsilon: o.read("epsilon", &[], None, 1e-3, e, float),
+        },
+        "dropout" => LayerKind::Dropout {
+            rate: o.require("rate", &[], Some(0), 0.0, "#[dropout(0.5)]", e, rate),
+        },
         "flatten" => LayerKind::Flatten,
         "reshape" => LayerKind::Reshape {
-            shape: o.require("target_shape", &["shape"], Some(0), vec![1], "#[reshape([7, 7, 64])]", e, shape),
+            shape: o.require(
+                "target_shape",
+                &["shape"],
+                Some(0),
+                vec![1],
+                "#[reshape([7, 7, 64])]",
+                e,
+                shape,
+            ),
         },
-        "add" => LayerKind::Add { activation: act(o, e) },
+        "add" => LayerKind::Add {
+            activation: act(o, e),
+        },
         "concat" => {
             if let Some(v) = o.get("axis", &[], None, e) {
                 if !matches!(v.v, V::Int(-1) | V::Unknown) {
@@ -192,15 +301,43 @@ fn read_layer(attr: &str, anchor: &TokenStream, o: &mut Opts, env: &Env, e: &mut
             LayerKind::Concat
         }
         "embedding" => {
-            let vocab = o.require("input_dim", &["vocab"], Some(0), 1, "#[embedding(input_dim = 50257, output_dim = 768)]", e, positive);
-            let dim = o.require("output_dim", &["dim"], Some(1), 1, "#[embedding(input_dim = 50257, output_dim = 768)]", e, positive);
+            let vocab = o.require(
+                "input_dim",
+                &["vocab"],
+                Some(0),
+                1,
+                "#[embedding(input_dim = 50257, output_dim = 768)]",
+                e,
+                positive,
+            );
+            let dim = o.require(
+                "output_dim",
+                &["dim"],
+                Some(1),
+                1,
+                "#[embedding(input_dim = 50257, output_dim = 768)]",
+                e,
+                positive,
+            );
             LayerKind::Embedding { vocab, dim }
         }
         "attention" => {
-            let heads = o.require("num_heads", &["heads"], Some(0), 1, "#[attention(num_heads = 12, causal = true)]", e, positive);
+            let heads = o.require(
+                "num_heads",
+                &["heads"],
+                Some(0),
+                1,
+                "#[attention(num_heads = 12, causal = true)]",
+                e,
+                positive,
+            );
             let causal = o.read("causal", &["use_causal_mask"], None, false, e, boolean);
             let dropout = o.read("dropout", &[], None, 0.0, e, rate);
-            LayerKind::Attention { heads, causal, dropout }
+            LayerKind::Attention {
+                heads,
+                causal,
+                dropout,
+            }
         }
         "activation" => LayerKind::Activation(o.require(
             "activation",
@@ -218,11 +355,19 @@ fn read_layer(attr: &str, anchor: &TokenStream, o: &mut Opts, env: &Env, e: &mut
     if attr != "input" {
         if let Some(v) = o.get("from", &[], None, e) {
             if !positional.is_empty() {
-                e.at(&v.tokens, format!("`#[{attr}]` names its inputs either as arguments or with `from`, not both"));
+                e.at(
+                    &v.tokens,
+                    format!(
+                        "`#[{attr}]` names its inputs either as arguments or with `from`, not both"
+                    ),
+                );
             }
             let named = e.ok(refs(&v)).unwrap_or_default();
             if !combine && named.len() > 1 {
-                e.at(&v.tokens, format!("`#[{attr}]` reads one field; `from` takes a single name"));
+                e.at(
+                    &v.tokens,
+                    format!("`#[{attr}]` reads one field; `from` takes a single name"),
+                );
             }
             inputs.extend(named);
         }
@@ -235,8 +380,18 @@ fn read_layer(attr: &str, anchor: &TokenStream, o: &mut Opts, env: &Env, e: &mut
     };
     if let Some((min, max, example)) = needed {
         if inputs.len() < min || inputs.len() > max {
-            let what = if attr == "sample_normal" { "exactly two fields, `(mean, log_var)`" } else { "two or more fields" };
-            e.at(anchor, format!("`#[{attr}]` reads {what}, found {}; e.g. `{example}`", inputs.len()));
+            let what = if attr == "sample_normal" {
+                "exactly two fields, `(mean, log_var)`"
+            } else {
+                "two or more fields"
+            };
+            e.at(
+                anchor,
+                format!(
+                    "`#[{attr}]` reads {what}, found {}; e.g. `{example}`",
+                    inputs.len()
+                ),
+            );
         }
     }
     LayerDecl { kind, inputs }

@@ -82,7 +82,9 @@ fn pairs(ts: TokenStream2) -> Vec<(String, TokenStream2)> {
     let tts: Vec<TokenTree> = ts.into_iter().collect();
     tts.chunks(2)
         .filter_map(|c| match c {
-            [TokenTree::Literal(k), TokenTree::Group(g)] => Some((unquote(&k.to_string()), g.stream())),
+            [TokenTree::Literal(k), TokenTree::Group(g)] => {
+                Some((unquote(&k.to_string()), g.stream()))
+            }
             _ => None,
         })
         .collect()
@@ -101,7 +103,12 @@ fn read_block_def(def: TokenStream2) -> Option<BlockDef> {
     let mut ignored = Errors::default();
     let params = fields::read_block_params(attr, &mut ignored);
     let fields = fields::read_struct(&mut item, "block", &mut ignored);
-    Some(BlockDef { name: item.ident.to_string(), params, fields, valid: valid && ignored.is_empty() })
+    Some(BlockDef {
+        name: item.ident.to_string(),
+        params,
+        fields,
+        valid: valid && ignored.is_empty(),
+    })
 }
 
 fn block_keys(decls: &[FieldDecl]) -> impl Iterator<Item = (&String, &syn::Path)> {
@@ -111,7 +118,11 @@ fn block_keys(decls: &[FieldDecl]) -> impl Iterator<Item = (&String, &syn::Path)
     })
 }
 
-fn expand_model(attr: TokenStream2, item: TokenStream2, collected: Vec<(String, TokenStream2)>) -> TokenStream2 {
+fn expand_model(
+    attr: TokenStream2,
+    item: TokenStream2,
+    collected: Vec<(String, TokenStream2)>,
+) -> TokenStream2 {
     let mut e = Errors::default();
     let mut st: ItemStruct = match syn::parse2(item.clone()) {
         Ok(s) => s,
@@ -201,7 +212,12 @@ fn plan_error(
             message += &format!("\n= note: see field `{r}`");
         }
     }
-    let about_loss = pe.layer.is_none() && (message.contains("loss") || args.loss.iter().any(|t| message.contains(t.term.kind.name())));
+    let about_loss = pe.layer.is_none()
+        && (message.contains("loss")
+            || args
+                .loss
+                .iter()
+                .any(|t| message.contains(t.term.kind.name())));
     match (field, &args.loss_tokens) {
         (Some(f), _) => e.at(&f.anchor, message),
         (None, Some(loss)) if about_loss => e.at(loss, message),
@@ -223,7 +239,9 @@ fn budget_error(
     // Checkpoint units are the fields a user can annotate: every non-input field, each as its
     // own segment (a checkpointed block: one segment per instance). Labels carry the field's
     // index so the advice can tell adjacent fields apart.
-    let candidates: Vec<usize> = (0..decls.len()).filter(|&i| !decls[i].is_input() && decls[i].checkpoint.is_none()).collect();
+    let candidates: Vec<usize> = (0..decls.len())
+        .filter(|&i| !decls[i].is_input() && decls[i].checkpoint.is_none())
+        .collect();
     let units: Vec<CheckpointUnit> = candidates
         .iter()
         .map(|&i| CheckpointUnit {
@@ -232,7 +250,14 @@ fn budget_error(
                 .memory
                 .layers
                 .iter()
-                .filter(|l| lowered.spec.layers.iter().position(|x| x.name == l.name).is_some_and(|k| lowered.owner[k] == i))
+                .filter(|l| {
+                    lowered
+                        .spec
+                        .layers
+                        .iter()
+                        .position(|x| x.name == l.name)
+                        .is_some_and(|k| lowered.owner[k] == i)
+                })
                 .map(|l| l.saved_bytes)
                 .sum(),
         })
@@ -240,14 +265,22 @@ fn budget_error(
     // Re-lowered exactly as the advice will tell the user to write it: plain `#[checkpoint]`
     // when the runs are apart (a run of marked fields is one segment), numbered segments
     // when two runs touch.
-    let base = decls.iter().filter_map(|f| f.checkpoint.as_ref()?.segment).max().unwrap_or(0) + 1;
+    let base = decls
+        .iter()
+        .filter_map(|f| f.checkpoint.as_ref()?.segment)
+        .max()
+        .unwrap_or(0)
+        + 1;
     let apply = |runs: &[Vec<usize>]| {
         let mut d = decls.to_vec();
         let adjacent = runs_touch(runs, &candidates);
         for (r, run) in runs.iter().enumerate() {
             for &u in run {
                 let segment = adjacent.then_some(base + r as i64);
-                d[candidates[u]].checkpoint = Some(fields::Checkpoint { segment, tokens: TokenStream2::new() });
+                d[candidates[u]].checkpoint = Some(fields::Checkpoint {
+                    segment,
+                    tokens: TokenStream2::new(),
+                });
             }
         }
         lower::lower(name, args, &d, blocks, &mut Errors::default()).spec
@@ -271,13 +304,21 @@ fn expand_block(attr: TokenStream2, item: TokenStream2) -> TokenStream2 {
     let mut st: ItemStruct = match syn::parse2(item.clone()) {
         Ok(s) => s,
         Err(_) => {
-            e.push(syn::Error::new(item_name_span(&item), "`#[memwise::block]` goes on a struct with named fields, one per layer"));
+            e.push(syn::Error::new(
+                item_name_span(&item),
+                "`#[memwise::block]` goes on a struct with named fields, one per layer",
+            ));
             return e.to_compile_errors();
         }
     };
     let params = fields::read_block_params(attr.clone(), &mut e);
     let decls = fields::read_struct(&mut st, "block", &mut e);
-    let def = BlockDef { name: st.ident.to_string(), params, fields: decls, valid: true };
+    let def = BlockDef {
+        name: st.ident.to_string(),
+        params,
+        fields: decls,
+        valid: true,
+    };
     if e.is_empty() {
         lower::check_block(&def, &mut e);
     }
@@ -286,7 +327,11 @@ fn expand_block(attr: TokenStream2, item: TokenStream2) -> TokenStream2 {
     let macro_name = format_ident!("__memwise_block_{}", ident);
     let valid_tok = format_ident!("{}", if valid { "true" } else { "false" });
     let (names, types): (Vec<&syn::Ident>, Vec<&syn::Type>) = match &st.fields {
-        syn::Fields::Named(n) => n.named.iter().filter_map(|f| Some((f.ident.as_ref()?, &f.ty))).unzip(),
+        syn::Fields::Named(n) => n
+            .named
+            .iter()
+            .filter_map(|f| Some((f.ident.as_ref()?, &f.ty)))
+            .unzip(),
         _ => (Vec::new(), Vec::new()),
     };
     let ctor = (!names.is_empty() && st.generics.params.is_empty()).then(|| {

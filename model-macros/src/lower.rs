@@ -22,9 +22,15 @@ pub struct BlockDef {
 
 /// What `layers()` builds for one field.
 pub enum Handle {
-    Layer { handle: &'static str, name: String },
+    Layer {
+        handle: &'static str,
+        name: String,
+    },
     Array(Vec<Handle>),
-    Block { path: syn::Path, fields: Vec<Handle> },
+    Block {
+        path: syn::Path,
+        fields: Vec<Handle>,
+    },
 }
 
 /// The result of lowering a model.
@@ -61,9 +67,31 @@ enum RunKey {
     Explicit(i64),
 }
 
-pub fn lower(name: &str, args: &ModelArgs, fields: &[FieldDecl], blocks: &HashMap<String, BlockDef>, e: &mut Errors) -> Lowered {
-    let mut l = Lowerer { blocks, layers: Vec::new(), owner: Vec::new(), next_segment: 0, stack: Vec::new(), incomplete: false, e };
-    let (handles, outputs, _) = l.scope(fields, &Env::new(), "", None, Inherit::default(), None, name);
+pub fn lower(
+    name: &str,
+    args: &ModelArgs,
+    fields: &[FieldDecl],
+    blocks: &HashMap<String, BlockDef>,
+    e: &mut Errors,
+) -> Lowered {
+    let mut l = Lowerer {
+        blocks,
+        layers: Vec::new(),
+        owner: Vec::new(),
+        next_segment: 0,
+        stack: Vec::new(),
+        incomplete: false,
+        e,
+    };
+    let (handles, outputs, _) = l.scope(
+        fields,
+        &Env::new(),
+        "",
+        None,
+        Inherit::default(),
+        None,
+        name,
+    );
 
     // Loss terms read any field (the loss runs after every layer).
     let mut loss = Vec::new();
@@ -78,7 +106,11 @@ pub fn lower(name: &str, args: &ModelArgs, fields: &[FieldDecl], blocks: &HashMa
                 }
                 None => l.e.at(
                     &r.tokens,
-                    format!("no field `{}` in `{name}`{}", r.name, did_you_mean(&r.name, fields.iter().map(|f| f.name.as_str()))),
+                    format!(
+                        "no field `{}` in `{name}`{}",
+                        r.name,
+                        did_you_mean(&r.name, fields.iter().map(|f| f.name.as_str()))
+                    ),
                 ),
             }
         }
@@ -94,7 +126,12 @@ pub fn lower(name: &str, args: &ModelArgs, fields: &[FieldDecl], blocks: &HashMa
         layers: l.layers,
         budget: args.budget.as_ref().map(|b| b.0),
     };
-    Lowered { spec, owner: l.owner, handles, incomplete: l.incomplete }
+    Lowered {
+        spec,
+        owner: l.owner,
+        handles,
+        incomplete: l.incomplete,
+    }
 }
 
 impl Lowerer<'_> {
@@ -140,11 +177,19 @@ impl Lowerer<'_> {
                         None
                     }
                     None => {
-                        let mut names: Vec<&str> = fields[..i].iter().map(|g| g.name.as_str()).collect();
+                        let mut names: Vec<&str> =
+                            fields[..i].iter().map(|g| g.name.as_str()).collect();
                         if in_block {
                             names.push("input");
                         }
-                        me.e.at(&r.tokens, format!("no field `{}` in `{scope_name}`{}", r.name, did_you_mean(&r.name, names)));
+                        me.e.at(
+                            &r.tokens,
+                            format!(
+                                "no field `{}` in `{scope_name}`{}",
+                                r.name,
+                                did_you_mean(&r.name, names)
+                            ),
+                        );
                         None
                     }
                 }
@@ -209,13 +254,33 @@ impl Lowerer<'_> {
                             Some(_) => format!("{prefix}{}.{k}", f.name),
                             None => format!("{prefix}{}", f.name),
                         };
-                        let layer_inputs = if k == 0 { inputs.clone() } else { vec![prev.clone().unwrap_or_default()] };
-                        self.push(LayerSpec { name: name.clone(), kind: decl.kind.clone(), inputs: layer_inputs, dtype, checkpoint: segment }, own);
-                        elems.push(Handle::Layer { handle, name: name.clone() });
+                        let layer_inputs = if k == 0 {
+                            inputs.clone()
+                        } else {
+                            vec![prev.clone().unwrap_or_default()]
+                        };
+                        self.push(
+                            LayerSpec {
+                                name: name.clone(),
+                                kind: decl.kind.clone(),
+                                inputs: layer_inputs,
+                                dtype,
+                                checkpoint: segment,
+                            },
+                            own,
+                        );
+                        elems.push(Handle::Layer {
+                            handle,
+                            name: name.clone(),
+                        });
                         prev = Some(name);
                     }
                     outputs.push(prev.clone());
-                    handles.push(if f.repeat.is_some() { Handle::Array(elems) } else { elems.pop().expect("one") });
+                    handles.push(if f.repeat.is_some() {
+                        Handle::Array(elems)
+                    } else {
+                        elems.pop().expect("one")
+                    });
                 }
                 FieldKind::Block { path, key, args } => {
                     run = None;
@@ -233,7 +298,8 @@ impl Lowerer<'_> {
                         continue;
                     }
                     if self.stack.contains(key) {
-                        self.e.at(&f.anchor, format!("block `{}` contains itself", def.name));
+                        self.e
+                            .at(&f.anchor, format!("block `{}` contains itself", def.name));
                         self.incomplete = true;
                         outputs.push(None);
                         continue;
@@ -245,7 +311,13 @@ impl Lowerer<'_> {
                     let mut unknown: Vec<String> = Vec::new();
                     for a in split_args(args.clone(), self.e) {
                         let Some(n) = a.name() else {
-                            self.e.at(&a.tokens, format!("block arguments are named: `#[block({})]`", example_args(&def.params)));
+                            self.e.at(
+                                &a.tokens,
+                                format!(
+                                    "block arguments are named: `#[block({})]`",
+                                    example_args(&def.params)
+                                ),
+                            );
                             continue;
                         };
                         if given.contains(&n) {
@@ -253,21 +325,34 @@ impl Lowerer<'_> {
                             continue;
                         }
                         given.push(n.clone());
-                        let Some(v) = self.e.ok(eval(&a.value, env)) else { continue };
+                        let Some(v) = self.e.ok(eval(&a.value, env)) else {
+                            continue;
+                        };
                         if n == "from" {
                             match self.e.ok(refs(&v)) {
                                 Some(rs) if rs.len() == 1 => from = resolve(self, &rs[0]),
-                                Some(_) => self.e.at(&v.tokens, "a block reads one field: `from = stem`"),
+                                Some(_) => self
+                                    .e
+                                    .at(&v.tokens, "a block reads one field: `from = stem`"),
                                 None => {}
                             }
                         } else if def.params.iter().any(|p| p.name == n) {
                             block_env.insert(n, v);
                         } else {
                             unknown.push(n.clone());
-                            let names: Vec<&str> = def.params.iter().map(|p| p.name.as_str()).chain(["from"]).collect();
+                            let names: Vec<&str> = def
+                                .params
+                                .iter()
+                                .map(|p| p.name.as_str())
+                                .chain(["from"])
+                                .collect();
                             self.e.at(
                                 a.name.as_ref().expect("named"),
-                                format!("block `{}` has no parameter `{n}`{}", def.name, did_you_mean(&n, names.iter().copied())),
+                                format!(
+                                    "block `{}` has no parameter `{n}`{}",
+                                    def.name,
+                                    did_you_mean(&n, names.iter().copied())
+                                ),
                             );
                         }
                     }
@@ -280,12 +365,35 @@ impl Lowerer<'_> {
                                 block_env.insert(p.name.clone(), d.clone());
                             }
                             // Misspelt, and reported as such.
-                            None if unknown.iter().any(|u| crate::diag::closest(u, [p.name.as_str()]).is_some()) => {
-                                block_env.insert(p.name.clone(), Val { v: V::Unknown, tokens: p.tokens.clone() });
+                            None if unknown
+                                .iter()
+                                .any(|u| crate::diag::closest(u, [p.name.as_str()]).is_some()) =>
+                            {
+                                block_env.insert(
+                                    p.name.clone(),
+                                    Val {
+                                        v: V::Unknown,
+                                        tokens: p.tokens.clone(),
+                                    },
+                                );
                             }
                             None => {
-                                self.e.at(&f.anchor, format!("block `{}` needs `{}`: `#[block({})]`", def.name, p.name, example_args(&def.params)));
-                                block_env.insert(p.name.clone(), Val { v: V::Unknown, tokens: p.tokens.clone() });
+                                self.e.at(
+                                    &f.anchor,
+                                    format!(
+                                        "block `{}` needs `{}`: `#[block({})]`",
+                                        def.name,
+                                        p.name,
+                                        example_args(&def.params)
+                                    ),
+                                );
+                                block_env.insert(
+                                    p.name.clone(),
+                                    Val {
+                                        v: V::Unknown,
+                                        tokens: p.tokens.clone(),
+                                    },
+                                );
                             }
                         }
                     }
@@ -305,16 +413,33 @@ impl Lowerer<'_> {
                             None => format!("{prefix}{}.", f.name),
                         };
                         // A checkpointed block is one segment per instance.
-                        let segment = inherit.segment.or_else(|| f.checkpoint.as_ref().map(|_| self.new_segment()));
+                        let segment = inherit
+                            .segment
+                            .or_else(|| f.checkpoint.as_ref().map(|_| self.new_segment()));
                         let inner = Inherit { segment, dtype };
-                        let (inner_handles, _, last) = self.scope(&def.fields, &block_env, &inner_prefix, instance_input.clone(), inner, Some(own), &def.name);
-                        elems.push(Handle::Block { path: path.clone(), fields: inner_handles });
+                        let (inner_handles, _, last) = self.scope(
+                            &def.fields,
+                            &block_env,
+                            &inner_prefix,
+                            instance_input.clone(),
+                            inner,
+                            Some(own),
+                            &def.name,
+                        );
+                        elems.push(Handle::Block {
+                            path: path.clone(),
+                            fields: inner_handles,
+                        });
                         instance_input = last;
                     }
                     self.stack.pop();
                     prev = instance_input;
                     outputs.push(prev.clone());
-                    handles.push(if f.repeat.is_some() { Handle::Array(elems) } else { elems.pop().expect("one") });
+                    handles.push(if f.repeat.is_some() {
+                        Handle::Array(elems)
+                    } else {
+                        elems.pop().expect("one")
+                    });
                 }
             }
         }
@@ -348,10 +473,29 @@ fn example_args(params: &[BlockParam]) -> String {
 pub fn check_block(def: &BlockDef, e: &mut Errors) {
     let mut env = Env::new();
     for p in &def.params {
-        let v = p.default.clone().unwrap_or(Val { v: V::Unknown, tokens: p.tokens.clone() });
+        let v = p.default.clone().unwrap_or(Val {
+            v: V::Unknown,
+            tokens: p.tokens.clone(),
+        });
         env.insert(p.name.clone(), v);
     }
     let blocks = HashMap::new();
-    let mut l = Lowerer { blocks: &blocks, layers: Vec::new(), owner: Vec::new(), next_segment: 0, stack: Vec::new(), incomplete: false, e };
-    let _ = l.scope(&def.fields, &env, "", Some("input".into()), Inherit::default(), Some(0), &def.name);
+    let mut l = Lowerer {
+        blocks: &blocks,
+        layers: Vec::new(),
+        owner: Vec::new(),
+        next_segment: 0,
+        stack: Vec::new(),
+        incomplete: false,
+        e,
+    };
+    let _ = l.scope(
+        &def.fields,
+        &env,
+        "",
+        Some("input".into()),
+        Inherit::default(),
+        Some(0),
+        &def.name,
+    );
 }

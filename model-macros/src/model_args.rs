@@ -7,7 +7,9 @@ use quote::ToTokens;
 use syn::{BinOp, Expr};
 
 use crate::diag::{did_you_mean, list_names, Errors};
-use crate::value::{boolean, eval, eval_expr, float, split_args, word, Arg, Env, FieldRef, Opts, V};
+use crate::value::{
+    boolean, eval, eval_expr, float, split_args, word, Arg, Env, FieldRef, Opts, V,
+};
 
 /// One loss term with the fields it names (resolved against the struct later).
 pub struct LossDecl {
@@ -27,9 +29,22 @@ pub struct ModelArgs {
     pub budget: Option<(u64, TokenStream)>,
 }
 
-const ARGS: [&str; 7] = ["batch", "optimizer", "loss", "metrics", "budget", "precision", "checkpoint"];
+const ARGS: [&str; 7] = [
+    "batch",
+    "optimizer",
+    "loss",
+    "metrics",
+    "budget",
+    "precision",
+    "checkpoint",
+];
 const OPTIMIZERS: [&str; 5] = ["sgd", "momentum", "rmsprop", "adam", "adamw"];
-const LOSSES: [&str; 4] = ["sparse_categorical_crossentropy", "binary_crossentropy", "mse", "kl_normal"];
+const LOSSES: [&str; 4] = [
+    "sparse_categorical_crossentropy",
+    "binary_crossentropy",
+    "mse",
+    "kl_normal",
+];
 const LOSS_SPELLINGS: [&str; 8] = [
     "sparse_categorical_crossentropy",
     "binary_crossentropy",
@@ -40,7 +55,13 @@ const LOSS_SPELLINGS: [&str; 8] = [
     "kl_divergence",
     "kl",
 ];
-const METRICS: [&str; 5] = ["accuracy", "acc", "binary_accuracy", "mse", "mean_squared_error"];
+const METRICS: [&str; 5] = [
+    "accuracy",
+    "acc",
+    "binary_accuracy",
+    "mse",
+    "mean_squared_error",
+];
 const PRECISIONS: [&str; 3] = ["float32", "mixed_float16", "mixed_bfloat16"];
 /// Keras's default batch size in `fit`.
 pub const DEFAULT_BATCH: usize = 32;
@@ -73,7 +94,10 @@ pub fn parse(attr: TokenStream, e: &mut Errors) -> ModelArgs {
                     match v.v {
                         V::Int(n) if n > 0 => out.batch = n as usize,
                         V::Int(_) => e.at(&v.tokens, "`batch` must be at least 1"),
-                        _ => e.at(&v.tokens, format!("`batch` must be a positive integer, found {}", v.describe())),
+                        _ => e.at(
+                            &v.tokens,
+                            format!("`batch` must be a positive integer, found {}", v.describe()),
+                        ),
                     }
                 }
             }
@@ -110,7 +134,10 @@ pub fn parse(attr: TokenStream, e: &mut Errors) -> ModelArgs {
                 }
             }
             "budget" => {
-                let text = match syn::parse2::<Expr>(arg.value.clone()).ok().map(|x| eval_expr(&x, &env)) {
+                let text = match syn::parse2::<Expr>(arg.value.clone())
+                    .ok()
+                    .map(|x| eval_expr(&x, &env))
+                {
                     Some(Ok(v)) => match v.v {
                         V::Str(s) => Some(s),
                         V::Int(n) if n > 0 => Some(n.to_string()),
@@ -169,9 +196,17 @@ fn call(expr: &Expr) -> Option<(String, Vec<Arg>)> {
                             value: asg.right.to_token_stream(),
                             tokens: a.to_token_stream(),
                         },
-                        _ => Arg { name: None, value: a.to_token_stream(), tokens: a.to_token_stream() },
+                        _ => Arg {
+                            name: None,
+                            value: a.to_token_stream(),
+                            tokens: a.to_token_stream(),
+                        },
                     },
-                    _ => Arg { name: None, value: a.to_token_stream(), tokens: a.to_token_stream() },
+                    _ => Arg {
+                        name: None,
+                        value: a.to_token_stream(),
+                        tokens: a.to_token_stream(),
+                    },
                 })
                 .collect();
             Some((name, args))
@@ -182,14 +217,22 @@ fn call(expr: &Expr) -> Option<(String, Vec<Arg>)> {
 
 fn optimizer(arg: &Arg, e: &mut Errors) -> Option<Optimizer> {
     let help = "expected an optimizer like `adam`, `rmsprop(lr = 1e-3)` or `sgd(lr = 0.1, momentum = 0.9)`";
-    let Some((name, args)) = syn::parse2::<Expr>(arg.value.clone()).ok().as_ref().and_then(call) else {
+    let Some((name, args)) = syn::parse2::<Expr>(arg.value.clone())
+        .ok()
+        .as_ref()
+        .and_then(call)
+    else {
         e.at(&arg.value, help);
         return None;
     };
     if !OPTIMIZERS.contains(&name.as_str()) {
         e.at(
             &arg.value,
-            format!("unknown optimizer `{name}`{}\n= note: expected one of {}", did_you_mean(&name, OPTIMIZERS), list_names(OPTIMIZERS)),
+            format!(
+                "unknown optimizer `{name}`{}\n= note: expected one of {}",
+                did_you_mean(&name, OPTIMIZERS),
+                list_names(OPTIMIZERS)
+            ),
         );
         return None;
     }
@@ -199,19 +242,46 @@ fn optimizer(arg: &Arg, e: &mut Errors) -> Option<Optimizer> {
     // Defaults are the planner's Keras constants, destructured.
     let opt = match name.as_str() {
         "sgd" | "momentum" => {
-            let Optimizer::Momentum { lr, momentum: m, nesterov: n } = Optimizer::MOMENTUM else { unreachable!() };
+            let Optimizer::Momentum {
+                lr,
+                momentum: m,
+                nesterov: n,
+            } = Optimizer::MOMENTUM
+            else {
+                unreachable!()
+            };
             let lr = o.read("lr", lr_names, Some(0), lr, e, float);
-            let momentum = o.read("momentum", &[], None, if name == "momentum" { m } else { 0.0 }, e, float);
+            let momentum = o.read(
+                "momentum",
+                &[],
+                None,
+                if name == "momentum" { m } else { 0.0 },
+                e,
+                float,
+            );
             let nesterov = o.read("nesterov", &[], None, n, e, boolean);
             // Keras's SGD(momentum=0.9) is the momentum optimizer.
             if momentum > 0.0 || nesterov {
-                Optimizer::Momentum { lr, momentum, nesterov }
+                Optimizer::Momentum {
+                    lr,
+                    momentum,
+                    nesterov,
+                }
             } else {
                 Optimizer::Sgd { lr }
             }
         }
         "rmsprop" => {
-            let Optimizer::RmsProp { lr, rho, epsilon, momentum, centered } = Optimizer::RMSPROP else { unreachable!() };
+            let Optimizer::RmsProp {
+                lr,
+                rho,
+                epsilon,
+                momentum,
+                centered,
+            } = Optimizer::RMSPROP
+            else {
+                unreachable!()
+            };
             Optimizer::RmsProp {
                 lr: o.read("lr", lr_names, Some(0), lr, e, float),
                 rho: o.read("rho", &[], None, rho, e, float),
@@ -221,7 +291,15 @@ fn optimizer(arg: &Arg, e: &mut Errors) -> Option<Optimizer> {
             }
         }
         "adam" => {
-            let Optimizer::Adam { lr, beta_1, beta_2, epsilon } = Optimizer::ADAM else { unreachable!() };
+            let Optimizer::Adam {
+                lr,
+                beta_1,
+                beta_2,
+                epsilon,
+            } = Optimizer::ADAM
+            else {
+                unreachable!()
+            };
             Optimizer::Adam {
                 lr: o.read("lr", lr_names, Some(0), lr, e, float),
                 beta_1: o.read("beta_1", &[], None, beta_1, e, float),
@@ -230,7 +308,16 @@ fn optimizer(arg: &Arg, e: &mut Errors) -> Option<Optimizer> {
             }
         }
         _ => {
-            let Optimizer::AdamW { lr, beta_1, beta_2, epsilon, weight_decay } = Optimizer::ADAMW else { unreachable!() };
+            let Optimizer::AdamW {
+                lr,
+                beta_1,
+                beta_2,
+                epsilon,
+                weight_decay,
+            } = Optimizer::ADAMW
+            else {
+                unreachable!()
+            };
             Optimizer::AdamW {
                 lr: o.read("lr", lr_names, Some(0), lr, e, float),
                 beta_1: o.read("beta_1", &[], None, beta_1, e, float),
@@ -256,29 +343,52 @@ fn loss(expr: &Expr, weight: f32, out: &mut Vec<LossDecl>, e: &mut Errors) {
             loss(&b.right, weight, out, e);
         }
         Expr::Binary(b) if matches!(b.op, BinOp::Mul(_)) => {
-            let (num, term) = match (eval_expr(&b.left, &env), eval_expr(&b.right, &env)) {
-                (Ok(l), _) if matches!(l.v, V::Int(_) | V::Float(_)) => (l, &b.right),
-                (_, Ok(r)) if matches!(r.v, V::Int(_) | V::Float(_)) => (r, &b.left),
-                _ => return e.at(expr, "a loss term is weighted by a number: `0.5 * kl_normal(z_mean, z_log_var)`"),
-            };
+            let (num, term) =
+                match (eval_expr(&b.left, &env), eval_expr(&b.right, &env)) {
+                    (Ok(l), _) if matches!(l.v, V::Int(_) | V::Float(_)) => (l, &b.right),
+                    (_, Ok(r)) if matches!(r.v, V::Int(_) | V::Float(_)) => (r, &b.left),
+                    _ => return e.at(
+                        expr,
+                        "a loss term is weighted by a number: `0.5 * kl_normal(z_mean, z_log_var)`",
+                    ),
+                };
             let w = e.ok(float(&num, "weight")).unwrap_or(1.0);
             loss(term, weight * w, out, e);
         }
         _ => {
-            let Some((name, args)) = call(expr) else { return e.at(expr, LOSS_HELP) };
+            let Some((name, args)) = call(expr) else {
+                return e.at(expr, LOSS_HELP);
+            };
             let Some(kind) = LossKind::parse(&name) else {
                 let extra = if name == "categorical_crossentropy" {
                     "\n= help: one-hot targets are not supported; use `sparse_categorical_crossentropy` with integer labels".to_string()
                 } else {
                     format!("\n= note: expected one of {}", list_names(LOSSES))
                 };
-                return e.at(expr, format!("unknown loss `{name}`{}{extra}", did_you_mean(&name, LOSS_SPELLINGS)));
+                return e.at(
+                    expr,
+                    format!(
+                        "unknown loss `{name}`{}{extra}",
+                        did_you_mean(&name, LOSS_SPELLINGS)
+                    ),
+                );
             };
             let mut term = LossTerm::new(kind);
-            let mut o = Opts::new(format!("loss `{}`", kind.name()), expr.to_token_stream(), args, &env);
+            let mut o = Opts::new(
+                format!("loss `{}`", kind.name()),
+                expr.to_token_stream(),
+                args,
+                &env,
+            );
             let default_reduction = term.reduction;
             term.reduction = o.read("reduction", &[], None, default_reduction, e, |v, what| {
-                word(v, what, &["mean", "sum"]).map(|w| if w == "sum" { Reduction::SumOverFeatures } else { Reduction::Mean })
+                word(v, what, &["mean", "sum"]).map(|w| {
+                    if w == "sum" {
+                        Reduction::SumOverFeatures
+                    } else {
+                        Reduction::Mean
+                    }
+                })
             });
             term.weight = weight * o.read("weight", &[], None, 1.0, e, float);
             let mut inputs = Vec::new();
@@ -290,10 +400,21 @@ fn loss(expr: &Expr, weight: f32, out: &mut Vec<LossDecl>, e: &mut Errors) {
             o.finish(e);
             let (what, ok) = match kind {
                 LossKind::KlNormal => ("`(mean, log_var)`", inputs.len() == 2),
-                _ => ("`(prediction, target)`, or none for the last layer and the remaining input", inputs.is_empty() || inputs.len() == 2),
+                _ => (
+                    "`(prediction, target)`, or none for the last layer and the remaining input",
+                    inputs.is_empty() || inputs.len() == 2,
+                ),
             };
             if !ok {
-                e.at(expr, format!("loss `{}` reads {what}, found {} field{}", kind.name(), inputs.len(), if inputs.len() == 1 { "" } else { "s" }));
+                e.at(
+                    expr,
+                    format!(
+                        "loss `{}` reads {what}, found {} field{}",
+                        kind.name(),
+                        inputs.len(),
+                        if inputs.len() == 1 { "" } else { "s" }
+                    ),
+                );
             }
             out.push(LossDecl { term, inputs });
         }

@@ -51,12 +51,23 @@ pub fn split_args(ts: TokenStream, errors: &mut Errors) -> Vec<Arg> {
             Some(name) => {
                 let value: TokenStream = piece[2..].iter().cloned().collect();
                 if value.is_empty() {
-                    errors.at(&tokens, format!("option `{name}` has no value: write `{name} = …`"));
+                    errors.at(
+                        &tokens,
+                        format!("option `{name}` has no value: write `{name} = …`"),
+                    );
                     continue;
                 }
-                args.push(Arg { name: Some(name), value, tokens });
+                args.push(Arg {
+                    name: Some(name),
+                    value,
+                    tokens,
+                });
             }
-            None => args.push(Arg { name: None, value: tokens.clone(), tokens }),
+            None => args.push(Arg {
+                name: None,
+                value: tokens.clone(),
+                tokens,
+            }),
         }
     }
     args
@@ -119,7 +130,8 @@ const VALUE_HELP: &str = "expected a value: a number (`64`, `1e-3`, `1.0 / 255.0
 
 /// Evaluates an option value.
 pub fn eval(ts: &TokenStream, env: &Env) -> syn::Result<Val> {
-    let expr: Expr = syn::parse2(ts.clone()).map_err(|_| syn::Error::new_spanned(ts, VALUE_HELP))?;
+    let expr: Expr =
+        syn::parse2(ts.clone()).map_err(|_| syn::Error::new_spanned(ts, VALUE_HELP))?;
     eval_expr(&expr, env)
 }
 
@@ -156,8 +168,18 @@ pub fn eval_expr(expr: &Expr, env: &Env) -> syn::Result<Val> {
                 None => V::Word(name),
             }
         }
-        Expr::Array(a) => V::List(a.elems.iter().map(|e| eval_expr(e, env)).collect::<syn::Result<_>>()?),
-        Expr::Tuple(t) => V::List(t.elems.iter().map(|e| eval_expr(e, env)).collect::<syn::Result<_>>()?),
+        Expr::Array(a) => V::List(
+            a.elems
+                .iter()
+                .map(|e| eval_expr(e, env))
+                .collect::<syn::Result<_>>()?,
+        ),
+        Expr::Tuple(t) => V::List(
+            t.elems
+                .iter()
+                .map(|e| eval_expr(e, env))
+                .collect::<syn::Result<_>>()?,
+        ),
         _ => return Err(syn::Error::new_spanned(expr, VALUE_HELP)),
     };
     Ok(Val { v, tokens })
@@ -171,7 +193,9 @@ fn arith(op: &BinOp, l: &Val, r: &Val) -> Result<V, String> {
         _ => Err(format!("expected a number, found {}", v.describe())),
     };
     let (a, b) = (num(l)?, num(r)?);
-    let (Some(a), Some(b)) = (a, b) else { return Ok(V::Unknown) };
+    let (Some(a), Some(b)) = (a, b) else {
+        return Ok(V::Unknown);
+    };
     let both_int = matches!((&l.v, &r.v), (V::Int(_), V::Int(_)));
     let x = match op {
         BinOp::Add(_) => a + b,
@@ -186,7 +210,11 @@ fn arith(op: &BinOp, l: &Val, r: &Val) -> Result<V, String> {
         _ => return Err("only `+`, `-`, `*` and `/` are allowed in option values".into()),
     };
     // Integers stay integers unless the division is inexact (`1 / 255` is a scale, not 0).
-    Ok(if both_int && x.fract() == 0.0 { V::Int(x as i64) } else { V::Float(x) })
+    Ok(if both_int && x.fract() == 0.0 {
+        V::Int(x as i64)
+    } else {
+        V::Float(x)
+    })
 }
 
 // ---- typed reads ----
@@ -195,7 +223,10 @@ pub fn positive(v: &Val, what: &str) -> syn::Result<usize> {
     match v.v {
         V::Int(n) if n > 0 => Ok(n as usize),
         V::Unknown => Ok(1),
-        _ => Err(v.err(format!("`{what}` must be a positive integer, found {}", v.describe()))),
+        _ => Err(v.err(format!(
+            "`{what}` must be a positive integer, found {}",
+            v.describe()
+        ))),
     }
 }
 
@@ -212,7 +243,10 @@ pub fn boolean(v: &Val, what: &str) -> syn::Result<bool> {
     match v.v {
         V::Bool(b) => Ok(b),
         V::Unknown => Ok(false),
-        _ => Err(v.err(format!("`{what}` must be `true` or `false`, found {}", v.describe()))),
+        _ => Err(v.err(format!(
+            "`{what}` must be `true` or `false`, found {}",
+            v.describe()
+        ))),
     }
 }
 
@@ -228,15 +262,23 @@ pub fn word<'a>(v: &Val, what: &str, choices: &[&'a str]) -> syn::Result<&'a str
             ))),
         },
         V::Unknown => Ok(choices[0]),
-        _ => Err(v.err(format!("`{what}` must be one of {}, found {}", list_names(choices.iter().copied()), v.describe()))),
+        _ => Err(v.err(format!(
+            "`{what}` must be one of {}, found {}",
+            list_names(choices.iter().copied()),
+            v.describe()
+        ))),
     }
 }
 
 /// `3` → `[3, 3]`; `[3, 5]` → `[3, 5]`.
 pub fn pair(v: &Val, what: &str) -> syn::Result<[usize; 2]> {
     match &v.v {
-        V::List(items) if items.len() == 2 => Ok([positive(&items[0], what)?, positive(&items[1], what)?]),
-        V::List(_) => Err(v.err(format!("`{what}` takes one number or two (`3` or `[3, 3]`)"))),
+        V::List(items) if items.len() == 2 => {
+            Ok([positive(&items[0], what)?, positive(&items[1], what)?])
+        }
+        V::List(_) => Err(v.err(format!(
+            "`{what}` takes one number or two (`3` or `[3, 3]`)"
+        ))),
         _ => positive(v, what).map(|n| [n, n]),
     }
 }
@@ -246,7 +288,10 @@ pub fn shape(v: &Val, what: &str) -> syn::Result<Vec<usize>> {
     match &v.v {
         V::List(items) => items.iter().map(|i| positive(i, what)).collect(),
         V::Int(_) | V::Unknown => positive(v, what).map(|n| vec![n]),
-        _ => Err(v.err(format!("`{what}` must be a list of dimensions like `[28, 28, 1]`, found {}", v.describe()))),
+        _ => Err(v.err(format!(
+            "`{what}` must be a list of dimensions like `[28, 28, 1]`, found {}",
+            v.describe()
+        ))),
     }
 }
 
@@ -260,7 +305,10 @@ pub struct FieldRef {
 /// `stem` or `[a, b]`.
 pub fn refs(v: &Val) -> syn::Result<Vec<FieldRef>> {
     let one = |v: &Val| match &v.v {
-        V::Word(w) => Ok(FieldRef { name: w.clone(), tokens: v.tokens.clone() }),
+        V::Word(w) => Ok(FieldRef {
+            name: w.clone(),
+            tokens: v.tokens.clone(),
+        }),
         _ => Err(v.err(format!("expected a field name, found {}", v.describe()))),
     };
     match &v.v {
@@ -288,13 +336,30 @@ pub struct Opts<'a> {
 
 impl<'a> Opts<'a> {
     pub fn new(what: String, anchor: TokenStream, args: Vec<Arg>, env: &'a Env) -> Self {
-        let (named, positional): (Vec<Arg>, Vec<Arg>) = args.into_iter().partition(|a| a.name.is_some());
+        let (named, positional): (Vec<Arg>, Vec<Arg>) =
+            args.into_iter().partition(|a| a.name.is_some());
         let used = vec![false; named.len()];
-        Opts { what, anchor, positional, named, used, positional_names: Vec::new(), canonical: Vec::new(), known: Vec::new(), env }
+        Opts {
+            what,
+            anchor,
+            positional,
+            named,
+            used,
+            positional_names: Vec::new(),
+            canonical: Vec::new(),
+            known: Vec::new(),
+            env,
+        }
     }
 
     /// The raw argument for `name` (or one of `aliases`), or positional `pos`.
-    pub fn raw(&mut self, name: &'static str, aliases: &[&'static str], pos: Option<usize>, errors: &mut Errors) -> Option<Arg> {
+    pub fn raw(
+        &mut self,
+        name: &'static str,
+        aliases: &[&'static str],
+        pos: Option<usize>,
+        errors: &mut Errors,
+    ) -> Option<Arg> {
         self.canonical.push(name);
         self.known.push(name);
         self.known.extend_from_slice(aliases);
@@ -310,7 +375,10 @@ impl<'a> Opts<'a> {
             if n == name || aliases.contains(&n.as_str()) {
                 self.used[i] = true;
                 if found.is_some() {
-                    errors.at(&a.tokens, format!("`{name}` is given twice in {}", self.what));
+                    errors.at(
+                        &a.tokens,
+                        format!("`{name}` is given twice in {}", self.what),
+                    );
                 } else {
                     found = Some(a.clone());
                 }
@@ -320,7 +388,13 @@ impl<'a> Opts<'a> {
     }
 
     /// The evaluated option, or `None` (absent, or an error already recorded).
-    pub fn get(&mut self, name: &'static str, aliases: &[&'static str], pos: Option<usize>, errors: &mut Errors) -> Option<Val> {
+    pub fn get(
+        &mut self,
+        name: &'static str,
+        aliases: &[&'static str],
+        pos: Option<usize>,
+        errors: &mut Errors,
+    ) -> Option<Val> {
         let arg = self.raw(name, aliases, pos, errors)?;
         errors.ok(eval(&arg.value, self.env))
     }
@@ -342,6 +416,8 @@ impl<'a> Opts<'a> {
     }
 
     /// A required option: a "missing" error (with `example`) when absent.
+    // `read`'s arguments plus the example: a struct for them would only move the list.
+    #[allow(clippy::too_many_arguments)]
     pub fn require<T>(
         &mut self,
         name: &'static str,
@@ -356,10 +432,18 @@ impl<'a> Opts<'a> {
             // A misspelt `kernal = 3` is reported as unknown (with a suggestion); saying
             // that `kernel_size` is missing as well would only repeat it.
             let misspelt = self.named.iter().zip(&self.used).any(|(a, used)| {
-                !used && crate::diag::closest(&a.name().expect("named"), std::iter::once(name).chain(aliases.iter().copied())).is_some()
+                !used
+                    && crate::diag::closest(
+                        &a.name().expect("named"),
+                        std::iter::once(name).chain(aliases.iter().copied()),
+                    )
+                    .is_some()
             });
             if !misspelt {
-                errors.at(&self.anchor, format!("{} needs `{name}`, e.g. `{example}`", self.what));
+                errors.at(
+                    &self.anchor,
+                    format!("{} needs `{name}`, e.g. `{example}`", self.what),
+                );
             }
             return default;
         };
@@ -376,7 +460,10 @@ impl<'a> Opts<'a> {
         }
         self.positional_names[start] = name;
         self.positional_names.push("…");
-        self.positional.get(start..).map(<[Arg]>::to_vec).unwrap_or_default()
+        self.positional
+            .get(start..)
+            .map(<[Arg]>::to_vec)
+            .unwrap_or_default()
     }
 
     /// Reports unknown named options (with suggestions) and extra positional arguments.
@@ -404,7 +491,10 @@ impl<'a> Opts<'a> {
             let extra = &self.positional[takes];
             let names: Vec<&str> = self.positional_names.clone();
             let msg = if takes == 0 {
-                format!("{} takes no positional arguments; name the option (`name = value`)", self.what)
+                format!(
+                    "{} takes no positional arguments; name the option (`name = value`)",
+                    self.what
+                )
             } else {
                 format!(
                     "{} takes {takes} positional argument{} ({}); name the others (`name = value`)",

@@ -1,48 +1,176 @@
-use memwise_plan::checkpoint::Solver;
-use memwise_plan::generate::{random_dag, SplitMix64};
-use memwise_plan::*;
+//! Automatic checkpointing on the benchmark graphs (`docs/BENCHMARKS.md`, "Automatic
+//! checkpointing"): for each graph of `memwise_plan::zoo`, a budget sweep from the unchecked
+//! total down to the smallest total any checkpointing reaches, with the recomputation of
+//! memwise's choice beside PyTorch's `checkpoint_sequential` with √n even segments (Chen et
+//! al. 2016) and beside checkpointing every unit; then the largest batch each policy fits in
+//! 16 GiB and 80 GiB.
+//!
+//! `cargo run --release -p memwise-plan --example checkpoint_bench` (add `-- --no-batch` to
+//! skip the batch search).
+//!
+//! Every total is a full `plan()`'s (`memory.total`, packed arena included); recomputation is
+//! the forward FLOPs of the plan's `recompute` steps, as a percentage of one forward pass.
+
 use std::time::Instant;
+
+use memwise_plan::advice::format_bytes;
+use memwise_plan::checkpoint::{max_batch_with, Policy, Solver};
+use memwise_plan::{plan, zoo, ModelSpec, Phase};
+
+/// Budgets per sweep, from the unchecked total down to the smallest feasible.
+const SWEEP: usize = 8;
+
+fn gib(bytes: u64) -> String {
+    format!("{:.2}", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// `spec` with exactly `segments` (layer names) checkpointed.
+fn with_segments(spec: &ModelSpec, segments: &[Vec<String>]) -> ModelSpec {
+    let mut s = spec.clone();
+    for l in s.layers.iter_mut() {
+        l.checkpoint = segments
+            .iter()
+            .position(|seg| seg.contains(&l.name))
+            .map(|k| k as u32);
+    }
+    s
+}
+
+/// Planned total and recompute FLOPs of `spec`.
+fn planned(spec: &ModelSpec) -> (u64, u64) {
+    let p = plan(spec).expect("the zoo plans");
+    let flops = p
+        .steps
+        .iter()
+        .filter(|s| s.phase == Phase::Recompute)
+        .map(|s| s.op.forward_flops())
+        .sum();
+    (p.memory.total, flops)
+}
+
+fn pct(flops: u64, forward: u64) -> String {
+    format!("{:.1}", 100.0 * flops as f64 / forward.max(1) as f64)
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(|a, b| a.total_cmp(b));
+    xs.get(xs.len() / 2).copied().unwrap_or(0.0)
+}
+
 fn main() {
+    let batch_search = !std::env::args().any(|a| a == "--no-batch");
+    let mut facts = Vec::new();
+    let mut sweeps = Vec::new();
+    let mut violations = 0;
     for (name, spec) in zoo::all(1.0) {
-        let t0 = Instant::now();
-        let s = Solver::new(&spec).unwrap();
-        let dt = t0.elapsed().as_secs_f64();
-        let m = s.unit_count();
-        let mut rng = SplitMix64::new(7);
-        let (mut ok, mut bad) = (0, 0);
-        for _ in 0..20 {
-            let mut segs = vec![];
-            let mut u = 1;
-            while u <= m {
-                if rng.chance(0.5) { let e = (u + rng.below(4)).min(m); segs.push((u, e)); u = e + 1; } else { u += 1; }
+        let t = Instant::now();
+        let solver = Solver::new(&spec).expect("the zoo plans");
+        let build_ms = t.elapsed().as_secs_f64() * 1e3;
+        let forward = solver.forward_flops();
+        let (unchecked, _) = planned(&spec);
+        let t = Instant::now();
+        let (_, smallest_segs) = solver.smallest_total();
+        let smallest_ms = t.elapsed().as_secs_f64() * 1e3;
+        let (smallest, _) = planned(&with_segments(&spec, &solver.segment_names(&smallest_segs)));
+        let baselines: Vec<(&str, u64, u64)> = solver
+            .baselines()
+            .into_iter()
+            .map(|(label, segs)| {
+                let (total, flops) = planned(&with_segments(&spec, &solver.segment_names(&segs)));
+                (label, total, flops)
+            })
+            .collect();
+        let mut solve_ms = Vec::new();
+        let mut rows = Vec::new();
+        for k in (0..SWEEP).rev() {
+            let budget = smallest + (unchecked - smallest) * k as u64 / (SWEEP as u64 - 1);
+            let t = Instant::now();
+            let choice = solver.solve(budget);
+            solve_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            let mut cells = vec![gib(budget)];
+            let ours = match &choice {
+                Ok(c) => {
+                    assert!(c.total <= budget, "{name}: the choice does not fit");
+                    cells.push(format!("{} ({} seg.)", pct(c.recompute_flops, forward), c.segments.len()));
+                    Some(c.recompute_flops)
+                }
+                Err(_) => {
+                    cells.push("no fit".into());
+                    None
+                }
+            };
+            let mut never_worse = true;
+            for &(_, total, flops) in &baselines {
+                if total <= budget {
+                    cells.push(pct(flops, forward));
+                    never_worse &= ours.is_some_and(|o| o <= flops);
+                } else {
+                    cells.push("—".into());
+                }
             }
-            let real = s.evaluate_units(&segs).total;
-            let model = s.model_total(&segs);
-            if Some(real) == model { ok += 1 } else { bad += 1; if bad < 4 { println!("  {segs:?} real {real} model {model:?}"); } }
-        }
-        let t1 = Instant::now();
-        let (minimal, _) = s.smallest_total();
-        let dt1 = t1.elapsed().as_secs_f64();
-        println!("{name}: chain {} units {m} probes {} incons {} new {dt:.3}s min {minimal} ({dt1:.3}s) unchecked {} model ok {ok} bad {bad}", s.is_chain(), s.probes(), s.inconsistent(), s.unchecked().total);
-    }
-    let (mut ok, mut bad, mut chains) = (0, 0, 0);
-    for seed in 0..300u64 {
-        let spec = random_dag(seed);
-        let Ok(s) = Solver::new(&spec) else { continue };
-        if !s.is_chain() { continue; }
-        chains += 1;
-        let m = s.unit_count();
-        let mut rng = SplitMix64::new(seed);
-        for _ in 0..20 {
-            let mut segs = vec![];
-            let mut u = 1;
-            while u <= m {
-                if rng.chance(0.5) { let e = (u + rng.below(3)).min(m); segs.push((u, e)); u = e + 1; } else { u += 1; }
+            if !never_worse {
+                violations += 1;
             }
-            let real = s.evaluate_units(&segs).total;
-            let model = s.model_total(&segs);
-            if Some(real) == model { ok += 1 } else { bad += 1; if bad < 6 { println!("dag {seed} m {m} {segs:?} real {real} model {model:?} incons {}", s.inconsistent()); } }
+            cells.push(if never_worse { "yes" } else { "**no**" }.into());
+            rows.push(cells);
+        }
+        facts.push(format!(
+            "| {name} | {} | {} | {} | {} | {:.0} | {:.0} | {:.1} | {} | {} | {} |",
+            spec.batch,
+            solver.unit_count(),
+            if solver.is_chain() { "chain DP" } else { "graph search" },
+            solver.probes(),
+            build_ms,
+            smallest_ms,
+            median(solve_ms),
+            gib(unchecked),
+            gib(smallest),
+            baselines
+                .iter()
+                .map(|(l, total, flops)| format!("{l} {} GiB / {}%", gib(*total), pct(*flops, forward)))
+                .collect::<Vec<_>>()
+                .join("; "),
+        ));
+        sweeps.push((name, spec.batch, rows));
+    }
+
+    println!("### Solver\n");
+    println!("| model | batch | units | method | probes | solver build ms | smallest total ms | solve ms (median) | unchecked GiB | smallest GiB | baselines (total / recompute) |");
+    println!("|---|--:|--:|---|--:|--:|--:|--:|--:|--:|---|");
+    for f in &facts {
+        println!("{f}");
+    }
+    println!("\n### Budget sweeps: recompute as % of forward FLOPs\n");
+    for (name, batch, rows) in &sweeps {
+        println!("**{name}** (batch {batch})\n");
+        println!("| budget GiB | memwise | √n segments | every unit | memwise ≤ both |");
+        println!("|--:|--:|--:|--:|:-:|");
+        for r in rows {
+            println!("| {} |", r.join(" | "));
+        }
+        println!();
+    }
+    println!("Budgets where memwise lost to a fitting baseline: {violations}\n");
+
+    if !batch_search {
+        return;
+    }
+    println!("### Largest batch per policy\n");
+    println!("| model | budget | plain | fp16 | auto-checkpoint | fp16 + auto-checkpoint | search s |");
+    println!("|---|--:|--:|--:|--:|--:|--:|");
+    for (name, spec) in zoo::all(1.0) {
+        for budget in [16u64 << 30, 80 << 30] {
+            let t = Instant::now();
+            let cells: Vec<String> = Policy::ALL
+                .iter()
+                .map(|&p| max_batch_with(&spec, budget, p).map_or("—".into(), |b| b.to_string()))
+                .collect();
+            println!(
+                "| {name} | {} | {} | {:.1} |",
+                format_bytes(budget),
+                cells.join(" | "),
+                t.elapsed().as_secs_f64()
+            );
         }
     }
-    println!("dags as chains {chains}: ok {ok} bad {bad}");
 }

@@ -11,7 +11,7 @@ fn segs_all(m: usize) -> Vec<Vec<(usize, usize)>> {
     go(1, m, &mut vec![], &mut out); out
 }
 fn main() {
-    for (seed, b) in [(135u64, 19968u64), (3, 12096), (207, 60864)] {
+    for (seed, b) in [(465u64, 185024u64), (564, 46080), (104, 21632)] {
         let spec = random_dag(seed);
         let s = Solver::new(&spec).unwrap();
         println!("seed {seed}: units {}", s.unit_count());
@@ -21,7 +21,7 @@ fn main() {
         table.sort();
         let feas: Vec<_> = table.iter().filter(|t| t.1 <= b).take(5).collect();
         println!("  best feasible: {feas:?}");
-        println!("  found: {:?}", s.optimal(b));
+        println!("  found: {:?} evals {}", s.optimal(b), s.search_evaluations());
         println!("  unchecked {:?} min {:?}", s.unchecked(), table.iter().map(|t| t.1).min());
     }
 }

@@ -163,7 +163,10 @@ impl Fixes {
     /// True when at least one fix fits.
     pub fn any(&self) -> bool {
         self.max_batch.is_some()
-            || self.precision.as_ref().is_some_and(|p| p.total <= self.budget)
+            || self
+                .precision
+                .as_ref()
+                .is_some_and(|p| p.total <= self.budget)
             || self.checkpoint.is_some()
     }
 }
@@ -180,18 +183,26 @@ pub fn fixes(spec: &ModelSpec, budget: u64) -> Fixes {
         .collect();
     let units: Vec<CheckpointUnit> = layers
         .iter()
-        .map(|name| CheckpointUnit { label: name.to_string(), saved_bytes: saved(name) })
+        .map(|name| CheckpointUnit {
+            label: name.to_string(),
+            saved_bytes: saved(name),
+        })
         .collect();
     let apply = |runs: &[Vec<usize>]| {
         let mut s = spec.clone();
-        let mut next = s.layers.iter().filter_map(|l| l.checkpoint).max().map_or(0, |m| m + 1);
-        for run in runs {
+        // Segment ids above any the model already uses.
+        let first = s
+            .layers
+            .iter()
+            .filter_map(|l| l.checkpoint)
+            .max()
+            .map_or(0, |m| m + 1);
+        for (id, run) in (first..).zip(runs) {
             for &i in run {
                 if let Some(l) = s.layers.iter_mut().find(|l| l.name == layers[i]) {
-                    l.checkpoint = Some(next);
+                    l.checkpoint = Some(id);
                 }
             }
-            next += 1;
         }
         s
     };
@@ -216,11 +227,25 @@ pub fn fixes_with(
         _ => None,
     }
     .and_then(|p| {
-        let s = ModelSpec { precision: p, ..spec.clone() };
-        total(&s).map(|t| PrecisionFix { precision: p, total: t, max_batch: max_batch(&s, budget) })
+        let s = ModelSpec {
+            precision: p,
+            ..spec.clone()
+        };
+        total(&s).map(|t| PrecisionFix {
+            precision: p,
+            total: t,
+            max_batch: max_batch(&s, budget),
+        })
     });
     let (checkpoint, checkpoint_best) = checkpoint_search(budget, units, apply);
-    Fixes { budget, needed, max_batch: largest, precision, checkpoint, checkpoint_best }
+    Fixes {
+        budget,
+        needed,
+        max_batch: largest,
+        precision,
+        checkpoint,
+        checkpoint_best,
+    }
 }
 
 /// Tries a family of checkpointings, plans each, and keeps the fitting one that recomputes
@@ -248,14 +273,25 @@ pub fn checkpoint_search(
     let mut best: Option<(u64, u64, Vec<Vec<usize>>)> = None; // (flops, total, runs)
     let mut lowest: Option<u64> = None;
     let mut evaluate = |runs: Vec<Vec<usize>>| -> bool {
-        let Ok(plan) = crate::plan(&apply(&runs)) else { return false };
+        let Ok(plan) = crate::plan(&apply(&runs)) else {
+            return false;
+        };
         let t = plan.memory.total;
         lowest = Some(lowest.map_or(t, |l| l.min(t)));
         if t > budget {
             return false;
         }
-        let flops: u64 = plan.memory.layers.iter().filter(|l| l.checkpointed).map(|l| l.forward_flops).sum();
-        if best.as_ref().is_none_or(|(f, tt, _)| (flops, t) < (*f, *tt)) {
+        let flops: u64 = plan
+            .memory
+            .layers
+            .iter()
+            .filter(|l| l.checkpointed)
+            .map(|l| l.forward_flops)
+            .sum();
+        if best
+            .as_ref()
+            .is_none_or(|(f, tt, _)| (flops, t) < (*f, *tt))
+        {
             best = Some((flops, t, runs));
         }
         true
@@ -287,14 +323,19 @@ pub fn checkpoint_search(
             continue;
         }
         for k in 1..=span.min(12) {
-            let runs: Vec<Vec<usize>> =
-                (0..k).map(|r| (r * span / k..(r + 1) * span / k).collect::<Vec<_>>()).filter(|r| !r.is_empty()).collect();
+            let runs: Vec<Vec<usize>> = (0..k)
+                .map(|r| (r * span / k..(r + 1) * span / k).collect::<Vec<_>>())
+                .filter(|r| !r.is_empty())
+                .collect();
             evaluate(runs);
         }
     }
 
     let fix = best.map(|(flops, total, runs)| CheckpointFix {
-        runs: runs.iter().map(|r| r.iter().map(|&i| units[i].label.clone()).collect()).collect(),
+        runs: runs
+            .iter()
+            .map(|r| r.iter().map(|&i| units[i].label.clone()).collect())
+            .collect(),
         total,
         recompute_flops: flops,
     });

@@ -183,10 +183,7 @@ pub fn max_batch_with(spec: &ModelSpec, budget: u64, policy: Policy) -> Option<u
     }
     // What fits unchecked fits checkpointed: start there.
     let mut lo = plain.unwrap_or(0);
-    loop {
-        let Ok(solver) = Solver::new(&base.with_batch(lo + 1)) else {
-            break;
-        };
+    while let Ok(solver) = Solver::new(&base.with_batch(lo + 1)) {
         let (smallest, segs) = solver.smallest_total();
         if smallest > budget {
             break;
@@ -400,9 +397,9 @@ fn crossings(graph: &Graph, units: &[Vec<usize>], unit_of_layer: &[usize]) -> Ve
             last_use[t] = last_use[t].max(u);
         }
     }
-    for t in 0..nt {
-        if graph.tensors[t].is_input {
-            born[t] = 0;
+    for (b, t) in born.iter_mut().zip(&graph.tensors) {
+        if t.is_input {
+            *b = 0;
         }
     }
     for l in &graph.losses {
@@ -818,9 +815,7 @@ impl Solver {
         let nb = blocks.len() + 1;
         let mut block_of_unit = vec![0usize; self.units.len()];
         for (k, b) in blocks.iter().enumerate() {
-            for u in b.start..=b.end {
-                block_of_unit[u] = k + 1;
-            }
+            block_of_unit[b.start..=b.end].fill(k + 1);
         }
         let of_layer = |l: Option<usize>| l.map(|l| block_of_unit[self.unit_of_layer[l]]);
         let last_block = nb - 1;
@@ -1275,10 +1270,15 @@ impl Solver {
         }
         // One segment anywhere: where a single recomputed region is the answer (a U-Net
         // level, a VAE decoder), the moves would have to build it a unit at a time.
+        // Likewise every unit of a range as its own segment (the layer-by-layer end).
         if m <= SEARCH_SINGLE_SEGMENT_UNITS {
             for i in 1..=m {
                 for j in i..=m {
                     seeds.push(segments_to_labels(m, &[(i, j)]));
+                    if j > i {
+                        let each: Vec<(usize, usize)> = (i..=j).map(|u| (u, u)).collect();
+                        seeds.push(segments_to_labels(m, &each));
+                    }
                 }
             }
         }
@@ -1468,10 +1468,11 @@ impl Solver {
 /// 0.5 ms for the U-Net, 20 µs for a ten-layer graph, in release).
 pub const SEARCH_EVALUATIONS: usize = 3000;
 /// Seeds the general search descends from (the best-ranked).
-const SEARCH_DESCENTS: usize = 6;
+const SEARCH_DESCENTS: usize = 12;
 /// Consecutive kicks without improvement after which the search stops.
-const SEARCH_STALE_KICKS: usize = 40;
-/// Units up to which every single segment is a seed of the general search.
+const SEARCH_STALE_KICKS: usize = 150;
+/// Units up to which every single segment, and every range of one-unit segments, is a seed
+/// of the general search.
 const SEARCH_SINGLE_SEGMENT_UNITS: usize = 40;
 
 /// A segmentation's rank in the search (smaller is better) and its evaluation.

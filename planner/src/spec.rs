@@ -391,7 +391,7 @@ impl Optimizer {
     pub const fn state_slots(&self) -> u64 {
         match self {
             Optimizer::Sgd { .. } => 0,
-            Optimizer::Momentum { .. } => 1,
+            Optimizer::Momentum { momentum, .. } => (*momentum != 0.0) as u64,
             Optimizer::RmsProp {
                 momentum, centered, ..
             } => 1 + (*momentum > 0.0) as u64 + *centered as u64,

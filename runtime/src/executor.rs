@@ -175,6 +175,9 @@ pub struct Executor {
     pub(crate) poison_after: Option<Vec<Vec<u32>>>,
     /// Kernel steps executed (for tests).
     pub steps_executed: u64,
+    /// Seconds spent in each step of the plan, summed over training steps, when profiling
+    /// is on ([`Executor::enable_profiling`]).
+    pub(crate) profile: Option<Vec<f64>>,
 }
 
 fn kerr(step: &PlanStep, e: k::KernelError) -> RuntimeError {
@@ -265,6 +268,7 @@ impl Executor {
             grads_range,
             poison_after: None,
             steps_executed: 0,
+            profile: None,
         };
         init::initialise(&ex.plan, &mut ex.persistent, seed)?;
         ex.refresh_half_copies(None)?;
@@ -287,6 +291,26 @@ impl Executor {
     /// The dynamic loss scale (1.0 when loss scaling is off).
     pub fn loss_scale(&self) -> f32 {
         self.scaler.scale()
+    }
+
+    /// Starts timing every step of the plan (see [`Executor::profile`]).
+    pub fn enable_profiling(&mut self) {
+        self.profile = Some(vec![0.0; self.plan.steps.len()]);
+    }
+
+    /// Seconds spent per `(phase, op)` so far, largest first (profiling must be on).
+    pub fn profile(&self) -> Vec<(String, f64)> {
+        let Some(p) = &self.profile else { return Vec::new() };
+        let mut by: Vec<(String, f64)> = Vec::new();
+        for (s, t) in self.plan.steps.iter().zip(p) {
+            let key = format!("{} {}", s.phase.name(), s.op.name());
+            match by.iter_mut().find(|(k, _)| *k == key) {
+                Some(e) => e.1 += t,
+                None => by.push((key, *t)),
+            }
+        }
+        by.sort_by(|a, b| b.1.total_cmp(&a.1));
+        by
     }
 
     /// Test hook: after each step, overwrite with NaN every tensor whose life ends there
@@ -506,6 +530,7 @@ impl Executor {
         let mut unscale = 1.0f32;
         let n = self.plan.steps.len();
         for i in 0..n {
+            let t0 = self.profile.is_some().then(std::time::Instant::now);
             let phase = self.plan.steps[i].phase;
             match self.plan.steps[i].op {
                 Op::CheckFinite => {
@@ -539,6 +564,9 @@ impl Executor {
                 _ => self.run(i)?,
             }
             self.steps_executed += 1;
+            if let (Some(t0), Some(p)) = (t0, self.profile.as_mut()) {
+                p[i] += t0.elapsed().as_secs_f64();
+            }
             self.poison(i)?;
         }
         if !out.skipped {

@@ -1,6 +1,7 @@
 //! The runtime: devices, memory regions, the executor that walks a static plan, weight
 //! initialisation, and datasets.
 
+pub mod cuda;
 pub mod data;
 pub mod device;
 pub mod error;

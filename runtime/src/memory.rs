@@ -79,9 +79,9 @@ impl Region {
     }
 
     fn checked(&self, offset: u64, elems: usize, size: usize, align: usize) -> Result<*mut u8, RuntimeError> {
-        let end = (offset as usize).checked_add(elems.checked_mul(size).unwrap_or(usize::MAX));
+        let end = (offset as usize).checked_add(elems.saturating_mul(size));
         match end {
-            Some(end) if end <= self.len && (offset as usize) % align == 0 => {
+            Some(end) if end <= self.len && (offset as usize).is_multiple_of(align) => {
                 // SAFETY: offset < len (or elems == 0 and offset <= len).
                 Ok(unsafe { self.ptr.as_ptr().add(offset as usize) })
             }

@@ -223,7 +223,7 @@ impl Trainer {
         let mut remaining = opts.max_steps.unwrap_or(usize::MAX);
         let mut order: Vec<usize> = (0..train.len()).collect();
         let mut bufs: Vec<Column> = train.columns().iter().map(|c| c.buffer(batch)).collect();
-        let mut rng = opts.seed ^ 0x6D65_6D77_6973_65;
+        let mut rng = opts.seed ^ 0x006D_656D_7769_7365; // "memwise"
         let mut history = History::default();
         let tty = std::io::stderr().is_terminal();
         for epoch in 1..=opts.epochs {

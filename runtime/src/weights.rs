@@ -841,7 +841,7 @@ impl Executor {
     }
 
     /// Copies checked tensor bytes into their slots and refreshes the 16-bit copies. Called
-    /// only after every check passed; the views were bounds-checked by `region_f32` logic.
+    /// only after every check of the file passed.
     fn write_slots(&mut self, slots: &[Slot], data: &[&[u8]]) -> Result<()> {
         // Bounds first, so a region problem cannot leave a half-written model.
         let len = self.persistent.len();

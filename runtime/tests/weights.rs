@@ -547,3 +547,23 @@ fn mutated_files_never_panic_and_never_half_load() {
     }
     assert!(err > 300, "{ok} loaded, {err} refused");
 }
+
+#[test]
+fn a_newer_format_version_is_refused() {
+    let t = tensors_of(&trained(1).weights_to_bytes().unwrap());
+    let views: Vec<(String, TensorView<'_>)> = t
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    let meta = [(
+        keys::FORMAT_VERSION.to_string(),
+        (FORMAT_VERSION + 1).to_string(),
+    )]
+    .into_iter()
+    .collect();
+    let e = load_fails(&safetensors::serialize(views, Some(meta)).unwrap());
+    assert!(
+        e.contains(&format!("written in memwise format version {}; this build reads versions up to {FORMAT_VERSION}", FORMAT_VERSION + 1)),
+        "{e}"
+    );
+}

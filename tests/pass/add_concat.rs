@@ -27,8 +27,16 @@ struct Branches {
 
 fn main() {
     let spec = Branches::spec();
-    assert_eq!(spec.layer("sum").unwrap().inputs, ["branch_a", "branch_b", "x"]);
+    assert_eq!(
+        spec.layer("sum").unwrap().inputs,
+        ["branch_a", "branch_b", "x"]
+    );
     assert_eq!(spec.layer("joined").unwrap().inputs, ["left", "right"]);
-    let joined = Branches::MEMORY.layers.iter().find(|l| l.name == "joined").unwrap().clone();
+    let joined = Branches::MEMORY
+        .layers
+        .iter()
+        .find(|l| l.name == "joined")
+        .unwrap()
+        .clone();
     assert_eq!(joined.output_shape.last(), Some(&16));
 }

@@ -54,13 +54,26 @@ fn main() {
     assert!(names.contains(&"stages.1.b.relu"));
     assert_eq!(spec.layer("stem.conv").unwrap().inputs, ["image"]);
     assert_eq!(spec.layer("stages.0.a.conv").unwrap().inputs, ["stem.relu"]);
-    assert_eq!(spec.layer("stages.1.a.conv").unwrap().inputs, ["stages.0.out"]);
-    assert_eq!(spec.layer("stages.1.shortcut").unwrap().inputs, ["stages.0.out"]);
+    assert_eq!(
+        spec.layer("stages.1.a.conv").unwrap().inputs,
+        ["stages.0.out"]
+    );
+    assert_eq!(
+        spec.layer("stages.1.shortcut").unwrap().inputs,
+        ["stages.0.out"]
+    );
     assert_eq!(spec.layer("pool").unwrap().inputs, ["stages.1.out"]);
     let layers = Net::layers();
     assert_eq!(layers.stages[1].shortcut.name(), "stages.1.shortcut");
     assert_eq!(layers.stages.len(), 2);
-    assert_eq!(Net::MEMORY.layers.iter().filter(|l| l.kind == "conv2d").count(), 1 + 2 * 3);
+    assert_eq!(
+        Net::MEMORY
+            .layers
+            .iter()
+            .filter(|l| l.kind == "conv2d")
+            .count(),
+        1 + 2 * 3
+    );
 }
 
 impl Net {

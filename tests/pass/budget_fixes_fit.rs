@@ -27,7 +27,13 @@ macro_rules! deep_mlp {
 }
 
 deep_mlp!(SmallerBatch, batch = 2899, precision = float32, [], []);
-deep_mlp!(MixedPrecision, batch = 4096, precision = mixed_float16, [], []);
+deep_mlp!(
+    MixedPrecision,
+    batch = 4096,
+    precision = mixed_float16,
+    [],
+    []
+);
 deep_mlp!(Checkpointed, batch = 4096, precision = float32, [#[checkpoint(segment = 1)]], [#[checkpoint(segment = 2)]]);
 
 const _: () = assert!(SmallerBatch::MEMORY.total <= 150 << 20);

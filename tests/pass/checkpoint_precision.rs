@@ -44,11 +44,26 @@ fn main() {
     let spec = Net::spec();
     let seg = |n: &str| spec.layer(n).unwrap().checkpoint;
     assert!(seg("a").is_some());
-    assert_eq!(seg("a"), seg("b"), "a run of #[checkpoint] fields is one segment");
-    assert!(seg("c").is_some() && seg("c") != seg("b"), "a numbered segment starts a new run");
+    assert_eq!(
+        seg("a"),
+        seg("b"),
+        "a run of #[checkpoint] fields is one segment"
+    );
+    assert!(
+        seg("c").is_some() && seg("c") != seg("b"),
+        "a numbered segment starts a new run"
+    );
     assert_eq!(seg("d"), None);
-    assert_eq!(seg("pairs.0.a"), seg("pairs.0.b"), "a checkpointed block instance is one segment");
-    assert_ne!(seg("pairs.0.b"), seg("pairs.1.a"), "each instance its own segment");
+    assert_eq!(
+        seg("pairs.0.a"),
+        seg("pairs.0.b"),
+        "a checkpointed block instance is one segment"
+    );
+    assert_ne!(
+        seg("pairs.0.b"),
+        seg("pairs.1.a"),
+        "each instance its own segment"
+    );
     assert_eq!(spec.precision, Precision::MixedBFloat16);
     assert_eq!(spec.layer("wide").unwrap().dtype, Some(DType::F32));
     assert_eq!(spec.layer("half").unwrap().dtype, Some(DType::F16));

@@ -24,7 +24,10 @@ struct SmallCnn {
 fn main() {
     let spec = SmallCnn::spec();
     assert_eq!(spec.layer("conv1").unwrap().inputs, ["image"]);
-    assert_eq!(spec.layer("pool1").unwrap().kind, memwise::plan::LayerKind::max_pool2d(2, 2, memwise::plan::Padding::Valid));
+    assert_eq!(
+        spec.layer("pool1").unwrap().kind,
+        memwise::plan::LayerKind::max_pool2d(2, 2, memwise::plan::Padding::Valid)
+    );
     // 28 → 26 → 13 → 11 → 6: 6·6·64 features.
     assert_eq!(SmallCnn::PARAMS, 320 + 18_496 + (6 * 6 * 64 * 10 + 10));
     assert_eq!(SmallCnn::layers().conv2.params().len(), 2);

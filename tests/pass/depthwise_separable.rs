@@ -30,7 +30,16 @@ struct MobileStyle {
 fn main() {
     use memwise::plan::LayerKind;
     let spec = MobileStyle::spec();
-    assert!(matches!(spec.layer("dw").unwrap().kind, LayerKind::DepthwiseConv2d { multiplier: 2, use_bias: false, .. }));
-    assert!(matches!(spec.layer("dw_bn").unwrap().kind, LayerKind::BatchNorm { momentum, .. } if momentum == 0.9));
+    assert!(matches!(
+        spec.layer("dw").unwrap().kind,
+        LayerKind::DepthwiseConv2d {
+            multiplier: 2,
+            use_bias: false,
+            ..
+        }
+    ));
+    assert!(
+        matches!(spec.layer("dw_bn").unwrap().kind, LayerKind::BatchNorm { momentum, .. } if momentum == 0.9)
+    );
     assert!(MobileStyle::MEMORY.total > 0);
 }

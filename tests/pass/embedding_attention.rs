@@ -23,9 +23,25 @@ struct TinyLm {
 fn main() {
     use memwise::plan::LayerKind;
     let spec = TinyLm::spec();
-    assert_eq!(spec.layer("embed").unwrap().kind, LayerKind::Embedding { vocab: 1000, dim: 64 });
-    assert_eq!(spec.layer("attn").unwrap().kind, LayerKind::Attention { heads: 4, causal: true, dropout: 0.1 });
+    assert_eq!(
+        spec.layer("embed").unwrap().kind,
+        LayerKind::Embedding {
+            vocab: 1000,
+            dim: 64
+        }
+    );
+    assert_eq!(
+        spec.layer("attn").unwrap().kind,
+        LayerKind::Attention {
+            heads: 4,
+            causal: true,
+            dropout: 0.1
+        }
+    );
     assert_eq!(spec.loss[0].inputs, ["logits", "next_ids"]);
     // Table, QKV and output projections, layer norm, head.
-    assert_eq!(TinyLm::PARAMS, 64_000 + (64 * 192 + 192) + (64 * 64 + 64) + 128 + (64 * 1000 + 1000));
+    assert_eq!(
+        TinyLm::PARAMS,
+        64_000 + (64 * 192 + 192) + (64 * 64 + 64) + 128 + (64 * 1000 + 1000)
+    );
 }

@@ -20,7 +20,13 @@ struct Norms {
 fn main() {
     use memwise::plan::LayerKind;
     let spec = Norms::spec();
-    assert_eq!(spec.layer("drop").unwrap().kind, LayerKind::Dropout { rate: 0.25 });
-    assert_eq!(spec.layer("norm").unwrap().kind, LayerKind::LayerNorm { epsilon: 1e-5 });
+    assert_eq!(
+        spec.layer("drop").unwrap().kind,
+        LayerKind::Dropout { rate: 0.25 }
+    );
+    assert_eq!(
+        spec.layer("norm").unwrap().kind,
+        LayerKind::LayerNorm { epsilon: 1e-5 }
+    );
     assert_eq!(spec.optimizer, memwise::plan::Optimizer::Sgd { lr: 0.1 });
 }

@@ -24,8 +24,14 @@ fn main() {
     use memwise::plan::{LossKind, Reduction};
     let spec = Vae::spec();
     assert_eq!(spec.loss.len(), 2);
-    assert_eq!((spec.loss[0].kind, spec.loss[0].reduction), (LossKind::BinaryCrossentropy, Reduction::SumOverFeatures));
-    assert_eq!((spec.loss[1].kind, spec.loss[1].weight), (LossKind::KlNormal, 0.5));
+    assert_eq!(
+        (spec.loss[0].kind, spec.loss[0].reduction),
+        (LossKind::BinaryCrossentropy, Reduction::SumOverFeatures)
+    );
+    assert_eq!(
+        (spec.loss[1].kind, spec.loss[1].weight),
+        (LossKind::KlNormal, 0.5)
+    );
     assert_eq!(spec.layer("z").unwrap().inputs, ["z_mean", "z_log_var"]);
     assert_eq!(Vae::PLAN.losses.len(), 2);
 }

@@ -34,10 +34,14 @@ pub fn kernels() -> Vec<(String, String)> {
     unsafe {
         (0..mw_emu_kernel_count())
             .map(|i| {
-                let name = CStr::from_ptr(mw_emu_kernel_name(i)).to_string_lossy().into_owned();
+                let name = CStr::from_ptr(mw_emu_kernel_name(i))
+                    .to_string_lossy()
+                    .into_owned();
                 let mut buf = vec![0u8; 512];
                 mw_emu_kernel_sig(i, buf.as_mut_ptr() as *mut c_char, buf.len());
-                let sig = CStr::from_ptr(buf.as_ptr() as *const c_char).to_string_lossy().into_owned();
+                let sig = CStr::from_ptr(buf.as_ptr() as *const c_char)
+                    .to_string_lossy()
+                    .into_owned();
                 (name, sig)
             })
             .collect()
@@ -73,6 +77,8 @@ pub unsafe fn launch(
     if rc == 0 {
         Ok(())
     } else {
-        Err(CStr::from_ptr(err.as_ptr() as *const c_char).to_string_lossy().into_owned())
+        Err(CStr::from_ptr(err.as_ptr() as *const c_char)
+            .to_string_lossy()
+            .into_owned())
     }
 }

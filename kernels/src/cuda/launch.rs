@@ -62,6 +62,11 @@ pub fn name2(base: &str, a: Float, b: Float) -> String {
     format!("{base}_{}_{}", a.suffix(), b.suffix())
 }
 
+/// `base_A_B_C` (e.g. `mw_softmax_bwd_f16_f16_f32`).
+pub fn name3(base: &str, a: Float, b: Float, c: Float) -> String {
+    format!("{base}_{}_{}_{}", a.suffix(), b.suffix(), c.suffix())
+}
+
 /// Per-step values in device memory (`MwScalars` in common.cuh).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -288,29 +293,44 @@ impl LaunchCfg {
     /// A grid-stride 1-D kernel over `n` items: `BLOCK` threads, at most [`MAX_BLOCKS`] blocks.
     pub fn pointwise(n: u64) -> LaunchCfg {
         let blocks = n.div_ceil(BLOCK as u64).clamp(1, MAX_BLOCKS) as u32;
-        LaunchCfg { grid: [blocks, 1, 1], block: [BLOCK, 1, 1] }
+        LaunchCfg {
+            grid: [blocks, 1, 1],
+            block: [BLOCK, 1, 1],
+        }
     }
 
     /// One warp per row, [`ROW_WARPS`] rows per block.
     pub fn rows(rows: u64) -> LaunchCfg {
         let blocks = rows.div_ceil(ROW_WARPS as u64).max(1) as u32;
-        LaunchCfg { grid: [blocks, 1, 1], block: [32 * ROW_WARPS, 1, 1] }
+        LaunchCfg {
+            grid: [blocks, 1, 1],
+            block: [32 * ROW_WARPS, 1, 1],
+        }
     }
 
     /// Channel strips: one block of `32 × STRIP_Y` threads per 32 columns, `ys` blocks along y.
     pub fn strip(cols: u64, ys: u32) -> LaunchCfg {
         let blocks = cols.div_ceil(32).max(1) as u32;
-        LaunchCfg { grid: [blocks, ys.max(1), 1], block: [32, STRIP_Y, 1] }
+        LaunchCfg {
+            grid: [blocks, ys.max(1), 1],
+            block: [32, STRIP_Y, 1],
+        }
     }
 
     /// One block of [`REDUCE_THREADS`] threads (the loss values).
     pub fn single() -> LaunchCfg {
-        LaunchCfg { grid: [1, 1, 1], block: [REDUCE_THREADS, 1, 1] }
+        LaunchCfg {
+            grid: [1, 1, 1],
+            block: [REDUCE_THREADS, 1, 1],
+        }
     }
 
     /// A grid-stride kernel forced onto `blocks` blocks (tests of the stride loop).
     pub fn with_blocks(self, blocks: u32) -> LaunchCfg {
-        LaunchCfg { grid: [blocks.max(1), self.grid[1], self.grid[2]], ..self }
+        LaunchCfg {
+            grid: [blocks.max(1), self.grid[1], self.grid[2]],
+            ..self
+        }
     }
 }
 
@@ -324,7 +344,11 @@ pub struct KernelCall {
 
 impl KernelCall {
     pub fn new(name: impl Into<String>, cfg: LaunchCfg, args: Vec<KArg>) -> KernelCall {
-        KernelCall { name: name.into(), cfg, args }
+        KernelCall {
+            name: name.into(),
+            cfg,
+            args,
+        }
     }
 
     /// The arguments' signature, which must equal the kernel's.

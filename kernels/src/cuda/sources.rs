@@ -21,7 +21,15 @@ pub const SOURCES: &[Source] = &[
     Source {
         module: "elementwise",
         text: include_str!("../../cuda/elementwise.cu"),
-        prefixes: &["mw_cast_", "mw_add_n_", "mw_accumulate_", "mw_concat_", "mw_bias_add_", "mw_all_finite_", "mw_copy_"],
+        prefixes: &[
+            "mw_cast_",
+            "mw_add_n_",
+            "mw_accumulate_",
+            "mw_concat_",
+            "mw_bias_add_",
+            "mw_all_finite_",
+            "mw_copy_",
+        ],
     },
     Source {
         module: "activation",
@@ -67,7 +75,9 @@ pub const SOURCES: &[Source] = &[
 
 /// The source that defines kernel `name`, by its prefix.
 pub fn source_of(kernel: &str) -> Option<&'static Source> {
-    SOURCES.iter().find(|s| s.prefixes.iter().any(|p| kernel.starts_with(p)))
+    SOURCES
+        .iter()
+        .find(|s| s.prefixes.iter().any(|p| kernel.starts_with(p)))
 }
 
 /// What NVRTC compiles for module `module`: `common.cuh`, then the file without its

@@ -1,0 +1,138 @@
+//! The cudarc backend of [`GpuExecutor`] (feature `cuda`), and the process-wide cache of
+//! opened devices that [`crate::Device::cuda`] fills.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use memwise_kernels::cublas_map::CublasGemm;
+use memwise_kernels::cuda::device::{CudaDevice, DeviceBuffer};
+use memwise_kernels::cuda::{Float, KernelCall};
+use memwise_plan::StaticPlan;
+
+use memwise_kernels::cuda::device::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use memwise_kernels::cuda::device::cudarc::driver::CudaGraph;
+
+use super::{Backend, GpuExecutor};
+use crate::device::{Device, DeviceKind};
+use crate::error::{Result, RuntimeError};
+
+/// Opens CUDA device `ordinal` once per process (context, stream, cuBLAS handle) and hands
+/// out the same one afterwards. An `Err` says what is missing (libraries, device).
+pub fn open(ordinal: usize) -> Result<Arc<CudaDevice>> {
+    static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<CudaDevice>>>> = OnceLock::new();
+    let mut map = DEVICES.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap();
+    if let Some(d) = map.get(&ordinal) {
+        return Ok(d.clone());
+    }
+    let d = Arc::new(CudaDevice::open(ordinal).map_err(RuntimeError::Device)?);
+    map.insert(ordinal, d.clone());
+    Ok(d)
+}
+
+/// A [`Backend`] on a CUDA device: plain `cuMemAlloc` buffers owned here, launches and
+/// cuBLAS calls on the device's stream, and one captured graph.
+pub struct CudaBackend {
+    dev: Arc<CudaDevice>,
+    buffers: Vec<DeviceBuffer>,
+    graph: Option<CudaGraph>,
+}
+
+impl CudaBackend {
+    pub fn new(dev: Arc<CudaDevice>) -> CudaBackend {
+        CudaBackend { dev, buffers: Vec::new(), graph: None }
+    }
+
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.dev
+    }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> String {
+        format!("cuda:{} ({})", self.dev.info().ordinal, self.dev.info().name)
+    }
+
+    fn memory(&self) -> Option<(u64, u64)> {
+        self.dev.mem_get_info().ok()
+    }
+
+    fn alloc(&mut self, bytes: usize) -> std::result::Result<u64, String> {
+        let b = self.dev.alloc_zeroed(bytes)?;
+        let ptr = b.ptr();
+        self.buffers.push(b);
+        Ok(ptr)
+    }
+
+    unsafe fn upload(&self, src: &[u8], dst: u64) -> std::result::Result<(), String> {
+        // From pageable host memory the driver stages the bytes before the call returns, so
+        // `src` may go right after (and the copy is ordered before later launches).
+        self.dev.htod(src, dst)
+    }
+
+    unsafe fn download(&self, src: u64, dst: &mut [u8]) -> std::result::Result<(), String> {
+        self.dev.dtoh(src, dst)
+    }
+
+    unsafe fn zero(&self, dst: u64, bytes: usize) -> std::result::Result<(), String> {
+        self.dev.memset_zero(dst, bytes)
+    }
+
+    unsafe fn launch(&self, call: &KernelCall) -> std::result::Result<(), String> {
+        self.dev.launch(call)
+    }
+
+    unsafe fn gemm(&self, g: &CublasGemm, a: u64, b: u64, c: u64, t: [Float; 3]) -> std::result::Result<(), String> {
+        self.dev.gemm(g, a, b, c, t[0], t[1], t[2])
+    }
+
+    fn synchronize(&self) -> std::result::Result<(), String> {
+        self.dev.synchronize()
+    }
+
+    fn begin_capture(&mut self) -> std::result::Result<bool, String> {
+        // Every module must be loaded before a capture (no compilation inside it).
+        self.dev.load_all()?;
+        self.dev.synchronize()?;
+        self.dev
+            .stream()
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| format!("beginning the graph capture: {e:?}"))?;
+        Ok(true)
+    }
+
+    fn end_capture(&mut self) -> std::result::Result<(), String> {
+        let g = self
+            .dev
+            .stream()
+            .end_capture(CUgraphInstantiate_flags(0))
+            .map_err(|e| format!("ending the graph capture: {e:?}"))?;
+        self.graph = g;
+        Ok(())
+    }
+
+    fn replay(&self) -> std::result::Result<(), String> {
+        match &self.graph {
+            Some(g) => g.launch().map_err(|e| format!("launching the graph: {e:?}")),
+            None => Err("no captured graph".into()),
+        }
+    }
+
+    fn clear_graph(&mut self) {
+        self.graph = None;
+    }
+}
+
+/// The CUDA executor of `plan` on `device` (which must be a CUDA device).
+pub type CudaExecutor = GpuExecutor<CudaBackend>;
+
+impl GpuExecutor<CudaBackend> {
+    /// Builds the executor of `plan` on CUDA `device`: checks the plan against the free
+    /// device memory, allocates its two regions, initialises the weights like the CPU
+    /// executor for `seed`.
+    pub fn on_cuda(plan: StaticPlan, device: &Device, seed: u64) -> Result<CudaExecutor> {
+        let DeviceKind::Cuda { ordinal, .. } = device.kind else {
+            return Err(RuntimeError::Device(format!("{} is not a CUDA device", device.name())));
+        };
+        GpuExecutor::new(plan, device, CudaBackend::new(open(ordinal)?), seed)
+    }
+}

@@ -1,0 +1,355 @@
+//! The CUDA executor without a GPU: `GpuExecutor` over a backend whose "device memory" is host
+//! memory, whose kernels are the `.cu` sources run by the host emulation (`memwise-cuda-emu`)
+//! and whose GEMMs are the column-major reference of `cublas_map` — everything the CUDA
+//! backend does except the silicon. Every model trains next to the CPU executor from the same
+//! seed and inputs; losses, gradients and weights must agree.
+//!
+//! The backend also records "graphs" the way stream capture does (launches are recorded, not
+//! run; a host copy inside a capture is an error) and replays them, so the whole-step capture
+//! is checked too: a per-step value baked into a launch would make the replayed steps differ.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::cell::RefCell;
+
+use half::{bf16, f16};
+use memwise_kernels::cublas_map::{self as cm, CublasGemm};
+use memwise_kernels::cuda::{Float, KernelCall};
+use memwise_plan::generate::{random_chain, random_dag};
+use memwise_plan::{plan, zoo, DType, ModelSpec, Op, StaticPlan};
+use memwise_runtime::cuda::{Backend, GpuExecutor};
+use memwise_runtime::{Batch, Device, Executor};
+
+enum Cmd {
+    Launch(KernelCall),
+    Gemm(CublasGemm, u64, u64, u64, [Float; 3]),
+    Zero(u64, usize),
+}
+
+#[derive(Default)]
+struct EmuBackend {
+    blocks: Vec<(*mut u8, Layout)>,
+    recording: RefCell<Option<Vec<Cmd>>>,
+    graph: Vec<Cmd>,
+    launches: RefCell<u64>,
+}
+
+impl Drop for EmuBackend {
+    fn drop(&mut self) {
+        for &(p, l) in &self.blocks {
+            // SAFETY: allocated in `alloc` with this layout.
+            unsafe { dealloc(p, l) };
+        }
+    }
+}
+
+unsafe fn slice<'a, T>(addr: u64, n: usize) -> &'a [T] {
+    std::slice::from_raw_parts(addr as *const T, n)
+}
+#[allow(clippy::mut_from_ref)]
+unsafe fn slice_mut<'a, T>(addr: u64, n: usize) -> &'a mut [T] {
+    std::slice::from_raw_parts_mut(addr as *mut T, n)
+}
+
+impl EmuBackend {
+    unsafe fn run(&self, c: &Cmd) -> Result<(), String> {
+        *self.launches.borrow_mut() += 1;
+        match c {
+            Cmd::Launch(call) => memwise_cuda_emu::launch(&call.name, call.cfg.grid, call.cfg.block, &call.params(), &call.signature()),
+            Cmd::Zero(dst, n) => {
+                std::ptr::write_bytes(*dst as *mut u8, 0, *n);
+                Ok(())
+            }
+            Cmd::Gemm(g, a, b, c, t) => {
+                let e = g.extents();
+                macro_rules! go {
+                    ($A:ty, $C:ty) => {
+                        cm::reference_gemm::<$A, $A, $C>(g, slice(*a, e[0].1), slice(*b, e[1].1), slice_mut(*c, e[2].1))
+                    };
+                }
+                match t {
+                    [Float::F32, Float::F32, Float::F32] => go!(f32, f32),
+                    [Float::F16, Float::F16, Float::F16] => go!(f16, f16),
+                    [Float::F16, Float::F16, Float::F32] => go!(f16, f32),
+                    [Float::Bf16, Float::Bf16, Float::Bf16] => go!(bf16, bf16),
+                    [Float::Bf16, Float::Bf16, Float::F32] => go!(bf16, f32),
+                    other => return Err(format!("no GEMM for {other:?}")),
+                }
+                Ok(())
+            }
+        }
+    }
+
+    unsafe fn submit(&self, c: Cmd) -> Result<(), String> {
+        if let Some(rec) = self.recording.borrow_mut().as_mut() {
+            rec.push(c);
+            return Ok(());
+        }
+        self.run(&c)
+    }
+
+    fn no_capture(&self, what: &str) -> Result<(), String> {
+        if self.recording.borrow().is_some() {
+            Err(format!("{what} inside a graph capture"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Backend for EmuBackend {
+    fn name(&self) -> String {
+        "emulated".into()
+    }
+    fn memory(&self) -> Option<(u64, u64)> {
+        None
+    }
+    fn alloc(&mut self, bytes: usize) -> Result<u64, String> {
+        let l = Layout::from_size_align(bytes.max(1), 256).unwrap();
+        // SAFETY: non-zero size.
+        let p = unsafe { alloc_zeroed(l) };
+        self.blocks.push((p, l));
+        Ok(p as u64)
+    }
+    unsafe fn upload(&self, src: &[u8], dst: u64) -> Result<(), String> {
+        self.no_capture("a host-to-device copy")?;
+        std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len());
+        Ok(())
+    }
+    unsafe fn download(&self, src: u64, dst: &mut [u8]) -> Result<(), String> {
+        self.no_capture("a device-to-host copy")?;
+        std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len());
+        Ok(())
+    }
+    unsafe fn zero(&self, dst: u64, bytes: usize) -> Result<(), String> {
+        self.submit(Cmd::Zero(dst, bytes))
+    }
+    unsafe fn launch(&self, call: &KernelCall) -> Result<(), String> {
+        self.submit(Cmd::Launch(call.clone()))
+    }
+    unsafe fn gemm(&self, g: &CublasGemm, a: u64, b: u64, c: u64, t: [Float; 3]) -> Result<(), String> {
+        g.validate()?;
+        self.submit(Cmd::Gemm(*g, a, b, c, t))
+    }
+    fn synchronize(&self) -> Result<(), String> {
+        Ok(())
+    }
+    fn begin_capture(&mut self) -> Result<bool, String> {
+        *self.recording.borrow_mut() = Some(Vec::new());
+        Ok(true)
+    }
+    fn end_capture(&mut self) -> Result<(), String> {
+        self.graph = self.recording.borrow_mut().take().ok_or("not capturing")?;
+        Ok(())
+    }
+    fn replay(&self) -> Result<(), String> {
+        for c in &self.graph {
+            // SAFETY: recorded from launches the executor made on its own regions.
+            unsafe { self.run(c)? };
+        }
+        Ok(())
+    }
+    fn clear_graph(&mut self) {
+        self.graph.clear();
+    }
+}
+
+/// Deterministic inputs for every model input: pixels, labels in range, floats in [0, 1).
+fn inputs(plan: &StaticPlan, seed: u64) -> Vec<Vec<u8>> {
+    let mut s = seed | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    plan.inputs
+        .iter()
+        .map(|&id| {
+            let t = plan.tensor(id);
+            let n = t.elems();
+            match t.dtype {
+                DType::U8 => (0..n).map(|_| next() as u8).collect(),
+                DType::I32 => {
+                    let range = plan
+                        .steps
+                        .iter()
+                        .filter(|s| s.reads.contains(&id))
+                        .map(|s| match s.op {
+                            Op::Embedding { vocab, .. } => vocab,
+                            Op::SoftmaxCrossEntropy { classes, .. } | Op::SoftmaxCrossEntropyFromLogits { classes, .. } => classes,
+                            _ => usize::MAX,
+                        })
+                        .min()
+                        .unwrap_or(2)
+                        .max(1);
+                    (0..n).flat_map(|_| ((next() % range as u64) as i32).to_le_bytes()).collect()
+                }
+                DType::F32 => (0..n).flat_map(|_| ((next() % 1000) as f32 / 1000.0).to_le_bytes()).collect(),
+                DType::F16 => (0..n).flat_map(|_| f16::from_f32((next() % 1000) as f32 / 1000.0).to_le_bytes()).collect(),
+                DType::BF16 => (0..n).flat_map(|_| bf16::from_f32((next() % 1000) as f32 / 1000.0).to_le_bytes()).collect(),
+            }
+        })
+        .collect()
+}
+
+fn cast<T>(r: &[u8]) -> &[T] {
+    assert_eq!(r.as_ptr() as usize % std::mem::align_of::<T>(), 0);
+    // SAFETY: plain-old-data, aligned (checked), length in whole elements.
+    unsafe { std::slice::from_raw_parts(r.as_ptr() as *const T, r.len() / std::mem::size_of::<T>()) }
+}
+
+fn batches<'a>(plan: &StaticPlan, raw: &'a [Vec<u8>]) -> Vec<Batch<'a>> {
+    plan.inputs
+        .iter()
+        .zip(raw)
+        .map(|(&id, r)| match plan.tensor(id).dtype {
+            DType::U8 => Batch::U8(r),
+            DType::I32 => Batch::I32(cast(r)),
+            DType::F32 => Batch::F32(cast(r)),
+            DType::F16 => Batch::F16(cast(r)),
+            DType::BF16 => Batch::BF16(cast(r)),
+        })
+        .collect()
+}
+
+/// Relative L2 distance of `a` from `b`.
+fn rel(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den.max(1e-20)).sqrt()
+}
+
+/// Trains `spec` for `steps` steps on the CPU and on the emulated device (graph on or off);
+/// compares losses, and the gradients and weights after the last step. Tolerances: float32
+/// models agree to f32 rounding of different summation orders; 16-bit models to a few ulps of
+/// their storage.
+fn compare(name: &str, spec: &ModelSpec, steps: usize, graph: bool) -> Result<(), String> {
+    let p = plan(spec).map_err(|e| format!("{name}: plan: {e}"))?;
+    let half = p.tensors.iter().any(|t| t.dtype == DType::F16 || t.dtype == DType::BF16);
+    let bf = p.tensors.iter().any(|t| t.dtype == DType::BF16);
+    let (loss_tol, tol) = if bf {
+        (3e-2, 1e-1)
+    } else if half {
+        (1e-2, 3e-2)
+    } else {
+        (1e-4, 2e-3)
+    };
+    let mut cpu = Executor::new(p.clone(), &Device::cpu(), 11).map_err(|e| format!("{name}: cpu: {e}"))?;
+    let mut gpu = GpuExecutor::new(p.clone(), &Device::cpu(), EmuBackend::default(), 11).map_err(|e| format!("{name}: gpu: {e}"))?;
+    gpu.set_graph(graph);
+    for step in 0..steps {
+        let raw = inputs(&p, 100 + step as u64);
+        let b = batches(&p, &raw);
+        let oc = cpu.train_step(&b).map_err(|e| format!("{name}: cpu step {step}: {e}"))?;
+        let og = gpu.train_step(&b).map_err(|e| format!("{name}: gpu step {step}: {e}"))?;
+        if oc.skipped != og.skipped {
+            return Err(format!("{name} step {step}: skipped {} on the CPU, {} on the device", oc.skipped, og.skipped));
+        }
+        let dl = (oc.loss - og.loss).abs() / oc.loss.abs().max(1e-3);
+        if !(dl <= loss_tol as f32) && !(oc.loss.is_nan() && og.loss.is_nan()) {
+            return Err(format!("{name} step {step}: loss {} on the CPU, {} on the device", oc.loss, og.loss));
+        }
+        if oc.correct != og.correct && !half {
+            return Err(format!("{name} step {step}: {} correct on the CPU, {} on the device", oc.correct, og.correct));
+        }
+    }
+    for prm in p.params.iter() {
+        let (a, b) = (gpu.param(&prm.name).unwrap(), cpu.param(&prm.name).unwrap().to_vec());
+        let e = rel(&a, &b);
+        if !(e <= tol) {
+            return Err(format!("{name}: parameter `{}` differs by {e:.2e} (relative L2)", prm.name));
+        }
+        if prm.trainable {
+            let (ga, gb) = (gpu.grad(&prm.name).unwrap(), cpu.grad(&prm.name).unwrap().to_vec());
+            let e = rel(&ga, &gb);
+            if !(e <= tol) && gb.iter().all(|v| v.is_finite()) {
+                return Err(format!("{name}: gradient of `{}` differs by {e:.2e} (relative L2)", prm.name));
+            }
+        }
+    }
+    if graph && steps > 1 && gpu.graph_replays != steps as u64 - 1 {
+        return Err(format!("{name}: {} of {steps} steps replayed the graph", gpu.graph_replays));
+    }
+    let pred = p.prediction;
+    if pred != memwise_plan::NONE {
+        let n = p.tensor(pred).elems();
+        let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+        gpu.read_prediction(&mut a).unwrap();
+        cpu.read_prediction(&mut b).unwrap();
+        let e = rel(&a, &b);
+        if !(e <= tol) {
+            return Err(format!("{name}: prediction differs by {e:.2e}"));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn mnist_mlp_trains_the_same_on_the_emulated_device() {
+    compare("mnist_mlp", &zoo::mnist_mlp(16), 3, true).unwrap();
+    compare("mnist_mlp (no graph)", &zoo::mnist_mlp(16), 2, false).unwrap();
+}
+
+#[test]
+fn conv_vae_trains_the_same_on_the_emulated_device() {
+    compare("conv_vae", &zoo::conv_vae(2), 2, true).unwrap();
+}
+
+/// Random chains and DAGs from the planner's generators: every layer kind, checkpoints,
+/// in-place ops, mixed precision.
+#[test]
+fn random_models_train_the_same_on_the_emulated_device() {
+    let n: u64 = std::env::var("MEMWISE_EMU_MODELS").ok().and_then(|v| v.parse().ok()).unwrap_or(12);
+    let mut failures = Vec::new();
+    let mut ops = std::collections::BTreeSet::new();
+    for seed in 0..n {
+        for (kind, spec) in [("chain", random_chain(seed)), ("dag", random_dag(seed))] {
+            if let Ok(p) = plan(&spec) {
+                ops.extend(p.steps.iter().map(|s| s.op.name()));
+            }
+            if let Err(e) = compare(&format!("{kind} {seed}"), &spec, 2, seed % 2 == 0) {
+                failures.push(e);
+            }
+        }
+    }
+    println!("ops covered: {ops:?}");
+    assert!(failures.is_empty(), "{} of {} models differ:\n{}", failures.len(), 2 * n, failures.join("\n"));
+}
+
+#[test]
+fn a_plan_larger_than_the_device_is_refused_before_allocating() {
+    let p = plan(&zoo::mnist_mlp(16)).unwrap();
+    let e = GpuExecutor::new(p, &Device::cpu().with_memory_limit(1 << 16), EmuBackend::default(), 1).err().unwrap();
+    assert!(e.to_string().contains("nothing was allocated"), "{e}");
+}
+
+#[test]
+#[ignore]
+fn debug_one() {
+    let which = std::env::var("ONE").unwrap();
+    let (kind, seed) = which.split_once(':').unwrap();
+    let seed: u64 = seed.parse().unwrap();
+    let spec = if kind == "chain" { random_chain(seed) } else { random_dag(seed) };
+    let p = plan(&spec).unwrap();
+    for s in p.steps.iter() {
+        let dts: Vec<String> = s.reads.iter().chain(s.writes.iter()).map(|&t| if t == memwise_plan::NONE { "-".into() } else { format!("{}:{}@{}", t, p.tensor(t).dtype.name(), p.tensor(t).offset) }).collect();
+        println!("{:3} {:?} {:12} {:?} {:?}", s.index, s.phase, s.layer, s.op, dts);
+    }
+    println!("prediction {}", p.prediction);
+    let mut cpu = Executor::new(p.clone(), &Device::cpu(), 11).unwrap();
+    let mut gpu = GpuExecutor::new(p.clone(), &Device::cpu(), EmuBackend::default(), 11).unwrap();
+    gpu.set_graph(false);
+    let raw = inputs(&p, 100);
+    let b = batches(&p, &raw);
+    let oc = cpu.train_step(&b).unwrap();
+    let og = gpu.train_step(&b).unwrap();
+    println!("loss {} vs {}", oc.loss, og.loss);
+    for prm in p.params.iter() {
+        let (a, bb) = (gpu.param(&prm.name).unwrap(), cpu.param(&prm.name).unwrap().to_vec());
+        println!("{} param {:.2e}", prm.name, rel(&a, &bb));
+        if prm.trainable {
+            let (ga, gb) = (gpu.grad(&prm.name).unwrap(), cpu.grad(&prm.name).unwrap().to_vec());
+            println!("   grad {:.2e}  gpu {:?} cpu {:?}", rel(&ga, &gb), &ga[..ga.len().min(4)], &gb[..gb.len().min(4)]);
+        }
+    }
+}
