@@ -10,7 +10,7 @@ mod common;
 use clap::Parser;
 use common::*;
 use memwise::prelude::*;
-use memwise::runtime::{FitOptions, MemoryCallback, Trainer};
+use memwise::runtime::{MemoryCallback, Trainer};
 
 /// Pre-activation residual block: two separable convolutions and a strided max pool, with a
 /// strided 1×1 projection of the block's input added back.
@@ -87,9 +87,11 @@ fn main() -> Res<()> {
         plan.batch,
         memwise::plan::advice::format_bytes(plan.memory.total)
     );
+    dump_batches(&flags, &spec, plan.batch, &train)?;
     let monitor = memwise::runtime::monitor::MemoryMonitor::start();
     let mut trainer = rt(Trainer::from_plan(&spec, plan, &device, flags.seed, monitor))?;
-    let opts = FitOptions { epochs: flags.epochs.unwrap_or(2), max_steps: flags.steps, seed: flags.seed, ..Default::default() };
+    save_initial_weights(&flags, &trainer)?;
+    let opts = fit_options(&flags, 2);
     let mut mem = MemoryCallback::default();
     let history = rt(trainer.fit(&train, None, &opts, &mut [&mut mem]))?;
     let eval = rt(trainer.evaluate(&test))?;

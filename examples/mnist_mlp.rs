@@ -10,7 +10,7 @@ mod common;
 use clap::Parser;
 use common::*;
 use memwise::prelude::*;
-use memwise::runtime::{FitOptions, MemoryCallback, Trainer};
+use memwise::runtime::{MemoryCallback, Trainer};
 
 #[memwise::model(batch = 128, optimizer = rmsprop(lr = 1e-3), loss = sparse_categorical_crossentropy,
                  metrics = [accuracy], budget = "2 GiB")]
@@ -44,9 +44,11 @@ fn main() -> Res<()> {
     eprintln!("MnistMlp: {} parameters; one training step at batch {} needs {} (planned at compile time)",
         MnistMlp::PARAMS, plan.batch, memwise::plan::advice::format_bytes(plan.memory.total));
     eprintln!("training on {what}");
+    dump_batches(&flags, &spec, plan.batch, &train)?;
     let monitor = memwise::runtime::monitor::MemoryMonitor::start();
     let mut trainer = rt(Trainer::from_plan(&spec, plan, &device, flags.seed, monitor))?;
-    let opts = FitOptions { epochs: flags.epochs.unwrap_or(5), max_steps: flags.steps, seed: flags.seed, ..Default::default() };
+    save_initial_weights(&flags, &trainer)?;
+    let opts = fit_options(&flags, 5);
     let mut mem = MemoryCallback::default();
     let history = rt(trainer.fit(&train, None, &opts, &mut [&mut mem]))?;
     let eval = rt(trainer.evaluate(&test))?;

@@ -47,8 +47,153 @@ pub struct ConvVae {
     decoded: Conv2dTranspose,
 }
 
+#[derive(Parser, Debug)]
+struct Args {
+    #[command(flatten)]
+    flags: Flags,
+    /// The guide's before/after, with numbers: float32, mixed_float16, checkpointed, both, and
+    /// `checkpoint = auto` under `--compare-budget`; a table and `--compare-svg`.
+    #[arg(long)]
+    compare: bool,
+    /// Training steps per variant in `--compare`.
+    #[arg(long, default_value_t = 30)]
+    compare_steps: usize,
+    /// The budget `checkpoint = auto` must fit in `--compare` (default: 90% of float32's).
+    #[arg(long)]
+    compare_budget: Option<String>,
+    /// Bar chart of the comparison (SVG).
+    #[arg(long, default_value = "vae_compare.svg")]
+    compare_svg: std::path::PathBuf,
+}
+
+/// One row of the comparison.
+struct Row {
+    name: String,
+    estimate: u64,
+    measured: u64,
+    step_ms: f64,
+    final_loss: f32,
+}
+
+fn compare(args: &Args) -> Res<()> {
+    use memwise::plan::advice::format_bytes;
+    use memwise::plan::{checkpoint, Precision};
+    use memwise::runtime::monitor::{reset_peak, MemoryMonitor};
+    let flags = &args.flags;
+    let base = ConvVae::spec().with_batch(flags.batch.unwrap_or(ConvVae::spec().batch));
+    let f32_total = memwise::plan::plan(&base)?.memory.total;
+    let budget = match &args.compare_budget {
+        Some(b) => memwise::plan::advice::parse_bytes(b)?,
+        None => f32_total * 9 / 10,
+    };
+    // Checkpoint the encoder and the decoder, each as one segment.
+    let by_hand = |mut s: memwise::plan::ModelSpec| {
+        for l in s.layers.iter_mut() {
+            l.checkpoint = if l.name.starts_with("enc_") {
+                Some(1)
+            } else if l.name.starts_with("dec_") {
+                Some(2)
+            } else {
+                None
+            };
+        }
+        s
+    };
+    let mut fp16 = base.clone();
+    fp16.precision = Precision::MixedFloat16;
+    let auto = checkpoint::solve(&base, budget)?;
+    eprintln!("checkpoint = auto under {}: {auto}", format_bytes(budget));
+    let variants = vec![
+        ("float32".to_string(), base.clone()),
+        ("mixed_float16".to_string(), fp16.clone()),
+        ("checkpointed (encoder, decoder)".to_string(), by_hand(base.clone())),
+        ("mixed_float16 + checkpointed".to_string(), by_hand(fp16)),
+        (format!("checkpoint = auto ({} budget)", format_bytes(budget)), auto.apply(&base)),
+    ];
+    let (train, _) = mnist_images(flags)?;
+    let device = device(flags)?;
+    let mut rows = Vec::new();
+    for (name, spec) in variants {
+        let plan = memwise::plan::plan(&spec)?;
+        reset_peak();
+        let monitor = MemoryMonitor::start();
+        let mut trainer = rt(Trainer::from_plan(&spec, plan, &device, flags.seed, monitor))?;
+        let opts = FitOptions { epochs: args.compare_steps, max_steps: Some(args.compare_steps), seed: flags.seed, verbose: false, ..Default::default() };
+        let h = rt(trainer.fit(&train, None, &opts, &mut []))?;
+        let measured = trainer.monitor().growth().map_or(0, |g| g.peak);
+        let last = h.step_losses.iter().rev().take(5).sum::<f32>() / h.step_losses.len().min(5).max(1) as f32;
+        rows.push(Row { name, estimate: trainer.estimate_bytes(), measured, step_ms: h.step_ms_median(), final_loss: last });
+    }
+    println!("| variant | estimated peak | measured peak | error | step (ms, median) | loss (last 5 of {} steps) |", args.compare_steps);
+    println!("|---|--:|--:|--:|--:|--:|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {} | {:+.1}% | {:.1} | {:.1} |",
+            r.name,
+            format_bytes(r.estimate),
+            format_bytes(r.measured),
+            memwise::runtime::monitor::error_percent(r.measured, r.estimate),
+            r.step_ms,
+            r.final_loss
+        );
+    }
+    let bars: Vec<(String, u64, u64)> = rows.iter().map(|r| (r.name.clone(), r.estimate, r.measured)).collect();
+    std::fs::write(&args.compare_svg, bar_chart("ConvVae: one training step's memory, estimated vs measured", &bars, Some(budget)))?;
+    eprintln!("bar chart written to {}", args.compare_svg.display());
+    Ok(())
+}
+
+/// A grouped bar chart (estimated vs measured per variant) as SVG, binary units.
+fn bar_chart(title: &str, rows: &[(String, u64, u64)], budget: Option<u64>) -> String {
+    use memwise::plan::advice::format_bytes;
+    let (w, row_h, left, top) = (900.0f64, 56.0f64, 300.0f64, 60.0f64);
+    let max = rows.iter().map(|r| r.1.max(r.2)).chain(budget).max().unwrap_or(1) as f64 * 1.1;
+    let scale = |b: u64| (w - left - 40.0) * b as f64 / max;
+    let h = top + row_h * rows.len() as f64 + 50.0;
+    let esc = |s: &str| s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"13\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"20\" y=\"28\" font-size=\"16\" font-weight=\"bold\">{}</text>\n\
+         <rect x=\"{left}\" y=\"38\" width=\"12\" height=\"12\" fill=\"#7aa6d6\"/><text x=\"{}\" y=\"49\">estimated (compile time)</text>\n\
+         <rect x=\"{}\" y=\"38\" width=\"12\" height=\"12\" fill=\"#e07b39\"/><text x=\"{}\" y=\"49\">measured (peak RSS growth)</text>\n",
+        esc(title), left + 16.0, left + 220.0, left + 236.0
+    );
+    for (i, (name, est, meas)) in rows.iter().enumerate() {
+        let y = top + row_h * i as f64;
+        s += &format!("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n", left - 10.0, y + 26.0, esc(name));
+        for (k, (v, colour)) in [(*est, "#7aa6d6"), (*meas, "#e07b39")].iter().enumerate() {
+            let yy = y + 6.0 + 22.0 * k as f64;
+            s += &format!(
+                "<rect x=\"{left}\" y=\"{yy}\" width=\"{:.1}\" height=\"18\" fill=\"{colour}\"><title>{}: {}</title></rect>\
+                 <text x=\"{:.1}\" y=\"{}\" font-size=\"12\">{}</text>\n",
+                scale(*v),
+                esc(name),
+                format_bytes(*v),
+                left + scale(*v) + 6.0,
+                yy + 14.0,
+                format_bytes(*v)
+            );
+        }
+    }
+    if let Some(b) = budget {
+        let x = left + scale(b);
+        s += &format!(
+            "<line x1=\"{x:.1}\" y1=\"{top}\" x2=\"{x:.1}\" y2=\"{}\" stroke=\"#c0392b\" stroke-dasharray=\"6 4\"/>\
+             <text x=\"{x:.1}\" y=\"{}\" fill=\"#c0392b\" text-anchor=\"middle\">budget {}</text>\n",
+            h - 40.0,
+            h - 24.0,
+            format_bytes(b)
+        );
+    }
+    s + "</svg>\n"
+}
+
 fn main() -> Res<()> {
-    let flags = Flags::parse();
+    let args = Args::parse();
+    if args.compare {
+        return compare(&args);
+    }
+    let flags = args.flags;
     let (spec, plan) = plan_for(&ConvVae::spec(), ConvVae::PLAN, &flags)?;
     if flags.summary {
         println!("{}", memwise::summary::table(&plan));
@@ -64,9 +209,11 @@ fn main() -> Res<()> {
         plan.batch,
         memwise::plan::advice::format_bytes(plan.memory.total)
     );
+    dump_batches(&flags, &spec, plan.batch, &train)?;
     let monitor = memwise::runtime::monitor::MemoryMonitor::start();
     let mut trainer = rt(Trainer::from_plan(&spec, plan, &device, flags.seed, monitor))?;
-    let opts = FitOptions { epochs: flags.epochs.unwrap_or(5), max_steps: flags.steps, seed: flags.seed, ..Default::default() };
+    save_initial_weights(&flags, &trainer)?;
+    let opts = fit_options(&flags, 5);
     let mut mem = MemoryCallback::default();
     let history = rt(trainer.fit(&train, None, &opts, &mut [&mut mem]))?;
     let eval = rt(trainer.evaluate(&test))?;

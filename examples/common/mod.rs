@@ -5,10 +5,10 @@
 use std::path::PathBuf;
 
 use clap::Parser;
-use memwise::plan::{ModelSpec, StaticPlan};
-use memwise::runtime::data::dataset::InMemory;
+use memwise::plan::{LayerKind, ModelSpec, StaticPlan};
+use memwise::runtime::data::dataset::{Column, Dataset, InMemory};
 use memwise::runtime::data::idx::{load_bundled_digits, load_mnist_dir};
-use memwise::runtime::{Device, History, RuntimeError, Trainer};
+use memwise::runtime::{Device, FitOptions, History, RuntimeError, Trainer};
 
 /// Flags every example takes.
 #[derive(Parser, Debug, Clone)]
@@ -47,9 +47,102 @@ pub struct Flags {
     /// Seed for weights, shuffling and dropout.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Train on the samples in their stored order (no per-epoch shuffle): step `s` sees
+    /// samples `s·batch .. (s+1)·batch` of the training set.
+    #[arg(long)]
+    pub no_shuffle: bool,
+    /// Write the initial weights (before the first step) as safetensors, Keras layouts
+    /// (docs/WEIGHTS.md): what bench/twins.py loads.
+    #[arg(long, value_name = "PATH")]
+    pub save_initial_weights: Option<PathBuf>,
+    /// Write the batches of the first `--steps` training steps (default 20) as safetensors,
+    /// one tensor per model input, `[steps, batch, …]` in the stored dtype; needs
+    /// `--no-shuffle`. Its metadata names the model's layers in order (the random streams of
+    /// dropout and sampling are keyed by that index, see kernels/src/random.rs).
+    #[arg(long, value_name = "PATH")]
+    pub dump_batches: Option<PathBuf>,
 }
 
 pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// `FitOptions` from the flags: `--epochs` (else `default_epochs`), `--steps`, `--seed`,
+/// `--no-shuffle`.
+pub fn fit_options(flags: &Flags, default_epochs: usize) -> FitOptions {
+    FitOptions {
+        epochs: flags.epochs.unwrap_or(default_epochs),
+        max_steps: flags.steps,
+        seed: flags.seed,
+        shuffle: !flags.no_shuffle,
+        ..Default::default()
+    }
+}
+
+/// Writes `--dump-batches`: the batches the first `--steps` (default 20) steps of an
+/// unshuffled first epoch will see. Call it before the memory baseline is taken.
+pub fn dump_batches(flags: &Flags, spec: &ModelSpec, batch: usize, train: &InMemory) -> Res<()> {
+    let Some(path) = &flags.dump_batches else { return Ok(()) };
+    if !flags.no_shuffle {
+        return Err("--dump-batches needs --no-shuffle (the batches are the training set in order)".into());
+    }
+    let steps = flags.steps.unwrap_or(20).min(train.len() / batch.max(1));
+    let n = steps * batch;
+    let idx: Vec<usize> = (0..n).collect();
+    let mut bufs: Vec<Column> = train.columns().iter().map(|c| c.buffer(n)).collect();
+    train.gather(&idx, &mut bufs)?;
+    let names: Vec<&str> = spec.layers.iter().filter(|l| matches!(l.kind, LayerKind::Input { .. })).map(|l| l.name.as_str()).collect();
+    let mut tensors: Vec<(String, &'static str, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (k, b) in bufs.iter().enumerate() {
+        let name = names.get(k).map_or_else(|| format!("input{k}"), |s| s.to_string());
+        let shape = match spec.layers.iter().find(|l| l.name == name).map(|l| &l.kind) {
+            Some(LayerKind::Input { shape, .. }) => shape.clone(),
+            _ => vec![b.per_sample()],
+        };
+        let dims = [vec![steps, batch], shape].concat();
+        let (dtype, bytes) = match b {
+            Column::U8 { data, .. } => ("U8", data.clone()),
+            Column::I32 { data, .. } => ("I32", data.iter().flat_map(|v| v.to_le_bytes()).collect()),
+            Column::F32 { data, .. } => ("F32", data.iter().flat_map(|v| v.to_le_bytes()).collect()),
+        };
+        tensors.push((name, dtype, dims, bytes));
+    }
+    let layers: Vec<&str> = spec.layers.iter().map(|l| l.name.as_str()).collect();
+    let mut header = serde_json::Map::new();
+    header.insert(
+        "__metadata__".into(),
+        serde_json::json!({
+            "memwise.model": spec.name, "memwise.seed": flags.seed.to_string(),
+            "memwise.steps": steps.to_string(), "memwise.batch": batch.to_string(),
+            "memwise.layers": serde_json::to_string(&layers)?,
+        }),
+    );
+    let mut at = 0usize;
+    for (name, dtype, dims, bytes) in &tensors {
+        header.insert(name.clone(), serde_json::json!({"dtype": dtype, "shape": dims, "data_offsets": [at, at + bytes.len()]}));
+        at += bytes.len();
+    }
+    let mut h = serde_json::to_string(&header)?.into_bytes();
+    while h.len() % 8 != 0 {
+        h.push(b' ');
+    }
+    let mut out = Vec::with_capacity(8 + h.len() + at);
+    out.extend_from_slice(&(h.len() as u64).to_le_bytes());
+    out.extend_from_slice(&h);
+    for (_, _, _, bytes) in &tensors {
+        out.extend_from_slice(bytes);
+    }
+    std::fs::write(path, out)?;
+    eprintln!("{steps} batches written to {}", path.display());
+    Ok(())
+}
+
+/// Writes `--save-initial-weights` (the freshly initialised model's parameters).
+pub fn save_initial_weights(flags: &Flags, trainer: &Trainer) -> Res<()> {
+    if let Some(p) = &flags.save_initial_weights {
+        trainer.executor().save_weights(p)?;
+        eprintln!("initial weights written to {}", p.display());
+    }
+    Ok(())
+}
 
 /// The plan to run: the compile-time one, or a re-plan for `--batch`.
 pub fn plan_for(spec: &ModelSpec, compiled: StaticPlan, flags: &Flags) -> Res<(ModelSpec, StaticPlan)> {

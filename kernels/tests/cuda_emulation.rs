@@ -242,9 +242,7 @@ fn add_n_case<T: Ty>(r: &mut Rng) {
         k::elementwise::add_n(&refs, &mut want).unwrap();
         let mut y = zeros::<T>(n);
         let mut args = vec![pm(&mut y)];
-        for j in 0..8 {
-            args.push(if j < arity { p(&xs[j]) } else { NULL });
-        }
+        args.extend((0..8).map(|j| xs.get(j).map_or(NULL, |x| p(x))));
         args.extend([KArg::I32(arity as i32), u(n)]);
         run(
             &name1("mw_add_n", T::F),
@@ -257,9 +255,7 @@ fn add_n_case<T: Ty>(r: &mut Rng) {
         let mut want2 = xs[0].clone();
         k::elementwise::add_n_inplace(&mut want2, &refs[1..]).unwrap();
         let mut args = vec![pm(&mut acc), pm(&mut acc)];
-        for j in 1..8 {
-            args.push(if j < arity { p(&xs[j]) } else { NULL });
-        }
+        args.extend((1..8).map(|j| xs.get(j).map_or(NULL, |x| p(x))));
         args.extend([KArg::I32(arity as i32), u(n)]);
         run(
             &name1("mw_add_n", T::F),
@@ -492,14 +488,22 @@ fn softmax_bwd_to<Y: Ty, G: Ty, D: Ty>(r: &mut Rng) {
         k::activation::softmax_backward::<Y, G, D>(&y, &dy, &mut want, rows, cols).unwrap();
         let mut dx = zeros::<D>(rows * cols);
         let name = l::name3("mw_softmax_bwd", Y::F, G::F, D::F);
-        run(&name, LaunchCfg::rows(rows as u64), vec![p(&y), p(&dy), pm(&mut dx), u(rows), u(cols)]);
+        run(
+            &name,
+            LaunchCfg::rows(rows as u64),
+            vec![p(&y), p(&dy), pm(&mut dx), u(rows), u(cols)],
+        );
         close("softmax backward", &dx, &want, D::REL.max(G::REL), 2e-6);
         if G::F == D::F {
             // In place: dx over dy.
             let mut want2 = dy.clone();
             k::activation::softmax_backward_inplace::<Y, G>(&y, &mut want2, rows, cols).unwrap();
             let mut g = dy.clone();
-            run(&name, LaunchCfg::rows(rows as u64), vec![p(&y), pm(&mut g), pm(&mut g), u(rows), u(cols)]);
+            run(
+                &name,
+                LaunchCfg::rows(rows as u64),
+                vec![p(&y), pm(&mut g), pm(&mut g), u(rows), u(cols)],
+            );
             close("softmax backward in place", &g, &want2, G::REL, 2e-6);
         }
     }
@@ -1644,6 +1648,9 @@ fn random() {
 // ---------------------------------------------------------------------------------------------
 // optimizer.cu
 
+/// Builds an optimizer kernel's arguments from its state slots, params and scalars.
+type ArgsFn<'a> = dyn Fn(&mut [Vec<f32>], &mut Vec<f32>, &mut MwScalars) -> Vec<KArg> + 'a;
+
 fn optimizer() {
     use k::optimizer::{Adam, AdamW, Optimizer, RmsProp, Sgd};
     let r = &mut Rng::new(8);
@@ -1656,11 +1663,7 @@ fn optimizer() {
 
     // Runs the CPU update and the kernel from the same state; params and state must agree bit
     // for bit (the same f32 operations in the same order; sqrt and division correctly rounded).
-    let check = |what: &str,
-                 opt: &dyn Optimizer,
-                 name: &str,
-                 extra: &dyn Fn(&mut [Vec<f32>], &mut Vec<f32>, &mut MwScalars) -> Vec<KArg>,
-                 alpha: f32| {
+    let check = |what: &str, opt: &dyn Optimizer, name: &str, extra: &ArgsFn<'_>, alpha: f32| {
         let slots = opt.state_slots();
         let (mut wp, mut ws) = (p0.clone(), s0[..slots].to_vec());
         {

@@ -63,11 +63,43 @@ pub fn split_args(ts: TokenStream, errors: &mut Errors) -> Vec<Arg> {
                     tokens,
                 });
             }
-            None => args.push(Arg {
-                name: None,
-                value: tokens.clone(),
-                tokens,
-            }),
+            None => {
+                // `512 activation = relu`: a forgotten comma, not a strange value. Said once,
+                // and both halves read as if the comma were there.
+                let missing_comma = (1..piece.len().saturating_sub(1)).find(|&k| {
+                    matches!((&piece[k], &piece[k + 1]), (TokenTree::Ident(_), TokenTree::Punct(eq))
+                        if eq.as_char() == '=' && eq.spacing() == Spacing::Alone)
+                });
+                match missing_comma {
+                    Some(k) => {
+                        errors.at(&piece[k], format!("expected `,` before `{} = …`", piece[k]));
+                        let first: TokenStream = piece[..k].iter().cloned().collect();
+                        args.push(Arg {
+                            name: None,
+                            value: first.clone(),
+                            tokens: first,
+                        });
+                        let name = match &piece[k] {
+                            TokenTree::Ident(id) => Some(id.clone()),
+                            _ => None,
+                        };
+                        let value: TokenStream = piece[k + 2..].iter().cloned().collect();
+                        let tokens: TokenStream = piece[k..].iter().cloned().collect();
+                        if !value.is_empty() {
+                            args.push(Arg {
+                                name,
+                                value,
+                                tokens,
+                            });
+                        }
+                    }
+                    None => args.push(Arg {
+                        name: None,
+                        value: tokens.clone(),
+                        tokens,
+                    }),
+                }
+            }
         }
     }
     args

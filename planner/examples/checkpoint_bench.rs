@@ -20,8 +20,8 @@ use memwise_plan::{plan, zoo, ModelSpec, Phase};
 /// Budgets per sweep, from the unchecked total down to the smallest feasible.
 const SWEEP: usize = 8;
 
-fn gib(bytes: u64) -> String {
-    format!("{:.2}", bytes as f64 / (1u64 << 30) as f64)
+fn bytes(b: u64) -> String {
+    format_bytes(b)
 }
 
 /// `spec` with exactly `segments` (layer names) checkpointed.
@@ -60,6 +60,7 @@ fn median(mut xs: Vec<f64>) -> f64 {
 fn main() {
     let batch_search = !std::env::args().any(|a| a == "--no-batch");
     let mut facts = Vec::new();
+    let mut firsts = Vec::new();
     let mut sweeps = Vec::new();
     let mut violations = 0;
     for (name, spec) in zoo::all(1.0) {
@@ -80,18 +81,22 @@ fn main() {
                 (label, total, flops)
             })
             .collect();
-        let mut solve_ms = Vec::new();
+        let mut solve_ms: Vec<f64> = Vec::new();
         let mut rows = Vec::new();
         for k in (0..SWEEP).rev() {
             let budget = smallest + (unchecked - smallest) * k as u64 / (SWEEP as u64 - 1);
             let t = Instant::now();
             let choice = solver.solve(budget);
             solve_ms.push(t.elapsed().as_secs_f64() * 1e3);
-            let mut cells = vec![gib(budget)];
+            let mut cells = vec![bytes(budget)];
             let ours = match &choice {
                 Ok(c) => {
                     assert!(c.total <= budget, "{name}: the choice does not fit");
-                    cells.push(format!("{} ({} seg.)", pct(c.recompute_flops, forward), c.segments.len()));
+                    cells.push(format!(
+                        "{} ({} seg.)",
+                        pct(c.recompute_flops, forward),
+                        c.segments.len()
+                    ));
                     Some(c.recompute_flops)
                 }
                 Err(_) => {
@@ -114,20 +119,33 @@ fn main() {
             cells.push(if never_worse { "yes" } else { "**no**" }.into());
             rows.push(cells);
         }
+        firsts.push(format!(
+            "{name}: solver built in {build_ms:.0} ms, then {:.1} ms per budget (median) — {:.0} ms for a first answer",
+            median(solve_ms.clone()),
+            build_ms + solve_ms.get(1).copied().unwrap_or(0.0)
+        ));
         facts.push(format!(
             "| {name} | {} | {} | {} | {} | {:.0} | {:.0} | {:.1} | {} | {} | {} |",
             spec.batch,
             solver.unit_count(),
-            if solver.is_chain() { "chain DP" } else { "graph search" },
+            if solver.is_chain() {
+                "chain DP"
+            } else {
+                "graph search"
+            },
             solver.probes(),
             build_ms,
             smallest_ms,
             median(solve_ms),
-            gib(unchecked),
-            gib(smallest),
+            bytes(unchecked),
+            bytes(smallest),
             baselines
                 .iter()
-                .map(|(l, total, flops)| format!("{l} {} GiB / {}%", gib(*total), pct(*flops, forward)))
+                .map(|(l, total, flops)| format!(
+                    "{l} {} / {}%",
+                    bytes(*total),
+                    pct(*flops, forward)
+                ))
                 .collect::<Vec<_>>()
                 .join("; "),
         ));
@@ -135,15 +153,19 @@ fn main() {
     }
 
     println!("### Solver\n");
-    println!("| model | batch | units | method | probes | solver build ms | smallest total ms | solve ms (median) | unchecked GiB | smallest GiB | baselines (total / recompute) |");
+    println!("| model | batch | units | method | probes | solver build ms | smallest total ms | solve ms (median) | unchecked | smallest | baselines (total / recompute %) |");
     println!("|---|--:|--:|---|--:|--:|--:|--:|--:|--:|---|");
     for f in &facts {
         println!("{f}");
     }
+    println!();
+    for f in &firsts {
+        println!("- {f}");
+    }
     println!("\n### Budget sweeps: recompute as % of forward FLOPs\n");
     for (name, batch, rows) in &sweeps {
         println!("**{name}** (batch {batch})\n");
-        println!("| budget GiB | memwise | √n segments | every unit | memwise ≤ both |");
+        println!("| budget | memwise | √n segments | every unit | memwise ≤ both |");
         println!("|--:|--:|--:|--:|:-:|");
         for r in rows {
             println!("| {} |", r.join(" | "));
@@ -156,7 +178,9 @@ fn main() {
         return;
     }
     println!("### Largest batch per policy\n");
-    println!("| model | budget | plain | fp16 | auto-checkpoint | fp16 + auto-checkpoint | search s |");
+    println!(
+        "| model | budget | plain | fp16 | auto-checkpoint | fp16 + auto-checkpoint | search s |"
+    );
     println!("|---|--:|--:|--:|--:|--:|--:|");
     for (name, spec) in zoo::all(1.0) {
         for budget in [16u64 << 30, 80 << 30] {

@@ -9,10 +9,10 @@
 use crate::dtype::Precision;
 use crate::spec::{LayerKind, ModelSpec};
 
-/// Parses a byte size: a number and an optional unit, binary (`KiB`, `MiB`, `GiB`, `TiB`:
-/// powers of 1024) or decimal (`KB`, `MB`, `GB`, `TB`: powers of 1000), or `B`/no unit for
-/// bytes. Units are case-insensitive; the space between number and unit is optional.
-/// `"512 MiB"`, `"8 GiB"`, `"80GB"`, `"1.5 GiB"` and `"1_000_000"` are all understood.
+/// Parses a byte size: a number and an optional unit, binary (`KiB`, `MiB`, `GiB`, `TiB`,
+/// `PiB`: powers of 1024) or decimal (`KB`, `MB`, `GB`, `TB`, `PB`: powers of 1000), or
+/// `B`/no unit for bytes. Units are case-insensitive; the space between number and unit is
+/// optional. `"512 MiB"`, `"8 GiB"`, `"80GB"`, `"1.5 GiB"` and `"1_000_000"` are all understood.
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let text = s.trim();
     let split = text
@@ -33,11 +33,13 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         "mib" => 1 << 20,
         "gib" => 1 << 30,
         "tib" => 1 << 40,
+        "pib" => 1 << 50,
         "kb" => 1_000,
         "mb" => 1_000_000,
         "gb" => 1_000_000_000,
         "tb" => 1_000_000_000_000,
-        "k" | "m" | "g" | "t" => {
+        "pb" => 1_000_000_000_000_000,
+        "k" | "m" | "g" | "t" | "p" => {
             let u = unit.to_ascii_uppercase();
             return Err(format!(
                 "unit `{unit}` is ambiguous: write `{u}iB` (powers of 1024) or `{u}B` (powers of 1000)"
@@ -45,7 +47,7 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         }
         _ => {
             return Err(format!(
-                "unknown unit `{unit}`: use B, KiB, MiB, GiB, TiB (powers of 1024) or KB, MB, GB, TB (powers of 1000)"
+                "unknown unit `{unit}`: use B, KiB, MiB, GiB, TiB, PiB (powers of 1024) or KB, MB, GB, TB, PB (powers of 1000)"
             ))
         }
     };
@@ -377,6 +379,42 @@ mod tests {
         assert!(parse_bytes("2 gigs").unwrap_err().contains("unknown unit"));
         assert!(parse_bytes("1.2.3 GiB").is_err());
         assert!(parse_bytes("-1 GiB").is_err());
+    }
+
+    /// Every fix proposed is a plan that fits: re-planned here from the fix alone.
+    #[test]
+    fn proposed_fixes_fit() {
+        let spec = crate::zoo::mnist_mlp(8192);
+        let needed = total(&spec).unwrap();
+        let budget = needed * 3 / 4;
+        let f = fixes(&spec, budget);
+        assert_eq!(f.needed, needed);
+        let (b, t) = f.max_batch.expect("a smaller batch fits");
+        assert!(t <= budget && total(&spec.with_batch(b + 1)).unwrap() > budget);
+        assert_eq!(max_batch(&spec, budget), Some(b));
+        if let Some(p) = &f.precision {
+            let s = ModelSpec {
+                precision: p.precision,
+                ..spec.clone()
+            };
+            assert_eq!(total(&s), Some(p.total));
+        }
+        if let Some(c) = &f.checkpoint {
+            let mut s = spec.clone();
+            for (id, run) in (100..).zip(&c.runs) {
+                for name in run {
+                    s.layers
+                        .iter_mut()
+                        .find(|l| &l.name == name)
+                        .unwrap()
+                        .checkpoint = Some(id);
+                }
+            }
+            assert_eq!(total(&s), Some(c.total));
+            assert!(c.total <= budget);
+        }
+        assert!(f.any());
+        assert_eq!(max_batch(&spec, 1), None);
     }
 
     #[test]

@@ -168,7 +168,8 @@ impl Policy {
     }
 }
 
-/// The largest batch whose step fits `budget` under `policy`, or `None` when batch 1 does not.
+/// The largest batch (at most [`BATCH_LIMIT`]) whose step fits `budget` under `policy`, or
+/// `None` when batch 1 does not.
 ///
 /// Memory grows with the batch, so this is a search over the batch. For the checkpointing
 /// policies a full solve per batch tried would cost a solver each; instead the segmentation
@@ -183,7 +184,10 @@ pub fn max_batch_with(spec: &ModelSpec, budget: u64, policy: Policy) -> Option<u
     }
     // What fits unchecked fits checkpointed: start there.
     let mut lo = plain.unwrap_or(0);
-    while let Ok(solver) = Solver::new(&base.with_batch(lo + 1)) {
+    while lo < BATCH_LIMIT {
+        let Ok(solver) = Solver::new(&base.with_batch(lo + 1)) else {
+            break;
+        };
         let (smallest, segs) = solver.smallest_total();
         if smallest > budget {
             break;
@@ -237,11 +241,13 @@ pub fn lower_bound_total(spec: &ModelSpec) -> Result<u64, PlanError> {
     Ok(p.params + p.grads + p.optimizer + lower_bound(&reqs))
 }
 
-/// The largest `b >= 1` with `fits(b)`, given that `start` fits (0: nothing known), assuming
-/// `fits` is monotone. Exponential search up from `start`, then bisection.
+/// Largest batch any search here tries (as `advice::max_batch`).
+pub const BATCH_LIMIT: usize = 1 << 24;
+
+/// The largest `b` in `1..=BATCH_LIMIT` with `fits(b)`, given that `start` fits (0: nothing
+/// known), assuming `fits` is monotone. Exponential search up from `start`, then bisection.
 fn largest_batch(start: usize, fits: impl Fn(usize) -> bool) -> Option<usize> {
-    const LIMIT: usize = 1 << 24;
-    let mut lo = start;
+    let mut lo = start.min(BATCH_LIMIT);
     if lo == 0 {
         if !fits(1) {
             return None;
@@ -249,12 +255,15 @@ fn largest_batch(start: usize, fits: impl Fn(usize) -> bool) -> Option<usize> {
         lo = 1;
     }
     let mut hi = lo * 2;
-    while hi <= LIMIT && fits(hi) {
+    while hi <= BATCH_LIMIT && fits(hi) {
         lo = hi;
         hi *= 2;
     }
-    if hi > LIMIT {
-        return Some(lo);
+    if hi > BATCH_LIMIT {
+        if lo == BATCH_LIMIT || fits(BATCH_LIMIT) {
+            return Some(BATCH_LIMIT);
+        }
+        hi = BATCH_LIMIT;
     }
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
@@ -412,7 +421,11 @@ fn crossings(graph: &Graph, units: &[Vec<usize>], unit_of_layer: &[usize]) -> Ve
     }
     let mut cross = vec![Vec::new(); n + 1];
     for t in 0..nt {
-        for c in cross.iter_mut().take(last_use[t].min(n - 1) + 1).skip(born[t] + 1) {
+        for c in cross
+            .iter_mut()
+            .take(last_use[t].min(n - 1) + 1)
+            .skip(born[t] + 1)
+        {
             c.push(t);
         }
     }
@@ -638,16 +651,22 @@ impl Solver {
     /// Model memory of a segmentation given as blocks covering units `1..=m`: what the
     /// dynamic program believes. Equal to [`Solver::evaluate_units`]'s total on chains.
     pub fn model_total(&self, segments: &[(usize, usize)]) -> Option<u64> {
+        self.model(segments).map(|(total, _)| total)
+    }
+
+    /// The program's total and recompute FLOPs of a segmentation.
+    fn model(&self, segments: &[(usize, usize)]) -> Option<(u64, u64)> {
         let blocks = self.cover(segments);
         let (mut k, mut peak) = (self.terms.unit0.keep, self.terms.unit0.peak);
-        let mut tau = 0usize;
+        let (mut tau, mut cost) = (0usize, 0u64);
         for b in &blocks {
             let t = self.term(b, tau)?;
             peak = peak.max(k + t.peak);
             k += t.keep + t.bkeep;
+            cost += t.cost;
             tau = b.ckpt as usize;
         }
-        Some(self.persistent + peak)
+        Some((self.persistent + peak, cost))
     }
 
     /// Blocks covering every unit: the given segments checkpointed, every other unit stored.
@@ -721,7 +740,10 @@ impl Solver {
         let mut todo_stored: Vec<[bool; 2]> = (0..=m)
             .map(|i| [i >= 1 && allowed(i, 0), i >= 1 && allowed(i, 1)])
             .collect();
-        let open_at = |todo_ckpt: &Vec<Vec<[bool; 2]>>, todo_stored: &Vec<[bool; 2]>, i: usize, tau: usize| {
+        let open_at = |todo_ckpt: &Vec<Vec<[bool; 2]>>,
+                       todo_stored: &Vec<[bool; 2]>,
+                       i: usize,
+                       tau: usize| {
             if i > m {
                 return 0;
             }
@@ -729,7 +751,10 @@ impl Solver {
         };
         loop {
             let remaining: usize = (1..=m)
-                .map(|i| open_at(&todo_ckpt, &todo_stored, i, 0) + open_at(&todo_ckpt, &todo_stored, i, 1))
+                .map(|i| {
+                    open_at(&todo_ckpt, &todo_stored, i, 0)
+                        + open_at(&todo_ckpt, &todo_stored, i, 1)
+                })
                 .sum();
             if remaining == 0 {
                 break;
@@ -782,7 +807,11 @@ impl Solver {
         terms.probes += 1;
         terms.unit0 = measured[0];
         for (k, b) in blocks.iter().enumerate() {
-            let tau = if k == 0 { 0 } else { blocks[k - 1].ckpt as usize };
+            let tau = if k == 0 {
+                0
+            } else {
+                blocks[k - 1].ckpt as usize
+            };
             let t = measured[k + 1];
             let slot = if b.ckpt {
                 &mut terms.ckpt.entry((b.start, b.end)).or_insert([None, None])[tau]
@@ -887,7 +916,9 @@ impl Solver {
             if first <= lambda && lambda <= last {
                 kept_by_birth[born[t]] += bytes;
                 let forward = s.tensors[t].role == Role::Input
-                    || s.steps.get(first).is_some_and(|st| st.phase == Phase::Forward);
+                    || s.steps
+                        .get(first)
+                        .is_some_and(|st| st.phase == Phase::Forward);
                 if forward {
                     fwd_kept_by_birth[born[t]] += bytes;
                 }
@@ -918,22 +949,23 @@ impl Solver {
         let mut out = Vec::with_capacity(nb);
         let mut older = 0u64; // kept bytes born in blocks before k
         for k in 0..nb {
-            let into: &[TensorId] = if k == 0 { &[] } else { &self.cross[first_unit(k)] };
+            let into: &[TensorId] = if k == 0 {
+                &[]
+            } else {
+                &self.cross[first_unit(k)]
+            };
             let bkeep: u64 = into
                 .iter()
                 .filter(|&&t| born[t] < k)
                 .map(|&t| kept_at_lambda(t))
                 .sum();
             let base = older - bkeep.min(older);
-            let outgoing: u64 = self
-                .cross
-                .get(after(k))
-                .map_or(0, |ts| {
-                    ts.iter()
-                        .filter(|&&t| born[t] == k)
-                        .map(|&t| kept_at_lambda(t))
-                        .sum()
-                });
+            let outgoing: u64 = self.cross.get(after(k)).map_or(0, |ts| {
+                ts.iter()
+                    .filter(|&&t| born[t] == k)
+                    .map(|&t| kept_at_lambda(t))
+                    .sum()
+            });
             let p = if peak[k] == i128::MIN {
                 0
             } else {
@@ -980,7 +1012,8 @@ impl Solver {
             return None;
         }
         let mut nodes: Vec<(u32, Block)> = Vec::new();
-        let mut states: Vec<[Vec<Entry>; 2]> = (0..=m + 1).map(|_| [Vec::new(), Vec::new()]).collect();
+        let mut states: Vec<[Vec<Entry>; 2]> =
+            (0..=m + 1).map(|_| [Vec::new(), Vec::new()]).collect();
         states[1][0].push(Entry {
             k: t0.keep,
             cost: 0,
@@ -1151,7 +1184,12 @@ impl Solver {
             .collect()
     }
 
-    fn choice(&self, segments: &[(usize, usize)], budget: u64, method: Method) -> Result<CheckpointChoice, PlanError> {
+    fn choice(
+        &self,
+        segments: &[(usize, usize)],
+        budget: u64,
+        method: Method,
+    ) -> Result<CheckpointChoice, PlanError> {
         let names = self.segment_names(segments);
         let mut choice = CheckpointChoice {
             segments: names,
@@ -1200,7 +1238,8 @@ impl Solver {
     /// is found. Exact for chains ([`Solver::is_chain`]).
     pub fn optimal(&self, budget: u64) -> Option<(Vec<(usize, usize)>, Evaluation)> {
         if self.chain {
-            let (blocks, _, _) = self.program(budget.checked_sub(self.persistent)?, Objective::Cost)?;
+            let (blocks, _, _) =
+                self.program(budget.checked_sub(self.persistent)?, Objective::Cost)?;
             let segs = blocks_to_segments(&blocks);
             let e = self.evaluate_units(&segs);
             Some((segs, e))
@@ -1285,6 +1324,30 @@ impl Solver {
         if let Some((blocks, _, _)) = self.program(u64::MAX, Objective::Peak) {
             seeds.push(segments_to_labels(m, &blocks_to_segments(&blocks)));
         }
+        if let (Some(budget), true) = (budget, m <= SEARCH_SINGLE_SEGMENT_UNITS) {
+            // Every two separate segments, screened by the program's memory (approximate
+            // here, but cheap): the cheapest it believes fit, give or take 5 % of the arena.
+            let screen = budget + budget.saturating_sub(self.persistent) / 20;
+            let mut pairs: Vec<(u64, Vec<(usize, usize)>)> = Vec::new();
+            for a in 1..=m {
+                for b in a..=m {
+                    for c in b + 2..=m {
+                        for d in c..=m {
+                            let segs = [(a, b), (c, d)];
+                            if let Some((total, cost)) = self.model(&segs) {
+                                if total <= screen {
+                                    pairs.push((cost, segs.to_vec()));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            pairs.sort();
+            for (_, segs) in pairs.into_iter().take(SEARCH_SCREENED_PAIRS) {
+                seeds.push(segments_to_labels(m, &segs));
+            }
+        }
         if let Some(budget) = budget {
             // The program's memory is exact only on chains: ask it at a ladder of arena
             // budgets around the real one, and walk down while its answer overshoots.
@@ -1318,8 +1381,9 @@ impl Solver {
     ///
     /// 1. descend from each seed, taking the best single move (a unit added to or removed
     ///    from a segment, two neighbouring segments merged, one split, a boundary moved);
-    /// 2. at a local optimum, try pairs of moves (variable-neighbourhood descent), because
-    ///    a peak is a maximum over steps: lowering it often takes two changes at once;
+    /// 2. at a local optimum, try adding a whole new segment anywhere, then pairs of moves
+    ///    (variable-neighbourhood descent), because a peak is a maximum over steps: lowering
+    ///    it often takes several changes at once;
     /// 3. with evaluations left, perturb the best by three random moves and descend again
     ///    (iterated local search, a fixed seed so that answers are reproducible).
     ///
@@ -1329,13 +1393,18 @@ impl Solver {
     /// total. For [`Goal::Smallest`] the rank is the total.
     fn search(&self, goal: Goal, seeds: &[Labels]) -> (Labels, Evaluation) {
         let m = self.unit_count();
+        let cap = if m <= SEARCH_SMALL_UNITS {
+            2 * SEARCH_EVALUATIONS
+        } else {
+            SEARCH_EVALUATIONS
+        };
         let mut cache: HashMap<Labels, Rank> = HashMap::new();
         let mut evals = 0usize;
         let mut rank = |l: &Labels, evals: &mut usize| -> Option<Rank> {
             if let Some(r) = cache.get(l) {
                 return Some(*r);
             }
-            if *evals >= SEARCH_EVALUATIONS {
+            if *evals >= cap {
                 return None;
             }
             *evals += 1;
@@ -1367,7 +1436,9 @@ impl Solver {
                 let ones = neighbours(&cur);
                 let mut best: Option<(Labels, Rank)> = None;
                 for n in &ones {
-                    let Some(r) = rank(n, evals) else { break 'outer };
+                    let Some(r) = rank(n, evals) else {
+                        break 'outer;
+                    };
                     if r.key < best.as_ref().map_or(cur_r.key, |b| b.1.key) {
                         best = Some((n.clone(), r));
                     }
@@ -1377,9 +1448,21 @@ impl Solver {
                     cur_r = r;
                     continue;
                 }
+                for n in new_segments(&cur) {
+                    let Some(r) = rank(&n, evals) else {
+                        break 'outer;
+                    };
+                    if r.key < cur_r.key {
+                        cur = n;
+                        cur_r = r;
+                        continue 'outer;
+                    }
+                }
                 for a in &ones {
                     for n in neighbours(a) {
-                        let Some(r) = rank(&n, evals) else { break 'outer };
+                        let Some(r) = rank(&n, evals) else {
+                            break 'outer;
+                        };
                         if r.key < cur_r.key {
                             cur = n;
                             cur_r = r;
@@ -1406,8 +1489,10 @@ impl Solver {
         // Iterated local search: kick the best by 2–5 random moves and descend again.
         let mut rng = crate::generate::SplitMix64::new(0x6d65_6d77_6973_6521);
         let mut stale = 0;
-        while evals < SEARCH_EVALUATIONS && stale < SEARCH_STALE_KICKS {
-            let Some((start, start_rank)) = best.clone() else { break };
+        while evals < cap && stale < SEARCH_STALE_KICKS {
+            let Some((start, start_rank)) = best.clone() else {
+                break;
+            };
             let mut l = start;
             for _ in 0..rng.range(2, 5) {
                 let ns = neighbours(&l);
@@ -1465,14 +1550,19 @@ impl Solver {
 }
 
 /// Distinct segmentations the general search may evaluate (each a real schedule: about
-/// 0.5 ms for the U-Net, 20 µs for a ten-layer graph, in release).
+/// 0.5 ms for the U-Net, 20 µs for a ten-layer graph, in release); twice as many on graphs
+/// of at most [`SEARCH_SMALL_UNITS`] units, where each costs little.
 pub const SEARCH_EVALUATIONS: usize = 3000;
+/// See [`SEARCH_EVALUATIONS`].
+pub const SEARCH_SMALL_UNITS: usize = 16;
 /// Seeds the general search descends from (the best-ranked).
 const SEARCH_DESCENTS: usize = 12;
 /// Consecutive kicks without improvement after which the search stops.
 const SEARCH_STALE_KICKS: usize = 150;
+/// Two-segment seeds the general search takes from the program's screening.
+const SEARCH_SCREENED_PAIRS: usize = 24;
 /// Units up to which every single segment, and every range of one-unit segments, is a seed
-/// of the general search.
+/// of the general search, and every pair of segments is screened.
 const SEARCH_SINGLE_SEGMENT_UNITS: usize = 40;
 
 /// A segmentation's rank in the search (smaller is better) and its evaluation.
@@ -1480,6 +1570,23 @@ const SEARCH_SINGLE_SEGMENT_UNITS: usize = 40;
 struct Rank {
     key: (u8, u64, u64),
     e: Evaluation,
+}
+
+/// `l` with one more segment over any run of units no segment holds.
+fn new_segments(l: &[u32]) -> Vec<Labels> {
+    let fresh = l.iter().copied().max().unwrap_or(0) + 1;
+    let mut out = Vec::new();
+    for i in 0..l.len() {
+        for j in i..l.len() {
+            if l[j] != 0 {
+                break;
+            }
+            let mut n = l.to_vec();
+            n[i..=j].fill(fresh);
+            out.push(canonical(&n));
+        }
+    }
+    out
 }
 
 /// Every segmentation one move away from `l` (canonical, deduplicated).
@@ -1492,6 +1599,14 @@ fn neighbours(l: &[u32]) -> Vec<Labels> {
         f(&mut n);
         out.push(canonical(&n));
     };
+    // Drop a whole segment.
+    for seg in 1..fresh {
+        with(&|n| {
+            for x in n.iter_mut().filter(|x| **x == seg) {
+                *x = 0;
+            }
+        });
+    }
     for u in 0..m {
         if l[u] == 0 {
             with(&|n| n[u] = fresh);

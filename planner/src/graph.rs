@@ -108,6 +108,17 @@ fn fmt_shape(s: &[usize]) -> String {
     format!("[{}]", inner.join(", "))
 }
 
+/// The most elements a tensor, a parameter or an op's workspace may have: 2^40 (4 TiB of
+/// f32), beyond any device. Every size is checked against it as the graph is built (sizes
+/// computed on the way saturate instead of overflowing), so the arithmetic on sizes in the
+/// later stages — bytes, offsets, sums over every tensor — cannot overflow.
+pub const MAX_ELEMS: usize = 1 << 40;
+
+/// The product of `dims`, saturating at `usize::MAX` (then over [`MAX_ELEMS`]).
+fn prod(dims: &[usize]) -> usize {
+    dims.iter().fold(1usize, |a, &d| a.saturating_mul(d))
+}
+
 /// Shape without the batch dimension, as the user wrote it.
 fn user_shape(s: &[usize]) -> String {
     fmt_shape(&s[1.min(s.len())..])
@@ -122,10 +133,27 @@ struct Builder<'a> {
     /// Training graph (batch statistics, dropout) or inference graph (running statistics,
     /// no dropout).
     training: bool,
+    /// The first tensor or parameter over [`MAX_ELEMS`], reported when its layer is done.
+    oversize: Option<PlanError>,
 }
 
 impl<'a> Builder<'a> {
+    /// Notes `shape` as the layer's error when it has more than [`MAX_ELEMS`] elements.
+    fn check_size(&mut self, layer: usize, what: &str, shape: &[usize]) {
+        if self.oversize.is_none() && prod(shape) > MAX_ELEMS {
+            self.oversize = Some(PlanError::at(
+                &self.spec.layers[layer].name,
+                format!(
+                    "its {what} {} would have more than 2^40 elements (4 TiB of f32), the most \
+                     the planner accepts: reduce the batch or the layer's sizes",
+                    fmt_shape(shape)
+                ),
+            ));
+        }
+    }
+
     fn tensor(&mut self, layer: usize, suffix: &str, shape: Vec<usize>, dtype: DType) -> TensorId {
+        self.check_size(layer, &format!("tensor `{suffix}`"), &shape);
         let name = format!("{}.{}", self.spec.layers[layer].name, suffix);
         self.g.tensors.push(GTensor {
             name,
@@ -145,6 +173,7 @@ impl<'a> Builder<'a> {
         trainable: bool,
         half: Option<DType>,
     ) -> usize {
+        self.check_size(layer, &format!("parameter `{suffix}`"), &shape);
         let name = format!("{}.{}", self.spec.layers[layer].name, suffix);
         self.g.params.push(GParam {
             name,
@@ -305,7 +334,7 @@ impl<'a> Builder<'a> {
     }
 
     fn conv_chunk(&self, n: usize, per_sample_elems: usize, dt: DType) -> usize {
-        let per_sample = (per_sample_elems as u64 * dt.size()).max(1);
+        let per_sample = (per_sample_elems as u64).saturating_mul(dt.size()).max(1);
         ((IM2COL_CAP_BYTES / per_sample) as usize).clamp(1, n.max(1))
     }
 
@@ -383,6 +412,7 @@ impl<'a> Builder<'a> {
                 }
                 let mut full = vec![batch];
                 full.extend_from_slice(shape);
+                self.check_size(i, "input", &full);
                 self.g.tensors.push(GTensor {
                     name: name.to_string(),
                     layer: i,
@@ -393,7 +423,7 @@ impl<'a> Builder<'a> {
                 let raw = self.g.tensors.len() - 1;
                 self.g.inputs.push(raw);
                 if *dtype == DType::U8 {
-                    let elems = full.iter().product();
+                    let elems = prod(&full);
                     let out = self.tensor(i, "scaled", full.clone(), dt);
                     self.push(
                         i,
@@ -488,7 +518,7 @@ impl<'a> Builder<'a> {
                     return Err(PlanError::at(name, "conv2d filters must be at least 1"));
                 }
                 let x = self.cast_to(i, v, dt)?;
-                let per_sample = d.out_h() * d.out_w() * d.kh * d.kw * d.c_in;
+                let per_sample = prod(&[d.out_h(), d.out_w(), d.kh, d.kw, d.c_in]);
                 let chunk = self.conv_chunk(d.n, per_sample, dt);
                 let oshape = vec![d.n, d.out_h(), d.out_w(), *filters];
                 let y = self.tensor(
@@ -547,7 +577,7 @@ impl<'a> Builder<'a> {
                     i,
                     v,
                     from,
-                    c * multiplier,
+                    c.saturating_mul(*multiplier),
                     *kernel,
                     *strides,
                     *padding,
@@ -611,7 +641,7 @@ impl<'a> Builder<'a> {
                     i,
                     v,
                     from,
-                    c * multiplier,
+                    c.saturating_mul(*multiplier),
                     *kernel,
                     *strides,
                     *padding,
@@ -720,7 +750,7 @@ impl<'a> Builder<'a> {
                     transpose_out_len(d.h, d.kh, d.sh, *padding),
                     transpose_out_len(d.w, d.kw, d.sw, *padding),
                 );
-                let chunk = self.conv_chunk(d.n, d.h * d.w * d.kh * d.kw * filters, dt);
+                let chunk = self.conv_chunk(d.n, prod(&[d.h, d.w, d.kh, d.kw, *filters]), dt);
                 let oshape = vec![d.n, oh, ow, *filters];
                 let y = self.tensor(
                     i,
@@ -781,7 +811,7 @@ impl<'a> Builder<'a> {
                 let oshape = vec![d.n, d.out_h(), d.out_w(), c];
                 let y = self.tensor(i, "out", oshape.clone(), dt);
                 if matches!(ls.kind, LayerKind::MaxPool2d { .. }) {
-                    if d.kh * d.kw > 255 {
+                    if d.kh.saturating_mul(d.kw) > 255 {
                         return Err(PlanError::at(name, format!("max_pool2d window {}×{} has more than 255 elements (its argmax is stored in one byte)", d.kh, d.kw)));
                     }
                     let arg = self.tensor(i, "argmax", oshape.clone(), DType::U8);
@@ -937,7 +967,7 @@ impl<'a> Builder<'a> {
                 arity(1)?;
                 let (v, from) = &ins[0];
                 let have: usize = v.shape[1..].iter().product();
-                let want: usize = shape.iter().product();
+                let want: usize = prod(shape);
                 if have != want {
                     return Err(PlanError::at(
                         name,
@@ -1532,6 +1562,7 @@ impl Graph {
             by_name: HashMap::new(),
             consumed: vec![false; spec.layers.len()],
             training,
+            oversize: None,
         };
         for (i, l) in spec.layers.iter().enumerate() {
             if b.by_name.contains_key(l.name.as_str()) {
@@ -1540,10 +1571,30 @@ impl Graph {
                     format!("two layers are named `{}`", l.name),
                 ));
             }
+            let ops_before = b.g.ops.len();
             b.layer(i)?;
+            if let Some(e) = b.oversize.take() {
+                return Err(e);
+            }
+            for o in &b.g.ops[ops_before..] {
+                let ws = o.op.workspace_elems(false).max(o.op.workspace_elems(true));
+                if ws > MAX_ELEMS {
+                    return Err(PlanError::at(
+                        &l.name,
+                        format!(
+                            "its {} would need a workspace of more than 2^40 elements, the most \
+                             the planner accepts: reduce the batch or the layer's sizes",
+                            o.op.name()
+                        ),
+                    ));
+                }
+            }
             b.by_name.insert(l.name.as_str(), i);
         }
         b.losses()?;
+        if let Some(e) = b.oversize.take() {
+            return Err(e);
+        }
         Ok(b.g)
     }
 

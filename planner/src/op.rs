@@ -61,7 +61,8 @@ pub const fn out_len(input: usize, kernel: usize, stride: usize, padding: Paddin
     }
 }
 
-/// Output length of a transposed convolution along one axis.
+/// Output length of a transposed convolution along one axis (saturating at `usize::MAX`,
+/// which the graph then refuses as too large).
 pub const fn transpose_out_len(
     input: usize,
     kernel: usize,
@@ -69,8 +70,11 @@ pub const fn transpose_out_len(
     padding: Padding,
 ) -> usize {
     match padding {
-        Padding::Same => input * stride,
-        Padding::Valid => (input - 1) * stride + if kernel > stride { kernel } else { stride },
+        Padding::Same => input.saturating_mul(stride),
+        Padding::Valid => input
+            .saturating_sub(1)
+            .saturating_mul(stride)
+            .saturating_add(if kernel > stride { kernel } else { stride }),
     }
 }
 
@@ -254,10 +258,16 @@ impl Op {
     }
 
     /// Forward multiply-adds ×2 (FLOPs) of one execution, the cost model used to price
-    /// recomputation. Element-wise ops count one FLOP per element.
+    /// recomputation. Element-wise ops count one FLOP per element. Capped at
+    /// [`MAX_OP_FLOPS`], so sums over the ops of any model stay inside `u64`.
     pub fn forward_flops(&self) -> u64 {
-        let u = |x: usize| x as u64;
-        match *self {
+        self.forward_flops_saturating().min(MAX_OP_FLOPS)
+    }
+
+    fn forward_flops_saturating(&self) -> u64 {
+        let u = |x: usize| U(x as u64);
+        let s = |x: usize, y: usize| x.saturating_mul(y);
+        let r: U = match *self {
             Op::Dense {
                 rows,
                 in_features,
@@ -265,16 +275,16 @@ impl Op {
                 ..
             } => 2 * u(rows) * u(in_features) * u(units),
             Op::Conv2d { dims: d, .. } => {
-                2 * u(d.n) * u(d.out_h()) * u(d.out_w()) * u(d.kh * d.kw * d.c_in) * u(d.c_out)
+                2 * u(d.n) * u(d.out_h()) * u(d.out_w()) * u(d.kh) * u(d.kw) * u(d.c_in) * u(d.c_out)
             }
             Op::Conv2dTranspose { dims: d, .. } => {
-                2 * u(d.n) * u(d.h) * u(d.w) * u(d.kh * d.kw * d.c_out) * u(d.c_in)
+                2 * u(d.n) * u(d.h) * u(d.w) * u(d.kh) * u(d.kw) * u(d.c_out) * u(d.c_in)
             }
             Op::DepthwiseConv2d { dims: d, .. } => {
-                2 * u(d.n) * u(d.out_h()) * u(d.out_w()) * u(d.kh * d.kw) * u(d.c_out)
+                2 * u(d.n) * u(d.out_h()) * u(d.out_w()) * u(d.kh) * u(d.kw) * u(d.c_out)
             }
             Op::MaxPool2d { dims: d } | Op::AvgPool2d { dims: d } => {
-                u(d.n) * u(d.out_h()) * u(d.out_w()) * u(d.kh * d.kw) * u(d.c_out)
+                u(d.n) * u(d.out_h()) * u(d.out_w()) * u(d.kh) * u(d.kw) * u(d.c_out)
             }
             Op::Attention {
                 batch,
@@ -284,7 +294,7 @@ impl Op {
                 ..
             } => {
                 4 * u(batch) * u(heads) * u(seq) * u(seq) * u(head_dim)
-                    + 5 * u(batch * heads * seq * seq)
+                    + 5 * u(batch) * u(heads) * u(seq) * u(seq)
             }
             Op::InputCast { elems, .. }
             | Op::Cast { elems }
@@ -293,22 +303,53 @@ impl Op {
             | Op::Add { elems, .. }
             | Op::SampleNormal { elems, .. }
             | Op::Accumulate { elems } => u(elems),
-            Op::GlobalAvgPool { n, hw, c } => u(n * hw * c),
-            Op::BatchNorm { rows, channels, .. } => 8 * u(rows * channels),
-            Op::LayerNorm { rows, features, .. } => 8 * u(rows * features),
-            Op::BatchNormInference { rows, channels, .. } => 2 * u(rows * channels),
-            Op::Concat { rows, a, b } => u(rows * (a + b)),
-            Op::Embedding { tokens, dim, .. } => u(tokens * dim),
+            Op::GlobalAvgPool { n, hw, c } => u(n) * u(hw) * u(c),
+            Op::BatchNorm { rows, channels, .. } => 8 * u(rows) * u(channels),
+            Op::LayerNorm { rows, features, .. } => 8 * u(rows) * u(features),
+            Op::BatchNormInference { rows, channels, .. } => 2 * u(rows) * u(channels),
+            Op::Concat { rows, a, b } => u(rows) * u(a.saturating_add(b)),
+            Op::Embedding { tokens, dim, .. } => u(s(tokens, dim)),
             Op::SoftmaxCrossEntropy { rows, classes, .. }
-            | Op::SoftmaxCrossEntropyFromLogits { rows, classes, .. } => 4 * u(rows * classes),
+            | Op::SoftmaxCrossEntropyFromLogits { rows, classes, .. } => 4 * u(s(rows, classes)),
             Op::SigmoidBinaryCrossentropy { rows, features, .. }
             | Op::BinaryCrossentropy { rows, features, .. }
             | Op::MeanSquaredError { rows, features, .. }
-            | Op::KlNormal { rows, features, .. } => 4 * u(rows * features),
-            Op::CheckFinite | Op::Update => 0,
-        }
+            | Op::KlNormal { rows, features, .. } => 4 * u(s(rows, features)),
+            Op::CheckFinite | Op::Update => U(0),
+        };
+        r.0
     }
 }
+
+/// A FLOP count whose `*` and `+` saturate instead of overflowing.
+#[derive(Clone, Copy)]
+struct U(u64);
+
+impl std::ops::Mul for U {
+    type Output = U;
+    fn mul(self, o: U) -> U {
+        U(self.0.saturating_mul(o.0))
+    }
+}
+
+impl std::ops::Mul<U> for u64 {
+    type Output = U;
+    fn mul(self, o: U) -> U {
+        U(self.saturating_mul(o.0))
+    }
+}
+
+impl std::ops::Add for U {
+    type Output = U;
+    fn add(self, o: U) -> U {
+        U(self.0.saturating_add(o.0))
+    }
+}
+
+/// The most FLOPs [`Op::forward_flops`] reports for one op (2^52, about 4.5·10^15: more than
+/// any layer of a real model at its largest batch), so that sums over a model's ops cannot
+/// overflow.
+pub const MAX_OP_FLOPS: u64 = 1 << 52;
 
 /// Bytes of im2col scratch a convolution may use per chunk of samples; the planner lowers
 /// `chunk = max(1, WORKSPACE_CAP / per-sample bytes)` samples at a time so the workspace stays
@@ -325,17 +366,29 @@ impl Op {
                 if d.kh == 1 && d.kw == 1 && d.sh == 1 && d.sw == 1 {
                     0
                 } else {
-                    chunk.min(d.n) * d.h * d.w * d.kh * d.kw * d.c_out
+                    sat_prod(&[chunk.min(d.n), d.h, d.w, d.kh, d.kw, d.c_out])
                 }
             }
             Op::Attention {
                 batch, seq, heads, ..
-            } if backward => batch * heads * seq * seq,
+            } if backward => sat_prod(&[batch, heads, seq, seq]),
             // The probabilities, computed from the logits at the loss step.
-            Op::SoftmaxCrossEntropyFromLogits { rows, classes, .. } => rows * classes,
+            Op::SoftmaxCrossEntropyFromLogits { rows, classes, .. } => rows.saturating_mul(classes),
             _ => 0,
         }
     }
+}
+
+/// The product of `dims`, saturating at `usize::MAX` (sizes are checked against the graph's
+/// `MAX_ELEMS` after they are computed).
+const fn sat_prod(dims: &[usize]) -> usize {
+    let mut p = 1usize;
+    let mut i = 0;
+    while i < dims.len() {
+        p = p.saturating_mul(dims[i]);
+        i += 1;
+    }
+    p
 }
 
 /// im2col elements of a conv2d lowered `chunk` samples at a time; 0 for a 1×1 stride-1
@@ -345,7 +398,7 @@ pub const fn conv2d_col_elems(d: &Window2d, chunk: usize) -> usize {
         0
     } else {
         let c = if chunk < d.n { chunk } else { d.n };
-        c * d.out_h() * d.out_w() * d.kh * d.kw * d.c_in
+        sat_prod(&[c, d.out_h(), d.out_w(), d.kh, d.kw, d.c_in])
     }
 }
 
@@ -362,6 +415,7 @@ pub const fn gemm_scratch_elems(m: usize, n: usize, k: usize, a: bool, b: bool, 
         return 0;
     }
     let (mb, nb, kb) = (min(m, GEMM_BLOCK), min(n, GEMM_BLOCK), min(k, GEMM_BLOCK));
+    // Each block is at most GEMM_BLOCK²: no overflow.
     (a as usize) * mb * kb + (b as usize) * kb * nb + (c as usize) * mb * nb
 }
 
@@ -395,9 +449,9 @@ impl Op {
             ),
             Op::Conv2d { dims: d, chunk, .. } => {
                 let (r, k) = if d.kh == 1 && d.kw == 1 && d.sh == 1 && d.sw == 1 {
-                    (d.n * d.h * d.w, d.c_in)
+                    (sat_prod(&[d.n, d.h, d.w]), d.c_in)
                 } else {
-                    (min(chunk, d.n) * d.out_h() * d.out_w(), d.kh * d.kw * d.c_in)
+                    (sat_prod(&[min(chunk, d.n), d.out_h(), d.out_w()]), sat_prod(&[d.kh, d.kw, d.c_in]))
                 };
                 max3(
                     gemm_scratch_elems(r, d.c_out, k, h, h, h),
@@ -407,9 +461,9 @@ impl Op {
             }
             Op::Conv2dTranspose { dims: d, chunk, .. } => {
                 let (r, k) = if d.kh == 1 && d.kw == 1 && d.sh == 1 && d.sw == 1 {
-                    (d.n * d.h * d.w, d.c_out)
+                    (sat_prod(&[d.n, d.h, d.w]), d.c_out)
                 } else {
-                    (min(chunk, d.n) * d.h * d.w, d.kh * d.kw * d.c_out)
+                    (sat_prod(&[min(chunk, d.n), d.h, d.w]), sat_prod(&[d.kh, d.kw, d.c_out]))
                 };
                 max3(
                     gemm_scratch_elems(r, k, d.c_in, h, h, h),
@@ -423,7 +477,7 @@ impl Op {
                     gemm_scratch_elems(seq, head_dim, seq, h, h, h),
                     0,
                 );
-                lane * min(batch * heads, ATTENTION_LANES)
+                lane * min(batch.saturating_mul(heads), ATTENTION_LANES)
             }
             _ => 0,
         }

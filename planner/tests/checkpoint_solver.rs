@@ -23,7 +23,11 @@ fn env(name: &str, debug: usize, release: usize) -> usize {
     std::env::var(name)
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(if cfg!(debug_assertions) { debug } else { release })
+        .unwrap_or(if cfg!(debug_assertions) {
+            debug
+        } else {
+            release
+        })
 }
 
 /// Every segmentation of `m` units: each unit is unchecked, starts a segment, or (after a
@@ -155,12 +159,18 @@ fn versus_exhaustive(
             t.searched += s.search_evaluations() - before;
             if let Some((_, e)) = &found {
                 if e.total > b {
-                    failures.push(format!("seed {seed}: budget {b}: the choice needs {}", e.total));
+                    failures.push(format!(
+                        "seed {seed}: budget {b}: the choice needs {}",
+                        e.total
+                    ));
                     continue;
                 }
             }
             if let Err(msg) = check(b, best_cost(&table, b), found) {
-                failures.push(format!("seed {seed} ({} units): budget {b}: {msg}", s.unit_count()));
+                failures.push(format!(
+                    "seed {seed} ({} units): budget {b}: {msg}",
+                    s.unit_count()
+                ));
             }
         }
     }
@@ -296,7 +306,10 @@ fn chain_live_bytes_decompose_into_block_terms() {
     for (name, spec) in models {
         let s = Solver::new(&spec).unwrap();
         assert!(s.is_chain(), "{name} is a chain of units");
-        assert!(!s.inconsistent(), "{name}: two probes read one block differently");
+        assert!(
+            !s.inconsistent(),
+            "{name}: two probes read one block differently"
+        );
         let mut rng = SplitMix64::new(checked as u64);
         for _ in 0..12 {
             let segs = random_segments(&mut rng, s.unit_count());
@@ -315,10 +328,16 @@ fn resnet_units_are_its_bottlenecks() {
     assert_eq!(s.unit_count(), 22);
     assert_eq!(s.unit_layers(5)[0], "conv2_block1_0_conv");
     assert_eq!(s.unit_layers(5).last().unwrap(), "conv2_block1_out");
-    let g = Solver::new(&zoo::gpt2_stack(1, 2)).unwrap();
+    let g = Solver::new(&zoo::gpt2_stack(1, 4)).unwrap();
     // Each block splits at its first residual sum; then ln_f.
-    assert_eq!(g.unit_count(), 5);
+    assert!(g.is_chain());
+    assert_eq!(g.unit_count(), 9);
     assert_eq!(g.unit_layers(1).last().unwrap(), "h0_add_1");
+    assert_eq!(g.unit_layers(2).last().unwrap(), "h0_add_2");
+    // Two blocks: one half-block would be a quarter of the model; the search works on layers.
+    let small = Solver::new(&zoo::gpt2_stack(1, 2)).unwrap();
+    assert!(!small.is_chain());
+    assert_eq!(small.unit_count(), 19);
 }
 
 /// Planned total and recompute FLOPs of `spec`.
@@ -335,7 +354,12 @@ fn planned(spec: &ModelSpec) -> (u64, u64) {
 
 #[test]
 fn solve_fits_every_budget_and_reports_its_cost() {
-    for spec in [zoo::mnist_mlp(128), zoo::conv_vae(32), zoo::gpt2_stack(1, 2), zoo::resnet50(2)] {
+    for spec in [
+        zoo::mnist_mlp(128),
+        zoo::conv_vae(32),
+        zoo::gpt2_stack(1, 2),
+        zoo::resnet50(2),
+    ] {
         let s = Solver::new(&spec).unwrap();
         let (smallest, segs) = s.smallest_total();
         let unchecked = planned(&spec).0;
@@ -344,13 +368,19 @@ fn solve_fits_every_budget_and_reports_its_cost() {
         let mut last_cost = 0u64;
         for k in 0..=4u64 {
             let budget = unchecked - (unchecked - floor) * k / 4;
-            let c = s.solve(budget).unwrap_or_else(|e| panic!("{}: {e}", spec.name));
+            let c = s
+                .solve(budget)
+                .unwrap_or_else(|e| panic!("{}: {e}", spec.name));
             assert!(c.total <= budget, "{}: {} > {budget}", spec.name, c.total);
             assert_eq!(c.unchecked_total, unchecked);
             // The choice is exactly what the user would get by writing it down.
             assert_eq!(planned(&c.apply(&spec)), (c.total, c.recompute_flops));
             // Tighter budgets never recompute less.
-            assert!(c.recompute_flops >= last_cost, "{}: cost fell as the budget shrank", spec.name);
+            assert!(
+                c.recompute_flops >= last_cost,
+                "{}: cost fell as the budget shrank",
+                spec.name
+            );
             last_cost = c.recompute_flops;
             assert_eq!(c.method == Method::ChainOptimal, s.is_chain());
             let text = c.to_string();
@@ -369,7 +399,10 @@ fn solve_fits_every_budget_and_reports_its_cost() {
 fn with_names(spec: &ModelSpec, segments: &[Vec<String>]) -> ModelSpec {
     let mut s = spec.clone();
     for l in s.layers.iter_mut() {
-        l.checkpoint = segments.iter().position(|g| g.contains(&l.name)).map(|k| k as u32);
+        l.checkpoint = segments
+            .iter()
+            .position(|g| g.contains(&l.name))
+            .map(|k| k as u32);
     }
     s
 }
@@ -380,8 +413,16 @@ fn no_fit_names_the_smallest_reachable_total() {
     let s = Solver::new(&spec).unwrap();
     let (smallest, _) = s.smallest_total();
     let err = checkpoint::solve(&spec, smallest - 1).unwrap_err();
-    assert!(err.message.contains("smallest total any checkpointing reaches"), "{err}");
-    assert!(err.message.contains(&memwise_plan::advice::format_bytes(smallest)), "{err}");
+    assert!(
+        err.message
+            .contains("smallest total any checkpointing reaches"),
+        "{err}"
+    );
+    assert!(
+        err.message
+            .contains(&memwise_plan::advice::format_bytes(smallest)),
+        "{err}"
+    );
 }
 
 #[test]
@@ -396,18 +437,42 @@ fn solve_ignores_checkpoints_already_declared() {
 
 #[test]
 fn max_batch_per_policy() {
-    for (spec, budget) in [(zoo::mnist_mlp(1), 8u64 << 20), (zoo::conv_vae(1), 24 << 20), (zoo::gpt2_stack(1, 2), 3 << 30)] {
-        let b: Vec<Option<usize>> = Policy::ALL.iter().map(|&p| max_batch_with(&spec, budget, p)).collect();
+    for (spec, budget) in [
+        (zoo::mnist_mlp(1), 8u64 << 20),
+        (zoo::conv_vae(1), 24 << 20),
+        (zoo::gpt2_stack(1, 2), 3 << 30),
+    ] {
+        let b: Vec<Option<usize>> = Policy::ALL
+            .iter()
+            .map(|&p| max_batch_with(&spec, budget, p))
+            .collect();
         let [plain, fp16, auto, both] = [b[0], b[1], b[2], b[3]];
         assert!(plain <= auto && fp16 <= both, "{}: {b:?}", spec.name);
         assert_eq!(plain, memwise_plan::advice::max_batch(&spec, budget));
         // The checkpointed answers are exact: that batch solves, the next does not.
-        for (policy, found) in [(Policy::AutoCheckpoint, auto), (Policy::Fp16AndAutoCheckpoint, both)] {
+        for (policy, found) in [
+            (Policy::AutoCheckpoint, auto),
+            (Policy::Fp16AndAutoCheckpoint, both),
+        ] {
             let base = policy.spec(&spec);
             let n = found.expect("batch 1 fits");
             assert!(checkpoint::solve(&base.with_batch(n), budget).is_ok());
-            assert!(checkpoint::solve(&base.with_batch(n + 1), budget).is_err(), "{}: {policy:?} {n}", spec.name);
+            assert!(
+                checkpoint::solve(&base.with_batch(n + 1), budget).is_err(),
+                "{}: {policy:?} {n}",
+                spec.name
+            );
         }
     }
-    assert_eq!(max_batch_with(&zoo::mnist_mlp(1), 1 << 10, Policy::AutoCheckpoint), None);
+    assert_eq!(
+        max_batch_with(&zoo::mnist_mlp(1), 1 << 10, Policy::AutoCheckpoint),
+        None
+    );
+    // Past the search's limit, every policy says the limit.
+    for p in Policy::ALL {
+        assert_eq!(
+            max_batch_with(&zoo::mnist_mlp(1), 1 << 50, p),
+            Some(checkpoint::BATCH_LIMIT)
+        );
+    }
 }

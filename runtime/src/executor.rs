@@ -480,8 +480,18 @@ impl Executor {
                 )));
             }
             if b.len() != t.elems() {
+                // Say what the batch was, when it is whole samples: a batch larger than the
+                // plan's is refused here, before a byte is copied into the arena.
+                let per = t.shape.get(1..).map_or(1, |s| s.iter().product::<usize>());
+                let samples = match b.len().checked_div(per) {
+                    Some(n) if n * per == b.len() => format!(
+                        " (a batch of {n}; this plan's batch is {}: plan the model for {n} or split the batch)",
+                        self.plan.batch
+                    ),
+                    _ => String::new(),
+                };
                 return Err(RuntimeError::Input(format!(
-                    "input `{}` expects {} values (shape {:?}), got {}",
+                    "input `{}` expects {} values (shape {:?}), got {}{samples}",
                     t.name,
                     t.elems(),
                     &t.shape[..],
@@ -491,23 +501,25 @@ impl Executor {
         }
         for (b, &id) in inputs.iter().zip(ids.iter()) {
             let bad = match b {
-                Batch::F32(x) => x.iter().position(|v| !v.is_finite()),
-                Batch::F16(x) => x.iter().position(|v| !v.is_finite()),
-                Batch::BF16(x) => x.iter().position(|v| !v.is_finite()),
+                Batch::F32(x) => x.iter().position(|v| !v.is_finite()).map(|i| (i, x[i].to_string())),
+                Batch::F16(x) => x.iter().position(|v| !v.is_finite()).map(|i| (i, x[i].to_string())),
+                Batch::BF16(x) => x.iter().position(|v| !v.is_finite()).map(|i| (i, x[i].to_string())),
                 Batch::U8(_) | Batch::I32(_) => None,
             };
-            if let Some(i) = bad {
+            if let Some((i, value)) = bad {
                 let t = self.plan.tensor(id);
-                let per = (t.elems() / t.shape[0].max(1)).max(1);
+                let per = (t.elems() / t.shape.first().copied().unwrap_or(1).max(1)).max(1);
                 return Err(RuntimeError::Input(format!(
-                    "input `{}`: sample {} holds a non-finite value (element {} of the batch); \
-                     clean the data or drop such samples",
+                    "input `{}`: sample {} holds a non-finite value ({value} at element {i} of the batch, \
+                     expected a finite {}); clean the data or drop such samples \
+                     (`InMemory::drop_non_finite`)",
                     t.name,
                     i / per,
-                    i
+                    t.dtype.name()
                 )));
             }
         }
+        self.check_index_ranges(inputs)?;
         for (b, &id) in inputs.iter().zip(ids.iter()) {
             let t = self.plan.tensor(id);
             if t.first > t.last {
@@ -517,6 +529,44 @@ impl Executor {
             // SAFETY: &mut self; input tensors are disjoint from each other at step 0.
             let dst = unsafe { self.arena.view_mut::<u8>(t.offset, bytes.len())? };
             dst.copy_from_slice(bytes);
+        }
+        Ok(())
+    }
+
+    /// Checks the integer inputs that index something: labels read by a sparse
+    /// cross-entropy (`0..classes`) and token ids read by an embedding (`0..vocab`), so a bad
+    /// value is refused before any step runs, naming the input, the sample and the range.
+    fn check_index_ranges(&self, inputs: &[Batch<'_>]) -> Result<()> {
+        for s in self.plan.steps.iter() {
+            let (at, limit, what) = match s.op {
+                Op::SoftmaxCrossEntropy { classes, .. } | Op::SoftmaxCrossEntropyFromLogits { classes, .. } => {
+                    (1, classes, "classes")
+                }
+                Op::Embedding { vocab, .. } => (0, vocab, "tokens in the vocabulary"),
+                _ => continue,
+            };
+            let Some(&id) = s.reads.get(at) else { continue };
+            let Some(k) = self.plan.inputs.iter().position(|&i| i == id) else { continue };
+            let Some(Batch::I32(x)) = inputs.get(k) else { continue };
+            let Some(i) = x.iter().position(|&v| !usize::try_from(v).is_ok_and(|v| v < limit)) else {
+                continue;
+            };
+            let t = self.plan.tensor(id);
+            let per = (t.elems() / t.shape.first().copied().unwrap_or(1).max(1)).max(1);
+            let (name, kind) = match s.op {
+                Op::Embedding { .. } => ("token id", "embedding"),
+                _ => ("label", "loss"),
+            };
+            return Err(RuntimeError::Input(format!(
+                "input `{}`: sample {} has {name} {} (element {i} of the batch), expected 0..={} \
+                 for the {} {what} of {kind} `{}`",
+                t.name,
+                i / per,
+                x[i],
+                limit as i64 - 1,
+                limit,
+                s.layer
+            )));
         }
         Ok(())
     }

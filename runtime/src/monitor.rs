@@ -53,3 +53,10 @@ pub fn error_percent(measured: u64, estimated: u64) -> f64 {
     }
     (measured as f64 / estimated as f64 - 1.0) * 100.0
 }
+
+/// Resets the kernel's peak resident size (`VmHWM`) to the current size (Linux: writes `5`
+/// to /proc/self/clear_refs), so one process can measure several models one after another.
+/// Returns false where that is not possible.
+pub fn reset_peak() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}

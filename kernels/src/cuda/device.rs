@@ -269,8 +269,6 @@ impl CudaDevice {
         if let Some(m) = self.modules.lock().unwrap().get(module) {
             return Ok(m.clone());
         }
-        let src =
-            sources::module_source(module).ok_or_else(|| format!("no kernel module `{module}`"))?;
         let key = format!("{module}-{}-{:016x}.ptx", self.arch, sources::fingerprint());
         let cached = self.cache_dir.as_ref().map(|d| d.join(&key));
         let ptx = match cached
@@ -279,14 +277,7 @@ impl CudaDevice {
         {
             Some(text) => Ptx::from_src(text),
             None => {
-                let opts = CompileOptions {
-                    arch: Some(self.arch),
-                    options: NVRTC_OPTIONS.iter().map(|s| s.to_string()).collect(),
-                    name: Some(format!("{module}.cu")),
-                    ..Default::default()
-                };
-                let ptx = nvrtc::compile_ptx_with_opts(&src, opts)
-                    .map_err(|e| format!("NVRTC compiling {module}.cu for {}: {e:?}", self.arch))?;
+                let ptx = compile_module(module, self.arch)?;
                 if let Some(p) = &cached {
                     let _ = std::fs::create_dir_all(p.parent().unwrap());
                     let _ = std::fs::write(p, ptx.to_src());
@@ -342,7 +333,7 @@ impl CudaDevice {
     /// Runs one mapped GEMM on cuBLAS (`cublasGemmStridedBatchedEx`, or `cublasGemmEx` for a
     /// single item) with f32 accumulation: `a`, `b`, `c` are the device addresses of the
     /// buffers `g.a.0`, `g.b.0`, `g.c.0` (element offsets are added here), of element types
-    /// `ta`, `tb`, `tc` (f16/bf16 operands with an f32 result is the master-gradient case).
+    /// `types` (f16/bf16 operands with an f32 result is the master-gradient case).
     ///
     /// # Safety
     /// The addresses must hold what [`CublasGemm::extents`] says the call touches.
@@ -352,11 +343,10 @@ impl CudaDevice {
         a: u64,
         b: u64,
         c: u64,
-        ta: Float,
-        tb: Float,
-        tc: Float,
+        types: [Float; 3],
     ) -> DeviceResult<()> {
         g.validate()?;
+        let [ta, tb, tc] = types;
         let op = |t: bool| {
             if t {
                 blas_sys::cublasOperation_t::CUBLAS_OP_T
@@ -427,6 +417,26 @@ impl CudaDevice {
             )
         })
     }
+}
+
+/// Compiles kernel module `module` with NVRTC for `arch` (`sm_90` …), as on first use: the
+/// module's source after `common.cuh`, no include path, [`NVRTC_OPTIONS`]. Needs libnvrtc
+/// (checked: an `Err`, not cudarc's panic, when it cannot be loaded), not a GPU.
+pub fn compile_module(module: &str, arch: &'static str) -> DeviceResult<Ptx> {
+    // SAFETY: only tries to load the library.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err("libnvrtc could not be loaded; add its folder to LD_LIBRARY_PATH".into());
+    }
+    let src =
+        sources::module_source(module).ok_or_else(|| format!("no kernel module `{module}`"))?;
+    let opts = CompileOptions {
+        arch: Some(arch),
+        options: NVRTC_OPTIONS.iter().map(|s| s.to_string()).collect(),
+        name: Some(format!("{module}.cu")),
+        ..Default::default()
+    };
+    nvrtc::compile_ptx_with_opts(&src, opts)
+        .map_err(|e| format!("NVRTC compiling {module}.cu for {arch}: {e:?}"))
 }
 
 fn alloc_raw(ctx: &Arc<CudaContext>, bytes: usize) -> DeviceResult<DeviceBuffer> {

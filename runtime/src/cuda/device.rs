@@ -9,7 +9,9 @@ use memwise_kernels::cuda::device::{CudaDevice, DeviceBuffer};
 use memwise_kernels::cuda::{Float, KernelCall};
 use memwise_plan::StaticPlan;
 
-use memwise_kernels::cuda::device::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use memwise_kernels::cuda::device::cudarc::driver::sys::{
+    CUgraphInstantiate_flags, CUstreamCaptureMode,
+};
 use memwise_kernels::cuda::device::cudarc::driver::CudaGraph;
 
 use super::{Backend, GpuExecutor};
@@ -20,7 +22,10 @@ use crate::error::{Result, RuntimeError};
 /// out the same one afterwards. An `Err` says what is missing (libraries, device).
 pub fn open(ordinal: usize) -> Result<Arc<CudaDevice>> {
     static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<CudaDevice>>>> = OnceLock::new();
-    let mut map = DEVICES.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap();
+    let mut map = DEVICES
+        .get_or_init(|| Mutex::new(HashMap::new()))
+        .lock()
+        .unwrap();
     if let Some(d) = map.get(&ordinal) {
         return Ok(d.clone());
     }
@@ -39,7 +44,11 @@ pub struct CudaBackend {
 
 impl CudaBackend {
     pub fn new(dev: Arc<CudaDevice>) -> CudaBackend {
-        CudaBackend { dev, buffers: Vec::new(), graph: None }
+        CudaBackend {
+            dev,
+            buffers: Vec::new(),
+            graph: None,
+        }
     }
 
     pub fn device(&self) -> &Arc<CudaDevice> {
@@ -49,7 +58,11 @@ impl CudaBackend {
 
 impl Backend for CudaBackend {
     fn name(&self) -> String {
-        format!("cuda:{} ({})", self.dev.info().ordinal, self.dev.info().name)
+        format!(
+            "cuda:{} ({})",
+            self.dev.info().ordinal,
+            self.dev.info().name
+        )
     }
 
     fn memory(&self) -> Option<(u64, u64)> {
@@ -81,8 +94,15 @@ impl Backend for CudaBackend {
         self.dev.launch(call)
     }
 
-    unsafe fn gemm(&self, g: &CublasGemm, a: u64, b: u64, c: u64, t: [Float; 3]) -> std::result::Result<(), String> {
-        self.dev.gemm(g, a, b, c, t[0], t[1], t[2])
+    unsafe fn gemm(
+        &self,
+        g: &CublasGemm,
+        a: u64,
+        b: u64,
+        c: u64,
+        t: [Float; 3],
+    ) -> std::result::Result<(), String> {
+        self.dev.gemm(g, a, b, c, t)
     }
 
     fn synchronize(&self) -> std::result::Result<(), String> {
@@ -112,7 +132,9 @@ impl Backend for CudaBackend {
 
     fn replay(&self) -> std::result::Result<(), String> {
         match &self.graph {
-            Some(g) => g.launch().map_err(|e| format!("launching the graph: {e:?}")),
+            Some(g) => g
+                .launch()
+                .map_err(|e| format!("launching the graph: {e:?}")),
             None => Err("no captured graph".into()),
         }
     }
@@ -131,7 +153,10 @@ impl GpuExecutor<CudaBackend> {
     /// executor for `seed`.
     pub fn on_cuda(plan: StaticPlan, device: &Device, seed: u64) -> Result<CudaExecutor> {
         let DeviceKind::Cuda { ordinal, .. } = device.kind else {
-            return Err(RuntimeError::Device(format!("{} is not a CUDA device", device.name())));
+            return Err(RuntimeError::Device(format!(
+                "{} is not a CUDA device",
+                device.name()
+            )));
         };
         GpuExecutor::new(plan, device, CudaBackend::new(open(ordinal)?), seed)
     }

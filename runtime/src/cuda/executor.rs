@@ -18,9 +18,15 @@
 use half::{bf16, f16};
 use memwise_kernels as k;
 use memwise_kernels::cublas_map::{self as cm, CublasGemm, Operand, RowGemm};
-use memwise_kernels::cuda::launch::{self as kl, name1, name2, name3, Float, KArg, KernelCall, LaunchCfg, MwDepthwise, MwGeom, MwPool, MwScalars};
+use memwise_kernels::cuda::launch::{
+    self as kl, name1, name2, name3, Float, KArg, KernelCall, LaunchCfg, MwDepthwise, MwGeom,
+    MwPool, MwScalars,
+};
 use memwise_plan::liveness::align_up;
-use memwise_plan::{Activation as Act, DType, Op, Optimizer, Padding, Phase, PlanStep, Reduction, StaticPlan, Window2d, NONE, NO_OFFSET};
+use memwise_plan::{
+    Activation as Act, DType, Op, Optimizer, Padding, Phase, PlanStep, Reduction, StaticPlan,
+    Window2d, NONE, NO_OFFSET,
+};
 
 use crate::device::Device;
 use crate::error::{Result, RuntimeError};
@@ -60,7 +66,14 @@ pub trait Backend {
     ///
     /// # Safety
     /// The addresses must hold what `g.extents()` says the call touches.
-    unsafe fn gemm(&self, g: &CublasGemm, a: u64, b: u64, c: u64, types: [Float; 3]) -> std::result::Result<(), String>;
+    unsafe fn gemm(
+        &self,
+        g: &CublasGemm,
+        a: u64,
+        b: u64,
+        c: u64,
+        types: [Float; 3],
+    ) -> std::result::Result<(), String>;
     fn synchronize(&self) -> std::result::Result<(), String>;
     /// Starts recording the launches that follow into a graph; `false` when this backend
     /// has no graphs (then nothing is recorded and launches run as usual).
@@ -116,7 +129,10 @@ fn float(dt: DType) -> Result<Float> {
         DType::F32 => Ok(Float::F32),
         DType::F16 => Ok(Float::F16),
         DType::BF16 => Ok(Float::Bf16),
-        other => Err(RuntimeError::Memory(format!("expected a float tensor, found {}", other.name()))),
+        other => Err(RuntimeError::Memory(format!(
+            "expected a float tensor, found {}",
+            other.name()
+        ))),
     }
 }
 
@@ -132,7 +148,8 @@ fn pool_dims(d: &Window2d) -> Result<k::pool::Pool2d> {
         Padding::Same => k::pool::Padding::Same,
         Padding::Valid => k::pool::Padding::Valid,
     };
-    k::pool::Pool2d::new(d.n, d.h, d.w, d.c_in, (d.kh, d.kw), (d.sh, d.sw), pad).map_err(|e| RuntimeError::Memory(e.0))
+    k::pool::Pool2d::new(d.n, d.h, d.w, d.c_in, (d.kh, d.kw), (d.sh, d.sw), pad)
+        .map_err(|e| RuntimeError::Memory(e.0))
 }
 fn conv_padding(p: Padding) -> k::conv::Padding {
     match p {
@@ -141,13 +158,46 @@ fn conv_padding(p: Padding) -> k::conv::Padding {
     }
 }
 fn conv_dims(d: &Window2d) -> k::conv::Conv2dDims {
-    k::conv::Conv2dDims { n: d.n, h: d.h, w: d.w, c_in: d.c_in, c_out: d.c_out, kh: d.kh, kw: d.kw, sh: d.sh, sw: d.sw, padding: conv_padding(d.padding) }
+    k::conv::Conv2dDims {
+        n: d.n,
+        h: d.h,
+        w: d.w,
+        c_in: d.c_in,
+        c_out: d.c_out,
+        kh: d.kh,
+        kw: d.kw,
+        sh: d.sh,
+        sw: d.sw,
+        padding: conv_padding(d.padding),
+    }
 }
 fn convt_dims(d: &Window2d) -> k::conv::ConvTranspose2dDims {
-    k::conv::ConvTranspose2dDims { n: d.n, h: d.h, w: d.w, c_in: d.c_in, c_out: d.c_out, kh: d.kh, kw: d.kw, sh: d.sh, sw: d.sw, padding: conv_padding(d.padding) }
+    k::conv::ConvTranspose2dDims {
+        n: d.n,
+        h: d.h,
+        w: d.w,
+        c_in: d.c_in,
+        c_out: d.c_out,
+        kh: d.kh,
+        kw: d.kw,
+        sh: d.sh,
+        sw: d.sw,
+        padding: conv_padding(d.padding),
+    }
 }
 fn dw_dims(d: &Window2d) -> k::conv::DepthwiseConv2dDims {
-    k::conv::DepthwiseConv2dDims { n: d.n, h: d.h, w: d.w, c: d.c_in, multiplier: d.c_out / d.c_in.max(1), kh: d.kh, kw: d.kw, sh: d.sh, sw: d.sw, padding: conv_padding(d.padding) }
+    k::conv::DepthwiseConv2dDims {
+        n: d.n,
+        h: d.h,
+        w: d.w,
+        c: d.c_in,
+        multiplier: d.c_out / d.c_in.max(1),
+        kh: d.kh,
+        kw: d.kw,
+        sh: d.sh,
+        sw: d.sw,
+        padding: conv_padding(d.padding),
+    }
 }
 fn act_code(a: Act) -> i32 {
     use k::activation::Activation as A;
@@ -165,7 +215,12 @@ impl<B: Backend> GpuExecutor<B> {
     /// Allocates the plan's two regions on `backend` — after checking that they fit the
     /// device's free memory and `device.memory_limit` (an `Err` with the numbers, nothing
     /// allocated) — and initialises the weights exactly as the CPU executor does for `seed`.
-    pub fn new(plan: StaticPlan, device: &Device, mut backend: B, seed: u64) -> Result<GpuExecutor<B>> {
+    pub fn new(
+        plan: StaticPlan,
+        device: &Device,
+        mut backend: B,
+        seed: u64,
+    ) -> Result<GpuExecutor<B>> {
         let total = plan.persistent_bytes + SCALARS_BYTES + plan.arena_bytes;
         let mem = backend.memory();
         let available = match (device.memory_limit, mem) {
@@ -174,15 +229,24 @@ impl<B: Backend> GpuExecutor<B> {
         };
         if let Some(avail) = available {
             if total > avail {
-                return Err(RuntimeError::OutOfMemory { needed: total, available: avail, device: backend.name() });
+                return Err(RuntimeError::OutOfMemory {
+                    needed: total,
+                    available: avail,
+                    device: backend.name(),
+                });
             }
         }
         let used_before = mem.map(|(free, t)| t - free);
         // Weights: initialised on the host exactly as the CPU executor does, then uploaded.
-        let mut host = Region::new(plan.persistent_bytes as usize, "persistent region (host copy)")?;
+        let mut host = Region::new(
+            plan.persistent_bytes as usize,
+            "persistent region (host copy)",
+        )?;
         crate::init::initialise(&plan, &mut host, seed)?;
         refresh_half_copies(&plan, &mut host)?;
-        let persistent = backend.alloc((plan.persistent_bytes + SCALARS_BYTES) as usize).map_err(dev)?;
+        let persistent = backend
+            .alloc((plan.persistent_bytes + SCALARS_BYTES) as usize)
+            .map_err(dev)?;
         let arena = backend.alloc(plan.arena_bytes as usize).map_err(dev)?;
         // SAFETY: the persistent allocation holds persistent_bytes.
         unsafe { backend.upload(host.bytes(), persistent).map_err(dev)? };
@@ -190,10 +254,22 @@ impl<B: Backend> GpuExecutor<B> {
             .params
             .iter()
             .filter(|p| p.grad_offset != NO_OFFSET)
-            .map(|p| (p.grad_offset, p.grad_offset + align_up(p.elems() as u64 * 4, plan.alignment)))
+            .map(|p| {
+                (
+                    p.grad_offset,
+                    p.grad_offset + align_up(p.elems() as u64 * 4, plan.alignment),
+                )
+            })
             .collect();
-        let grads_range = (grads.iter().map(|g| g.0).min().unwrap_or(0), grads.iter().map(|g| g.1).max().unwrap_or(0));
-        let scaler = if plan.loss_scaling { k::optimizer::LossScaler::new() } else { k::optimizer::LossScaler::disabled() };
+        let grads_range = (
+            grads.iter().map(|g| g.0).min().unwrap_or(0),
+            grads.iter().map(|g| g.1).max().unwrap_or(0),
+        );
+        let scaler = if plan.loss_scaling {
+            k::optimizer::LossScaler::new()
+        } else {
+            k::optimizer::LossScaler::disabled()
+        };
         backend.synchronize().map_err(dev)?;
         Ok(GpuExecutor {
             scalars: persistent + plan.persistent_bytes,
@@ -250,7 +326,12 @@ impl<B: Backend> GpuExecutor<B> {
 
     /// The f32 values of parameter `name`.
     pub fn param(&self, name: &str) -> Result<Vec<f32>> {
-        let p = self.plan.params.iter().find(|p| p.name == name).ok_or_else(|| RuntimeError::Input(format!("the model has no parameter `{name}`")))?;
+        let p = self
+            .plan
+            .params
+            .iter()
+            .find(|p| p.name == name)
+            .ok_or_else(|| RuntimeError::Input(format!("the model has no parameter `{name}`")))?;
         self.download_f32(self.persistent + p.offset, p.elems())
     }
 
@@ -261,7 +342,9 @@ impl<B: Backend> GpuExecutor<B> {
             .params
             .iter()
             .find(|p| p.name == name && p.grad_offset != NO_OFFSET)
-            .ok_or_else(|| RuntimeError::Input(format!("the model has no trainable parameter `{name}`")))?;
+            .ok_or_else(|| {
+                RuntimeError::Input(format!("the model has no trainable parameter `{name}`"))
+            })?;
         self.download_f32(self.persistent + p.grad_offset, p.elems())
     }
 
@@ -273,17 +356,33 @@ impl<B: Backend> GpuExecutor<B> {
         }
         let t = self.plan.tensor(id);
         if out.len() != t.elems() {
-            return Err(RuntimeError::Input(format!("prediction has {} values, buffer {}", t.elems(), out.len())));
+            return Err(RuntimeError::Input(format!(
+                "prediction has {} values, buffer {}",
+                t.elems(),
+                out.len()
+            )));
         }
         let mut raw = vec![0u8; t.elems() * t.dtype.size() as usize];
         // SAFETY: the tensor's bytes are inside the arena.
-        unsafe { self.backend.download(self.arena + t.offset, &mut raw).map_err(dev)? };
-        for (o, c) in out.iter_mut().zip(raw.chunks_exact(t.dtype.size() as usize)) {
+        unsafe {
+            self.backend
+                .download(self.arena + t.offset, &mut raw)
+                .map_err(dev)?
+        };
+        for (o, c) in out
+            .iter_mut()
+            .zip(raw.chunks_exact(t.dtype.size() as usize))
+        {
             *o = match t.dtype {
                 DType::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
                 DType::F16 => f16::from_le_bytes([c[0], c[1]]).to_f32(),
                 DType::BF16 => bf16::from_le_bytes([c[0], c[1]]).to_f32(),
-                other => return Err(RuntimeError::Input(format!("prediction is {}", other.name()))),
+                other => {
+                    return Err(RuntimeError::Input(format!(
+                        "prediction is {}",
+                        other.name()
+                    )))
+                }
             };
         }
         Ok(())
@@ -293,13 +392,18 @@ impl<B: Backend> GpuExecutor<B> {
         let mut raw = vec![0u8; n * 4];
         // SAFETY: callers pass ranges of the persistent region.
         unsafe { self.backend.download(addr, &mut raw).map_err(dev)? };
-        Ok(raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        Ok(raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
     }
 
     /// Runs the plan's forward and loss steps (an inference plan).
     pub fn evaluate_step(&mut self, inputs: &[Batch<'_>]) -> Result<StepOutput> {
         if self.plan.training {
-            return Err(RuntimeError::Input("evaluate_step needs an inference plan (plan_inference)".into()));
+            return Err(RuntimeError::Input(
+                "evaluate_step needs an inference plan (plan_inference)".into(),
+            ));
         }
         self.train_step(inputs)
     }
@@ -317,7 +421,11 @@ impl<B: Backend> GpuExecutor<B> {
             bad_index: 0,
         };
         // SAFETY: the scalars block is SCALARS_BYTES at the end of the persistent allocation.
-        unsafe { self.backend.upload(struct_bytes(&sc), self.scalars).map_err(dev)? };
+        unsafe {
+            self.backend
+                .upload(struct_bytes(&sc), self.scalars)
+                .map_err(dev)?
+        };
         match self.graph {
             Graph::Captured => {
                 self.backend.replay().map_err(dev)?;
@@ -343,12 +451,17 @@ impl<B: Backend> GpuExecutor<B> {
         // SAFETY: as above.
         unsafe { self.backend.download(self.scalars, &mut raw).map_err(dev)? };
         // SAFETY: MwScalars is plain old data and raw holds exactly one.
-        let after: MwScalars = unsafe { std::ptr::read_unaligned(raw.as_ptr() as *const MwScalars) };
+        let after: MwScalars =
+            unsafe { std::ptr::read_unaligned(raw.as_ptr() as *const MwScalars) };
         let mut loss = 0f32;
         for &id in self.plan.losses.iter() {
             let mut b = [0u8; 4];
             // SAFETY: a loss value is one f32 in the arena.
-            unsafe { self.backend.download(self.arena + self.plan.tensor(id).offset, &mut b).map_err(dev)? };
+            unsafe {
+                self.backend
+                    .download(self.arena + self.plan.tensor(id).offset, &mut b)
+                    .map_err(dev)?
+            };
             loss += f32::from_le_bytes(b);
         }
         if after.bad_index != 0 {
@@ -357,7 +470,11 @@ impl<B: Backend> GpuExecutor<B> {
                 after.bad_index - 1
             )));
         }
-        let mut out = StepOutput { loss, correct: after.correct.max(0) as usize, skipped: false };
+        let mut out = StepOutput {
+            loss,
+            correct: after.correct.max(0) as usize,
+            skipped: false,
+        };
         if self.plan.training {
             if self.plan.loss_scaling {
                 if let k::optimizer::StepDecision::Skip = self.scaler.update(after.nonfinite != 0) {
@@ -379,7 +496,12 @@ impl<B: Backend> GpuExecutor<B> {
 
     fn adam_alpha(&self) -> f32 {
         match self.plan.optimizer {
-            Optimizer::Adam { lr, beta_1, beta_2, .. } | Optimizer::AdamW { lr, beta_1, beta_2, .. } => kl::adam_alpha(lr, beta_1, beta_2, self.updates + 1),
+            Optimizer::Adam {
+                lr, beta_1, beta_2, ..
+            }
+            | Optimizer::AdamW {
+                lr, beta_1, beta_2, ..
+            } => kl::adam_alpha(lr, beta_1, beta_2, self.updates + 1),
             _ => 0.0,
         }
     }
@@ -388,15 +510,30 @@ impl<B: Backend> GpuExecutor<B> {
     fn load_inputs(&mut self, inputs: &[Batch<'_>]) -> Result<()> {
         let ids = &self.plan.inputs;
         if inputs.len() != ids.len() {
-            return Err(RuntimeError::Input(format!("the model takes {} inputs, got {}", ids.len(), inputs.len())));
+            return Err(RuntimeError::Input(format!(
+                "the model takes {} inputs, got {}",
+                ids.len(),
+                inputs.len()
+            )));
         }
         for (b, &id) in inputs.iter().zip(ids.iter()) {
             let t = self.plan.tensor(id);
             if b.dtype() != t.dtype {
-                return Err(RuntimeError::Input(format!("input `{}` holds {} values, got {}", t.name, t.dtype.name(), b.dtype().name())));
+                return Err(RuntimeError::Input(format!(
+                    "input `{}` holds {} values, got {}",
+                    t.name,
+                    t.dtype.name(),
+                    b.dtype().name()
+                )));
             }
             if b.len() != t.elems() {
-                return Err(RuntimeError::Input(format!("input `{}` expects {} values (shape {:?}), got {}", t.name, t.elems(), &t.shape[..], b.len())));
+                return Err(RuntimeError::Input(format!(
+                    "input `{}` expects {} values (shape {:?}), got {}",
+                    t.name,
+                    t.elems(),
+                    &t.shape[..],
+                    b.len()
+                )));
             }
         }
         for (b, &id) in inputs.iter().zip(ids.iter()) {
@@ -405,7 +542,11 @@ impl<B: Backend> GpuExecutor<B> {
                 continue;
             }
             // SAFETY: the input tensor's bytes are inside the arena.
-            unsafe { self.backend.upload(batch_bytes(b), self.arena + t.offset).map_err(dev)? };
+            unsafe {
+                self.backend
+                    .upload(batch_bytes(b), self.arena + t.offset)
+                    .map_err(dev)?
+            };
         }
         Ok(())
     }
@@ -415,7 +556,11 @@ impl<B: Backend> GpuExecutor<B> {
         let (g0, g1) = self.grads_range;
         if self.plan.training && g1 > g0 {
             // SAFETY: the gradient range is inside the persistent region.
-            unsafe { self.backend.zero(self.persistent + g0, (g1 - g0) as usize).map_err(dev)? };
+            unsafe {
+                self.backend
+                    .zero(self.persistent + g0, (g1 - g0) as usize)
+                    .map_err(dev)?
+            };
         }
         for s in self.plan.steps.iter() {
             let r = match (s.phase, s.op) {
@@ -426,7 +571,12 @@ impl<B: Backend> GpuExecutor<B> {
                 _ => self.forward(s),
             };
             r.map_err(|e| match e {
-                RuntimeError::Device(m) | RuntimeError::Memory(m) => RuntimeError::Device(format!("step {} ({} of layer `{}`): {m}", s.index, s.op.name(), s.layer)),
+                RuntimeError::Device(m) | RuntimeError::Memory(m) => RuntimeError::Device(format!(
+                    "step {} ({} of layer `{}`): {m}",
+                    s.index,
+                    s.op.name(),
+                    s.layer
+                )),
                 other => other,
             })?;
         }
@@ -438,9 +588,15 @@ impl<B: Backend> GpuExecutor<B> {
     /// Address of tensor `id`.
     fn t(&self, id: u32) -> Result<u64> {
         if id == NONE {
-            return Err(RuntimeError::Memory("a needed tensor is absent (NONE)".into()));
+            return Err(RuntimeError::Memory(
+                "a needed tensor is absent (NONE)".into(),
+            ));
         }
-        let t = self.plan.tensors.get(id as usize).ok_or_else(|| RuntimeError::Memory(format!("no tensor {id}")))?;
+        let t = self
+            .plan
+            .tensors
+            .get(id as usize)
+            .ok_or_else(|| RuntimeError::Memory(format!("no tensor {id}")))?;
         Ok(self.arena + t.offset)
     }
     /// Address of tensor `id`, or a null pointer for NONE.
@@ -458,7 +614,9 @@ impl<B: Backend> GpuExecutor<B> {
         self.plan.tensors[id as usize].elems()
     }
     fn same(&self, a: u32, b: u32) -> bool {
-        a != NONE && b != NONE && self.plan.tensors[a as usize].offset == self.plan.tensors[b as usize].offset
+        a != NONE
+            && b != NONE
+            && self.plan.tensors[a as usize].offset == self.plan.tensors[b as usize].offset
     }
     /// The f32 values of parameter `pid`.
     fn pv(&self, pid: u32) -> u64 {
@@ -475,13 +633,20 @@ impl<B: Backend> GpuExecutor<B> {
         if p.half_copy == Some(want) {
             Ok(self.persistent + p.half_offset)
         } else {
-            Err(RuntimeError::Memory(format!("parameter `{}` has no {} copy", p.name, want.name())))
+            Err(RuntimeError::Memory(format!(
+                "parameter `{}` has no {} copy",
+                p.name,
+                want.name()
+            )))
         }
     }
     fn pg(&self, pid: u32) -> Result<u64> {
         let p = &self.plan.params[pid as usize];
         if p.grad_offset == NO_OFFSET {
-            return Err(RuntimeError::Memory(format!("parameter `{}` has no gradient", p.name)));
+            return Err(RuntimeError::Memory(format!(
+                "parameter `{}` has no gradient",
+                p.name
+            )));
         }
         Ok(self.persistent + p.grad_offset)
     }
@@ -520,11 +685,15 @@ impl<B: Backend> GpuExecutor<B> {
         if n == 0 {
             return Ok(());
         }
-        self.k("mw_all_finite_f32".into(), LaunchCfg::pointwise(n as u64), vec![p(self.persistent + g0), u(n), self.sc()])
+        self.k(
+            "mw_all_finite_f32".into(),
+            LaunchCfg::pointwise(n as u64),
+            vec![p(self.persistent + g0), u(n), self.sc()],
+        )
     }
 
     fn update(&self, s: &PlanStep) -> Result<()> {
-        let slots = self.plan.optimizer.state_slots() as u64;
+        let slots = self.plan.optimizer.state_slots();
         for &pid in s.params.iter() {
             let prm = &self.plan.params[pid as usize];
             if prm.grad_offset == NO_OFFSET {
@@ -532,37 +701,136 @@ impl<B: Backend> GpuExecutor<B> {
             }
             let n = prm.elems();
             let stride = align_up(n as u64 * 4, self.plan.alignment);
-            let state = |slot: u64| if slot < slots { p(self.persistent + prm.state_offset + slot * stride) } else { p(0) };
-            let (pv, g, cfg) = (p(self.pv(pid)), p(self.pg(pid)?), LaunchCfg::pointwise(n as u64));
-            match self.plan.optimizer {
-                Optimizer::Sgd { lr } => self.k("mw_sgd".into(), cfg, vec![pv, g, p(0), u(n), KArg::F32(lr), KArg::F32(0.0), KArg::I32(0), self.sc()])?,
-                Optimizer::Momentum { lr, momentum, nesterov } => {
-                    let m = if momentum != 0.0 { state(0) } else { p(0) };
-                    self.k("mw_sgd".into(), cfg, vec![pv, g, m, u(n), KArg::F32(lr), KArg::F32(momentum), KArg::I32(nesterov as i32), self.sc()])?
+            let state = |slot: u64| {
+                if slot < slots {
+                    p(self.persistent + prm.state_offset + slot * stride)
+                } else {
+                    p(0)
                 }
-                Optimizer::RmsProp { lr, rho, epsilon, momentum, centered } => {
+            };
+            let (pv, g, cfg) = (
+                p(self.pv(pid)),
+                p(self.pg(pid)?),
+                LaunchCfg::pointwise(n as u64),
+            );
+            match self.plan.optimizer {
+                Optimizer::Sgd { lr } => self.k(
+                    "mw_sgd".into(),
+                    cfg,
+                    vec![
+                        pv,
+                        g,
+                        p(0),
+                        u(n),
+                        KArg::F32(lr),
+                        KArg::F32(0.0),
+                        KArg::I32(0),
+                        self.sc(),
+                    ],
+                )?,
+                Optimizer::Momentum {
+                    lr,
+                    momentum,
+                    nesterov,
+                } => {
+                    let m = if momentum != 0.0 { state(0) } else { p(0) };
+                    self.k(
+                        "mw_sgd".into(),
+                        cfg,
+                        vec![
+                            pv,
+                            g,
+                            m,
+                            u(n),
+                            KArg::F32(lr),
+                            KArg::F32(momentum),
+                            KArg::I32(nesterov as i32),
+                            self.sc(),
+                        ],
+                    )?
+                }
+                Optimizer::RmsProp {
+                    lr,
+                    rho,
+                    epsilon,
+                    momentum,
+                    centered,
+                } => {
                     let mom = if momentum > 0.0 { state(1) } else { p(0) };
-                    let avg = if centered { state(1 + (momentum > 0.0) as u64) } else { p(0) };
+                    let avg = if centered {
+                        state(1 + (momentum > 0.0) as u64)
+                    } else {
+                        p(0)
+                    };
                     self.k(
                         "mw_rmsprop".into(),
                         cfg,
-                        vec![pv, g, state(0), mom, avg, u(n), KArg::F32(lr), KArg::F32(rho), KArg::F32(momentum), KArg::F32(epsilon), self.sc()],
+                        vec![
+                            pv,
+                            g,
+                            state(0),
+                            mom,
+                            avg,
+                            u(n),
+                            KArg::F32(lr),
+                            KArg::F32(rho),
+                            KArg::F32(momentum),
+                            KArg::F32(epsilon),
+                            self.sc(),
+                        ],
                     )?
                 }
-                Optimizer::Adam { beta_1, beta_2, epsilon, .. } => self.k(
+                Optimizer::Adam {
+                    beta_1,
+                    beta_2,
+                    epsilon,
+                    ..
+                } => self.k(
                     "mw_adam".into(),
                     cfg,
-                    vec![pv, g, state(0), state(1), u(n), KArg::F32(beta_1), KArg::F32(beta_2), KArg::F32(epsilon), KArg::F32(0.0), self.sc()],
+                    vec![
+                        pv,
+                        g,
+                        state(0),
+                        state(1),
+                        u(n),
+                        KArg::F32(beta_1),
+                        KArg::F32(beta_2),
+                        KArg::F32(epsilon),
+                        KArg::F32(0.0),
+                        self.sc(),
+                    ],
                 )?,
-                Optimizer::AdamW { lr, beta_1, beta_2, epsilon, weight_decay } => self.k(
+                Optimizer::AdamW {
+                    lr,
+                    beta_1,
+                    beta_2,
+                    epsilon,
+                    weight_decay,
+                } => self.k(
                     "mw_adam".into(),
                     cfg,
-                    vec![pv, g, state(0), state(1), u(n), KArg::F32(beta_1), KArg::F32(beta_2), KArg::F32(epsilon), KArg::F32(weight_decay * lr), self.sc()],
+                    vec![
+                        pv,
+                        g,
+                        state(0),
+                        state(1),
+                        u(n),
+                        KArg::F32(beta_1),
+                        KArg::F32(beta_2),
+                        KArg::F32(epsilon),
+                        KArg::F32(weight_decay * lr),
+                        self.sc(),
+                    ],
                 )?,
             }
             if let Some(h) = prm.half_copy {
                 let hf = float(h)?;
-                self.k(name2("mw_cast", Float::F32, hf), cfg, vec![pv, p(self.persistent + prm.half_offset), u(n)])?;
+                self.k(
+                    name2("mw_cast", Float::F32, hf),
+                    cfg,
+                    vec![pv, p(self.persistent + prm.half_offset), u(n)],
+                )?;
             }
         }
         Ok(())
@@ -576,12 +844,35 @@ impl<B: Backend> GpuExecutor<B> {
         match s.op {
             Op::InputCast { scale, .. } => {
                 let n = self.elems(wr[0]);
-                self.k(name1("mw_cast_u8", self.ft(wr[0])?), LaunchCfg::pointwise(n as u64), vec![p(self.t(rd[0])?), p(self.t(wr[0])?), u(n), KArg::F32(scale), KArg::F32(0.0)])
+                self.k(
+                    name1("mw_cast_u8", self.ft(wr[0])?),
+                    LaunchCfg::pointwise(n as u64),
+                    vec![
+                        p(self.t(rd[0])?),
+                        p(self.t(wr[0])?),
+                        u(n),
+                        KArg::F32(scale),
+                        KArg::F32(0.0),
+                    ],
+                )
             }
-            Op::Cast { elems } => self.k(name2("mw_cast", self.ft(rd[0])?, self.ft(wr[0])?), LaunchCfg::pointwise(elems as u64), vec![p(self.t(rd[0])?), p(self.t(wr[0])?), u(elems)]),
-            Op::Dense { rows, in_features, units, bias } => {
+            Op::Cast { elems } => self.k(
+                name2("mw_cast", self.ft(rd[0])?, self.ft(wr[0])?),
+                LaunchCfg::pointwise(elems as u64),
+                vec![p(self.t(rd[0])?), p(self.t(wr[0])?), u(elems)],
+            ),
+            Op::Dense {
+                rows,
+                in_features,
+                units,
+                bias,
+            } => {
                 let t = self.ft(wr[0])?;
-                let d = k::dense::DenseDims { batch: rows, in_features, out_features: units };
+                let d = k::dense::DenseDims {
+                    batch: rows,
+                    in_features,
+                    out_features: units,
+                };
                 let (x, w, y) = (self.t(rd[0])?, self.pw(s.params[0], t)?, self.t(wr[0])?);
                 self.gemm(&cm::dense_forward(d), &|o| match o {
                     Operand::X => Ok((x, t)),
@@ -589,7 +880,11 @@ impl<B: Backend> GpuExecutor<B> {
                     _ => Ok((y, t)),
                 })?;
                 if bias {
-                    self.k(name1("mw_bias_add", t), LaunchCfg::pointwise((rows * units) as u64), vec![p(y), p(self.pv(s.params[1])), u(rows), u(units)])?;
+                    self.k(
+                        name1("mw_bias_add", t),
+                        LaunchCfg::pointwise((rows * units) as u64),
+                        vec![p(y), p(self.pv(s.params[1])), u(rows), u(units)],
+                    )?;
                 }
                 Ok(())
             }
@@ -612,13 +907,27 @@ impl<B: Backend> GpuExecutor<B> {
                 } else {
                     let p_ = d.out_h() * d.out_w();
                     for (n0, cn) in cm::chunks(d.n, chunk) {
-                        self.k(name1("mw_im2col", t), LaunchCfg::pointwise((cn * p_ * g.k()) as u64), vec![p(x), p(col), KArg::Geom(g), KArg::I32(n0 as i32), KArg::I32(cn as i32)])?;
+                        self.k(
+                            name1("mw_im2col", t),
+                            LaunchCfg::pointwise((cn * p_ * g.k()) as u64),
+                            vec![
+                                p(x),
+                                p(col),
+                                KArg::Geom(g),
+                                KArg::I32(n0 as i32),
+                                KArg::I32(cn as i32),
+                            ],
+                        )?;
                         self.gemm(&cm::conv2d_forward_chunk(&d, n0, cn), &bufs)?;
                     }
                 }
                 if bias {
                     let rows = d.y_len() / d.c_out;
-                    self.k(name1("mw_bias_add", t), LaunchCfg::pointwise(d.y_len() as u64), vec![p(y), p(self.pv(s.params[1])), u(rows), u(d.c_out)])?;
+                    self.k(
+                        name1("mw_bias_add", t),
+                        LaunchCfg::pointwise(d.y_len() as u64),
+                        vec![p(y), p(self.pv(s.params[1])), u(rows), u(d.c_out)],
+                    )?;
                 }
                 Ok(())
             }
@@ -640,14 +949,22 @@ impl<B: Backend> GpuExecutor<B> {
                 if d.is_pointwise() {
                     self.gemm(&cm::conv2d_transpose_forward_pointwise(&d), &bufs)?;
                     if bias {
-                        self.k(name1("mw_bias_add", t), LaunchCfg::pointwise(d.y_len() as u64), vec![p(y), p(b), u(d.y_len() / d.c_out), u(d.c_out)])?;
+                        self.k(
+                            name1("mw_bias_add", t),
+                            LaunchCfg::pointwise(d.y_len() as u64),
+                            vec![p(y), p(b), u(d.y_len() / d.c_out), u(d.c_out)],
+                        )?;
                     }
                 } else {
                     let img = d.out_h() * d.out_w() * d.c_out;
                     for (n0, cn) in cm::chunks(d.n, chunk) {
                         self.gemm(&cm::conv2d_transpose_forward_chunk(&d, n0, cn), &bufs)?;
                         let yc = y + (n0 * img * t.size()) as u64;
-                        self.k(name1("mw_col2im", t), LaunchCfg::pointwise((cn * img) as u64), vec![p(col), p(yc), KArg::Geom(g), KArg::I32(cn as i32), p(b)])?;
+                        self.k(
+                            name1("mw_col2im", t),
+                            LaunchCfg::pointwise((cn * img) as u64),
+                            vec![p(col), p(yc), KArg::Geom(g), KArg::I32(cn as i32), p(b)],
+                        )?;
                     }
                 }
                 Ok(())
@@ -659,7 +976,13 @@ impl<B: Backend> GpuExecutor<B> {
                 self.k(
                     name1("mw_dw_fwd", t),
                     LaunchCfg::pointwise(d.y_len() as u64),
-                    vec![p(self.t(rd[0])?), p(self.pw(s.params[0], t)?), p(b), p(self.t(wr[0])?), KArg::Depthwise(MwDepthwise::from(&d))],
+                    vec![
+                        p(self.t(rd[0])?),
+                        p(self.pw(s.params[0], t)?),
+                        p(b),
+                        p(self.t(wr[0])?),
+                        KArg::Depthwise(MwDepthwise::from(&d)),
+                    ],
                 )
             }
             Op::MaxPool2d { dims } => {
@@ -667,18 +990,42 @@ impl<B: Backend> GpuExecutor<B> {
                 self.k(
                     name1("mw_maxpool_fwd", self.ft(wr[0])?),
                     LaunchCfg::pointwise(d.out_len() as u64),
-                    vec![p(self.t(rd[0])?), p(self.t(wr[0])?), p(self.t(wr[1])?), KArg::Pool(MwPool::from(&d))],
+                    vec![
+                        p(self.t(rd[0])?),
+                        p(self.t(wr[0])?),
+                        p(self.t(wr[1])?),
+                        KArg::Pool(MwPool::from(&d)),
+                    ],
                 )
             }
             Op::AvgPool2d { dims } => {
                 let d = pool_dims(&dims)?;
-                self.k(name1("mw_avgpool_fwd", self.ft(wr[0])?), LaunchCfg::pointwise(d.out_len() as u64), vec![p(self.t(rd[0])?), p(self.t(wr[0])?), KArg::Pool(MwPool::from(&d))])
+                self.k(
+                    name1("mw_avgpool_fwd", self.ft(wr[0])?),
+                    LaunchCfg::pointwise(d.out_len() as u64),
+                    vec![
+                        p(self.t(rd[0])?),
+                        p(self.t(wr[0])?),
+                        KArg::Pool(MwPool::from(&d)),
+                    ],
+                )
             }
-            Op::GlobalAvgPool { n, hw, c } => {
-                self.k(name1("mw_gap_fwd", self.ft(wr[0])?), LaunchCfg::pointwise((n * c) as u64), vec![p(self.t(rd[0])?), p(self.t(wr[0])?), u(n), u(hw), u(c)])
-            }
-            Op::BatchNorm { rows, channels, momentum, epsilon } => {
-                let (rm, rv) = if recompute { (0, 0) } else { (self.pv(s.params[2]), self.pv(s.params[3])) };
+            Op::GlobalAvgPool { n, hw, c } => self.k(
+                name1("mw_gap_fwd", self.ft(wr[0])?),
+                LaunchCfg::pointwise((n * c) as u64),
+                vec![p(self.t(rd[0])?), p(self.t(wr[0])?), u(n), u(hw), u(c)],
+            ),
+            Op::BatchNorm {
+                rows,
+                channels,
+                momentum,
+                epsilon,
+            } => {
+                let (rm, rv) = if recompute {
+                    (0, 0)
+                } else {
+                    (self.pv(s.params[2]), self.pv(s.params[3]))
+                };
                 self.k(
                     name1("mw_bn_train_fwd", self.ft(wr[0])?),
                     LaunchCfg::strip(channels as u64, 1),
@@ -699,7 +1046,11 @@ impl<B: Backend> GpuExecutor<B> {
                     ],
                 )
             }
-            Op::BatchNormInference { rows, channels, epsilon } => self.k(
+            Op::BatchNormInference {
+                rows,
+                channels,
+                epsilon,
+            } => self.k(
                 name1("mw_bn_infer", self.ft(wr[0])?),
                 LaunchCfg::pointwise((rows * channels) as u64),
                 vec![
@@ -714,7 +1065,11 @@ impl<B: Backend> GpuExecutor<B> {
                     KArg::F32(epsilon),
                 ],
             ),
-            Op::LayerNorm { rows, features, epsilon } => self.k(
+            Op::LayerNorm {
+                rows,
+                features,
+                epsilon,
+            } => self.k(
                 name1("mw_ln_fwd", self.ft(wr[0])?),
                 LaunchCfg::rows(rows as u64),
                 vec![
@@ -732,16 +1087,38 @@ impl<B: Backend> GpuExecutor<B> {
             Op::Dropout { elems, rate, key } => self.k(
                 name1("mw_dropout_fwd", self.ft(wr[0])?),
                 LaunchCfg::pointwise(elems.div_ceil(4) as u64),
-                vec![p(self.t(rd[0])?), p(self.t(wr[0])?), p(self.t(wr[1])?), u(elems), KArg::F32(rate), self.key_seed(), KArg::U32(key), self.sc()],
+                vec![
+                    p(self.t(rd[0])?),
+                    p(self.t(wr[0])?),
+                    p(self.t(wr[1])?),
+                    u(elems),
+                    KArg::F32(rate),
+                    self.key_seed(),
+                    KArg::U32(key),
+                    self.sc(),
+                ],
             ),
-            Op::Activation { act: Act::Softmax, elems, cols } => {
+            Op::Activation {
+                act: Act::Softmax,
+                elems,
+                cols,
+            } => {
                 let rows = elems / cols.max(1);
-                self.k(name2("mw_softmax", self.ft(rd[0])?, self.ft(wr[0])?), LaunchCfg::rows(rows as u64), vec![p(self.t(rd[0])?), p(self.t(wr[0])?), u(rows), u(cols)])
+                self.k(
+                    name2("mw_softmax", self.ft(rd[0])?, self.ft(wr[0])?),
+                    LaunchCfg::rows(rows as u64),
+                    vec![p(self.t(rd[0])?), p(self.t(wr[0])?), u(rows), u(cols)],
+                )
             }
             Op::Activation { act, elems, .. } => self.k(
                 name1("mw_act_fwd", self.ft(wr[0])?),
                 LaunchCfg::pointwise(elems as u64),
-                vec![KArg::I32(act_code(act)), p(self.t(rd[0])?), p(self.t(wr[0])?), u(elems)],
+                vec![
+                    KArg::I32(act_code(act)),
+                    p(self.t(rd[0])?),
+                    p(self.t(wr[0])?),
+                    u(elems),
+                ],
             ),
             Op::Add { elems, .. } => {
                 if rd.len() > 8 {
@@ -749,41 +1126,100 @@ impl<B: Backend> GpuExecutor<B> {
                 }
                 let mut args = vec![p(self.t(wr[0])?)];
                 for j in 0..8 {
-                    args.push(if j < rd.len() { p(self.t(rd[j])?) } else { p(0) });
+                    args.push(if j < rd.len() {
+                        p(self.t(rd[j])?)
+                    } else {
+                        p(0)
+                    });
                 }
                 args.extend([KArg::I32(rd.len() as i32), u(elems)]);
-                self.k(name1("mw_add_n", self.ft(wr[0])?), LaunchCfg::pointwise(elems as u64), args)
+                self.k(
+                    name1("mw_add_n", self.ft(wr[0])?),
+                    LaunchCfg::pointwise(elems as u64),
+                    args,
+                )
             }
             Op::Concat { rows, a, b } => self.k(
                 name1("mw_concat", self.ft(wr[0])?),
                 LaunchCfg::pointwise((rows * (a + b)) as u64),
-                vec![p(self.t(rd[0])?), p(self.t(rd[1])?), p(self.t(wr[0])?), u(rows), u(a), u(b)],
+                vec![
+                    p(self.t(rd[0])?),
+                    p(self.t(rd[1])?),
+                    p(self.t(wr[0])?),
+                    u(rows),
+                    u(a),
+                    u(b),
+                ],
             ),
             Op::Embedding { tokens, vocab, dim } => self.k(
                 name1("mw_embedding_fwd", self.ft(wr[0])?),
                 LaunchCfg::pointwise((tokens * dim) as u64),
-                vec![p(self.t(rd[0])?), p(self.pv(s.params[0])), p(self.t(wr[0])?), u(tokens), u(vocab), u(dim), self.sc()],
+                vec![
+                    p(self.t(rd[0])?),
+                    p(self.pv(s.params[0])),
+                    p(self.t(wr[0])?),
+                    u(tokens),
+                    u(vocab),
+                    u(dim),
+                    self.sc(),
+                ],
             ),
-            Op::Attention { batch, seq, heads, head_dim, causal, dropout, key } => {
+            Op::Attention {
+                batch,
+                seq,
+                heads,
+                head_dim,
+                causal,
+                dropout,
+                key,
+            } => {
                 let t = self.ft(wr[0])?;
-                let d = k::attention::AttentionDims { batch, seq, hidden: heads * head_dim, heads };
+                let d = k::attention::AttentionDims {
+                    batch,
+                    seq,
+                    hidden: heads * head_dim,
+                    heads,
+                };
                 let scale = 1.0 / (head_dim as f32).sqrt();
                 let (qkv, probs) = (self.t(rd[0])?, self.t(wr[0])?);
-                let (used, ctx) = if dropout > 0.0 { (self.t(wr[2])?, self.t(wr[3])?) } else { (probs, self.t(wr[1])?) };
+                let (used, ctx) = if dropout > 0.0 {
+                    (self.t(wr[2])?, self.t(wr[3])?)
+                } else {
+                    (probs, self.t(wr[1])?)
+                };
                 for g in cm::attention_scores(&d, scale) {
-                    self.gemm(&g, &|o| Ok((if o == Operand::Qkv { qkv } else { probs }, t)))?;
+                    self.gemm(&g, &|o| {
+                        Ok((if o == Operand::Qkv { qkv } else { probs }, t))
+                    })?;
                 }
                 let pairs = batch * heads;
                 if causal {
-                    self.k(name1("mw_causal_mask", t), LaunchCfg::pointwise(d.scores_len() as u64), vec![p(probs), u(pairs), u(seq)])?;
+                    self.k(
+                        name1("mw_causal_mask", t),
+                        LaunchCfg::pointwise(d.scores_len() as u64),
+                        vec![p(probs), u(pairs), u(seq)],
+                    )?;
                 }
-                self.k(name2("mw_softmax", t, t), LaunchCfg::rows((pairs * seq) as u64), vec![p(probs), p(probs), u(pairs * seq), u(seq)])?;
+                self.k(
+                    name2("mw_softmax", t, t),
+                    LaunchCfg::rows((pairs * seq) as u64),
+                    vec![p(probs), p(probs), u(pairs * seq), u(seq)],
+                )?;
                 if dropout > 0.0 {
                     let n = d.scores_len();
                     self.k(
                         name1("mw_dropout_fwd", t),
                         LaunchCfg::pointwise(n.div_ceil(4) as u64),
-                        vec![p(probs), p(used), p(self.t(wr[1])?), u(n), KArg::F32(dropout), self.key_seed(), KArg::U32(key), self.sc()],
+                        vec![
+                            p(probs),
+                            p(used),
+                            p(self.t(wr[1])?),
+                            u(n),
+                            KArg::F32(dropout),
+                            self.key_seed(),
+                            KArg::U32(key),
+                            self.sc(),
+                        ],
                     )?;
                 }
                 for g in cm::attention_context(&d) {
@@ -803,9 +1239,20 @@ impl<B: Backend> GpuExecutor<B> {
             Op::SampleNormal { elems, key } => self.k(
                 name1("mw_sample_normal_fwd", self.ft(wr[0])?),
                 LaunchCfg::pointwise(elems.div_ceil(4) as u64),
-                vec![p(self.t(rd[0])?), p(self.t(rd[1])?), p(self.t(wr[0])?), u(elems), self.key_seed(), KArg::U32(key), self.sc()],
+                vec![
+                    p(self.t(rd[0])?),
+                    p(self.t(rd[1])?),
+                    p(self.t(wr[0])?),
+                    u(elems),
+                    self.key_seed(),
+                    KArg::U32(key),
+                    self.sc(),
+                ],
             ),
-            other => Err(RuntimeError::Memory(format!("{} is not a forward op", other.name()))),
+            other => Err(RuntimeError::Memory(format!(
+                "{} is not a forward op",
+                other.name()
+            ))),
         }
     }
 
@@ -814,11 +1261,30 @@ impl<B: Backend> GpuExecutor<B> {
         let nw = wr.len();
         let ws_id = wr[nw - 2];
         match s.op {
-            Op::Cast { elems } => self.k(name2("mw_cast", self.ft(rd[0])?, self.ft(wr[0])?), LaunchCfg::pointwise(elems as u64), vec![p(self.t(rd[0])?), p(self.t(wr[0])?), u(elems)]),
-            Op::Dense { rows, in_features, units, bias } => {
+            Op::Cast { elems } => self.k(
+                name2("mw_cast", self.ft(rd[0])?, self.ft(wr[0])?),
+                LaunchCfg::pointwise(elems as u64),
+                vec![p(self.t(rd[0])?), p(self.t(wr[0])?), u(elems)],
+            ),
+            Op::Dense {
+                rows,
+                in_features,
+                units,
+                bias,
+            } => {
                 let t = self.ft(rd[0])?;
-                let d = k::dense::DenseDims { batch: rows, in_features, out_features: units };
-                let (x, w, dy, dx, dw) = (self.t(rd[0])?, self.pw(s.params[0], t)?, self.t(rd[1])?, self.t_or_null(wr[0])?, self.pg(s.params[0])?);
+                let d = k::dense::DenseDims {
+                    batch: rows,
+                    in_features,
+                    out_features: units,
+                };
+                let (x, w, dy, dx, dw) = (
+                    self.t(rd[0])?,
+                    self.pw(s.params[0], t)?,
+                    self.t(rd[1])?,
+                    self.t_or_null(wr[0])?,
+                    self.pg(s.params[0])?,
+                );
                 for g in cm::dense_backward(d, wr[0] != NONE) {
                     self.gemm(&g, &|o| {
                         Ok(match o {
@@ -831,7 +1297,11 @@ impl<B: Backend> GpuExecutor<B> {
                     })?;
                 }
                 if bias {
-                    self.k(name1("mw_column_sums", t), LaunchCfg::strip(units as u64, 1), vec![p(dy), u(rows), u(units), p(self.pg(s.params[1])?)])?;
+                    self.k(
+                        name1("mw_column_sums", t),
+                        LaunchCfg::strip(units as u64, 1),
+                        vec![p(dy), u(rows), u(units), p(self.pg(s.params[1])?)],
+                    )?;
                 }
                 Ok(())
             }
@@ -839,7 +1309,13 @@ impl<B: Backend> GpuExecutor<B> {
                 let t = self.ft(rd[0])?;
                 let d = conv_dims(&dims);
                 let g = MwGeom::conv2d(&d);
-                let (x, w, dy, dx, dw) = (self.t(rd[0])?, self.pw(s.params[0], t)?, self.t(rd[1])?, self.t_or_null(wr[0])?, self.pg(s.params[0])?);
+                let (x, w, dy, dx, dw) = (
+                    self.t(rd[0])?,
+                    self.pw(s.params[0], t)?,
+                    self.t(rd[1])?,
+                    self.t_or_null(wr[0])?,
+                    self.pg(s.params[0])?,
+                );
                 let col = self.t_or_null(ws_id)?;
                 let bufs = |o: Operand| -> Result<(u64, Float)> {
                     Ok(match o {
@@ -858,18 +1334,41 @@ impl<B: Backend> GpuExecutor<B> {
                 } else {
                     let (p_, img) = (d.out_h() * d.out_w(), d.h * d.w * d.c_in);
                     for (n0, cn) in cm::chunks(d.n, chunk) {
-                        self.k(name1("mw_im2col", t), LaunchCfg::pointwise((cn * p_ * g.k()) as u64), vec![p(x), p(col), KArg::Geom(g), KArg::I32(n0 as i32), KArg::I32(cn as i32)])?;
+                        self.k(
+                            name1("mw_im2col", t),
+                            LaunchCfg::pointwise((cn * p_ * g.k()) as u64),
+                            vec![
+                                p(x),
+                                p(col),
+                                KArg::Geom(g),
+                                KArg::I32(n0 as i32),
+                                KArg::I32(cn as i32),
+                            ],
+                        )?;
                         let (gw, gx) = cm::conv2d_backward_chunk(&d, n0, cn);
                         self.gemm(&gw, &bufs)?;
                         if wr[0] != NONE {
                             self.gemm(&gx, &bufs)?;
                             let dxc = dx + (n0 * img * t.size()) as u64;
-                            self.k(name1("mw_col2im", t), LaunchCfg::pointwise((cn * img) as u64), vec![p(col), p(dxc), KArg::Geom(g), KArg::I32(cn as i32), p(0)])?;
+                            self.k(
+                                name1("mw_col2im", t),
+                                LaunchCfg::pointwise((cn * img) as u64),
+                                vec![p(col), p(dxc), KArg::Geom(g), KArg::I32(cn as i32), p(0)],
+                            )?;
                         }
                     }
                 }
                 if bias {
-                    self.k(name1("mw_column_sums", t), LaunchCfg::strip(d.c_out as u64, 1), vec![p(dy), u(d.y_len() / d.c_out), u(d.c_out), p(self.pg(s.params[1])?)])?;
+                    self.k(
+                        name1("mw_column_sums", t),
+                        LaunchCfg::strip(d.c_out as u64, 1),
+                        vec![
+                            p(dy),
+                            u(d.y_len() / d.c_out),
+                            u(d.c_out),
+                            p(self.pg(s.params[1])?),
+                        ],
+                    )?;
                 }
                 Ok(())
             }
@@ -877,7 +1376,13 @@ impl<B: Backend> GpuExecutor<B> {
                 let t = self.ft(rd[0])?;
                 let d = convt_dims(&dims);
                 let g = MwGeom::conv2d_transpose(&d);
-                let (x, w, dy, dx, dw) = (self.t(rd[0])?, self.pw(s.params[0], t)?, self.t(rd[1])?, self.t_or_null(wr[0])?, self.pg(s.params[0])?);
+                let (x, w, dy, dx, dw) = (
+                    self.t(rd[0])?,
+                    self.pw(s.params[0], t)?,
+                    self.t(rd[1])?,
+                    self.t_or_null(wr[0])?,
+                    self.pg(s.params[0])?,
+                );
                 let col = self.t_or_null(ws_id)?;
                 let bufs = |o: Operand| -> Result<(u64, Float)> {
                     Ok(match o {
@@ -896,14 +1401,33 @@ impl<B: Backend> GpuExecutor<B> {
                 } else {
                     let hw = d.h * d.w;
                     for (n0, cn) in cm::chunks(d.n, chunk) {
-                        self.k(name1("mw_im2col", t), LaunchCfg::pointwise((cn * hw * g.k()) as u64), vec![p(dy), p(col), KArg::Geom(g), KArg::I32(n0 as i32), KArg::I32(cn as i32)])?;
+                        self.k(
+                            name1("mw_im2col", t),
+                            LaunchCfg::pointwise((cn * hw * g.k()) as u64),
+                            vec![
+                                p(dy),
+                                p(col),
+                                KArg::Geom(g),
+                                KArg::I32(n0 as i32),
+                                KArg::I32(cn as i32),
+                            ],
+                        )?;
                         for gm in cm::conv2d_transpose_backward_chunk(&d, n0, cn, wr[0] != NONE) {
                             self.gemm(&gm, &bufs)?;
                         }
                     }
                 }
                 if bias {
-                    self.k(name1("mw_column_sums", t), LaunchCfg::strip(d.c_out as u64, 1), vec![p(dy), u(d.y_len() / d.c_out), u(d.c_out), p(self.pg(s.params[1])?)])?;
+                    self.k(
+                        name1("mw_column_sums", t),
+                        LaunchCfg::strip(d.c_out as u64, 1),
+                        vec![
+                            p(dy),
+                            u(d.y_len() / d.c_out),
+                            u(d.c_out),
+                            p(self.pg(s.params[1])?),
+                        ],
+                    )?;
                 }
                 Ok(())
             }
@@ -913,11 +1437,28 @@ impl<B: Backend> GpuExecutor<B> {
                 let md = KArg::Depthwise(MwDepthwise::from(&d));
                 let (x, w, dy) = (self.t(rd[0])?, self.pw(s.params[0], t)?, self.t(rd[1])?);
                 if wr[0] != NONE {
-                    self.k(name1("mw_dw_bwd_dx", t), LaunchCfg::pointwise(d.x_len() as u64), vec![p(w), p(dy), p(self.t(wr[0])?), md])?;
+                    self.k(
+                        name1("mw_dw_bwd_dx", t),
+                        LaunchCfg::pointwise(d.x_len() as u64),
+                        vec![p(w), p(dy), p(self.t(wr[0])?), md],
+                    )?;
                 }
-                self.k(name1("mw_dw_bwd_dw", t), LaunchCfg::strip(d.c_out() as u64, (d.kh * d.kw) as u32), vec![p(x), p(dy), p(self.pg(s.params[0])?), md])?;
+                self.k(
+                    name1("mw_dw_bwd_dw", t),
+                    LaunchCfg::strip(d.c_out() as u64, (d.kh * d.kw) as u32),
+                    vec![p(x), p(dy), p(self.pg(s.params[0])?), md],
+                )?;
                 if bias {
-                    self.k(name1("mw_column_sums", t), LaunchCfg::strip(d.c_out() as u64, 1), vec![p(dy), u(d.y_len() / d.c_out()), u(d.c_out()), p(self.pg(s.params[1])?)])?;
+                    self.k(
+                        name1("mw_column_sums", t),
+                        LaunchCfg::strip(d.c_out() as u64, 1),
+                        vec![
+                            p(dy),
+                            u(d.y_len() / d.c_out()),
+                            u(d.c_out()),
+                            p(self.pg(s.params[1])?),
+                        ],
+                    )?;
                 }
                 Ok(())
             }
@@ -926,16 +1467,31 @@ impl<B: Backend> GpuExecutor<B> {
                 self.k(
                     name1("mw_maxpool_bwd", self.ft(rd[1])?),
                     LaunchCfg::pointwise(d.in_len() as u64),
-                    vec![p(self.t(rd[0])?), p(self.t(rd[1])?), p(self.t(wr[0])?), KArg::Pool(MwPool::from(&d))],
+                    vec![
+                        p(self.t(rd[0])?),
+                        p(self.t(rd[1])?),
+                        p(self.t(wr[0])?),
+                        KArg::Pool(MwPool::from(&d)),
+                    ],
                 )
             }
             Op::AvgPool2d { dims } => {
                 let d = pool_dims(&dims)?;
-                self.k(name1("mw_avgpool_bwd", self.ft(rd[0])?), LaunchCfg::pointwise(d.in_len() as u64), vec![p(self.t(rd[0])?), p(self.t(wr[0])?), KArg::Pool(MwPool::from(&d))])
+                self.k(
+                    name1("mw_avgpool_bwd", self.ft(rd[0])?),
+                    LaunchCfg::pointwise(d.in_len() as u64),
+                    vec![
+                        p(self.t(rd[0])?),
+                        p(self.t(wr[0])?),
+                        KArg::Pool(MwPool::from(&d)),
+                    ],
+                )
             }
-            Op::GlobalAvgPool { n, hw, c } => {
-                self.k(name1("mw_gap_bwd", self.ft(rd[0])?), LaunchCfg::pointwise((n * hw * c) as u64), vec![p(self.t(rd[0])?), p(self.t(wr[0])?), u(n), u(hw), u(c)])
-            }
+            Op::GlobalAvgPool { n, hw, c } => self.k(
+                name1("mw_gap_bwd", self.ft(rd[0])?),
+                LaunchCfg::pointwise((n * hw * c) as u64),
+                vec![p(self.t(rd[0])?), p(self.t(wr[0])?), u(n), u(hw), u(c)],
+            ),
             Op::BatchNorm { rows, channels, .. } => self.k(
                 name1("mw_bn_bwd", self.ft(rd[0])?),
                 LaunchCfg::strip(channels as u64, 1),
@@ -954,43 +1510,123 @@ impl<B: Backend> GpuExecutor<B> {
             Op::LayerNorm { rows, features, .. } => {
                 let t = self.ft(rd[0])?;
                 let (h, rs, dy) = (self.t(rd[0])?, self.t(rd[1])?, self.t(rd[2])?);
-                self.k(name1("mw_ln_param_grads", t), LaunchCfg::strip(features as u64, 1), vec![p(h), p(dy), p(self.pg(s.params[0])?), p(self.pg(s.params[1])?), u(rows), u(features)])?;
-                self.k(name1("mw_ln_bwd", t), LaunchCfg::rows(rows as u64), vec![p(h), p(rs), p(self.pv(s.params[0])), p(dy), p(self.t(wr[0])?), u(rows), u(features)])
+                self.k(
+                    name1("mw_ln_param_grads", t),
+                    LaunchCfg::strip(features as u64, 1),
+                    vec![
+                        p(h),
+                        p(dy),
+                        p(self.pg(s.params[0])?),
+                        p(self.pg(s.params[1])?),
+                        u(rows),
+                        u(features),
+                    ],
+                )?;
+                self.k(
+                    name1("mw_ln_bwd", t),
+                    LaunchCfg::rows(rows as u64),
+                    vec![
+                        p(h),
+                        p(rs),
+                        p(self.pv(s.params[0])),
+                        p(dy),
+                        p(self.t(wr[0])?),
+                        u(rows),
+                        u(features),
+                    ],
+                )
             }
             Op::Dropout { elems, rate, .. } => self.k(
                 name1("mw_dropout_bwd", self.ft(rd[1])?),
                 LaunchCfg::pointwise(elems as u64),
-                vec![p(self.t(rd[0])?), p(self.t(rd[1])?), p(self.t(wr[0])?), u(elems), KArg::F32(rate)],
+                vec![
+                    p(self.t(rd[0])?),
+                    p(self.t(rd[1])?),
+                    p(self.t(wr[0])?),
+                    u(elems),
+                    KArg::F32(rate),
+                ],
             ),
-            Op::Activation { act: Act::Softmax, elems, cols } => {
+            Op::Activation {
+                act: Act::Softmax,
+                elems,
+                cols,
+            } => {
                 let rows = elems / cols.max(1);
                 self.k(
-                    name3("mw_softmax_bwd", self.ft(rd[0])?, self.ft(rd[1])?, self.ft(wr[0])?),
+                    name3(
+                        "mw_softmax_bwd",
+                        self.ft(rd[0])?,
+                        self.ft(rd[1])?,
+                        self.ft(wr[0])?,
+                    ),
                     LaunchCfg::rows(rows as u64),
-                    vec![p(self.t(rd[0])?), p(self.t(rd[1])?), p(self.t(wr[0])?), u(rows), u(cols)],
+                    vec![
+                        p(self.t(rd[0])?),
+                        p(self.t(rd[1])?),
+                        p(self.t(wr[0])?),
+                        u(rows),
+                        u(cols),
+                    ],
                 )
             }
             Op::Activation { act, elems, .. } => self.k(
                 name1("mw_act_bwd", self.ft(rd[1])?),
                 LaunchCfg::pointwise(elems as u64),
-                vec![KArg::I32(act_code(act)), p(self.t(rd[0])?), p(self.t(rd[1])?), p(self.t(wr[0])?), u(elems)],
+                vec![
+                    KArg::I32(act_code(act)),
+                    p(self.t(rd[0])?),
+                    p(self.t(rd[1])?),
+                    p(self.t(wr[0])?),
+                    u(elems),
+                ],
             ),
             Op::Concat { rows, a, b } => self.k(
                 name1("mw_concat_backward", self.ft(rd[0])?),
                 LaunchCfg::pointwise((rows * (a + b)) as u64),
-                vec![p(self.t(rd[0])?), p(self.t(wr[0])?), p(self.t(wr[1])?), u(rows), u(a), u(b)],
+                vec![
+                    p(self.t(rd[0])?),
+                    p(self.t(wr[0])?),
+                    p(self.t(wr[1])?),
+                    u(rows),
+                    u(a),
+                    u(b),
+                ],
             ),
             Op::Embedding { tokens, vocab, dim } => self.k(
                 name1("mw_embedding_bwd", self.ft(rd[1])?),
                 LaunchCfg::pointwise((tokens * dim) as u64),
-                vec![p(self.t(rd[0])?), p(self.t(rd[1])?), p(self.pg(s.params[0])?), u(tokens), u(vocab), u(dim)],
+                vec![
+                    p(self.t(rd[0])?),
+                    p(self.t(rd[1])?),
+                    p(self.pg(s.params[0])?),
+                    u(tokens),
+                    u(vocab),
+                    u(dim),
+                ],
             ),
-            Op::Attention { batch, seq, heads, head_dim, dropout, .. } => {
+            Op::Attention {
+                batch,
+                seq,
+                heads,
+                head_dim,
+                dropout,
+                ..
+            } => {
                 let t = self.ft(rd[0])?;
-                let d = k::attention::AttentionDims { batch, seq, hidden: heads * head_dim, heads };
+                let d = k::attention::AttentionDims {
+                    batch,
+                    seq,
+                    hidden: heads * head_dim,
+                    heads,
+                };
                 let scale = 1.0 / (head_dim as f32).sqrt();
                 let (qkv, probs) = (self.t(rd[0])?, self.t(rd[1])?);
-                let (used, dctx) = if dropout > 0.0 { (self.t(rd[3])?, self.t(rd[4])?) } else { (probs, self.t(rd[2])?) };
+                let (used, dctx) = if dropout > 0.0 {
+                    (self.t(rd[3])?, self.t(rd[4])?)
+                } else {
+                    (probs, self.t(rd[2])?)
+                };
                 let (dqkv, dp) = (self.t(wr[0])?, self.t(ws_id)?);
                 let bufs = |o: Operand| -> Result<(u64, Float)> {
                     Ok((
@@ -1010,10 +1646,18 @@ impl<B: Backend> GpuExecutor<B> {
                 }
                 let n = d.scores_len();
                 if dropout > 0.0 {
-                    self.k(name1("mw_dropout_bwd", t), LaunchCfg::pointwise(n as u64), vec![p(self.t(rd[2])?), p(dp), p(dp), u(n), KArg::F32(dropout)])?;
+                    self.k(
+                        name1("mw_dropout_bwd", t),
+                        LaunchCfg::pointwise(n as u64),
+                        vec![p(self.t(rd[2])?), p(dp), p(dp), u(n), KArg::F32(dropout)],
+                    )?;
                 }
                 let rows = batch * heads * seq;
-                self.k(name3("mw_softmax_bwd", t, t, t), LaunchCfg::rows(rows as u64), vec![p(probs), p(dp), p(dp), u(rows), u(seq)])?;
+                self.k(
+                    name3("mw_softmax_bwd", t, t, t),
+                    LaunchCfg::rows(rows as u64),
+                    vec![p(probs), p(dp), p(dp), u(rows), u(seq)],
+                )?;
                 for g in cm::attention_scores_backward(&d, scale) {
                     self.gemm(&g, &bufs)?;
                 }
@@ -1022,7 +1666,17 @@ impl<B: Backend> GpuExecutor<B> {
             Op::SampleNormal { elems, key } => self.k(
                 name1("mw_sample_normal_bwd", self.ft(rd[0])?),
                 LaunchCfg::pointwise(elems.div_ceil(4) as u64),
-                vec![p(self.t(rd[0])?), p(self.t(rd[1])?), p(self.t(wr[0])?), p(self.t(wr[1])?), u(elems), self.key_seed(), KArg::U32(key), self.sc(), KArg::I32(0)],
+                vec![
+                    p(self.t(rd[0])?),
+                    p(self.t(rd[1])?),
+                    p(self.t(wr[0])?),
+                    p(self.t(wr[1])?),
+                    u(elems),
+                    self.key_seed(),
+                    KArg::U32(key),
+                    self.sc(),
+                    KArg::I32(0),
+                ],
             ),
             Op::Accumulate { elems } => {
                 let t = self.ft(wr[0])?;
@@ -1033,12 +1687,23 @@ impl<B: Backend> GpuExecutor<B> {
                 } else if self.same(rd[1], wr[0]) {
                     rd[0]
                 } else {
-                    self.k(name2("mw_cast", t, t), cfg, vec![p(self.t(rd[0])?), p(g), u(elems)])?;
+                    self.k(
+                        name2("mw_cast", t, t),
+                        cfg,
+                        vec![p(self.t(rd[0])?), p(g), u(elems)],
+                    )?;
                     rd[1]
                 };
-                self.k(name1("mw_accumulate", t), cfg, vec![p(g), p(self.t(other)?), u(elems)])
+                self.k(
+                    name1("mw_accumulate", t),
+                    cfg,
+                    vec![p(g), p(self.t(other)?), u(elems)],
+                )
             }
-            other => Err(RuntimeError::Memory(format!("{} has no backward step", other.name()))),
+            other => Err(RuntimeError::Memory(format!(
+                "{} has no backward step",
+                other.name()
+            ))),
         }
     }
 
@@ -1050,7 +1715,10 @@ impl<B: Backend> GpuExecutor<B> {
         let train = self.plan.training;
         let need = |id: u32| -> Result<u64> {
             if id == NONE {
-                Err(RuntimeError::Memory(format!("loss `{}`: its input depends on no parameter", s.op.name())))
+                Err(RuntimeError::Memory(format!(
+                    "loss `{}`: its input depends on no parameter",
+                    s.op.name()
+                )))
             } else {
                 self.t(id)
             }
@@ -1058,10 +1726,23 @@ impl<B: Backend> GpuExecutor<B> {
         let loss = self.t(wr[0])?;
         let single = LaunchCfg::single();
         match s.op {
-            Op::SoftmaxCrossEntropy { rows, classes, weight } | Op::SoftmaxCrossEntropyFromLogits { rows, classes, weight } => {
+            Op::SoftmaxCrossEntropy {
+                rows,
+                classes,
+                weight,
+            }
+            | Op::SoftmaxCrossEntropyFromLogits {
+                rows,
+                classes,
+                weight,
+            } => {
                 let (probs, pt) = if matches!(s.op, Op::SoftmaxCrossEntropyFromLogits { .. }) {
                     let ws = self.t(ws_id)?;
-                    self.k(name2("mw_softmax", self.ft(rd[0])?, Float::F32), LaunchCfg::rows(rows as u64), vec![p(self.t(rd[0])?), p(ws), u(rows), u(classes)])?;
+                    self.k(
+                        name2("mw_softmax", self.ft(rd[0])?, Float::F32),
+                        LaunchCfg::rows(rows as u64),
+                        vec![p(self.t(rd[0])?), p(ws), u(rows), u(classes)],
+                    )?;
                     (ws, Float::F32)
                 } else {
                     (self.t(rd[0])?, self.ft(rd[0])?)
@@ -1072,14 +1753,49 @@ impl<B: Backend> GpuExecutor<B> {
                     self.k(
                         name2("mw_scce", pt, self.ft(wr[1])?),
                         LaunchCfg::rows(rows as u64),
-                        vec![p(probs), p(labels), p(g), u(rows), u(classes), KArg::F32(weight), self.sc()],
+                        vec![
+                            p(probs),
+                            p(labels),
+                            p(g),
+                            u(rows),
+                            u(classes),
+                            KArg::F32(weight),
+                            self.sc(),
+                        ],
                     )?;
                 }
-                self.k(name1("mw_scce_value", pt), single, vec![p(probs), p(labels), u(rows), u(classes), KArg::F32(weight), p(loss), self.sc()])?;
+                self.k(
+                    name1("mw_scce_value", pt),
+                    single,
+                    vec![
+                        p(probs),
+                        p(labels),
+                        u(rows),
+                        u(classes),
+                        KArg::F32(weight),
+                        p(loss),
+                        self.sc(),
+                    ],
+                )?;
             }
-            Op::SigmoidBinaryCrossentropy { rows, features, reduction: red, weight }
-            | Op::BinaryCrossentropy { rows, features, reduction: red, weight }
-            | Op::MeanSquaredError { rows, features, reduction: red, weight } => {
+            Op::SigmoidBinaryCrossentropy {
+                rows,
+                features,
+                reduction: red,
+                weight,
+            }
+            | Op::BinaryCrossentropy {
+                rows,
+                features,
+                reduction: red,
+                weight,
+            }
+            | Op::MeanSquaredError {
+                rows,
+                features,
+                reduction: red,
+                weight,
+            } => {
                 let kind = match s.op {
                     Op::SigmoidBinaryCrossentropy { .. } => kl::LOSS_BCE_SIGMOID,
                     Op::BinaryCrossentropy { .. } => kl::LOSS_BCE,
@@ -1100,31 +1816,90 @@ impl<B: Backend> GpuExecutor<B> {
                     self.k(
                         name2("mw_elem_loss", pt, yt),
                         LaunchCfg::pointwise(n as u64),
-                        vec![KArg::I32(kind), p(pr), p(tg), p(g), u(n), KArg::F64(denom), KArg::F32(weight), self.sc()],
+                        vec![
+                            KArg::I32(kind),
+                            p(pr),
+                            p(tg),
+                            p(g),
+                            u(n),
+                            KArg::F64(denom),
+                            KArg::F32(weight),
+                            self.sc(),
+                        ],
                     )?;
                 }
-                self.k(name2("mw_elem_loss_value", pt, yt), single, vec![KArg::I32(kind), p(pr), p(tg), u(n), KArg::F64(denom), KArg::F32(weight), p(loss)])?;
+                self.k(
+                    name2("mw_elem_loss_value", pt, yt),
+                    single,
+                    vec![
+                        KArg::I32(kind),
+                        p(pr),
+                        p(tg),
+                        u(n),
+                        KArg::F64(denom),
+                        KArg::F32(weight),
+                        p(loss),
+                    ],
+                )?;
             }
-            Op::KlNormal { rows, features, reduction: red, weight } => {
-                let w = if red == Reduction::Mean { weight / features as f32 } else { weight };
+            Op::KlNormal {
+                rows,
+                features,
+                reduction: red,
+                weight,
+            } => {
+                let w = if red == Reduction::Mean {
+                    weight / features as f32
+                } else {
+                    weight
+                };
                 let t = self.ft(rd[0])?;
                 let n = rows * features;
                 let (m, lv) = (self.t(rd[0])?, self.t(rd[1])?);
                 if train {
                     let (gm, gl) = (need(wr[1])?, need(wr[2])?);
                     if self.ft(wr[1])? != t {
-                        return Err(RuntimeError::Memory("a KL gradient in another dtype than its inputs has no CUDA kernel".into()));
+                        return Err(RuntimeError::Memory(
+                            "a KL gradient in another dtype than its inputs has no CUDA kernel"
+                                .into(),
+                        ));
                     }
-                    self.k(name1("mw_kl", t), LaunchCfg::pointwise(n as u64), vec![p(m), p(lv), p(gm), p(gl), u(n), u(rows), KArg::F32(w), self.sc()])?;
+                    self.k(
+                        name1("mw_kl", t),
+                        LaunchCfg::pointwise(n as u64),
+                        vec![
+                            p(m),
+                            p(lv),
+                            p(gm),
+                            p(gl),
+                            u(n),
+                            u(rows),
+                            KArg::F32(w),
+                            self.sc(),
+                        ],
+                    )?;
                 }
-                self.k(name1("mw_kl_value", t), single, vec![p(m), p(lv), u(n), u(rows), KArg::F32(w), p(loss)])?;
+                self.k(
+                    name1("mw_kl_value", t),
+                    single,
+                    vec![p(m), p(lv), u(n), u(rows), KArg::F32(w), p(loss)],
+                )?;
             }
-            other => return Err(RuntimeError::Memory(format!("{} is not a loss", other.name()))),
+            other => {
+                return Err(RuntimeError::Memory(format!(
+                    "{} is not a loss",
+                    other.name()
+                )))
+            }
         }
         // Without loss scaling, a non-finite loss must stop the update (as on the CPU): the
         // flag makes the optimizer kernels skip, and the host reports it after the step.
         if train && !self.plan.loss_scaling {
-            self.k("mw_all_finite_f32".into(), LaunchCfg::pointwise(1), vec![p(loss), u(1), self.sc()])?;
+            self.k(
+                "mw_all_finite_f32".into(),
+                LaunchCfg::pointwise(1),
+                vec![p(loss), u(1), self.sc()],
+            )?;
         }
         Ok(())
     }
@@ -1138,8 +1913,12 @@ fn refresh_half_copies(plan: &StaticPlan, region: &mut Region) -> Result<()> {
         unsafe {
             let src = region.view::<f32>(p.offset, p.elems())?;
             match h {
-                DType::F16 => k::elementwise::cast(src, region.view_mut::<f16>(p.half_offset, p.elems())?),
-                DType::BF16 => k::elementwise::cast(src, region.view_mut::<bf16>(p.half_offset, p.elems())?),
+                DType::F16 => {
+                    k::elementwise::cast(src, region.view_mut::<f16>(p.half_offset, p.elems())?)
+                }
+                DType::BF16 => {
+                    k::elementwise::cast(src, region.view_mut::<bf16>(p.half_offset, p.elems())?)
+                }
                 _ => Ok(()),
             }
             .map_err(|e| RuntimeError::Memory(e.0))?;

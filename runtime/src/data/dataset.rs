@@ -68,7 +68,7 @@ impl Column {
 
     /// The first `samples` samples of this buffer as a batch.
     pub fn as_batch(&self, samples: usize) -> Batch<'_> {
-        let n = samples * self.per_sample();
+        let n = samples.saturating_mul(self.per_sample());
         match self {
             Column::U8 { data, .. } => Batch::U8(&data[..n.min(data.len())]),
             Column::I32 { data, .. } => Batch::I32(&data[..n.min(data.len())]),
@@ -122,6 +122,67 @@ impl InMemory {
             }
         }
         Ok(InMemory { columns, len })
+    }
+
+    /// The same dataset without the samples that hold a NaN or an infinity in any float
+    /// column, and how many samples were dropped.
+    ///
+    /// Training refuses non-finite float inputs by default: `train_step` (and so
+    /// [`Trainer::fit`](crate::Trainer::fit), `evaluate` and `predict`) fails with an error
+    /// naming the input and the sample. This is the documented way to skip such samples
+    /// instead — clean the data once, before training, and log how much was dropped:
+    ///
+    /// ```
+    /// use memwise_runtime::data::dataset::{Column, Dataset, InMemory};
+    ///
+    /// let data = InMemory::new(vec![
+    ///     Column::F32 { data: vec![0.5, 1.0, f32::NAN, 2.0, 3.0, f32::INFINITY], per_sample: 2 },
+    ///     Column::I32 { data: vec![0, 1, 2], per_sample: 1 },
+    /// ])?;
+    /// let (clean, dropped) = data.drop_non_finite();
+    /// assert_eq!((clean.len(), dropped), (1, 2));
+    /// assert_eq!(clean.columns()[1], Column::I32 { data: vec![0], per_sample: 1 });
+    /// # Ok::<(), memwise_runtime::RuntimeError>(())
+    /// ```
+    ///
+    /// Integer columns (u8 pixels, i32 labels) are always finite and never cause a drop; the
+    /// order of the kept samples is unchanged. `docs/ROBUSTNESS.md` lists every check.
+    pub fn drop_non_finite(&self) -> (InMemory, usize) {
+        // A column's sample `i` spans `i * stride .. (i + 1) * stride` (`stride` as `samples`
+        // counts them: a per-sample size of 0 counts one value per sample).
+        let stride = |c: &Column| c.per_sample().max(1);
+        let keep: Vec<bool> = (0..self.len)
+            .map(|i| {
+                self.columns.iter().all(|c| match c {
+                    Column::F32 { data, .. } => {
+                        let s = stride(c);
+                        data.get(i * s..(i + 1) * s).is_none_or(|x| x.iter().all(|v| v.is_finite()))
+                    }
+                    Column::U8 { .. } | Column::I32 { .. } => true,
+                })
+            })
+            .collect();
+        let kept = keep.iter().filter(|&&k| k).count();
+        fn filter<T: Copy>(data: &[T], stride: usize, keep: &[bool]) -> Vec<T> {
+            data.chunks_exact(stride)
+                .zip(keep)
+                .filter(|(_, &k)| k)
+                .flat_map(|(x, _)| x.iter().copied())
+                .collect()
+        }
+        let columns = self
+            .columns
+            .iter()
+            .map(|c| {
+                let s = stride(c);
+                match c {
+                    Column::U8 { data, per_sample } => Column::U8 { data: filter(data, s, &keep), per_sample: *per_sample },
+                    Column::I32 { data, per_sample } => Column::I32 { data: filter(data, s, &keep), per_sample: *per_sample },
+                    Column::F32 { data, per_sample } => Column::F32 { data: filter(data, s, &keep), per_sample: *per_sample },
+                }
+            })
+            .collect();
+        (InMemory { columns, len: kept }, self.len - kept)
     }
 
     /// MNIST images (u8, 784 per sample) and labels (i32).

@@ -1,0 +1,521 @@
+//! Nothing panics on bad input, and every refusal says what was wrong.
+//!
+//! Two halves:
+//! - property tests: every public entry point (`plan`, `plan_inference`, `train_step`,
+//!   `evaluate_step`, `Trainer::fit/evaluate/predict`, `load_weights_from_bytes`,
+//!   `load_checkpoint_from_bytes`, `parse_idx`, `parse_bytes`, `InMemory::drop_non_finite`)
+//!   on random inputs, decoded from random bytes by the same decoders the fuzz targets use
+//!   (`support/decode.rs`, `fuzz/`): `Ok`, or an `Err` with a message — never a panic, and a
+//!   refused input or a failed load leaves the model bit-identical;
+//! - one test per input error of issue 9's list, asserting the message names the input and
+//!   the expected and actual values.
+//!
+//! docs/ROBUSTNESS.md lists what is validated where.
+
+mod support;
+
+use memwise_plan::advice::{format_bytes, parse_bytes};
+use memwise_plan::{plan, plan_inference, Activation, DType, LayerKind, LossKind, LossTerm, ModelSpec, StaticPlan};
+use memwise_runtime::data::dataset::{Column, Dataset, InMemory};
+use memwise_runtime::data::idx::{parse_idx, MnistSplit};
+use memwise_runtime::{Batch, Device, Executor, FitOptions, RuntimeError, Trainer};
+use proptest::prelude::*;
+use support::decode::{self, Bytes, Owned};
+
+// ---------------------------------------------------------------------------------------
+// Property tests
+// ---------------------------------------------------------------------------------------
+
+/// Cases per property (the sum is printed in docs/ROBUSTNESS.md).
+const PLAN_CASES: u32 = 512;
+const STEP_CASES: u32 = 384;
+const TRAINER_CASES: u32 = 128;
+const LOAD_CASES: u32 = 256;
+const IDX_CASES: u32 = 512;
+const PARSE_BYTES_CASES: u32 = 1024;
+const DROP_CASES: u32 = 256;
+
+fn plans() -> &'static [(StaticPlan, StaticPlan)] {
+    static PLANS: std::sync::OnceLock<Vec<(StaticPlan, StaticPlan)>> = std::sync::OnceLock::new();
+    PLANS.get_or_init(|| {
+        decode::train_models()
+            .iter()
+            .map(|m| (plan(m).unwrap(), plan_inference(m).unwrap()))
+            .collect()
+    })
+}
+
+fn views(owned: &[Owned]) -> Vec<Batch<'_>> {
+    owned.iter().map(Owned::as_batch).collect()
+}
+
+/// A valid weights (`checkpoint == false`) or checkpoint file of fixed model `k`, saved after
+/// two training steps.
+fn valid_file(k: usize, checkpoint: bool) -> &'static [u8] {
+    static FILES: std::sync::OnceLock<Vec<(Vec<u8>, Vec<u8>)>> = std::sync::OnceLock::new();
+    let files = FILES.get_or_init(|| {
+        plans()
+            .iter()
+            .map(|(p, _)| {
+                let mut ex = Executor::new(p.clone(), &Device::cpu(), 5).unwrap();
+                let owned = decode::batches(ex.plan(), &mut Bytes::new(&[]));
+                ex.train_step(&views(&owned)).unwrap();
+                ex.train_step(&views(&owned)).unwrap();
+                (ex.weights_to_bytes().unwrap(), ex.checkpoint_to_bytes().unwrap())
+            })
+            .collect()
+    });
+    if checkpoint {
+        &files[k].1
+    } else {
+        &files[k].0
+    }
+}
+
+fn bytes(max: usize) -> impl Strategy<Value = Vec<u8>> {
+    prop::collection::vec(any::<u8>(), 0..max)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: PLAN_CASES, ..ProptestConfig::default() })]
+
+    /// Any `ModelSpec` plans or fails with a message; a small plan also runs a step.
+    #[test]
+    fn planning_any_spec_never_panics(data in bytes(256)) {
+        let spec = decode::model_spec(&data);
+        for p in [plan(&spec), plan_inference(&spec)] {
+            match p {
+                Err(e) => prop_assert!(!e.to_string().is_empty()),
+                Ok(p) if p.arena_bytes + p.persistent_bytes <= 1 << 20 && p.steps.len() <= 200 => {
+                    let training = p.training;
+                    if let Ok(mut ex) = Executor::new(p, &Device::cpu(), 7) {
+                        let owned = decode::batches(ex.plan(), &mut Bytes::new(&[]));
+                        let r = if training { ex.train_step(&views(&owned)) } else { ex.evaluate_step(&views(&owned)) };
+                        if let Err(e) = r {
+                            prop_assert!(!e.to_string().is_empty());
+                        }
+                    }
+                }
+                Ok(_) => {}
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: STEP_CASES, ..ProptestConfig::default() })]
+
+    /// Any batches (count, dtype, length, values) on the fixed models: a step or an error,
+    /// and an input error leaves the model untouched.
+    #[test]
+    fn train_step_on_any_batch_never_panics(data in bytes(512)) {
+        let mut b = Bytes::new(&data);
+        let plans = plans();
+        let (train, infer) = &plans[b.below(plans.len())];
+        let inference = b.u8() > 200;
+        let mut ex = Executor::new(if inference { infer } else { train }.clone(), &Device::cpu(), 1).unwrap();
+        for _ in 0..1 + b.below(2) {
+            let before = ex.persistent_bytes().to_vec();
+            let owned = decode::batches(ex.plan(), &mut b);
+            let r = if inference { ex.evaluate_step(&views(&owned)) } else { ex.train_step(&views(&owned)) };
+            if let Err(e) = r {
+                prop_assert!(!e.to_string().is_empty());
+                if let RuntimeError::Input(_) = e {
+                    prop_assert!(ex.persistent_bytes() == &before[..], "a refused input changed the model: {e}");
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: TRAINER_CASES, ..ProptestConfig::default() })]
+
+    /// Any in-memory dataset (columns, dtypes, sizes, 0–11 samples) through fit, evaluate and
+    /// predict: a result or an error with a message.
+    #[test]
+    fn trainer_on_any_dataset_never_panics(data in bytes(256)) {
+        let mut b = Bytes::new(&data);
+        let models = decode::train_models();
+        let spec = &models[b.below(models.len())];
+        let mut t = Trainer::build(spec, &Device::cpu(), 3).unwrap();
+        if let Some(ds) = decode::dataset(t.plan(), &mut b) {
+            let opts = FitOptions { epochs: 1, verbose: false, max_steps: Some(2), ..FitOptions::default() };
+            let r = match b.u8() % 4 {
+                0 => t.fit(&ds, Some(&ds), &opts, &mut []).map(|_| ()),
+                1 => t.evaluate(&ds).map(|_| ()),
+                2 => t.predict(&ds).map(|_| ()),
+                _ => t.fit(&ds.drop_non_finite().0, None, &opts, &mut []).map(|_| ()),
+            };
+            if let Err(e) = r {
+                prop_assert!(!e.to_string().is_empty());
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: LOAD_CASES, ..ProptestConfig::default() })]
+
+    /// Mutated (and raw) weights files: loaded, or an error and the model bit-identical.
+    #[test]
+    fn loading_mutated_weights_never_panics_nor_changes_the_model(data in bytes(128)) {
+        check_load(&data, false)?;
+    }
+
+    /// Mutated (and raw) checkpoints: loaded, or an error and the model and its counters
+    /// bit-identical.
+    #[test]
+    fn loading_mutated_checkpoints_never_panics_nor_changes_the_model(data in bytes(128)) {
+        check_load(&data, true)?;
+    }
+}
+
+fn check_load(data: &[u8], checkpoint: bool) -> Result<(), TestCaseError> {
+    let mut b = Bytes::new(data);
+    let k = b.below(plans().len());
+    let file = valid_file(k, checkpoint);
+    let bytes = if b.u8() < 24 { b.rest().to_vec() } else { decode::mutate_safetensors(file, &mut b) };
+    let mut ex = Executor::new(plans()[k].0.clone(), &Device::cpu(), 9).unwrap();
+    let before = (ex.persistent_bytes().to_vec(), ex.step_counter(), ex.loss_scale().to_bits());
+    let r = if checkpoint { ex.load_checkpoint_from_bytes(&bytes) } else { ex.load_weights_from_bytes(&bytes) };
+    if let Err(e) = r {
+        prop_assert!(!e.to_string().is_empty());
+        let after = (ex.persistent_bytes().to_vec(), ex.step_counter(), ex.loss_scale().to_bits());
+        prop_assert!(after == before, "a failed load changed the model: {e}");
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: IDX_CASES, ..ProptestConfig::default() })]
+
+    /// IDX files (valid, gzipped, damaged, raw): an array whose data matches its dims, or an
+    /// error naming the file; then an MNIST split from two of them.
+    #[test]
+    fn parse_idx_never_panics(data in bytes(256)) {
+        let mut b = Bytes::new(&data);
+        let (images, labels) = (decode::idx_file(&mut b), decode::idx_file(&mut b));
+        let (i, l) = (parse_idx(&images, "images.idx"), parse_idx(&labels, "labels.idx"));
+        for r in [&i, &l] {
+            match r {
+                Ok(a) => prop_assert_eq!(a.dims.iter().try_fold(1usize, |x, &d| x.checked_mul(d)), Some(a.data.len())),
+                Err(e) => prop_assert!(e.to_string().contains(".idx:"), "{}", e),
+            }
+        }
+        if let (Ok(i), Ok(l)) = (i, l) {
+            match MnistSplit::from_arrays(i, "images.idx", l, "labels.idx") {
+                Ok(s) => {
+                    let _ = (s.class_counts(), s.image(0), s.label(0));
+                    let n = s.len();
+                    let (a, c) = s.split_at(b.below(n + 2));
+                    prop_assert_eq!(a.len() + c.len(), n);
+                }
+                Err(e) => prop_assert!(!e.to_string().is_empty()),
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: PARSE_BYTES_CASES, ..ProptestConfig::default() })]
+
+    /// Budget strings: any text parses or is refused with a message; what parses formats and
+    /// parses back within format_bytes's rounding.
+    #[test]
+    fn parse_bytes_never_panics(text in prop_oneof![
+        any::<String>(),
+        "[ ]{0,2}[0-9_.]{0,22}[ ]?(B|b|KiB|kib|MiB|GiB|TiB|PiB|KB|MB|GB|TB|PB|k|m|x|)[ ]{0,2}",
+    ]) {
+        match parse_bytes(&text) {
+            // Sizes from 16 EiB − 0.5% up format as `16384 PiB`, over u64::MAX.
+            Ok(n) if n >= 1 << 63 => {}
+            Ok(n) => {
+                let shown = format_bytes(n);
+                let back = parse_bytes(&shown);
+                prop_assert!(back.is_ok(), "`{}` (from {}) does not parse back: {:?}", shown, n, back);
+                let back = back.unwrap();
+                prop_assert!(back.abs_diff(n) as f64 <= n as f64 * 0.005 + 1.0, "{} → `{}` → {}", n, shown, back);
+            }
+            Err(e) => prop_assert!(!e.is_empty()),
+        }
+    }
+
+    /// Any size formats, and the text parses back.
+    #[test]
+    fn format_bytes_parses_back(n in 0..1u64 << 63) {
+        let shown = format_bytes(n);
+        prop_assert!(parse_bytes(&shown).is_ok(), "`{}` does not parse back", shown);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: DROP_CASES, ..ProptestConfig::default() })]
+
+    /// Dropping non-finite samples keeps exactly the finite ones, in order, in every column.
+    #[test]
+    fn drop_non_finite_keeps_exactly_the_finite_samples(
+        per in 1usize..4,
+        values in prop::collection::vec(prop_oneof![4 => -10.0f32..10.0, 1 => Just(f32::NAN), 1 => Just(f32::INFINITY), 1 => Just(f32::NEG_INFINITY)], 0..40),
+    ) {
+        let n = values.len() / per;
+        let x: Vec<f32> = values[..n * per].to_vec();
+        let labels: Vec<i32> = (0..n as i32).collect();
+        let ds = InMemory::new(vec![
+            Column::F32 { data: x.clone(), per_sample: per },
+            Column::I32 { data: labels, per_sample: 1 },
+        ]).unwrap();
+        let (clean, dropped) = ds.drop_non_finite();
+        let keep: Vec<usize> = (0..n).filter(|&i| x[i * per..(i + 1) * per].iter().all(|v| v.is_finite())).collect();
+        prop_assert_eq!(clean.len(), keep.len());
+        prop_assert_eq!(dropped, n - keep.len());
+        let want_x: Vec<f32> = keep.iter().flat_map(|&i| x[i * per..(i + 1) * per].iter().copied()).collect();
+        let want_l: Vec<i32> = keep.iter().map(|&i| i as i32).collect();
+        prop_assert_eq!(&clean.columns()[0], &Column::F32 { data: want_x, per_sample: per });
+        prop_assert_eq!(&clean.columns()[1], &Column::I32 { data: want_l, per_sample: 1 });
+    }
+}
+
+/// Found by the `parse_bytes` fuzz target: `format_bytes` prints sizes of 1 PiB and more in
+/// PiB, which `parse_bytes` did not know.
+#[test]
+fn sizes_in_pib_parse_back() {
+    assert_eq!(format_bytes(3 << 50), "3 PiB");
+    assert_eq!(parse_bytes("3 PiB"), Ok(3 << 50));
+    assert_eq!(parse_bytes("2PB"), Ok(2_000_000_000_000_000));
+    assert!(parse_bytes("2 P").unwrap_err().contains("ambiguous"));
+    let n = 2_206_299_360_000_000_000u64;
+    assert!(parse_bytes(&format_bytes(n)).is_ok(), "{}", format_bytes(n));
+}
+
+// ---------------------------------------------------------------------------------------
+// One test per input error
+// ---------------------------------------------------------------------------------------
+
+/// u8 pixels [8] → dense 16 relu → dense 10 softmax; i32 labels; batch 4.
+fn mlp_spec(batch: usize) -> ModelSpec {
+    decode::train_models()[0].with_batch(batch)
+}
+
+fn mlp() -> Executor {
+    Executor::new(plan(&mlp_spec(4)).unwrap(), &Device::cpu(), 1).unwrap()
+}
+
+/// f32 x [8] → dense 16 relu → dense 3 softmax; i32 labels; batch 4.
+fn float_spec() -> ModelSpec {
+    let mut m = ModelSpec::new("F", 4);
+    m.input("x", &[8], DType::F32, 1.0);
+    m.input("labels", &[], DType::I32, 1.0);
+    m.add("h", LayerKind::dense(16, Activation::Relu), &["x"]);
+    m.add("out", LayerKind::dense(3, Activation::Softmax), &[]);
+    m.loss.push(LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["out", "labels"]));
+    m
+}
+
+/// An error, and the model exactly as it was (weights, gradients, optimizer state, counters,
+/// and no kernel step run).
+fn refused(ex: &mut Executor, inputs: &[Batch<'_>]) -> String {
+    let before = (ex.persistent_bytes().to_vec(), ex.step_counter(), ex.steps_executed);
+    let e = ex.train_step(inputs).expect_err("the step must be refused");
+    assert!(matches!(e, RuntimeError::Input(_)), "an input error: {e:?}");
+    let after = (ex.persistent_bytes().to_vec(), ex.step_counter(), ex.steps_executed);
+    assert!(after == before, "a refused step changed the model: {e}");
+    e.to_string()
+}
+
+fn contains_all(e: &str, parts: &[&str]) {
+    for p in parts {
+        assert!(e.contains(p), "`{p}` missing from: {e}");
+    }
+}
+
+const PIXELS: [u8; 32] = [7; 32];
+
+#[test]
+fn batch_count_names_the_inputs_expected_and_actual() {
+    let e = refused(&mut mlp(), &[Batch::U8(&PIXELS)]);
+    contains_all(&e, &["takes 2 inputs (pixels, labels), got 1"]);
+}
+
+#[test]
+fn batch_dtype_names_the_input_expected_and_actual() {
+    let x = [0.5f32; 32];
+    let e = refused(&mut mlp(), &[Batch::F32(&x), Batch::I32(&[0; 4])]);
+    contains_all(&e, &["input `pixels` holds u8 values, got f32"]);
+    let e = refused(&mut mlp(), &[Batch::U8(&PIXELS), Batch::F32(&[0.0; 4])]);
+    contains_all(&e, &["input `labels` holds i32 values, got f32"]);
+}
+
+#[test]
+fn batch_shape_names_the_input_expected_and_actual() {
+    let e = refused(&mut mlp(), &[Batch::U8(&PIXELS[..30]), Batch::I32(&[0; 4])]);
+    contains_all(&e, &["input `pixels` expects 32 values (shape [4, 8]), got 30"]);
+    let e = refused(&mut mlp(), &[Batch::U8(&PIXELS), Batch::I32(&[0; 5])]);
+    contains_all(&e, &["input `labels` expects 4 values (shape [4]), got 5"]);
+}
+
+#[test]
+fn an_empty_batch_names_the_input_expected_and_actual() {
+    let e = refused(&mut mlp(), &[Batch::U8(&[]), Batch::I32(&[])]);
+    contains_all(&e, &["input `pixels` expects 32 values (shape [4, 8]), got 0"]);
+}
+
+/// The executor never writes past the arena: a batch larger than the plan's is refused
+/// before a byte is copied, with the numbers.
+#[test]
+fn a_batch_larger_than_the_plan_is_refused_by_the_executor_with_the_numbers() {
+    let big = [1u8; 64];
+    let e = refused(&mut mlp(), &[Batch::U8(&big), Batch::I32(&[0; 8])]);
+    contains_all(
+        &e,
+        &["input `pixels` expects 32 values (shape [4, 8]), got 64", "a batch of 8", "this plan's batch is 4"],
+    );
+}
+
+/// `Trainer` never hands the executor a batch larger than its plan: `fit` runs full batches
+/// of the plan's size (a final partial batch waits for the next epoch's shuffle), and
+/// `evaluate` / `predict` re-plan for the smaller last batch.
+#[test]
+fn the_trainer_splits_large_datasets_and_replans_the_last_batch() {
+    let mut t = Trainer::build(&mlp_spec(4), &Device::cpu(), 1).unwrap();
+    let ds = InMemory::new(vec![
+        Column::U8 { data: vec![9; 10 * 8], per_sample: 8 },
+        Column::I32 { data: (0..10).collect(), per_sample: 1 },
+    ])
+    .unwrap();
+    let opts = FitOptions { epochs: 1, verbose: false, ..FitOptions::default() };
+    let h = t.fit(&ds, None, &opts, &mut []).unwrap();
+    assert_eq!(h.epochs[0].steps, 2, "two full batches of 4 out of 10 samples");
+    assert_eq!(t.evaluate(&ds).unwrap().samples, 10);
+    assert_eq!(t.predict(&ds).unwrap().len(), 10 * 10, "10 samples × 10 classes");
+}
+
+#[test]
+fn a_label_out_of_range_names_the_input_sample_value_and_classes() {
+    let e = refused(&mut mlp(), &[Batch::U8(&PIXELS), Batch::I32(&[1, 2, 10, 3])]);
+    contains_all(&e, &["input `labels`", "sample 2", "label 10", "expected 0..=9", "10 classes"]);
+    let e = refused(&mut mlp(), &[Batch::U8(&PIXELS), Batch::I32(&[-1, 2, 3, 3])]);
+    contains_all(&e, &["input `labels`", "sample 0", "label -1", "expected 0..=9", "10 classes"]);
+}
+
+#[test]
+fn a_label_out_of_range_through_fit_names_the_input() {
+    let mut t = Trainer::build(&mlp_spec(4), &Device::cpu(), 1).unwrap();
+    let ds = InMemory::new(vec![
+        Column::U8 { data: vec![9; 4 * 8], per_sample: 8 },
+        Column::I32 { data: vec![0, 1, 2, 42], per_sample: 1 },
+    ])
+    .unwrap();
+    let opts = FitOptions { epochs: 1, shuffle: false, verbose: false, ..FitOptions::default() };
+    let e = t.fit(&ds, None, &opts, &mut []).unwrap_err().to_string();
+    contains_all(&e, &["input `labels`", "sample 3", "label 42", "expected 0..=9"]);
+}
+
+#[test]
+fn a_token_id_out_of_range_names_the_input_sample_value_and_vocabulary() {
+    // ids [4] per sample, vocabulary 10, batch 2.
+    let (p, _) = &plans()[2];
+    let mut ex = Executor::new(p.clone(), &Device::cpu(), 1).unwrap();
+    let e = refused(&mut ex, &[Batch::I32(&[1, 2, 3, 4, 5, 6, 12, 7]), Batch::I32(&[0; 8])]);
+    contains_all(&e, &["input `ids`", "sample 1", "token id 12", "expected 0..=9", "10 tokens"]);
+}
+
+#[test]
+fn nan_in_a_float_input_names_the_input_sample_and_value() {
+    let mut ex = Executor::new(plan(&float_spec()).unwrap(), &Device::cpu(), 1).unwrap();
+    let mut x = [0.5f32; 32];
+    x[19] = f32::NAN;
+    let e = refused(&mut ex, &[Batch::F32(&x), Batch::I32(&[0, 1, 2, 0])]);
+    contains_all(&e, &["input `x`: sample 2 holds a non-finite value", "NaN at element 19", "expected a finite f32"]);
+}
+
+#[test]
+fn infinity_in_a_float_input_names_the_input_sample_and_value() {
+    let mut ex = Executor::new(plan(&float_spec()).unwrap(), &Device::cpu(), 1).unwrap();
+    let mut x = [0.5f32; 32];
+    x[0] = f32::NEG_INFINITY;
+    let e = refused(&mut ex, &[Batch::F32(&x), Batch::I32(&[0, 1, 2, 0])]);
+    contains_all(&e, &["input `x`: sample 0", "-inf at element 0", "expected a finite f32"]);
+    // Half-precision inputs too.
+    let (p, _) = &plans()[3];
+    let mut ex = Executor::new(p.clone(), &Device::cpu(), 1).unwrap();
+    let mut x = [half::f16::from_f32(0.5); 12];
+    x[7] = half::f16::INFINITY;
+    let e = refused(&mut ex, &[Batch::F16(&x)]);
+    contains_all(&e, &["input `x`: sample 1", "inf at element 7", "expected a finite f16"]);
+}
+
+/// The documented option to skip such samples: `InMemory::drop_non_finite`, then train.
+#[test]
+fn non_finite_samples_are_refused_by_fit_and_trained_after_drop_non_finite() {
+    let mut t = Trainer::build(&float_spec(), &Device::cpu(), 1).unwrap();
+    let mut x = vec![0.25f32; 10 * 8];
+    x[3 * 8 + 5] = f32::NAN;
+    x[6 * 8] = f32::INFINITY;
+    let ds = InMemory::new(vec![
+        Column::F32 { data: x, per_sample: 8 },
+        Column::I32 { data: vec![0, 1, 2, 0, 1, 2, 0, 1, 2, 0], per_sample: 1 },
+    ])
+    .unwrap();
+    let opts = FitOptions { epochs: 1, shuffle: false, verbose: false, ..FitOptions::default() };
+    let e = t.fit(&ds, None, &opts, &mut []).unwrap_err().to_string();
+    contains_all(&e, &["input `x`: sample 3 holds a non-finite value", "NaN", "drop_non_finite"]);
+    let (clean, dropped) = ds.drop_non_finite();
+    assert_eq!((clean.len(), dropped), (8, 2));
+    let h = t.fit(&clean, None, &opts, &mut []).unwrap();
+    assert_eq!(h.epochs[0].steps, 2);
+    assert!(h.step_losses.iter().all(|l| l.is_finite()));
+}
+
+#[test]
+fn an_empty_dataset_is_refused_by_fit_evaluate_and_predict() {
+    let mut t = Trainer::build(&mlp_spec(4), &Device::cpu(), 1).unwrap();
+    let empty = InMemory::new(vec![
+        Column::U8 { data: vec![], per_sample: 8 },
+        Column::I32 { data: vec![], per_sample: 1 },
+    ])
+    .unwrap();
+    let opts = FitOptions { verbose: false, ..FitOptions::default() };
+    let e = t.fit(&empty, None, &opts, &mut []).unwrap_err().to_string();
+    contains_all(&e, &["the dataset is empty"]);
+    contains_all(&t.evaluate(&empty).unwrap_err().to_string(), &["the dataset is empty"]);
+    contains_all(&t.predict(&empty).unwrap_err().to_string(), &["the dataset is empty"]);
+}
+
+#[test]
+fn a_dataset_smaller_than_one_batch_is_refused_by_fit_with_the_numbers() {
+    let mut t = Trainer::build(&mlp_spec(4), &Device::cpu(), 1).unwrap();
+    let ds = InMemory::new(vec![
+        Column::U8 { data: vec![1; 3 * 8], per_sample: 8 },
+        Column::I32 { data: vec![0, 1, 2], per_sample: 1 },
+    ])
+    .unwrap();
+    let opts = FitOptions { verbose: false, ..FitOptions::default() };
+    let e = t.fit(&ds, None, &opts, &mut []).unwrap_err().to_string();
+    contains_all(&e, &["the dataset has 3 samples, fewer than one batch of 4"]);
+    // Evaluate and predict take any number of samples (they re-plan for it).
+    assert_eq!(t.evaluate(&ds).unwrap().samples, 3);
+}
+
+#[test]
+fn wrong_dataset_columns_name_the_input_expected_and_actual() {
+    let mut t = Trainer::build(&mlp_spec(4), &Device::cpu(), 1).unwrap();
+    let opts = FitOptions { verbose: false, ..FitOptions::default() };
+    let pixels = Column::U8 { data: vec![1; 4 * 8], per_sample: 8 };
+    let labels = Column::I32 { data: vec![0; 4], per_sample: 1 };
+    // Too few columns.
+    let ds = InMemory::new(vec![pixels.clone()]).unwrap();
+    let e = t.fit(&ds, None, &opts, &mut []).unwrap_err().to_string();
+    contains_all(&e, &["the dataset has 1 columns, the model takes 2 inputs (pixels, labels)"]);
+    // A column of the wrong dtype.
+    let ds = InMemory::new(vec![Column::F32 { data: vec![0.5; 4 * 8], per_sample: 8 }, labels.clone()]).unwrap();
+    let e = t.evaluate(&ds).unwrap_err().to_string();
+    contains_all(&e, &["input `pixels` takes 8 values of u8 per sample, the dataset column has 8 of f32"]);
+    // A column of the wrong per-sample size.
+    let ds = InMemory::new(vec![Column::U8 { data: vec![1; 4 * 7], per_sample: 7 }, labels.clone()]).unwrap();
+    let e = t.predict(&ds).unwrap_err().to_string();
+    contains_all(&e, &["input `pixels` takes 8 values of u8 per sample, the dataset column has 7 of u8"]);
+    // Columns of different lengths.
+    let e = InMemory::new(vec![pixels, Column::I32 { data: vec![0; 3], per_sample: 1 }]).unwrap_err().to_string();
+    contains_all(&e, &["column 1 holds 3 samples, column 0 holds 4"]);
+}

@@ -1,0 +1,3 @@
+//! Helpers shared by the integration tests (and, through `#[path]`, by the fuzz targets).
+
+pub mod decode;
