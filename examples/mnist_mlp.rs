@@ -51,6 +51,7 @@ fn main() -> Res<()> {
     let opts = fit_options(&flags, 5);
     let mut mem = MemoryCallback::default();
     let history = rt(trainer.fit(&train, None, &opts, &mut [&mut mem]))?;
+    save_weights(&flags, &trainer)?;
     let eval = rt(trainer.evaluate(&test))?;
     let acc = eval.accuracy.unwrap_or(0.0);
     println!("held-out: loss {:.4}, accuracy {:.2}% on {} samples", eval.loss, 100.0 * acc, eval.samples);

@@ -216,6 +216,7 @@ fn main() -> Res<()> {
     let opts = fit_options(&flags, 5);
     let mut mem = MemoryCallback::default();
     let history = rt(trainer.fit(&train, None, &opts, &mut [&mut mem]))?;
+    save_weights(&flags, &trainer)?;
     let eval = rt(trainer.evaluate(&test))?;
     let l = &history.step_losses;
     let head = l.iter().take(10).sum::<f32>() / l.len().min(10).max(1) as f32;

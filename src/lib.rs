@@ -271,7 +271,8 @@ pub use memwise_macros::__model_continue;
 ///   `fn summary() -> String` (a Keras-like table), `const fn layers() -> Self` (the
 ///   handles: layer names and parameter ids in `PLAN`).
 ///
-/// (`Self::new(&Device)` arrives with the runtime's executor.)
+/// The [`Model`] trait adds `MyNet::new(&Device)` (import `memwise::Model`, or use the
+/// prelude): the model built on a device, ready to `fit`, `evaluate` and `predict`.
 ///
 /// # The budget error
 ///
@@ -396,6 +397,17 @@ pub trait Model: Sized {
     /// The Keras-like summary table.
     fn summary() -> String {
         summary::table(&Self::PLAN)
+    }
+    /// Builds the model on `device` with the compile-time plan: allocates its two regions
+    /// (or fails with the numbers, allocating nothing) and initialises the weights as Keras
+    /// does, seeded with 0. The returned trainer fits, evaluates and predicts.
+    fn new(device: &runtime::Device) -> Result<runtime::Trainer, runtime::RuntimeError> {
+        Self::new_seeded(device, 0)
+    }
+    /// [`Model::new`] with another weight-initialisation seed.
+    fn new_seeded(device: &runtime::Device, seed: u64) -> Result<runtime::Trainer, runtime::RuntimeError> {
+        let monitor = runtime::monitor::MemoryMonitor::start();
+        runtime::Trainer::from_plan(&Self::spec(), Self::PLAN, device, seed, monitor)
     }
 }
 

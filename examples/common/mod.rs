@@ -55,6 +55,9 @@ pub struct Flags {
     /// (docs/WEIGHTS.md): what bench/twins.py loads.
     #[arg(long, value_name = "PATH")]
     pub save_initial_weights: Option<PathBuf>,
+    /// Write the trained weights (after the last step) as safetensors.
+    #[arg(long, value_name = "PATH")]
+    pub save_weights: Option<PathBuf>,
     /// Write the batches of the first `--steps` training steps (default 20) as safetensors,
     /// one tensor per model input, `[steps, batch, …]` in the stored dtype; needs
     /// `--no-shuffle`. Its metadata names the model's layers in order (the random streams of
@@ -140,6 +143,15 @@ pub fn save_initial_weights(flags: &Flags, trainer: &Trainer) -> Res<()> {
     if let Some(p) = &flags.save_initial_weights {
         trainer.executor().save_weights(p)?;
         eprintln!("initial weights written to {}", p.display());
+    }
+    Ok(())
+}
+
+/// Writes `--save-weights` (the parameters after training).
+pub fn save_weights(flags: &Flags, trainer: &Trainer) -> Res<()> {
+    if let Some(p) = &flags.save_weights {
+        trainer.executor().save_weights(p)?;
+        eprintln!("weights written to {}", p.display());
     }
     Ok(())
 }

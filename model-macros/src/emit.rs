@@ -372,7 +372,7 @@ fn handle_tokens(h: &Handle, params: &HashMap<&str, Vec<(u32, &str)>>) -> TokenS
 pub fn model_items(item: &ItemStruct, lowered: &Lowered, plan: &StaticPlan) -> TokenStream {
     let ident = &item.ident;
     // `field:` followed by `::path` must not lex as `field::` `:path`.
-    let plan_src = plan.to_rust("::memwise::plan").replace(":::", ": ::");
+    let plan_src = plan.to_rust("::memwise::plan");
     let plan_ts: TokenStream = plan_src.parse().expect("the planner writes valid Rust");
     let spec = spec_tokens(&lowered.spec);
     let params_count = plan.params_count;

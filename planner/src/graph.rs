@@ -25,10 +25,10 @@ pub struct GTensor {
 
 impl GTensor {
     pub fn elems(&self) -> usize {
-        self.shape.iter().product()
+        prod(&self.shape)
     }
     pub fn bytes(&self) -> u64 {
-        self.elems() as u64 * self.dtype.size()
+        (self.elems() as u64).saturating_mul(self.dtype.size())
     }
 }
 
@@ -45,7 +45,7 @@ pub struct GParam {
 
 impl GParam {
     pub fn elems(&self) -> usize {
-        self.shape.iter().product()
+        prod(&self.shape)
     }
 }
 
@@ -225,7 +225,7 @@ impl<'a> Builder<'a> {
             ));
         }
         let shape = self.g.tensors[v.tensor].shape.clone();
-        let elems = shape.iter().product();
+        let elems = prod(&shape);
         let out = self.tensor(layer, &format!("cast_{}", dt.name()), shape, dt);
         self.push(layer, Op::Cast { elems }, vec![v.tensor], vec![out], vec![]);
         Ok(Value {
@@ -253,7 +253,7 @@ impl<'a> Builder<'a> {
             in_dt
         };
         let cols = *v.shape.last().unwrap_or(&1);
-        let elems = v.shape.iter().product();
+        let elems = prod(&v.shape);
         let out = self.tensor(layer, act.name(), v.shape.clone(), out_dt);
         self.push(
             layer,
@@ -467,7 +467,7 @@ impl<'a> Builder<'a> {
                 }
                 let x = self.cast_to(i, v, dt)?;
                 let in_f = *x.shape.last().unwrap_or(&1);
-                let rows = x.shape.iter().product::<usize>() / in_f.max(1);
+                let rows = prod(&x.shape) / in_f.max(1);
                 let mut oshape = x.shape.clone();
                 *oshape.last_mut().expect("rank >= 2") = *units;
                 let suffix = if *activation == Activation::Linear {
@@ -859,7 +859,7 @@ impl<'a> Builder<'a> {
                 let (v, _) = &ins[0];
                 let x = self.cast_to(i, v, dt)?;
                 let c = *x.shape.last().unwrap_or(&1);
-                let rows = x.shape.iter().product::<usize>() / c.max(1);
+                let rows = prod(&x.shape) / c.max(1);
                 let y = self.tensor(i, "out", x.shape.clone(), dt);
                 let ps = vec![
                     self.param(i, "weight", vec![c], true, None),
@@ -897,7 +897,7 @@ impl<'a> Builder<'a> {
                 let (v, _) = &ins[0];
                 let x = self.cast_to(i, v, dt)?;
                 let f = *x.shape.last().unwrap_or(&1);
-                let rows = x.shape.iter().product::<usize>() / f.max(1);
+                let rows = prod(&x.shape) / f.max(1);
                 let y = self.tensor(i, "out", x.shape.clone(), dt);
                 let xh = self.tensor(i, "x_hat", x.shape.clone(), dt);
                 let rstd = self.tensor(i, "rstd", vec![rows], DType::F32);
@@ -934,7 +934,7 @@ impl<'a> Builder<'a> {
                     v.clone()
                 } else {
                     let x = self.cast_to(i, v, dt)?;
-                    let elems = x.shape.iter().product();
+                    let elems = prod(&x.shape);
                     let y = self.tensor(i, "out", x.shape.clone(), dt);
                     let mask = self.tensor(i, "mask", x.shape.clone(), DType::U8);
                     self.push(
@@ -957,7 +957,7 @@ impl<'a> Builder<'a> {
             LayerKind::Flatten => {
                 arity(1)?;
                 let (v, _) = &ins[0];
-                let rest: usize = v.shape[1..].iter().product();
+                let rest: usize = prod(&v.shape[1..]);
                 Value {
                     tensor: v.tensor,
                     shape: vec![v.shape[0], rest],
@@ -966,7 +966,7 @@ impl<'a> Builder<'a> {
             LayerKind::Reshape { shape } => {
                 arity(1)?;
                 let (v, from) = &ins[0];
-                let have: usize = v.shape[1..].iter().product();
+                let have: usize = prod(&v.shape[1..]);
                 let want: usize = prod(shape);
                 if have != want {
                     return Err(PlanError::at(
@@ -1012,7 +1012,7 @@ impl<'a> Builder<'a> {
                     ts.push(self.cast_to(i, v, dt)?.tensor);
                 }
                 let shape = v0.shape.clone();
-                let elems = shape.iter().product();
+                let elems = prod(&shape);
                 let y = self.tensor(
                     i,
                     if *activation == Activation::Linear {
@@ -1052,7 +1052,7 @@ impl<'a> Builder<'a> {
                     let x = self.cast_to(i, v, dt)?;
                     let a = *acc.shape.last().unwrap_or(&1);
                     let b = *x.shape.last().unwrap_or(&1);
-                    let rows = acc.shape.iter().product::<usize>() / a.max(1);
+                    let rows = prod(&acc.shape) / a.max(1);
                     let mut shape = acc.shape.clone();
                     *shape.last_mut().expect("rank >= 1") = a + b;
                     let last = k + 2 == ins.len();
@@ -1084,7 +1084,7 @@ impl<'a> Builder<'a> {
                 if self.g.tensors[v.tensor].dtype != DType::I32 {
                     return Err(PlanError::at(name, format!("`embedding` reads token ids (an i32 input), but `{from}` holds {} values", self.g.tensors[v.tensor].dtype.name())).related(&[from]));
                 }
-                let tokens: usize = v.shape.iter().product();
+                let tokens: usize = prod(&v.shape);
                 let mut shape = v.shape.clone();
                 shape.push(*dim);
                 let y = self.tensor(i, "out", shape.clone(), dt);
@@ -1209,7 +1209,7 @@ impl<'a> Builder<'a> {
                 }
                 let m = self.cast_to(i, m, dt)?;
                 let lv = self.cast_to(i, lv, dt)?;
-                let elems = m.shape.iter().product();
+                let elems = prod(&m.shape);
                 let z = self.tensor(i, "out", m.shape.clone(), dt);
                 self.push(
                     i,
@@ -1343,7 +1343,7 @@ impl<'a> Builder<'a> {
             }
             let (ta, tb) = (a.tensor, b.tensor);
             let feat = |v: &Value| *v.shape.last().unwrap_or(&1);
-            let rows_of = |v: &Value| v.shape.iter().product::<usize>() / feat(v).max(1);
+            let rows_of = |v: &Value| prod(&v.shape) / feat(v).max(1);
             let weight = term.weight;
             let reduction = term.reduction;
             let mismatch = |what: &str| {
@@ -1369,7 +1369,7 @@ impl<'a> Builder<'a> {
                     }
                     let classes = feat(&a);
                     let rows = rows_of(&a);
-                    if b.shape.iter().product::<usize>() != rows {
+                    if prod(&b.shape) != rows {
                         return Err(mismatch("one label per prediction row is needed"));
                     }
                     match self.producer(ta) {
@@ -1437,7 +1437,7 @@ impl<'a> Builder<'a> {
                             self.g.tensors[tb].dtype.name()
                         )));
                     }
-                    let features = a.shape[1..].iter().product();
+                    let features = prod(&a.shape[1..]);
                     let rows = a.shape[0];
                     if term.kind == LossKind::MeanSquaredError {
                         GLoss {
@@ -1494,7 +1494,7 @@ impl<'a> Builder<'a> {
                     if a.shape != b.shape {
                         return Err(mismatch("mean and log-variance must have one shape"));
                     }
-                    let features = a.shape[1..].iter().product();
+                    let features = prod(&a.shape[1..]);
                     // One kernel reads both: give the log-variance the mean's dtype.
                     let (da, db) = (self.g.tensors[ta].dtype, self.g.tensors[tb].dtype);
                     if !da.is_float() || !db.is_float() {

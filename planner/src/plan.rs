@@ -368,7 +368,7 @@ macro_rules! struct_to_rust {
                 w.path($path);
                 w.s("{");
                 $(
-                    w.s(concat!(stringify!($f), ":"));
+                    w.s(concat!(stringify!($f), ": "));
                     self.$f.write_rust(w);
                     w.s(",");
                 )*
@@ -518,7 +518,7 @@ macro_rules! write_variant {
     ($w:expr, $path:literal, $v:ident { $($f:ident),* }) => {{
         $w.path(concat!($path, "::", stringify!($v)));
         $w.s("{");
-        $( $w.s(concat!(stringify!($f), ":")); $f.write_rust($w); $w.s(","); )*
+        $( $w.s(concat!(stringify!($f), ": ")); $f.write_rust($w); $w.s(","); )*
         $w.s("}");
     }};
 }

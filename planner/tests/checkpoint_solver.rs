@@ -8,10 +8,10 @@
 //! - on general graphs (random DAGs with skips across many layers): a fitting segmentation
 //!   within 5 % of the exhaustive minimum.
 //!
-//! `MEMWISE_SEEDS=N` tries `N` seeds instead of the default; `MEMWISE_MAX_UNITS=K` raises
-//! the size limit of the exhaustive search (debug builds are slow: a deeper run is
-//! `MEMWISE_SEEDS=400 MEMWISE_MAX_UNITS=12 cargo test --release -p memwise-plan --test
-//! checkpoint_solver`).
+//! Debug builds try fewer and smaller models (an exhaustive search plans thousands of
+//! schedules); `cargo test --release -p memwise-plan --test checkpoint_solver` runs the deep
+//! sweep (chains of up to 12 units, general graphs of up to 11). `MEMWISE_SEEDS=N` and
+//! `MEMWISE_MAX_UNITS=K` override the number of seeds and the size limit.
 
 use memwise_plan::checkpoint::{self, max_batch_with, Evaluation, Method, Policy, Solver};
 use memwise_plan::generate::{random_chain, random_dag, SplitMix64};
@@ -232,7 +232,7 @@ fn chains_of_blocks_equal_exhaustive_search() {
 
 #[test]
 fn general_graphs_within_five_percent_of_exhaustive_search() {
-    let seeds = env("MEMWISE_SEEDS", 80, 600) as u64;
+    let seeds = env("MEMWISE_SEEDS", 50, 600) as u64;
     let max_units = env("MEMWISE_MAX_UNITS", 9, 11);
     let gaps = std::cell::RefCell::new(Vec::new());
     let t = versus_exhaustive(
@@ -475,4 +475,88 @@ fn max_batch_per_policy() {
             Some(checkpoint::BATCH_LIMIT)
         );
     }
+}
+
+/// A chain of exactly `n` layers with ops and random widths: dense layers (4–96 units) or
+/// convolutions (2–12 filters, 1×1 or 3×3, stride 1 or 2) with random activations, between
+/// batch and layer norms, dropouts, activations and pools, then a softmax head.
+fn twelve_layer_chain(seed: u64, n: usize) -> ModelSpec {
+    use memwise_plan::{Activation as A, DType, LayerKind as K, LossKind, LossTerm, Padding};
+    let mut r = SplitMix64::new(seed);
+    let mut m = ModelSpec::new("Chain", r.range(1, 16));
+    let conv = r.chance(0.5);
+    if conv {
+        m.input(
+            "x",
+            &[r.range(8, 16), r.range(8, 16), r.range(1, 3)],
+            DType::U8,
+            1.0 / 255.0,
+        );
+    } else {
+        m.input("x", &[r.range(4, 64)], DType::F32, 1.0);
+    }
+    let acts = [A::Linear, A::Relu, A::Gelu, A::Tanh, A::Sigmoid, A::Silu];
+    let mut side = 16usize;
+    // The head, and for images the global pool, are layers too.
+    for i in 0..n - 1 - conv as usize {
+        let name = format!("l{i}");
+        let kind = match r.below(6) {
+            0 | 1 if conv => {
+                let stride = if side > 4 && r.chance(0.3) { 2 } else { 1 };
+                side = side.div_ceil(stride);
+                K::conv2d(
+                    r.range(2, 12),
+                    r.pick(&[1, 3]),
+                    stride,
+                    Padding::Same,
+                    r.pick(&acts),
+                )
+            }
+            0 | 1 => K::dense(r.range(4, 96), r.pick(&acts)),
+            2 if conv => K::batch_norm(),
+            2 => K::layer_norm(),
+            3 => K::Dropout {
+                rate: r.pick(&[0.1, 0.5]),
+            },
+            4 if conv && side > 4 => {
+                side = side.div_ceil(2);
+                K::max_pool2d(2, 2, Padding::Same)
+            }
+            _ => K::Activation(r.pick(&[A::Relu, A::Gelu, A::Tanh, A::Sigmoid])),
+        };
+        m.add(&name, kind, &[]);
+    }
+    if conv {
+        m.add("gap", K::GlobalAvgPool, &[]);
+    }
+    m.add("head", K::dense(r.range(2, 10), A::Softmax), &[]);
+    m.input("labels", &[], DType::I32, 1.0);
+    m.loss
+        .push(LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["head", "labels"]));
+    m
+}
+
+#[test]
+fn twelve_layer_chains_equal_exhaustive_search() {
+    // 75,025 segmentations each (F(25)): a few in debug, more in release.
+    let seeds = env("MEMWISE_SEEDS", 2, 24) as u64;
+    let t = versus_exhaustive(
+        (0..seeds).map(|s| (s, twelve_layer_chain(s, 12))),
+        true,
+        12,
+        |_, best, found| {
+            let got = found.map(|(_, e)| e.recompute_flops);
+            if got == best {
+                Ok(())
+            } else {
+                Err(format!("exhaustive {best:?}, program {got:?}"))
+            }
+        },
+    );
+    eprintln!(
+        "12-layer dense and conv chains: {} models (up to {} units), {} budgets, {} skipped",
+        t.models, t.largest, t.budgets, t.skipped
+    );
+    t.assert_clean();
+    assert!(t.models >= seeds as usize / 2);
 }
