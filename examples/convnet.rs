@@ -16,44 +16,73 @@ use memwise::runtime::{MemoryCallback, Trainer};
 /// strided 1×1 projection of the block's input added back.
 #[memwise::block(size)]
 pub struct SeparableResidual {
-    #[batch_norm] bn_1: BatchNorm,
-    #[activation(relu)] relu_1: Activation,
-    #[separable_conv2d(size, 3, padding = same, use_bias = false)] sep_1: SeparableConv2d,
-    #[batch_norm] bn_2: BatchNorm,
-    #[activation(relu)] relu_2: Activation,
-    #[separable_conv2d(size, 3, padding = same, use_bias = false)] sep_2: SeparableConv2d,
-    #[max_pool2d(3, strides = 2, padding = same)] pool: MaxPool2d,
-    #[conv2d(size, 1, strides = 2, padding = same, use_bias = false, from = input)] residual: Conv2d,
-    #[add(pool, residual)] out: Add,
+    #[batch_norm]
+    bn_1: BatchNorm,
+    #[activation(relu)]
+    relu_1: Activation,
+    #[separable_conv2d(size, 3, padding = same, use_bias = false)]
+    sep_1: SeparableConv2d,
+    #[batch_norm]
+    bn_2: BatchNorm,
+    #[activation(relu)]
+    relu_2: Activation,
+    #[separable_conv2d(size, 3, padding = same, use_bias = false)]
+    sep_2: SeparableConv2d,
+    #[max_pool2d(3, strides = 2, padding = same)]
+    pool: MaxPool2d,
+    #[conv2d(size, 1, strides = 2, padding = same, use_bias = false, from = input)]
+    residual: Conv2d,
+    #[add(pool, residual)]
+    out: Add,
 }
 
 #[memwise::model(batch = 64, optimizer = rmsprop, loss = sparse_categorical_crossentropy, metrics = [accuracy], budget = "1 GiB")]
 pub struct ConvNet {
-    #[input(shape = [28, 28, 1], dtype = u8, scale = 1.0 / 255.0)] pixels: Input,
-    #[input(shape = [], dtype = i32)] labels: Input,
-    #[conv2d(32, 5, use_bias = false, from = pixels)] stem: Conv2d,
-    #[block(size = 32)] block_32: SeparableResidual,
-    #[block(size = 64)] block_64: SeparableResidual,
-    #[block(size = 128)] block_128: SeparableResidual,
-    #[global_avg_pool] pool: GlobalAvgPool,
-    #[dropout(0.5)] dropout: Dropout,
-    #[dense(10, activation = softmax)] probs: Dense,
+    #[input(shape = [28, 28, 1], dtype = u8, scale = 1.0 / 255.0)]
+    pixels: Input,
+    #[input(shape = [], dtype = i32)]
+    labels: Input,
+    #[conv2d(32, 5, use_bias = false, from = pixels)]
+    stem: Conv2d,
+    #[block(size = 32)]
+    block_32: SeparableResidual,
+    #[block(size = 64)]
+    block_64: SeparableResidual,
+    #[block(size = 128)]
+    block_128: SeparableResidual,
+    #[global_avg_pool]
+    pool: GlobalAvgPool,
+    #[dropout(0.5)]
+    dropout: Dropout,
+    #[dense(10, activation = softmax)]
+    probs: Dense,
 }
 
 /// The same network at the guide's 180×180×3 input (cats vs dogs), for `--summary --large`.
 #[memwise::model(batch = 32, optimizer = rmsprop, loss = binary_crossentropy(probs, label))]
 pub struct ConvNet180 {
-    #[input(shape = [180, 180, 3], dtype = u8, scale = 1.0 / 255.0)] pixels: Input,
-    #[input(shape = [1], dtype = f32)] label: Input,
-    #[conv2d(32, 5, use_bias = false, from = pixels)] stem: Conv2d,
-    #[block(size = 32)] block_32: SeparableResidual,
-    #[block(size = 64)] block_64: SeparableResidual,
-    #[block(size = 128)] block_128: SeparableResidual,
-    #[block(size = 256)] block_256: SeparableResidual,
-    #[block(size = 512)] block_512: SeparableResidual,
-    #[global_avg_pool] pool: GlobalAvgPool,
-    #[dropout(0.5)] dropout: Dropout,
-    #[dense(1, activation = sigmoid)] probs: Dense,
+    #[input(shape = [180, 180, 3], dtype = u8, scale = 1.0 / 255.0)]
+    pixels: Input,
+    #[input(shape = [1], dtype = f32)]
+    label: Input,
+    #[conv2d(32, 5, use_bias = false, from = pixels)]
+    stem: Conv2d,
+    #[block(size = 32)]
+    block_32: SeparableResidual,
+    #[block(size = 64)]
+    block_64: SeparableResidual,
+    #[block(size = 128)]
+    block_128: SeparableResidual,
+    #[block(size = 256)]
+    block_256: SeparableResidual,
+    #[block(size = 512)]
+    block_512: SeparableResidual,
+    #[global_avg_pool]
+    pool: GlobalAvgPool,
+    #[dropout(0.5)]
+    dropout: Dropout,
+    #[dense(1, activation = sigmoid)]
+    probs: Dense,
 }
 
 #[derive(Parser, Debug)]
@@ -89,7 +118,9 @@ fn main() -> Res<()> {
     );
     dump_batches(&flags, &spec, plan.batch, &train)?;
     let monitor = memwise::runtime::monitor::MemoryMonitor::start();
-    let mut trainer = rt(Trainer::from_plan(&spec, plan, &device, flags.seed, monitor))?;
+    let mut trainer = rt(Trainer::from_plan(
+        &spec, plan, &device, flags.seed, monitor,
+    ))?;
     save_initial_weights(&flags, &trainer)?;
     let opts = fit_options(&flags, 2);
     let mut mem = MemoryCallback::default();
@@ -97,7 +128,18 @@ fn main() -> Res<()> {
     save_weights(&flags, &trainer)?;
     let eval = rt(trainer.evaluate(&test))?;
     let acc = eval.accuracy.unwrap_or(0.0);
-    println!("held-out: loss {:.4}, accuracy {:.2}% on {} samples", eval.loss, 100.0 * acc, eval.samples);
-    write_report(&flags, &trainer, &device, &history, serde_json::json!({"val_loss": eval.loss, "val_accuracy": acc}))?;
+    println!(
+        "held-out: loss {:.4}, accuracy {:.2}% on {} samples",
+        eval.loss,
+        100.0 * acc,
+        eval.samples
+    );
+    write_report(
+        &flags,
+        &trainer,
+        &device,
+        &history,
+        serde_json::json!({"val_loss": eval.loss, "val_accuracy": acc}),
+    )?;
     Ok(())
 }

@@ -41,12 +41,18 @@ fn main() -> Res<()> {
     // Data first, so the memory monitor's baseline (taken when the model is built)
     // measures the model, not the dataset.
     let (train, test, what) = mnist(&flags)?;
-    eprintln!("MnistMlp: {} parameters; one training step at batch {} needs {} (planned at compile time)",
-        MnistMlp::PARAMS, plan.batch, memwise::plan::advice::format_bytes(plan.memory.total));
+    eprintln!(
+        "MnistMlp: {} parameters; one training step at batch {} needs {} (planned at compile time)",
+        MnistMlp::PARAMS,
+        plan.batch,
+        memwise::plan::advice::format_bytes(plan.memory.total)
+    );
     eprintln!("training on {what}");
     dump_batches(&flags, &spec, plan.batch, &train)?;
     let monitor = memwise::runtime::monitor::MemoryMonitor::start();
-    let mut trainer = rt(Trainer::from_plan(&spec, plan, &device, flags.seed, monitor))?;
+    let mut trainer = rt(Trainer::from_plan(
+        &spec, plan, &device, flags.seed, monitor,
+    ))?;
     save_initial_weights(&flags, &trainer)?;
     let opts = fit_options(&flags, 5);
     let mut mem = MemoryCallback::default();
@@ -54,7 +60,18 @@ fn main() -> Res<()> {
     save_weights(&flags, &trainer)?;
     let eval = rt(trainer.evaluate(&test))?;
     let acc = eval.accuracy.unwrap_or(0.0);
-    println!("held-out: loss {:.4}, accuracy {:.2}% on {} samples", eval.loss, 100.0 * acc, eval.samples);
-    write_report(&flags, &trainer, &device, &history, serde_json::json!({"val_loss": eval.loss, "val_accuracy": acc}))?;
+    println!(
+        "held-out: loss {:.4}, accuracy {:.2}% on {} samples",
+        eval.loss,
+        100.0 * acc,
+        eval.samples
+    );
+    write_report(
+        &flags,
+        &trainer,
+        &device,
+        &history,
+        serde_json::json!({"val_loss": eval.loss, "val_accuracy": acc}),
+    )?;
     Ok(())
 }

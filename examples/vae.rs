@@ -106,9 +106,15 @@ fn compare(args: &Args) -> Res<()> {
     let variants = vec![
         ("float32".to_string(), base.clone()),
         ("mixed_float16".to_string(), fp16.clone()),
-        ("checkpointed (encoder, decoder)".to_string(), by_hand(base.clone())),
+        (
+            "checkpointed (encoder, decoder)".to_string(),
+            by_hand(base.clone()),
+        ),
         ("mixed_float16 + checkpointed".to_string(), by_hand(fp16)),
-        (format!("checkpoint = auto ({} budget)", format_bytes(budget)), auto.apply(&base)),
+        (
+            format!("checkpoint = auto ({} budget)", format_bytes(budget)),
+            auto.apply(&base),
+        ),
     ];
     let (train, _) = mnist_images(flags)?;
     let device = device(flags)?;
@@ -117,12 +123,27 @@ fn compare(args: &Args) -> Res<()> {
         let plan = memwise::plan::plan(&spec)?;
         reset_peak();
         let monitor = MemoryMonitor::start();
-        let mut trainer = rt(Trainer::from_plan(&spec, plan, &device, flags.seed, monitor))?;
-        let opts = FitOptions { epochs: args.compare_steps, max_steps: Some(args.compare_steps), seed: flags.seed, verbose: false, ..Default::default() };
+        let mut trainer = rt(Trainer::from_plan(
+            &spec, plan, &device, flags.seed, monitor,
+        ))?;
+        let opts = FitOptions {
+            epochs: args.compare_steps,
+            max_steps: Some(args.compare_steps),
+            seed: flags.seed,
+            verbose: false,
+            ..Default::default()
+        };
         let h = rt(trainer.fit(&train, None, &opts, &mut []))?;
         let measured = trainer.monitor().growth().map_or(0, |g| g.peak);
-        let last = h.step_losses.iter().rev().take(5).sum::<f32>() / h.step_losses.len().min(5).max(1) as f32;
-        rows.push(Row { name, estimate: trainer.estimate_bytes(), measured, step_ms: h.step_ms_median(), final_loss: last });
+        let last = h.step_losses.iter().rev().take(5).sum::<f32>()
+            / h.step_losses.len().clamp(1, 5) as f32;
+        rows.push(Row {
+            name,
+            estimate: trainer.estimate_bytes(),
+            measured,
+            step_ms: h.step_ms_median(),
+            final_loss: last,
+        });
     }
     println!("| variant | estimated peak | measured peak | error | step (ms, median) | loss (last 5 of {} steps) |", args.compare_steps);
     println!("|---|--:|--:|--:|--:|--:|");
@@ -137,8 +158,18 @@ fn compare(args: &Args) -> Res<()> {
             r.final_loss
         );
     }
-    let bars: Vec<(String, u64, u64)> = rows.iter().map(|r| (r.name.clone(), r.estimate, r.measured)).collect();
-    std::fs::write(&args.compare_svg, bar_chart("ConvVae: one training step's memory, estimated vs measured", &bars, Some(budget)))?;
+    let bars: Vec<(String, u64, u64)> = rows
+        .iter()
+        .map(|r| (r.name.clone(), r.estimate, r.measured))
+        .collect();
+    std::fs::write(
+        &args.compare_svg,
+        bar_chart(
+            "ConvVae: one training step's memory, estimated vs measured",
+            &bars,
+            Some(budget),
+        ),
+    )?;
     eprintln!("bar chart written to {}", args.compare_svg.display());
     Ok(())
 }
@@ -147,10 +178,20 @@ fn compare(args: &Args) -> Res<()> {
 fn bar_chart(title: &str, rows: &[(String, u64, u64)], budget: Option<u64>) -> String {
     use memwise::plan::advice::format_bytes;
     let (w, row_h, left, top) = (900.0f64, 56.0f64, 300.0f64, 60.0f64);
-    let max = rows.iter().map(|r| r.1.max(r.2)).chain(budget).max().unwrap_or(1) as f64 * 1.1;
+    let max = rows
+        .iter()
+        .map(|r| r.1.max(r.2))
+        .chain(budget)
+        .max()
+        .unwrap_or(1) as f64
+        * 1.1;
     let scale = |b: u64| (w - left - 40.0) * b as f64 / max;
     let h = top + row_h * rows.len() as f64 + 50.0;
-    let esc = |s: &str| s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
+    let esc = |s: &str| {
+        s.replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+    };
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"13\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"20\" y=\"28\" font-size=\"16\" font-weight=\"bold\">{}</text>\n\
@@ -160,7 +201,12 @@ fn bar_chart(title: &str, rows: &[(String, u64, u64)], budget: Option<u64>) -> S
     );
     for (i, (name, est, meas)) in rows.iter().enumerate() {
         let y = top + row_h * i as f64;
-        s += &format!("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n", left - 10.0, y + 26.0, esc(name));
+        s += &format!(
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n",
+            left - 10.0,
+            y + 26.0,
+            esc(name)
+        );
         for (k, (v, colour)) in [(*est, "#7aa6d6"), (*meas, "#e07b39")].iter().enumerate() {
             let yy = y + 6.0 + 22.0 * k as f64;
             s += &format!(
@@ -211,7 +257,9 @@ fn main() -> Res<()> {
     );
     dump_batches(&flags, &spec, plan.batch, &train)?;
     let monitor = memwise::runtime::monitor::MemoryMonitor::start();
-    let mut trainer = rt(Trainer::from_plan(&spec, plan, &device, flags.seed, monitor))?;
+    let mut trainer = rt(Trainer::from_plan(
+        &spec, plan, &device, flags.seed, monitor,
+    ))?;
     save_initial_weights(&flags, &trainer)?;
     let opts = fit_options(&flags, 5);
     let mut mem = MemoryCallback::default();
@@ -219,9 +267,15 @@ fn main() -> Res<()> {
     save_weights(&flags, &trainer)?;
     let eval = rt(trainer.evaluate(&test))?;
     let l = &history.step_losses;
-    let head = l.iter().take(10).sum::<f32>() / l.len().min(10).max(1) as f32;
-    let tail = l.iter().rev().take(10).sum::<f32>() / l.len().min(10).max(1) as f32;
+    let head = l.iter().take(10).sum::<f32>() / l.len().clamp(1, 10) as f32;
+    let tail = l.iter().rev().take(10).sum::<f32>() / l.len().clamp(1, 10) as f32;
     println!("loss (reconstruction + KL): first 10 steps {head:.1}, last 10 steps {tail:.1}; held-out {:.1}", eval.loss);
-    write_report(&flags, &trainer, &device, &history, serde_json::json!({"val_loss": eval.loss}))?;
+    write_report(
+        &flags,
+        &trainer,
+        &device,
+        &history,
+        serde_json::json!({"val_loss": eval.loss}),
+    )?;
     Ok(())
 }

@@ -401,11 +401,17 @@ pub trait Model: Sized {
     /// Builds the model on `device` with the compile-time plan: allocates its two regions
     /// (or fails with the numbers, allocating nothing) and initialises the weights as Keras
     /// does, seeded with 0. The returned trainer fits, evaluates and predicts.
+    // `new` returns the model built on a device (a trainer), not the handle struct: the
+    // name users of Keras and PyTorch reach for.
+    #[allow(clippy::new_ret_no_self)]
     fn new(device: &runtime::Device) -> Result<runtime::Trainer, runtime::RuntimeError> {
         Self::new_seeded(device, 0)
     }
     /// [`Model::new`] with another weight-initialisation seed.
-    fn new_seeded(device: &runtime::Device, seed: u64) -> Result<runtime::Trainer, runtime::RuntimeError> {
+    fn new_seeded(
+        device: &runtime::Device,
+        seed: u64,
+    ) -> Result<runtime::Trainer, runtime::RuntimeError> {
         let monitor = runtime::monitor::MemoryMonitor::start();
         runtime::Trainer::from_plan(&Self::spec(), Self::PLAN, device, seed, monitor)
     }

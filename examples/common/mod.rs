@@ -83,19 +83,30 @@ pub fn fit_options(flags: &Flags, default_epochs: usize) -> FitOptions {
 /// Writes `--dump-batches`: the batches the first `--steps` (default 20) steps of an
 /// unshuffled first epoch will see. Call it before the memory baseline is taken.
 pub fn dump_batches(flags: &Flags, spec: &ModelSpec, batch: usize, train: &InMemory) -> Res<()> {
-    let Some(path) = &flags.dump_batches else { return Ok(()) };
+    let Some(path) = &flags.dump_batches else {
+        return Ok(());
+    };
     if !flags.no_shuffle {
-        return Err("--dump-batches needs --no-shuffle (the batches are the training set in order)".into());
+        return Err(
+            "--dump-batches needs --no-shuffle (the batches are the training set in order)".into(),
+        );
     }
     let steps = flags.steps.unwrap_or(20).min(train.len() / batch.max(1));
     let n = steps * batch;
     let idx: Vec<usize> = (0..n).collect();
     let mut bufs: Vec<Column> = train.columns().iter().map(|c| c.buffer(n)).collect();
     train.gather(&idx, &mut bufs)?;
-    let names: Vec<&str> = spec.layers.iter().filter(|l| matches!(l.kind, LayerKind::Input { .. })).map(|l| l.name.as_str()).collect();
+    let names: Vec<&str> = spec
+        .layers
+        .iter()
+        .filter(|l| matches!(l.kind, LayerKind::Input { .. }))
+        .map(|l| l.name.as_str())
+        .collect();
     let mut tensors: Vec<(String, &'static str, Vec<usize>, Vec<u8>)> = Vec::new();
     for (k, b) in bufs.iter().enumerate() {
-        let name = names.get(k).map_or_else(|| format!("input{k}"), |s| s.to_string());
+        let name = names
+            .get(k)
+            .map_or_else(|| format!("input{k}"), |s| s.to_string());
         let shape = match spec.layers.iter().find(|l| l.name == name).map(|l| &l.kind) {
             Some(LayerKind::Input { shape, .. }) => shape.clone(),
             _ => vec![b.per_sample()],
@@ -103,8 +114,12 @@ pub fn dump_batches(flags: &Flags, spec: &ModelSpec, batch: usize, train: &InMem
         let dims = [vec![steps, batch], shape].concat();
         let (dtype, bytes) = match b {
             Column::U8 { data, .. } => ("U8", data.clone()),
-            Column::I32 { data, .. } => ("I32", data.iter().flat_map(|v| v.to_le_bytes()).collect()),
-            Column::F32 { data, .. } => ("F32", data.iter().flat_map(|v| v.to_le_bytes()).collect()),
+            Column::I32 { data, .. } => {
+                ("I32", data.iter().flat_map(|v| v.to_le_bytes()).collect())
+            }
+            Column::F32 { data, .. } => {
+                ("F32", data.iter().flat_map(|v| v.to_le_bytes()).collect())
+            }
         };
         tensors.push((name, dtype, dims, bytes));
     }
@@ -157,7 +172,11 @@ pub fn save_weights(flags: &Flags, trainer: &Trainer) -> Res<()> {
 }
 
 /// The plan to run: the compile-time one, or a re-plan for `--batch`.
-pub fn plan_for(spec: &ModelSpec, compiled: StaticPlan, flags: &Flags) -> Res<(ModelSpec, StaticPlan)> {
+pub fn plan_for(
+    spec: &ModelSpec,
+    compiled: StaticPlan,
+    flags: &Flags,
+) -> Res<(ModelSpec, StaticPlan)> {
     match flags.batch {
         Some(b) if b != spec.batch => {
             let s = spec.with_batch(b);
@@ -173,11 +192,19 @@ pub fn mnist(flags: &Flags) -> Res<(InMemory, InMemory, String)> {
     match &flags.data {
         Some(dir) => {
             let set = load_mnist_dir(dir)?;
-            Ok((InMemory::mnist(&set.train), InMemory::mnist(&set.test), format!("MNIST from {}", dir.display())))
+            Ok((
+                InMemory::mnist(&set.train),
+                InMemory::mnist(&set.test),
+                format!("MNIST from {}", dir.display()),
+            ))
         }
         None => {
             let (tr, te) = load_bundled_digits()?;
-            Ok((InMemory::mnist(&tr), InMemory::mnist(&te), "bundled MNIST digits (8,000 train / 2,000 held out)".into()))
+            Ok((
+                InMemory::mnist(&tr),
+                InMemory::mnist(&te),
+                "bundled MNIST digits (8,000 train / 2,000 held out)".into(),
+            ))
         }
     }
 }
@@ -187,7 +214,10 @@ pub fn mnist_images(flags: &Flags) -> Res<(InMemory, InMemory)> {
     match &flags.data {
         Some(dir) => {
             let set = load_mnist_dir(dir)?;
-            Ok((InMemory::mnist_images(&set.train), InMemory::mnist_images(&set.test)))
+            Ok((
+                InMemory::mnist_images(&set.train),
+                InMemory::mnist_images(&set.test),
+            ))
         }
         None => {
             let (tr, te) = load_bundled_digits()?;
@@ -228,8 +258,16 @@ pub fn write_pictures(flags: &Flags, spec: &ModelSpec, plan: &StaticPlan) -> Res
 }
 
 /// Writes `--report-json` (memwise.report/1).
-pub fn write_report(flags: &Flags, trainer: &Trainer, device: &Device, history: &History, metrics: serde_json::Value) -> Res<()> {
-    let Some(path) = &flags.report_json else { return Ok(()) };
+pub fn write_report(
+    flags: &Flags,
+    trainer: &Trainer,
+    device: &Device,
+    history: &History,
+    metrics: serde_json::Value,
+) -> Res<()> {
+    let Some(path) = &flags.report_json else {
+        return Ok(());
+    };
     let plan = trainer.plan();
     let m = &plan.memory;
     let peak = trainer.monitor().growth().map(|g| g.peak);

@@ -12,19 +12,19 @@
 pub mod element;
 pub mod error;
 // GEMM-based ops
-pub mod gemm;
-pub mod dense;
-pub mod conv;
 pub mod attention;
+pub mod conv;
+pub mod dense;
 pub mod embedding;
+pub mod gemm;
 // everything else
-pub mod elementwise;
 pub mod activation;
-pub mod pool;
-pub mod norm;
-pub mod random;
+pub mod elementwise;
 pub mod loss;
+pub mod norm;
 pub mod optimizer;
+pub mod pool;
+pub mod random;
 // the CUDA side: sources, launch shapes, the cuBLAS mapping (device code with feature `cuda`)
 pub mod cublas_map;
 pub mod cuda;

@@ -71,7 +71,14 @@ impl StepGraph {
             let needed = (grad_inputs.iter().any(|&g| g) || param_grads) && !op.fused_into_loss;
             // Only the GEMM-based kernels can skip dx; the others always write every input's
             // gradient, so give them a (short-lived, unread) tensor to write.
-            let dx_optional = matches!(op.op, Op::Dense { .. } | Op::Conv2d { .. } | Op::DepthwiseConv2d { .. } | Op::Conv2dTranspose { .. } | Op::Embedding { .. });
+            let dx_optional = matches!(
+                op.op,
+                Op::Dense { .. }
+                    | Op::Conv2d { .. }
+                    | Op::DepthwiseConv2d { .. }
+                    | Op::Conv2dTranspose { .. }
+                    | Op::Embedding { .. }
+            );
             if needed && !dx_optional {
                 for (k, &t) in op.inputs.iter().enumerate() {
                     grad_inputs[k] = graph.tensors[t].dtype.is_float();
@@ -181,9 +188,11 @@ impl StepGraph {
             .ops
             .iter()
             .map(|op| {
-                let same = op.inputs.first().zip(op.outputs.first()).is_some_and(|(&x, &y)| {
-                    graph.tensors[x].dtype == graph.tensors[y].dtype
-                });
+                let same = op
+                    .inputs
+                    .first()
+                    .zip(op.outputs.first())
+                    .is_some_and(|(&x, &y)| graph.tensors[x].dtype == graph.tensors[y].dtype);
                 match op.op {
                     Op::Activation { .. } | Op::Add { .. } if same => Some(0),
                     _ => None,

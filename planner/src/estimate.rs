@@ -256,7 +256,12 @@ fn layer_rows(spec: &ModelSpec, graph: &Graph, plan: &StaticPlan) -> Vec<LayerMe
                 .any(|t| t.in_place_of != NONE && t.role == Role::Activation);
             let mut params = 0u64;
             let mut persistent = 0u64;
-            for (pi, p) in graph.params.iter().enumerate().filter(|(_, p)| p.layer == li) {
+            for (pi, p) in graph
+                .params
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.layer == li)
+            {
                 let e = p.elems() as u64;
                 params += e;
                 persistent += e * 4 + p.half_copy.map_or(0, |h| e * h.size());

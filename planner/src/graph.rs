@@ -868,9 +868,20 @@ impl<'a> Builder<'a> {
                     self.param(i, "running_var", vec![c], false, None),
                 ];
                 if !self.training {
-                    let op = Op::BatchNormInference { rows, channels: c, epsilon: *epsilon };
+                    let op = Op::BatchNormInference {
+                        rows,
+                        channels: c,
+                        epsilon: *epsilon,
+                    };
                     self.push(i, op, vec![x.tensor], vec![y], ps);
-                    return self.finish_layer(i, ops_start, Value { tensor: y, shape: x.shape });
+                    return self.finish_layer(
+                        i,
+                        ops_start,
+                        Value {
+                            tensor: y,
+                            shape: x.shape,
+                        },
+                    );
                 }
                 let xh = self.tensor(i, "x_hat", x.shape.clone(), dt);
                 let mean = self.tensor(i, "mean", vec![c], DType::F32);
@@ -1380,7 +1391,8 @@ impl<'a> Builder<'a> {
                                     act: Activation::Softmax,
                                     ..
                                 }
-                            ) && self.consumers(ta) == 0 && loss_readers(&names[0]) == 1 =>
+                            ) && self.consumers(ta) == 0
+                                && loss_readers(&names[0]) == 1 =>
                         {
                             self.g.ops[p].fused_into_loss = true;
                             let logits = self.g.ops[p].inputs[0];
@@ -1460,7 +1472,8 @@ impl<'a> Builder<'a> {
                                         act: Activation::Sigmoid,
                                         ..
                                     }
-                                ) && self.consumers(ta) == 0 && loss_readers(&names[0]) == 1 =>
+                                ) && self.consumers(ta) == 0
+                                    && loss_readers(&names[0]) == 1 =>
                             {
                                 self.g.ops[p].fused_into_loss = true;
                                 let logits = self.g.ops[p].inputs[0];

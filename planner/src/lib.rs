@@ -53,7 +53,11 @@ pub fn plan(spec: &ModelSpec) -> Result<StaticPlan, PlanError> {
     finish(spec, &graph, &step)
 }
 
-fn finish(spec: &ModelSpec, graph: &graph::Graph, step: &autodiff::StepGraph) -> Result<StaticPlan, PlanError> {
+fn finish(
+    spec: &ModelSpec,
+    graph: &graph::Graph,
+    step: &autodiff::StepGraph,
+) -> Result<StaticPlan, PlanError> {
     let schedule = schedule::Schedule::build(graph, step);
     let lifetimes = liveness::Lifetimes::compute(&schedule, ALIGNMENT);
     let arena = arena::ArenaPlan::build(&schedule, &lifetimes, ALIGNMENT);

@@ -275,7 +275,13 @@ impl Op {
                 ..
             } => 2 * u(rows) * u(in_features) * u(units),
             Op::Conv2d { dims: d, .. } => {
-                2 * u(d.n) * u(d.out_h()) * u(d.out_w()) * u(d.kh) * u(d.kw) * u(d.c_in) * u(d.c_out)
+                2 * u(d.n)
+                    * u(d.out_h())
+                    * u(d.out_w())
+                    * u(d.kh)
+                    * u(d.kw)
+                    * u(d.c_in)
+                    * u(d.c_out)
             }
             Op::Conv2dTranspose { dims: d, .. } => {
                 2 * u(d.n) * u(d.h) * u(d.w) * u(d.kh) * u(d.kw) * u(d.c_out) * u(d.c_in)
@@ -442,7 +448,12 @@ impl Op {
     pub fn scratch_f32_elems(&self, dtype: crate::DType) -> usize {
         let h = dtype.is_half();
         match *self {
-            Op::Dense { rows: b, in_features: i, units: o, .. } => max3(
+            Op::Dense {
+                rows: b,
+                in_features: i,
+                units: o,
+                ..
+            } => max3(
                 gemm_scratch_elems(b, o, i, h, h, h),
                 gemm_scratch_elems(b, i, o, h, h, h),
                 gemm_scratch_elems(i, o, b, h, h, false),
@@ -451,7 +462,10 @@ impl Op {
                 let (r, k) = if d.kh == 1 && d.kw == 1 && d.sh == 1 && d.sw == 1 {
                     (sat_prod(&[d.n, d.h, d.w]), d.c_in)
                 } else {
-                    (sat_prod(&[min(chunk, d.n), d.out_h(), d.out_w()]), sat_prod(&[d.kh, d.kw, d.c_in]))
+                    (
+                        sat_prod(&[min(chunk, d.n), d.out_h(), d.out_w()]),
+                        sat_prod(&[d.kh, d.kw, d.c_in]),
+                    )
                 };
                 max3(
                     gemm_scratch_elems(r, d.c_out, k, h, h, h),
@@ -463,7 +477,10 @@ impl Op {
                 let (r, k) = if d.kh == 1 && d.kw == 1 && d.sh == 1 && d.sw == 1 {
                     (sat_prod(&[d.n, d.h, d.w]), d.c_out)
                 } else {
-                    (sat_prod(&[min(chunk, d.n), d.h, d.w]), sat_prod(&[d.kh, d.kw, d.c_out]))
+                    (
+                        sat_prod(&[min(chunk, d.n), d.h, d.w]),
+                        sat_prod(&[d.kh, d.kw, d.c_out]),
+                    )
                 };
                 max3(
                     gemm_scratch_elems(r, k, d.c_in, h, h, h),
@@ -471,7 +488,13 @@ impl Op {
                     gemm_scratch_elems(r, d.c_in, k, h, h, h),
                 )
             }
-            Op::Attention { batch, seq, heads, head_dim, .. } => {
+            Op::Attention {
+                batch,
+                seq,
+                heads,
+                head_dim,
+                ..
+            } => {
                 let lane = max3(
                     gemm_scratch_elems(seq, seq, head_dim, h, h, h),
                     gemm_scratch_elems(seq, head_dim, seq, h, h, h),

@@ -652,8 +652,20 @@ impl ToRust for Op {
                     }
                 )
             }
-            Op::BatchNormInference { rows, channels, epsilon } => {
-                write_variant!(w, "Op", BatchNormInference { rows, channels, epsilon })
+            Op::BatchNormInference {
+                rows,
+                channels,
+                epsilon,
+            } => {
+                write_variant!(
+                    w,
+                    "Op",
+                    BatchNormInference {
+                        rows,
+                        channels,
+                        epsilon
+                    }
+                )
             }
             Op::LayerNorm {
                 rows,

@@ -113,7 +113,14 @@ impl Ctx<'_> {
                 let layer = Some(self.graph.tensors[of].layer);
                 let op = Op::Accumulate { elems };
                 let mut writes = vec![sum];
-                self.trailing(&mut writes, layer, &op, true, self.graph.tensors[of].dtype, "");
+                self.trailing(
+                    &mut writes,
+                    layer,
+                    &op,
+                    true,
+                    self.graph.tensors[of].dtype,
+                    "",
+                );
                 self.steps.push(SStep {
                     phase: Phase::Backward,
                     layer,
@@ -129,19 +136,39 @@ impl Ctx<'_> {
     }
 
     /// Appends the `[ws, scratch]` slots every tensor step ends with.
-    fn trailing(&mut self, writes: &mut Vec<u32>, layer: Option<usize>, op: &Op, backward: bool, dtype: DType, tag: &str) {
+    fn trailing(
+        &mut self,
+        writes: &mut Vec<u32>,
+        layer: Option<usize>,
+        op: &Op,
+        backward: bool,
+        dtype: DType,
+        tag: &str,
+    ) {
         let lname = layer.map_or("loss".to_string(), |l| self.graph.layers[l].name.clone());
         let ws = op.workspace_elems(backward);
         writes.push(if ws == 0 {
             NONE
         } else {
-            self.new_tensor(format!("{lname}.workspace{tag}"), layer, Role::Workspace, dtype, vec![ws])
+            self.new_tensor(
+                format!("{lname}.workspace{tag}"),
+                layer,
+                Role::Workspace,
+                dtype,
+                vec![ws],
+            )
         });
         let sc = op.scratch_f32_elems(dtype);
         writes.push(if sc == 0 {
             NONE
         } else {
-            self.new_tensor(format!("{lname}.scratch{tag}"), layer, Role::Workspace, DType::F32, vec![sc])
+            self.new_tensor(
+                format!("{lname}.scratch{tag}"),
+                layer,
+                Role::Workspace,
+                DType::F32,
+                vec![sc],
+            )
         });
     }
 }
@@ -336,7 +363,14 @@ impl Schedule {
                 writes.clear(); // ids take no gradient
                 contributions.clear();
             }
-            cx.trailing(&mut writes, Some(op.layer), &op.op, true, op_dtype(o), ".bwd");
+            cx.trailing(
+                &mut writes,
+                Some(op.layer),
+                &op.op,
+                true,
+                op_dtype(o),
+                ".bwd",
+            );
             let in_place = if rule.in_place {
                 vec![(n_saved, 0)]
             } else {
@@ -365,7 +399,10 @@ impl Schedule {
                 has_grad[p as usize] |= graph.params[p as usize].trainable;
             }
         }
-        let trainable: Vec<u32> = (0..graph.params.len()).filter(|&i| has_grad[i]).map(|i| i as u32).collect();
+        let trainable: Vec<u32> = (0..graph.params.len())
+            .filter(|&i| has_grad[i])
+            .map(|i| i as u32)
+            .collect();
         if step.loss_scaling && !trainable.is_empty() {
             cx.steps.push(SStep {
                 phase: Phase::Update,

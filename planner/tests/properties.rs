@@ -893,7 +893,11 @@ fn a_second_loss_term_on_a_fused_sigmoid_or_softmax_keeps_its_gradient() {
     // sigmoid keeps its own backward; sparse cross-entropy (which has no form on
     // probabilities) is refused with a message naming the layer.
     let result = check(&two_losses_on_one_prediction(Activation::Sigmoid));
-    assert!(result.is_ok(), "sigmoid: {}", result.err().unwrap_or_default());
+    assert!(
+        result.is_ok(),
+        "sigmoid: {}",
+        result.err().unwrap_or_default()
+    );
     let e = plan(&two_losses_on_one_prediction(Activation::Softmax)).unwrap_err();
     assert_eq!(e.layer.as_deref(), Some("a"));
     assert!(e.message.contains("also read elsewhere"), "{e}");

@@ -2,12 +2,20 @@
 use memwise_runtime::*;
 fn main() -> Result<()> {
     let which = std::env::args().nth(1).unwrap_or_else(|| "vae".into());
-    let spec = if which == "mlp" { memwise_plan::zoo::mnist_mlp(128) } else { memwise_plan::zoo::conv_vae(128) };
+    let spec = if which == "mlp" {
+        memwise_plan::zoo::mnist_mlp(128)
+    } else {
+        memwise_plan::zoo::conv_vae(128)
+    };
     let p = memwise_plan::plan(&spec)?;
     let mut ex = Executor::new(p.clone(), &Device::cpu(), 1)?;
     let px = vec![100u8; p.tensor(p.inputs[0]).elems()];
     let labels: Vec<i32> = (0..128).map(|i| i % 10).collect();
-    let inputs: Vec<Batch> = if p.inputs.len() == 2 { vec![Batch::U8(&px), Batch::I32(&labels)] } else { vec![Batch::U8(&px)] };
+    let inputs: Vec<Batch> = if p.inputs.len() == 2 {
+        vec![Batch::U8(&px), Batch::I32(&labels)]
+    } else {
+        vec![Batch::U8(&px)]
+    };
     ex.train_step(&inputs)?;
     ex.enable_profiling();
     let t = std::time::Instant::now();

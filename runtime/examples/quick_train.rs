@@ -8,7 +8,15 @@ fn main() -> Result<()> {
     let mut m = Trainer::build(&spec, &Device::cpu(), 1)?;
     let (tr, te) = (InMemory::mnist(&train), InMemory::mnist(&test));
     let mut mem = MemoryCallback::default();
-    let h = m.fit(&tr, Some(&te), &FitOptions { epochs: 5, ..Default::default() }, &mut [&mut mem])?;
+    let h = m.fit(
+        &tr,
+        Some(&te),
+        &FitOptions {
+            epochs: 5,
+            ..Default::default()
+        },
+        &mut [&mut mem],
+    )?;
     println!("median step {:.2} ms", h.step_ms_median());
     Ok(())
 }

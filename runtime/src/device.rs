@@ -7,7 +7,10 @@ use crate::error::{Result, RuntimeError};
 pub enum DeviceKind {
     Cpu,
     /// An NVIDIA GPU (built with the `cuda` feature), opened and checked by [`Device::cuda`].
-    Cuda { ordinal: usize, name: String },
+    Cuda {
+        ordinal: usize,
+        name: String,
+    },
 }
 
 /// A device, optionally with a memory limit (plan for a smaller GPU than the one at hand,
@@ -22,7 +25,10 @@ pub struct Device {
 impl Device {
     /// The host CPU (multi-threaded kernels).
     pub fn cpu() -> Device {
-        Device { kind: DeviceKind::Cpu, memory_limit: None }
+        Device {
+            kind: DeviceKind::Cpu,
+            memory_limit: None,
+        }
     }
 
     /// CUDA device `ordinal`. Opening it checks, in order, that libcuda, libnvrtc and
@@ -32,7 +38,13 @@ impl Device {
         #[cfg(feature = "cuda")]
         {
             let dev = crate::cuda::device::open(ordinal)?;
-            Ok(Device { kind: DeviceKind::Cuda { ordinal, name: dev.info().name.clone() }, memory_limit: None })
+            Ok(Device {
+                kind: DeviceKind::Cuda {
+                    ordinal,
+                    name: dev.info().name.clone(),
+                },
+                memory_limit: None,
+            })
         }
         #[cfg(not(feature = "cuda"))]
         {
@@ -47,7 +59,9 @@ impl Device {
     pub fn auto() -> Device {
         match Device::cuda(0) {
             Ok(d) => {
-                let free = d.available_bytes().map(|b| format!(", {:.1} GiB free", b as f64 / (1u64 << 30) as f64));
+                let free = d
+                    .available_bytes()
+                    .map(|b| format!(", {:.1} GiB free", b as f64 / (1u64 << 30) as f64));
                 eprintln!("memwise: using {}{}", d.name(), free.unwrap_or_default());
                 d
             }
@@ -56,7 +70,10 @@ impl Device {
                     RuntimeError::Device(m) => m,
                     other => other.to_string(),
                 };
-                eprintln!("memwise: using the CPU ({} threads); no CUDA: {why}", rayon_threads());
+                eprintln!(
+                    "memwise: using the CPU ({} threads); no CUDA: {why}",
+                    rayon_threads()
+                );
                 Device::cpu()
             }
         }
@@ -70,11 +87,15 @@ impl Device {
             "cuda" => Device::cuda(0),
             other if other.starts_with("cuda:") => {
                 let n = other["cuda:".len()..].parse::<usize>().map_err(|_| {
-                    RuntimeError::Device(format!("`{other}`: expected cuda:N with N a device number"))
+                    RuntimeError::Device(format!(
+                        "`{other}`: expected cuda:N with N a device number"
+                    ))
                 })?;
                 Device::cuda(n)
             }
-            other => Err(RuntimeError::Device(format!("unknown device `{other}`: use cpu, cuda, cuda:N or auto"))),
+            other => Err(RuntimeError::Device(format!(
+                "unknown device `{other}`: use cpu, cuda, cuda:N or auto"
+            ))),
         }
     }
 
@@ -107,7 +128,11 @@ impl Device {
 
 #[cfg(feature = "cuda")]
 fn cuda_free_bytes(ordinal: usize) -> Option<u64> {
-    crate::cuda::device::open(ordinal).ok()?.mem_get_info().ok().map(|(free, _)| free)
+    crate::cuda::device::open(ordinal)
+        .ok()?
+        .mem_get_info()
+        .ok()
+        .map(|(free, _)| free)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -116,7 +141,9 @@ fn cuda_free_bytes(_ordinal: usize) -> Option<u64> {
 }
 
 fn rayon_threads() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
 }
 
 /// `MemAvailable` from /proc/meminfo (Linux), if readable.

@@ -11,11 +11,20 @@ pub enum RuntimeError {
     /// Re-planning failed (another batch size, a budget search).
     Plan(PlanError),
     /// A kernel refused its arguments.
-    Kernel { step: u32, op: &'static str, layer: String, error: KernelError },
+    Kernel {
+        step: u32,
+        op: &'static str,
+        layer: String,
+        error: KernelError,
+    },
     /// An input batch does not match the model's inputs.
     Input(String),
     /// The plan does not fit the device (or its memory limit).
-    OutOfMemory { needed: u64, available: u64, device: String },
+    OutOfMemory {
+        needed: u64,
+        available: u64,
+        device: String,
+    },
     /// An allocation or view failed.
     Memory(String),
     /// Training produced a non-finite value.

@@ -110,7 +110,11 @@ macro_rules! with_float {
                 $body
             }
             other => {
-                return Err(RuntimeError::Memory(format!("expected a float tensor, found {}", other.name())).into())
+                return Err(RuntimeError::Memory(format!(
+                    "expected a float tensor, found {}",
+                    other.name()
+                ))
+                .into())
             }
         }
     };
@@ -129,24 +133,70 @@ impl Opt {
     fn from_plan(o: &Optimizer) -> Opt {
         use k::optimizer as ko;
         match *o {
-            Optimizer::Sgd { lr } => Opt::Sgd(ko::Sgd { learning_rate: lr, momentum: 0.0, nesterov: false }),
-            Optimizer::Momentum { lr, momentum, nesterov } => {
-                Opt::Sgd(ko::Sgd { learning_rate: lr, momentum, nesterov })
-            }
-            Optimizer::RmsProp { lr, rho, epsilon, momentum, centered } => {
-                Opt::RmsProp(ko::RmsProp { learning_rate: lr, rho, momentum, epsilon, centered })
-            }
-            Optimizer::Adam { lr, beta_1, beta_2, epsilon } => {
-                Opt::Adam(ko::Adam { learning_rate: lr, beta_1, beta_2, epsilon })
-            }
-            Optimizer::AdamW { lr, beta_1, beta_2, epsilon, weight_decay } => Opt::AdamW(ko::AdamW {
-                adam: ko::Adam { learning_rate: lr, beta_1, beta_2, epsilon },
+            Optimizer::Sgd { lr } => Opt::Sgd(ko::Sgd {
+                learning_rate: lr,
+                momentum: 0.0,
+                nesterov: false,
+            }),
+            Optimizer::Momentum {
+                lr,
+                momentum,
+                nesterov,
+            } => Opt::Sgd(ko::Sgd {
+                learning_rate: lr,
+                momentum,
+                nesterov,
+            }),
+            Optimizer::RmsProp {
+                lr,
+                rho,
+                epsilon,
+                momentum,
+                centered,
+            } => Opt::RmsProp(ko::RmsProp {
+                learning_rate: lr,
+                rho,
+                momentum,
+                epsilon,
+                centered,
+            }),
+            Optimizer::Adam {
+                lr,
+                beta_1,
+                beta_2,
+                epsilon,
+            } => Opt::Adam(ko::Adam {
+                learning_rate: lr,
+                beta_1,
+                beta_2,
+                epsilon,
+            }),
+            Optimizer::AdamW {
+                lr,
+                beta_1,
+                beta_2,
+                epsilon,
+                weight_decay,
+            } => Opt::AdamW(ko::AdamW {
+                adam: ko::Adam {
+                    learning_rate: lr,
+                    beta_1,
+                    beta_2,
+                    epsilon,
+                },
                 weight_decay,
             }),
         }
     }
 
-    fn update(&self, step: u64, p: &mut [f32], g: &[f32], s: &mut [&mut [f32]], unscale: f32) -> k::KResult {
+    fn update(
+        &self,
+        step: u64,
+        p: &mut [f32],
+        g: &[f32],
+        s: &mut [&mut [f32]],
+        unscale: f32,
+    ) -> k::KResult {
         use k::optimizer::Optimizer as _;
         match self {
             Opt::Sgd(o) => o.update(step, p, g, s, unscale),
@@ -181,7 +231,12 @@ pub struct Executor {
 }
 
 fn kerr(step: &PlanStep, e: k::KernelError) -> RuntimeError {
-    RuntimeError::Kernel { step: step.index, op: step.op.name(), layer: step.layer.to_string(), error: e }
+    RuntimeError::Kernel {
+        step: step.index,
+        op: step.op.name(),
+        layer: step.layer.to_string(),
+        error: e,
+    }
 }
 
 fn conv_padding(p: Padding) -> k::conv::Padding {
@@ -192,15 +247,48 @@ fn conv_padding(p: Padding) -> k::conv::Padding {
 }
 
 fn conv_dims(d: &Window2d) -> k::conv::Conv2dDims {
-    k::conv::Conv2dDims { n: d.n, h: d.h, w: d.w, c_in: d.c_in, c_out: d.c_out, kh: d.kh, kw: d.kw, sh: d.sh, sw: d.sw, padding: conv_padding(d.padding) }
+    k::conv::Conv2dDims {
+        n: d.n,
+        h: d.h,
+        w: d.w,
+        c_in: d.c_in,
+        c_out: d.c_out,
+        kh: d.kh,
+        kw: d.kw,
+        sh: d.sh,
+        sw: d.sw,
+        padding: conv_padding(d.padding),
+    }
 }
 
 fn convt_dims(d: &Window2d) -> k::conv::ConvTranspose2dDims {
-    k::conv::ConvTranspose2dDims { n: d.n, h: d.h, w: d.w, c_in: d.c_in, c_out: d.c_out, kh: d.kh, kw: d.kw, sh: d.sh, sw: d.sw, padding: conv_padding(d.padding) }
+    k::conv::ConvTranspose2dDims {
+        n: d.n,
+        h: d.h,
+        w: d.w,
+        c_in: d.c_in,
+        c_out: d.c_out,
+        kh: d.kh,
+        kw: d.kw,
+        sh: d.sh,
+        sw: d.sw,
+        padding: conv_padding(d.padding),
+    }
 }
 
 fn dw_dims(d: &Window2d) -> k::conv::DepthwiseConv2dDims {
-    k::conv::DepthwiseConv2dDims { n: d.n, h: d.h, w: d.w, c: d.c_in, multiplier: d.c_out / d.c_in.max(1), kh: d.kh, kw: d.kw, sh: d.sh, sw: d.sw, padding: conv_padding(d.padding) }
+    k::conv::DepthwiseConv2dDims {
+        n: d.n,
+        h: d.h,
+        w: d.w,
+        c: d.c_in,
+        multiplier: d.c_out / d.c_in.max(1),
+        kh: d.kh,
+        kw: d.kw,
+        sh: d.sh,
+        sw: d.sw,
+        padding: conv_padding(d.padding),
+    }
 }
 
 fn pool_dims(d: &Window2d) -> std::result::Result<k::pool::Pool2d, k::KernelError> {
@@ -210,7 +298,21 @@ fn pool_dims(d: &Window2d) -> std::result::Result<k::pool::Pool2d, k::KernelErro
     };
     let (out_h, pad_top) = k::pool::tf_out_and_pad(d.h, d.kh, d.sh, p)?;
     let (out_w, pad_left) = k::pool::tf_out_and_pad(d.w, d.kw, d.sw, p)?;
-    Ok(k::pool::Pool2d { n: d.n, h: d.h, w: d.w, c: d.c_in, kh: d.kh, kw: d.kw, sh: d.sh, sw: d.sw, padding: p, out_h, out_w, pad_top, pad_left })
+    Ok(k::pool::Pool2d {
+        n: d.n,
+        h: d.h,
+        w: d.w,
+        c: d.c_in,
+        kh: d.kh,
+        kw: d.kw,
+        sh: d.sh,
+        sw: d.sw,
+        padding: p,
+        out_h,
+        out_w,
+        pad_top,
+        pad_left,
+    })
 }
 
 fn reduction(r: Reduction) -> k::loss::Reduction {
@@ -239,7 +341,11 @@ impl Executor {
         let total = plan.persistent_bytes + plan.arena_bytes;
         if let Some(avail) = device.available_bytes() {
             if total > avail {
-                return Err(RuntimeError::OutOfMemory { needed: total, available: avail, device: device.name() });
+                return Err(RuntimeError::OutOfMemory {
+                    needed: total,
+                    available: avail,
+                    device: device.name(),
+                });
             }
         }
         let persistent = Region::new(plan.persistent_bytes as usize, "persistent region")?;
@@ -248,13 +354,22 @@ impl Executor {
             .params
             .iter()
             .filter(|p| p.grad_offset != NO_OFFSET)
-            .map(|p| (p.grad_offset, p.grad_offset + align_up(p.elems() as u64 * 4, plan.alignment)))
+            .map(|p| {
+                (
+                    p.grad_offset,
+                    p.grad_offset + align_up(p.elems() as u64 * 4, plan.alignment),
+                )
+            })
             .collect();
         let grads_range = (
             grads.iter().map(|g| g.0).min().unwrap_or(0) as usize,
             grads.iter().map(|g| g.1).max().unwrap_or(0) as usize,
         );
-        let scaler = if plan.loss_scaling { k::optimizer::LossScaler::new() } else { k::optimizer::LossScaler::disabled() };
+        let scaler = if plan.loss_scaling {
+            k::optimizer::LossScaler::new()
+        } else {
+            k::optimizer::LossScaler::disabled()
+        };
         let opt = Opt::from_plan(&plan.optimizer);
         let mut ex = Executor {
             plan,
@@ -300,7 +415,9 @@ impl Executor {
 
     /// Seconds spent per `(phase, op)` so far, largest first (profiling must be on).
     pub fn profile(&self) -> Vec<(String, f64)> {
-        let Some(p) = &self.profile else { return Vec::new() };
+        let Some(p) = &self.profile else {
+            return Vec::new();
+        };
         let mut by: Vec<(String, f64)> = Vec::new();
         for (s, t) in self.plan.steps.iter().zip(p) {
             let key = format!("{} {}", s.phase.name(), s.op.name());
@@ -318,10 +435,18 @@ impl Executor {
     /// early then poisons the result.
     pub fn enable_poisoning(&mut self) {
         let mut by_step = vec![Vec::new(); self.plan.steps.len()];
-        let donated: std::collections::HashSet<u32> =
-            self.plan.tensors.iter().filter(|t| t.in_place_of != NONE).map(|t| t.in_place_of).collect();
+        let donated: std::collections::HashSet<u32> = self
+            .plan
+            .tensors
+            .iter()
+            .filter(|t| t.in_place_of != NONE)
+            .map(|t| t.in_place_of)
+            .collect();
         for t in self.plan.tensors.iter() {
-            if !donated.contains(&t.id) && (t.last as usize) < by_step.len() && !self.plan.losses.contains(&t.id) {
+            if !donated.contains(&t.id)
+                && (t.last as usize) < by_step.len()
+                && !self.plan.losses.contains(&t.id)
+            {
                 by_step[t.last as usize].push(t.id);
             }
         }
@@ -330,18 +455,26 @@ impl Executor {
 
     /// The f32 values of parameter `name` (`hidden.weight` …).
     pub fn param(&self, name: &str) -> Result<&[f32]> {
-        let p = self.plan.params.iter().find(|p| p.name == name).ok_or_else(|| {
-            RuntimeError::Input(format!("the model has no parameter `{name}`"))
-        })?;
+        let p = self
+            .plan
+            .params
+            .iter()
+            .find(|p| p.name == name)
+            .ok_or_else(|| RuntimeError::Input(format!("the model has no parameter `{name}`")))?;
         // SAFETY: shared borrow of self; no mutable views are live.
         unsafe { self.persistent.view::<f32>(p.offset, p.elems()) }
     }
 
     /// The f32 gradient of parameter `name` from the last step.
     pub fn grad(&self, name: &str) -> Result<&[f32]> {
-        let p = self.plan.params.iter().find(|p| p.name == name && p.grad_offset != NO_OFFSET).ok_or_else(|| {
-            RuntimeError::Input(format!("the model has no trainable parameter `{name}`"))
-        })?;
+        let p = self
+            .plan
+            .params
+            .iter()
+            .find(|p| p.name == name && p.grad_offset != NO_OFFSET)
+            .ok_or_else(|| {
+                RuntimeError::Input(format!("the model has no trainable parameter `{name}`"))
+            })?;
         // SAFETY: as above.
         unsafe { self.persistent.view::<f32>(p.grad_offset, p.elems()) }
     }
@@ -383,13 +516,18 @@ impl Executor {
             if a.name != b.name || a.shape != b.shape {
                 return Err(RuntimeError::Input(format!(
                     "cannot copy weights: `{}` {:?} here, `{}` {:?} there",
-                    a.name, &a.shape[..], b.name, &b.shape[..]
+                    a.name,
+                    &a.shape[..],
+                    b.name,
+                    &b.shape[..]
                 )));
             }
             // SAFETY: two different executors' regions; no other views are live.
             unsafe {
                 let src = other.persistent.view::<f32>(b.offset, b.elems())?;
-                self.persistent.view_mut::<f32>(a.offset, a.elems())?.copy_from_slice(src);
+                self.persistent
+                    .view_mut::<f32>(a.offset, a.elems())?
+                    .copy_from_slice(src);
             }
         }
         self.refresh_half_copies(None)
@@ -399,7 +537,9 @@ impl Executor {
     /// the loss and the correct predictions.
     pub fn evaluate_step(&mut self, inputs: &[Batch<'_>]) -> Result<StepOutput> {
         if self.plan.training {
-            return Err(RuntimeError::Input("evaluate_step needs an inference plan (plan_inference)".into()));
+            return Err(RuntimeError::Input(
+                "evaluate_step needs an inference plan (plan_inference)".into(),
+            ));
         }
         self.train_step(inputs)
     }
@@ -410,14 +550,25 @@ impl Executor {
         if id == NONE {
             return Err(RuntimeError::Input("the model has no prediction".into()));
         }
+        if self.plan.training {
+            // A training step's later tensors may reuse the prediction's bytes.
+            return Err(RuntimeError::Input(
+                "read_prediction needs an inference plan (plan_inference)".into(),
+            ));
+        }
         let t = self.plan.tensor(id);
         if out.len() != t.elems() {
-            return Err(RuntimeError::Input(format!("prediction has {} values, buffer {}", t.elems(), out.len())));
+            return Err(RuntimeError::Input(format!(
+                "prediction has {} values, buffer {}",
+                t.elems(),
+                out.len()
+            )));
         }
         // SAFETY: shared view after the step.
         unsafe {
             with_float!(t.dtype, T, {
-                k::elementwise::cast::<T, f32>(self.arena.view::<T>(t.offset, t.elems())?, out).map_err(|e| RuntimeError::Memory(e.0))?;
+                k::elementwise::cast::<T, f32>(self.arena.view::<T>(t.offset, t.elems())?, out)
+                    .map_err(|e| RuntimeError::Memory(e.0))?;
             })
         }
         Ok(())
@@ -430,7 +581,11 @@ impl Executor {
 
     /// Value of loss term `k` from the last step.
     pub fn loss_term(&self, k: usize) -> Result<f32> {
-        let id = *self.plan.losses.get(k).ok_or_else(|| RuntimeError::Input(format!("no loss term {k}")))?;
+        let id = *self
+            .plan
+            .losses
+            .get(k)
+            .ok_or_else(|| RuntimeError::Input(format!("no loss term {k}")))?;
         let t = self.plan.tensor(id);
         // SAFETY: shared borrow; no mutable views.
         Ok(unsafe { self.arena.view::<f32>(t.offset, 1)? }[0])
@@ -446,8 +601,14 @@ impl Executor {
             unsafe {
                 let src = self.persistent.view::<f32>(p.offset, p.elems())?;
                 match h {
-                    DType::F16 => k::elementwise::cast(src, self.persistent.view_mut::<f16>(p.half_offset, p.elems())?),
-                    DType::BF16 => k::elementwise::cast(src, self.persistent.view_mut::<bf16>(p.half_offset, p.elems())?),
+                    DType::F16 => k::elementwise::cast(
+                        src,
+                        self.persistent.view_mut::<f16>(p.half_offset, p.elems())?,
+                    ),
+                    DType::BF16 => k::elementwise::cast(
+                        src,
+                        self.persistent.view_mut::<bf16>(p.half_offset, p.elems())?,
+                    ),
                     _ => Ok(()),
                 }
                 .map_err(|e| RuntimeError::Memory(e.0))?;
@@ -461,7 +622,10 @@ impl Executor {
     fn load_inputs(&mut self, inputs: &[Batch<'_>]) -> Result<()> {
         let ids = &self.plan.inputs;
         if inputs.len() != ids.len() {
-            let names: Vec<&str> = ids.iter().map(|&i| self.plan.tensor(i).name.as_ref()).collect();
+            let names: Vec<&str> = ids
+                .iter()
+                .map(|&i| self.plan.tensor(i).name.as_ref())
+                .collect();
             return Err(RuntimeError::Input(format!(
                 "the model takes {} inputs ({}), got {}",
                 ids.len(),
@@ -501,9 +665,18 @@ impl Executor {
         }
         for (b, &id) in inputs.iter().zip(ids.iter()) {
             let bad = match b {
-                Batch::F32(x) => x.iter().position(|v| !v.is_finite()).map(|i| (i, x[i].to_string())),
-                Batch::F16(x) => x.iter().position(|v| !v.is_finite()).map(|i| (i, x[i].to_string())),
-                Batch::BF16(x) => x.iter().position(|v| !v.is_finite()).map(|i| (i, x[i].to_string())),
+                Batch::F32(x) => x
+                    .iter()
+                    .position(|v| !v.is_finite())
+                    .map(|i| (i, x[i].to_string())),
+                Batch::F16(x) => x
+                    .iter()
+                    .position(|v| !v.is_finite())
+                    .map(|i| (i, x[i].to_string())),
+                Batch::BF16(x) => x
+                    .iter()
+                    .position(|v| !v.is_finite())
+                    .map(|i| (i, x[i].to_string())),
                 Batch::U8(_) | Batch::I32(_) => None,
             };
             if let Some((i, value)) = bad {
@@ -539,16 +712,22 @@ impl Executor {
     fn check_index_ranges(&self, inputs: &[Batch<'_>]) -> Result<()> {
         for s in self.plan.steps.iter() {
             let (at, limit, what) = match s.op {
-                Op::SoftmaxCrossEntropy { classes, .. } | Op::SoftmaxCrossEntropyFromLogits { classes, .. } => {
-                    (1, classes, "classes")
-                }
+                Op::SoftmaxCrossEntropy { classes, .. }
+                | Op::SoftmaxCrossEntropyFromLogits { classes, .. } => (1, classes, "classes"),
                 Op::Embedding { vocab, .. } => (0, vocab, "tokens in the vocabulary"),
                 _ => continue,
             };
             let Some(&id) = s.reads.get(at) else { continue };
-            let Some(k) = self.plan.inputs.iter().position(|&i| i == id) else { continue };
-            let Some(Batch::I32(x)) = inputs.get(k) else { continue };
-            let Some(i) = x.iter().position(|&v| !usize::try_from(v).is_ok_and(|v| v < limit)) else {
+            let Some(k) = self.plan.inputs.iter().position(|&i| i == id) else {
+                continue;
+            };
+            let Some(Batch::I32(x)) = inputs.get(k) else {
+                continue;
+            };
+            let Some(i) = x
+                .iter()
+                .position(|&v| !usize::try_from(v).is_ok_and(|v| v < limit))
+            else {
                 continue;
             };
             let t = self.plan.tensor(id);
@@ -576,7 +755,11 @@ impl Executor {
         self.load_inputs(inputs)?;
         let (g0, g1) = self.grads_range;
         self.persistent.bytes_mut()[g0..g1].fill(0);
-        let mut out = StepOutput { loss: 0.0, correct: 0, skipped: false };
+        let mut out = StepOutput {
+            loss: 0.0,
+            correct: 0,
+            skipped: false,
+        };
         let mut unscale = 1.0f32;
         let n = self.plan.steps.len();
         for i in 0..n {
@@ -586,7 +769,9 @@ impl Executor {
                 Op::CheckFinite => {
                     let finite = self.grads_finite()?;
                     match self.scaler.update(!finite) {
-                        k::optimizer::StepDecision::Apply { grad_unscale } => unscale = grad_unscale,
+                        k::optimizer::StepDecision::Apply { grad_unscale } => {
+                            unscale = grad_unscale
+                        }
                         k::optimizer::StepDecision::Skip => out.skipped = true,
                     }
                 }
@@ -633,7 +818,10 @@ impl Executor {
         self.load_inputs(inputs)?;
         for (k, &id) in self.plan.inputs.iter().enumerate() {
             if !self.tensor_finite(id)? {
-                return Ok(format!("input {k} (`{}`) holds non-finite values", self.plan.tensor(id).name));
+                return Ok(format!(
+                    "input {k} (`{}`) holds non-finite values",
+                    self.plan.tensor(id).name
+                ));
             }
         }
         for i in 0..self.plan.steps.len() {
@@ -661,16 +849,24 @@ impl Executor {
         // SAFETY: shared view between steps.
         unsafe {
             Ok(match t.dtype {
-                DType::F32 => k::elementwise::all_finite(self.arena.view::<f32>(t.offset, t.elems())?),
-                DType::F16 => k::elementwise::all_finite(self.arena.view::<f16>(t.offset, t.elems())?),
-                DType::BF16 => k::elementwise::all_finite(self.arena.view::<bf16>(t.offset, t.elems())?),
+                DType::F32 => {
+                    k::elementwise::all_finite(self.arena.view::<f32>(t.offset, t.elems())?)
+                }
+                DType::F16 => {
+                    k::elementwise::all_finite(self.arena.view::<f16>(t.offset, t.elems())?)
+                }
+                DType::BF16 => {
+                    k::elementwise::all_finite(self.arena.view::<bf16>(t.offset, t.elems())?)
+                }
                 DType::U8 | DType::I32 => true,
             })
         }
     }
 
     fn poison(&mut self, i: usize) -> Result<()> {
-        let Some(by_step) = &self.poison_after else { return Ok(()) };
+        let Some(by_step) = &self.poison_after else {
+            return Ok(());
+        };
         for &id in &by_step[i] {
             let t = &self.plan.tensors[id as usize];
             let len = t.elems();
@@ -689,7 +885,12 @@ impl Executor {
     }
 
     fn grads_finite(&self) -> Result<bool> {
-        for p in self.plan.params.iter().filter(|p| p.grad_offset != NO_OFFSET) {
+        for p in self
+            .plan
+            .params
+            .iter()
+            .filter(|p| p.grad_offset != NO_OFFSET)
+        {
             // SAFETY: shared views only.
             let g = unsafe { self.persistent.view::<f32>(p.grad_offset, p.elems())? };
             if !k::elementwise::all_finite(g) {
@@ -711,19 +912,40 @@ impl Executor {
                 let vals = self.persistent.view_mut::<f32>(p.offset, n)?;
                 let grads = self.persistent.view::<f32>(p.grad_offset, n)?;
                 let r = if slots == 0 {
-                    self.opt.update(self.updates + 1, vals, grads, &mut [], unscale)
+                    self.opt
+                        .update(self.updates + 1, vals, grads, &mut [], unscale)
                 } else {
-                    let all = self.persistent.view_mut::<f32>(p.state_offset, stride * slots)?;
+                    let all = self
+                        .persistent
+                        .view_mut::<f32>(p.state_offset, stride * slots)?;
                     let (s0, rest) = all.split_at_mut(stride);
                     match slots {
-                        1 => self.opt.update(self.updates + 1, vals, grads, &mut [&mut s0[..n]], unscale),
+                        1 => self.opt.update(
+                            self.updates + 1,
+                            vals,
+                            grads,
+                            &mut [&mut s0[..n]],
+                            unscale,
+                        ),
                         2 => {
                             let (s1, _) = rest.split_at_mut(stride);
-                            self.opt.update(self.updates + 1, vals, grads, &mut [&mut s0[..n], &mut s1[..n]], unscale)
+                            self.opt.update(
+                                self.updates + 1,
+                                vals,
+                                grads,
+                                &mut [&mut s0[..n], &mut s1[..n]],
+                                unscale,
+                            )
                         }
                         _ => {
                             let (s1, s2) = rest.split_at_mut(stride);
-                            self.opt.update(self.updates + 1, vals, grads, &mut [&mut s0[..n], &mut s1[..n], &mut s2[..n]], unscale)
+                            self.opt.update(
+                                self.updates + 1,
+                                vals,
+                                grads,
+                                &mut [&mut s0[..n], &mut s1[..n], &mut s2[..n]],
+                                unscale,
+                            )
                         }
                     }
                 };
@@ -746,9 +968,18 @@ impl Executor {
     /// # Safety
     /// No mutable view of an overlapping tensor may be live (the plan's rule 3).
     unsafe fn r<T: Stored>(&self, id: u32) -> Result<&[T]> {
-        let t = self.plan.tensors.get(id as usize).ok_or_else(|| RuntimeError::Memory(format!("no tensor {id}")))?;
+        let t = self
+            .plan
+            .tensors
+            .get(id as usize)
+            .ok_or_else(|| RuntimeError::Memory(format!("no tensor {id}")))?;
         if t.dtype != T::DTYPE {
-            return Err(RuntimeError::Memory(format!("tensor `{}` is {}, read as {}", t.name, t.dtype.name(), T::DTYPE.name())));
+            return Err(RuntimeError::Memory(format!(
+                "tensor `{}` is {}, read as {}",
+                t.name,
+                t.dtype.name(),
+                T::DTYPE.name()
+            )));
         }
         self.arena.view::<T>(t.offset, t.elems())
     }
@@ -759,9 +990,18 @@ impl Executor {
     /// No other view of an overlapping tensor may be live.
     #[allow(clippy::mut_from_ref)]
     unsafe fn w<T: Stored>(&self, id: u32) -> Result<&mut [T]> {
-        let t = self.plan.tensors.get(id as usize).ok_or_else(|| RuntimeError::Memory(format!("no tensor {id}")))?;
+        let t = self
+            .plan
+            .tensors
+            .get(id as usize)
+            .ok_or_else(|| RuntimeError::Memory(format!("no tensor {id}")))?;
         if t.dtype != T::DTYPE {
-            return Err(RuntimeError::Memory(format!("tensor `{}` is {}, written as {}", t.name, t.dtype.name(), T::DTYPE.name())));
+            return Err(RuntimeError::Memory(format!(
+                "tensor `{}` is {}, written as {}",
+                t.name,
+                t.dtype.name(),
+                T::DTYPE.name()
+            )));
         }
         self.arena.view_mut::<T>(t.offset, t.elems())
     }
@@ -787,7 +1027,9 @@ impl Executor {
     }
 
     fn same(&self, a: u32, b: u32) -> bool {
-        a != NONE && b != NONE && self.plan.tensors[a as usize].offset == self.plan.tensors[b as usize].offset
+        a != NONE
+            && b != NONE
+            && self.plan.tensors[a as usize].offset == self.plan.tensors[b as usize].offset
     }
 
     /// The weights a GEMM reads: the f32 values, or their 16-bit copy.
@@ -798,7 +1040,11 @@ impl Executor {
         } else if p.half_copy == Some(T::DTYPE) {
             self.persistent.view::<T>(p.half_offset, p.elems())
         } else {
-            Err(RuntimeError::Memory(format!("parameter `{}` has no {} copy", p.name, T::DTYPE.name())))
+            Err(RuntimeError::Memory(format!(
+                "parameter `{}` has no {} copy",
+                p.name,
+                T::DTYPE.name()
+            )))
         }
     }
 
@@ -817,20 +1063,31 @@ impl Executor {
     unsafe fn grad_mut(&self, pid: u32) -> Result<&mut [f32]> {
         let p = &self.plan.params[pid as usize];
         if p.grad_offset == NO_OFFSET {
-            return Err(RuntimeError::Memory(format!("parameter `{}` has no gradient", p.name)));
+            return Err(RuntimeError::Memory(format!(
+                "parameter `{}` has no gradient",
+                p.name
+            )));
         }
         self.persistent.view_mut::<f32>(p.grad_offset, p.elems())
     }
 
     fn key(&self, layer: u32) -> k::random::RngKey {
-        k::random::RngKey { seed: self.seed, layer, step: self.step_counter }
+        k::random::RngKey {
+            seed: self.seed,
+            layer,
+            step: self.step_counter,
+        }
     }
 
     /// Runs a forward, recompute or backward step.
     fn run(&mut self, i: usize) -> Result<()> {
         let step = &self.plan.steps[i];
         let backward = step.phase == Phase::Backward;
-        let r = if backward { self.backward(step) } else { self.forward(step) };
+        let r = if backward {
+            self.backward(step)
+        } else {
+            self.forward(step)
+        };
         r.map_err(|e| match e {
             Kerr(e) => kerr(step, e),
             Rt(e) => e,
@@ -877,85 +1134,246 @@ impl Executor {
             match s.op {
                 Op::InputCast { scale, .. } => {
                     let x = self.r::<u8>(rd[0])?;
-                    with_float!(self.dtype(wr[0]), T, { k::elementwise::cast_u8::<T>(x, self.w::<T>(wr[0])?, scale, 0.0)? })
+                    with_float!(self.dtype(wr[0]), T, {
+                        k::elementwise::cast_u8::<T>(x, self.w::<T>(wr[0])?, scale, 0.0)?
+                    })
                 }
                 Op::Cast { .. } => float2!(self.dtype(rd[0]), S, self.dtype(wr[0]), D, {
                     k::elementwise::cast::<S, D>(self.r::<S>(rd[0])?, self.w::<D>(wr[0])?)?
                 }),
-                Op::Dense { rows, in_features, units, bias } => with_float!(self.dtype(wr[0]), T, {
-                    let d = k::dense::DenseDims { batch: rows, in_features, out_features: units };
-                    let b = if bias { Some(self.pf32(s.params[1])?) } else { None };
-                    k::dense::dense_forward::<T>(d, self.r::<T>(rd[0])?, self.weight::<T>(s.params[0])?, b, self.w::<T>(wr[0])?, self.ws::<f32>(sc_id)?)?
+                Op::Dense {
+                    rows,
+                    in_features,
+                    units,
+                    bias,
+                } => with_float!(self.dtype(wr[0]), T, {
+                    let d = k::dense::DenseDims {
+                        batch: rows,
+                        in_features,
+                        out_features: units,
+                    };
+                    let b = if bias {
+                        Some(self.pf32(s.params[1])?)
+                    } else {
+                        None
+                    };
+                    k::dense::dense_forward::<T>(
+                        d,
+                        self.r::<T>(rd[0])?,
+                        self.weight::<T>(s.params[0])?,
+                        b,
+                        self.w::<T>(wr[0])?,
+                        self.ws::<f32>(sc_id)?,
+                    )?
                 }),
                 Op::Conv2d { dims, bias, chunk } => with_float!(self.dtype(wr[0]), T, {
-                    let b = if bias { Some(self.pf32(s.params[1])?) } else { None };
-                    k::conv::conv2d_forward::<T>(conv_dims(&dims), self.r::<T>(rd[0])?, self.weight::<T>(s.params[0])?, b, self.w::<T>(wr[0])?, self.ws::<T>(ws_id)?, chunk, self.ws::<f32>(sc_id)?)?
+                    let b = if bias {
+                        Some(self.pf32(s.params[1])?)
+                    } else {
+                        None
+                    };
+                    k::conv::conv2d_forward::<T>(
+                        conv_dims(&dims),
+                        self.r::<T>(rd[0])?,
+                        self.weight::<T>(s.params[0])?,
+                        b,
+                        self.w::<T>(wr[0])?,
+                        self.ws::<T>(ws_id)?,
+                        chunk,
+                        self.ws::<f32>(sc_id)?,
+                    )?
                 }),
                 Op::Conv2dTranspose { dims, bias, chunk } => with_float!(self.dtype(wr[0]), T, {
-                    let b = if bias { Some(self.pf32(s.params[1])?) } else { None };
-                    k::conv::conv2d_transpose_forward::<T>(convt_dims(&dims), self.r::<T>(rd[0])?, self.weight::<T>(s.params[0])?, b, self.w::<T>(wr[0])?, self.ws::<T>(ws_id)?, chunk, self.ws::<f32>(sc_id)?)?
+                    let b = if bias {
+                        Some(self.pf32(s.params[1])?)
+                    } else {
+                        None
+                    };
+                    k::conv::conv2d_transpose_forward::<T>(
+                        convt_dims(&dims),
+                        self.r::<T>(rd[0])?,
+                        self.weight::<T>(s.params[0])?,
+                        b,
+                        self.w::<T>(wr[0])?,
+                        self.ws::<T>(ws_id)?,
+                        chunk,
+                        self.ws::<f32>(sc_id)?,
+                    )?
                 }),
                 Op::DepthwiseConv2d { dims, bias } => with_float!(self.dtype(wr[0]), T, {
-                    let b = if bias { Some(self.pf32(s.params[1])?) } else { None };
-                    k::conv::depthwise_conv2d_forward::<T>(dw_dims(&dims), self.r::<T>(rd[0])?, self.weight::<T>(s.params[0])?, b, self.w::<T>(wr[0])?)?
+                    let b = if bias {
+                        Some(self.pf32(s.params[1])?)
+                    } else {
+                        None
+                    };
+                    k::conv::depthwise_conv2d_forward::<T>(
+                        dw_dims(&dims),
+                        self.r::<T>(rd[0])?,
+                        self.weight::<T>(s.params[0])?,
+                        b,
+                        self.w::<T>(wr[0])?,
+                    )?
                 }),
                 Op::MaxPool2d { dims } => with_float!(self.dtype(wr[0]), T, {
                     let d = pool_dims(&dims)?;
-                    k::pool::max_pool2d_forward::<T>(&d, self.r::<T>(rd[0])?, self.w::<T>(wr[0])?, self.w::<u8>(wr[1])?)?
+                    k::pool::max_pool2d_forward::<T>(
+                        &d,
+                        self.r::<T>(rd[0])?,
+                        self.w::<T>(wr[0])?,
+                        self.w::<u8>(wr[1])?,
+                    )?
                 }),
                 Op::AvgPool2d { dims } => with_float!(self.dtype(wr[0]), T, {
                     let d = pool_dims(&dims)?;
                     k::pool::avg_pool2d_forward::<T>(&d, self.r::<T>(rd[0])?, self.w::<T>(wr[0])?)?
                 }),
                 Op::GlobalAvgPool { n, hw, c } => with_float!(self.dtype(wr[0]), T, {
-                    k::pool::global_avg_pool_forward::<T>(self.r::<T>(rd[0])?, self.w::<T>(wr[0])?, n, hw, c)?
+                    k::pool::global_avg_pool_forward::<T>(
+                        self.r::<T>(rd[0])?,
+                        self.w::<T>(wr[0])?,
+                        n,
+                        hw,
+                        c,
+                    )?
                 }),
-                Op::BatchNorm { rows, channels, momentum, epsilon } => with_float!(self.dtype(wr[0]), T, {
+                Op::BatchNorm {
+                    rows,
+                    channels,
+                    momentum,
+                    epsilon,
+                } => with_float!(self.dtype(wr[0]), T, {
                     let d = k::norm::NormDims { rows, channels };
                     let cfg = k::norm::BatchNormConfig { epsilon, momentum };
-                    let affine = k::norm::Affine { gamma: self.pf32(s.params[0])?, beta: self.pf32(s.params[1])? };
-                    let saved = k::norm::BatchNormSaved { x_hat: self.w::<T>(wr[1])?, mean: self.w::<f32>(wr[2])?, inv_std: self.w::<f32>(wr[3])? };
+                    let affine = k::norm::Affine {
+                        gamma: self.pf32(s.params[0])?,
+                        beta: self.pf32(s.params[1])?,
+                    };
+                    let saved = k::norm::BatchNormSaved {
+                        x_hat: self.w::<T>(wr[1])?,
+                        mean: self.w::<f32>(wr[2])?,
+                        inv_std: self.w::<f32>(wr[3])?,
+                    };
                     // Recomputation must not move the running statistics a second time.
                     let running = if recompute {
                         None
                     } else {
-                        Some(k::norm::RunningStats { mean: self.pf32_mut(s.params[2])?, var: self.pf32_mut(s.params[3])? })
+                        Some(k::norm::RunningStats {
+                            mean: self.pf32_mut(s.params[2])?,
+                            var: self.pf32_mut(s.params[3])?,
+                        })
                     };
                     if self.same(rd[0], wr[0]) {
-                        k::norm::batch_norm_train_forward_inplace::<T>(d, cfg, self.w::<T>(wr[0])?, affine, saved, running)?
+                        k::norm::batch_norm_train_forward_inplace::<T>(
+                            d,
+                            cfg,
+                            self.w::<T>(wr[0])?,
+                            affine,
+                            saved,
+                            running,
+                        )?
                     } else {
-                        k::norm::batch_norm_train_forward::<T>(d, cfg, self.r::<T>(rd[0])?, affine, self.w::<T>(wr[0])?, saved, running)?
+                        k::norm::batch_norm_train_forward::<T>(
+                            d,
+                            cfg,
+                            self.r::<T>(rd[0])?,
+                            affine,
+                            self.w::<T>(wr[0])?,
+                            saved,
+                            running,
+                        )?
                     }
                 }),
-                Op::BatchNormInference { rows, channels, epsilon } => with_float!(self.dtype(wr[0]), T, {
+                Op::BatchNormInference {
+                    rows,
+                    channels,
+                    epsilon,
+                } => with_float!(self.dtype(wr[0]), T, {
                     let d = k::norm::NormDims { rows, channels };
-                    let affine = k::norm::Affine { gamma: self.pf32(s.params[0])?, beta: self.pf32(s.params[1])? };
+                    let affine = k::norm::Affine {
+                        gamma: self.pf32(s.params[0])?,
+                        beta: self.pf32(s.params[1])?,
+                    };
                     let (rm, rv) = (self.pf32(s.params[2])?, self.pf32(s.params[3])?);
                     if self.same(rd[0], wr[0]) {
-                        k::norm::batch_norm_infer_forward_inplace::<T>(d, epsilon, self.w::<T>(wr[0])?, affine, rm, rv)?
+                        k::norm::batch_norm_infer_forward_inplace::<T>(
+                            d,
+                            epsilon,
+                            self.w::<T>(wr[0])?,
+                            affine,
+                            rm,
+                            rv,
+                        )?
                     } else {
-                        k::norm::batch_norm_infer_forward::<T>(d, epsilon, self.r::<T>(rd[0])?, affine, rm, rv, self.w::<T>(wr[0])?)?
+                        k::norm::batch_norm_infer_forward::<T>(
+                            d,
+                            epsilon,
+                            self.r::<T>(rd[0])?,
+                            affine,
+                            rm,
+                            rv,
+                            self.w::<T>(wr[0])?,
+                        )?
                     }
                 }),
-                Op::LayerNorm { rows, features, epsilon } => with_float!(self.dtype(wr[0]), T, {
-                    let d = k::norm::NormDims { rows, channels: features };
-                    let affine = k::norm::Affine { gamma: self.pf32(s.params[0])?, beta: self.pf32(s.params[1])? };
-                    k::norm::layer_norm_forward::<T>(d, epsilon, self.r::<T>(rd[0])?, affine, self.w::<T>(wr[0])?, self.w::<T>(wr[1])?, self.w::<f32>(wr[2])?)?
+                Op::LayerNorm {
+                    rows,
+                    features,
+                    epsilon,
+                } => with_float!(self.dtype(wr[0]), T, {
+                    let d = k::norm::NormDims {
+                        rows,
+                        channels: features,
+                    };
+                    let affine = k::norm::Affine {
+                        gamma: self.pf32(s.params[0])?,
+                        beta: self.pf32(s.params[1])?,
+                    };
+                    k::norm::layer_norm_forward::<T>(
+                        d,
+                        epsilon,
+                        self.r::<T>(rd[0])?,
+                        affine,
+                        self.w::<T>(wr[0])?,
+                        self.w::<T>(wr[1])?,
+                        self.w::<f32>(wr[2])?,
+                    )?
                 }),
                 Op::Dropout { rate, key, .. } => with_float!(self.dtype(wr[0]), T, {
                     if self.same(rd[0], wr[0]) {
-                        k::random::dropout_forward_inplace::<T>(self.key(key), rate, self.w::<T>(wr[0])?, self.w::<u8>(wr[1])?)?
+                        k::random::dropout_forward_inplace::<T>(
+                            self.key(key),
+                            rate,
+                            self.w::<T>(wr[0])?,
+                            self.w::<u8>(wr[1])?,
+                        )?
                     } else {
-                        k::random::dropout_forward::<T>(self.key(key), rate, self.r::<T>(rd[0])?, self.w::<T>(wr[0])?, self.w::<u8>(wr[1])?)?
+                        k::random::dropout_forward::<T>(
+                            self.key(key),
+                            rate,
+                            self.r::<T>(rd[0])?,
+                            self.w::<T>(wr[0])?,
+                            self.w::<u8>(wr[1])?,
+                        )?
                     }
                 }),
-                Op::Activation { act: Act::Softmax, elems, cols } => {
+                Op::Activation {
+                    act: Act::Softmax,
+                    elems,
+                    cols,
+                } => {
                     let rows = elems / cols.max(1);
                     if self.same(rd[0], wr[0]) {
-                        with_float!(self.dtype(wr[0]), T, { k::activation::softmax_inplace::<T>(self.w::<T>(wr[0])?, rows, cols)? })
+                        with_float!(self.dtype(wr[0]), T, {
+                            k::activation::softmax_inplace::<T>(self.w::<T>(wr[0])?, rows, cols)?
+                        })
                     } else {
                         float2!(self.dtype(rd[0]), I, self.dtype(wr[0]), O, {
-                            k::activation::softmax_forward::<I, O>(self.r::<I>(rd[0])?, self.w::<O>(wr[0])?, rows, cols)?
+                            k::activation::softmax_forward::<I, O>(
+                                self.r::<I>(rd[0])?,
+                                self.w::<O>(wr[0])?,
+                                rows,
+                                cols,
+                            )?
                         })
                     }
                 }
@@ -986,14 +1404,37 @@ impl Executor {
                     }
                 }),
                 Op::Concat { rows, a, b } => with_float!(self.dtype(wr[0]), T, {
-                    k::elementwise::concat_last::<T>(&[self.r::<T>(rd[0])?, self.r::<T>(rd[1])?], &[a, b], rows, self.w::<T>(wr[0])?)?
+                    k::elementwise::concat_last::<T>(
+                        &[self.r::<T>(rd[0])?, self.r::<T>(rd[1])?],
+                        &[a, b],
+                        rows,
+                        self.w::<T>(wr[0])?,
+                    )?
                 }),
                 Op::Embedding { tokens, vocab, dim } => with_float!(self.dtype(wr[0]), T, {
                     let d = k::embedding::EmbeddingDims { tokens, vocab, dim };
-                    k::embedding::embedding_forward::<f32, T>(d, self.r::<i32>(rd[0])?, self.pf32(s.params[0])?, self.w::<T>(wr[0])?)?
+                    k::embedding::embedding_forward::<f32, T>(
+                        d,
+                        self.r::<i32>(rd[0])?,
+                        self.pf32(s.params[0])?,
+                        self.w::<T>(wr[0])?,
+                    )?
                 }),
-                Op::Attention { batch, seq, heads, head_dim, causal, dropout, key } => with_float!(self.dtype(wr[0]), T, {
-                    let d = k::attention::AttentionDims { batch, seq, hidden: heads * head_dim, heads };
+                Op::Attention {
+                    batch,
+                    seq,
+                    heads,
+                    head_dim,
+                    causal,
+                    dropout,
+                    key,
+                } => with_float!(self.dtype(wr[0]), T, {
+                    let d = k::attention::AttentionDims {
+                        batch,
+                        seq,
+                        hidden: heads * head_dim,
+                        heads,
+                    };
                     let scale = 1.0 / (head_dim as f32).sqrt();
                     let qkv = self.r::<T>(rd[0])?;
                     let sc = self.ws::<f32>(sc_id)?;
@@ -1004,16 +1445,38 @@ impl Executor {
                     }
                     let probs = self.r::<T>(wr[0])?;
                     if dropout > 0.0 {
-                        k::random::dropout_forward::<T>(self.key(key), dropout, probs, self.w::<T>(wr[2])?, self.w::<u8>(wr[1])?)?;
-                        k::attention::context_forward::<T>(d, self.r::<T>(wr[2])?, qkv, self.w::<T>(wr[3])?, sc)?
+                        k::random::dropout_forward::<T>(
+                            self.key(key),
+                            dropout,
+                            probs,
+                            self.w::<T>(wr[2])?,
+                            self.w::<u8>(wr[1])?,
+                        )?;
+                        k::attention::context_forward::<T>(
+                            d,
+                            self.r::<T>(wr[2])?,
+                            qkv,
+                            self.w::<T>(wr[3])?,
+                            sc,
+                        )?
                     } else {
                         k::attention::context_forward::<T>(d, probs, qkv, self.w::<T>(wr[1])?, sc)?
                     }
                 }),
                 Op::SampleNormal { key, .. } => with_float!(self.dtype(wr[0]), T, {
-                    k::random::sample_normal_forward::<T>(self.key(key), self.r::<T>(rd[0])?, self.r::<T>(rd[1])?, self.w::<T>(wr[0])?)?
+                    k::random::sample_normal_forward::<T>(
+                        self.key(key),
+                        self.r::<T>(rd[0])?,
+                        self.r::<T>(rd[1])?,
+                        self.w::<T>(wr[0])?,
+                    )?
                 }),
-                other => return Err(Rt(RuntimeError::Memory(format!("{} is not a forward op", other.name())))),
+                other => {
+                    return Err(Rt(RuntimeError::Memory(format!(
+                        "{} is not a forward op",
+                        other.name()
+                    ))))
+                }
             }
         }
         Ok(())
@@ -1029,59 +1492,187 @@ impl Executor {
                 Op::Cast { .. } => float2!(self.dtype(wr[0]), S, self.dtype(rd[0]), D, {
                     k::elementwise::cast_backward::<S, D>(self.r::<D>(rd[0])?, self.w::<S>(wr[0])?)?
                 }),
-                Op::Dense { rows, in_features, units, bias } => with_float!(self.dtype(rd[0]), T, {
-                    let d = k::dense::DenseDims { batch: rows, in_features, out_features: units };
-                    let db = if bias { Some(self.grad_mut(s.params[1])?) } else { None };
-                    k::dense::dense_backward::<T>(d, self.r::<T>(rd[0])?, self.weight::<T>(s.params[0])?, self.r::<T>(rd[1])?, self.wo::<T>(wr[0])?, self.grad_mut(s.params[0])?, db, self.ws::<f32>(sc_id)?)?
+                Op::Dense {
+                    rows,
+                    in_features,
+                    units,
+                    bias,
+                } => with_float!(self.dtype(rd[0]), T, {
+                    let d = k::dense::DenseDims {
+                        batch: rows,
+                        in_features,
+                        out_features: units,
+                    };
+                    let db = if bias {
+                        Some(self.grad_mut(s.params[1])?)
+                    } else {
+                        None
+                    };
+                    k::dense::dense_backward::<T>(
+                        d,
+                        self.r::<T>(rd[0])?,
+                        self.weight::<T>(s.params[0])?,
+                        self.r::<T>(rd[1])?,
+                        self.wo::<T>(wr[0])?,
+                        self.grad_mut(s.params[0])?,
+                        db,
+                        self.ws::<f32>(sc_id)?,
+                    )?
                 }),
                 Op::Conv2d { dims, bias, chunk } => with_float!(self.dtype(rd[0]), T, {
-                    let db = if bias { Some(self.grad_mut(s.params[1])?) } else { None };
-                    k::conv::conv2d_backward::<T>(conv_dims(&dims), self.r::<T>(rd[0])?, self.weight::<T>(s.params[0])?, self.r::<T>(rd[1])?, self.wo::<T>(wr[0])?, self.grad_mut(s.params[0])?, db, self.ws::<T>(ws_id)?, chunk, self.ws::<f32>(sc_id)?)?
+                    let db = if bias {
+                        Some(self.grad_mut(s.params[1])?)
+                    } else {
+                        None
+                    };
+                    k::conv::conv2d_backward::<T>(
+                        conv_dims(&dims),
+                        self.r::<T>(rd[0])?,
+                        self.weight::<T>(s.params[0])?,
+                        self.r::<T>(rd[1])?,
+                        self.wo::<T>(wr[0])?,
+                        self.grad_mut(s.params[0])?,
+                        db,
+                        self.ws::<T>(ws_id)?,
+                        chunk,
+                        self.ws::<f32>(sc_id)?,
+                    )?
                 }),
                 Op::Conv2dTranspose { dims, bias, chunk } => with_float!(self.dtype(rd[0]), T, {
-                    let db = if bias { Some(self.grad_mut(s.params[1])?) } else { None };
-                    k::conv::conv2d_transpose_backward::<T>(convt_dims(&dims), self.r::<T>(rd[0])?, self.weight::<T>(s.params[0])?, self.r::<T>(rd[1])?, self.wo::<T>(wr[0])?, self.grad_mut(s.params[0])?, db, self.ws::<T>(ws_id)?, chunk, self.ws::<f32>(sc_id)?)?
+                    let db = if bias {
+                        Some(self.grad_mut(s.params[1])?)
+                    } else {
+                        None
+                    };
+                    k::conv::conv2d_transpose_backward::<T>(
+                        convt_dims(&dims),
+                        self.r::<T>(rd[0])?,
+                        self.weight::<T>(s.params[0])?,
+                        self.r::<T>(rd[1])?,
+                        self.wo::<T>(wr[0])?,
+                        self.grad_mut(s.params[0])?,
+                        db,
+                        self.ws::<T>(ws_id)?,
+                        chunk,
+                        self.ws::<f32>(sc_id)?,
+                    )?
                 }),
                 Op::DepthwiseConv2d { dims, bias } => with_float!(self.dtype(rd[0]), T, {
-                    let db = if bias { Some(self.grad_mut(s.params[1])?) } else { None };
-                    k::conv::depthwise_conv2d_backward::<T>(dw_dims(&dims), self.r::<T>(rd[0])?, self.weight::<T>(s.params[0])?, self.r::<T>(rd[1])?, self.wo::<T>(wr[0])?, self.grad_mut(s.params[0])?, db)?
+                    let db = if bias {
+                        Some(self.grad_mut(s.params[1])?)
+                    } else {
+                        None
+                    };
+                    k::conv::depthwise_conv2d_backward::<T>(
+                        dw_dims(&dims),
+                        self.r::<T>(rd[0])?,
+                        self.weight::<T>(s.params[0])?,
+                        self.r::<T>(rd[1])?,
+                        self.wo::<T>(wr[0])?,
+                        self.grad_mut(s.params[0])?,
+                        db,
+                    )?
                 }),
                 Op::MaxPool2d { dims } => with_float!(self.dtype(rd[1]), T, {
-                    k::pool::max_pool2d_backward::<T>(&pool_dims(&dims)?, self.r::<u8>(rd[0])?, self.r::<T>(rd[1])?, self.w::<T>(wr[0])?)?
+                    k::pool::max_pool2d_backward::<T>(
+                        &pool_dims(&dims)?,
+                        self.r::<u8>(rd[0])?,
+                        self.r::<T>(rd[1])?,
+                        self.w::<T>(wr[0])?,
+                    )?
                 }),
                 Op::AvgPool2d { dims } => with_float!(self.dtype(rd[0]), T, {
-                    k::pool::avg_pool2d_backward::<T>(&pool_dims(&dims)?, self.r::<T>(rd[0])?, self.w::<T>(wr[0])?)?
+                    k::pool::avg_pool2d_backward::<T>(
+                        &pool_dims(&dims)?,
+                        self.r::<T>(rd[0])?,
+                        self.w::<T>(wr[0])?,
+                    )?
                 }),
                 Op::GlobalAvgPool { n, hw, c } => with_float!(self.dtype(rd[0]), T, {
-                    k::pool::global_avg_pool_backward::<T>(self.r::<T>(rd[0])?, self.w::<T>(wr[0])?, n, hw, c)?
+                    k::pool::global_avg_pool_backward::<T>(
+                        self.r::<T>(rd[0])?,
+                        self.w::<T>(wr[0])?,
+                        n,
+                        hw,
+                        c,
+                    )?
                 }),
                 Op::BatchNorm { rows, channels, .. } => with_float!(self.dtype(rd[0]), T, {
                     let d = k::norm::NormDims { rows, channels };
-                    let grads = k::norm::AffineGrads { dgamma: self.grad_mut(s.params[0])?, dbeta: self.grad_mut(s.params[1])? };
-                    k::norm::batch_norm_backward::<T>(d, self.r::<T>(rd[0])?, self.r::<f32>(rd[1])?, self.pf32(s.params[0])?, self.r::<T>(rd[2])?, self.w::<T>(wr[0])?, grads)?
+                    let grads = k::norm::AffineGrads {
+                        dgamma: self.grad_mut(s.params[0])?,
+                        dbeta: self.grad_mut(s.params[1])?,
+                    };
+                    k::norm::batch_norm_backward::<T>(
+                        d,
+                        self.r::<T>(rd[0])?,
+                        self.r::<f32>(rd[1])?,
+                        self.pf32(s.params[0])?,
+                        self.r::<T>(rd[2])?,
+                        self.w::<T>(wr[0])?,
+                        grads,
+                    )?
                 }),
                 Op::LayerNorm { rows, features, .. } => with_float!(self.dtype(rd[0]), T, {
-                    let d = k::norm::NormDims { rows, channels: features };
-                    let grads = k::norm::AffineGrads { dgamma: self.grad_mut(s.params[0])?, dbeta: self.grad_mut(s.params[1])? };
-                    k::norm::layer_norm_backward::<T>(d, self.r::<T>(rd[0])?, self.r::<f32>(rd[1])?, self.pf32(s.params[0])?, self.r::<T>(rd[2])?, self.w::<T>(wr[0])?, grads)?
+                    let d = k::norm::NormDims {
+                        rows,
+                        channels: features,
+                    };
+                    let grads = k::norm::AffineGrads {
+                        dgamma: self.grad_mut(s.params[0])?,
+                        dbeta: self.grad_mut(s.params[1])?,
+                    };
+                    k::norm::layer_norm_backward::<T>(
+                        d,
+                        self.r::<T>(rd[0])?,
+                        self.r::<f32>(rd[1])?,
+                        self.pf32(s.params[0])?,
+                        self.r::<T>(rd[2])?,
+                        self.w::<T>(wr[0])?,
+                        grads,
+                    )?
                 }),
                 Op::Dropout { rate, .. } => with_float!(self.dtype(rd[1]), T, {
                     if self.same(rd[1], wr[0]) {
-                        k::random::dropout_backward_inplace::<T>(rate, self.r::<u8>(rd[0])?, self.w::<T>(wr[0])?)?
+                        k::random::dropout_backward_inplace::<T>(
+                            rate,
+                            self.r::<u8>(rd[0])?,
+                            self.w::<T>(wr[0])?,
+                        )?
                     } else {
-                        k::random::dropout_backward::<T>(rate, self.r::<u8>(rd[0])?, self.r::<T>(rd[1])?, self.w::<T>(wr[0])?)?
+                        k::random::dropout_backward::<T>(
+                            rate,
+                            self.r::<u8>(rd[0])?,
+                            self.r::<T>(rd[1])?,
+                            self.w::<T>(wr[0])?,
+                        )?
                     }
                 }),
-                Op::Activation { act: Act::Softmax, elems, cols } => {
+                Op::Activation {
+                    act: Act::Softmax,
+                    elems,
+                    cols,
+                } => {
                     let rows = elems / cols.max(1);
                     if self.same(rd[1], wr[0]) {
                         float2!(self.dtype(rd[0]), Y, self.dtype(rd[1]), G, {
-                            k::activation::softmax_backward_inplace::<Y, G>(self.r::<Y>(rd[0])?, self.w::<G>(wr[0])?, rows, cols)?
+                            k::activation::softmax_backward_inplace::<Y, G>(
+                                self.r::<Y>(rd[0])?,
+                                self.w::<G>(wr[0])?,
+                                rows,
+                                cols,
+                            )?
                         })
                     } else {
                         float2!(self.dtype(rd[0]), Y, self.dtype(rd[1]), G, {
                             with_float!(self.dtype(wr[0]), D, {
-                                k::activation::softmax_backward::<Y, G, D>(self.r::<Y>(rd[0])?, self.r::<G>(rd[1])?, self.w::<D>(wr[0])?, rows, cols)?
+                                k::activation::softmax_backward::<Y, G, D>(
+                                    self.r::<Y>(rd[0])?,
+                                    self.r::<G>(rd[1])?,
+                                    self.w::<D>(wr[0])?,
+                                    rows,
+                                    cols,
+                                )?
                             })
                         })
                     }
@@ -1090,50 +1681,107 @@ impl Executor {
                     if self.same(rd[1], wr[0]) {
                         kact(act).backward_inplace::<T>(self.r::<T>(rd[0])?, self.w::<T>(wr[0])?)?
                     } else {
-                        kact(act).backward::<T>(self.r::<T>(rd[0])?, self.r::<T>(rd[1])?, self.w::<T>(wr[0])?)?
+                        kact(act).backward::<T>(
+                            self.r::<T>(rd[0])?,
+                            self.r::<T>(rd[1])?,
+                            self.w::<T>(wr[0])?,
+                        )?
                     }
                 }),
                 Op::Concat { rows, a, b } => with_float!(self.dtype(rd[0]), T, {
                     let dy = self.r::<T>(rd[0])?;
                     // A summand that takes no gradient still needs somewhere to go: the
                     // planner always schedules both (see autodiff).
-                    k::elementwise::concat_last_backward::<T>(dy, &[a, b], rows, &mut [self.w::<T>(wr[0])?, self.w::<T>(wr[1])?])?
+                    k::elementwise::concat_last_backward::<T>(
+                        dy,
+                        &[a, b],
+                        rows,
+                        &mut [self.w::<T>(wr[0])?, self.w::<T>(wr[1])?],
+                    )?
                 }),
                 Op::Embedding { tokens, vocab, dim } => with_float!(self.dtype(rd[1]), T, {
                     let d = k::embedding::EmbeddingDims { tokens, vocab, dim };
-                    k::embedding::embedding_backward::<T>(d, self.r::<i32>(rd[0])?, self.r::<T>(rd[1])?, self.grad_mut(s.params[0])?)?
+                    k::embedding::embedding_backward::<T>(
+                        d,
+                        self.r::<i32>(rd[0])?,
+                        self.r::<T>(rd[1])?,
+                        self.grad_mut(s.params[0])?,
+                    )?
                 }),
-                Op::Attention { batch, seq, heads, head_dim, dropout, .. } => with_float!(self.dtype(rd[0]), T, {
-                    let d = k::attention::AttentionDims { batch, seq, hidden: heads * head_dim, heads };
+                Op::Attention {
+                    batch,
+                    seq,
+                    heads,
+                    head_dim,
+                    dropout,
+                    ..
+                } => with_float!(self.dtype(rd[0]), T, {
+                    let d = k::attention::AttentionDims {
+                        batch,
+                        seq,
+                        hidden: heads * head_dim,
+                        heads,
+                    };
                     let scale = 1.0 / (head_dim as f32).sqrt();
                     let qkv = self.r::<T>(rd[0])?;
                     let probs = self.r::<T>(rd[1])?;
-                    let (used, dctx) = if dropout > 0.0 { (self.r::<T>(rd[3])?, self.r::<T>(rd[4])?) } else { (probs, self.r::<T>(rd[2])?) };
+                    let (used, dctx) = if dropout > 0.0 {
+                        (self.r::<T>(rd[3])?, self.r::<T>(rd[4])?)
+                    } else {
+                        (probs, self.r::<T>(rd[2])?)
+                    };
                     let dqkv = self.w::<T>(wr[0])?;
                     let dp = self.w::<T>(ws_id)?;
                     let sc = self.ws::<f32>(sc_id)?;
                     k::attention::context_backward::<T>(d, dctx, used, qkv, dp, dqkv, sc)?;
                     if dropout > 0.0 {
-                        k::random::dropout_backward_inplace::<T>(dropout, self.r::<u8>(rd[2])?, dp)?;
+                        k::random::dropout_backward_inplace::<T>(
+                            dropout,
+                            self.r::<u8>(rd[2])?,
+                            dp,
+                        )?;
                     }
-                    k::activation::softmax_backward_inplace::<T, T>(probs, dp, batch * heads * seq, seq)?;
+                    k::activation::softmax_backward_inplace::<T, T>(
+                        probs,
+                        dp,
+                        batch * heads * seq,
+                        seq,
+                    )?;
                     k::attention::scores_backward::<T>(d, dp, qkv, dqkv, scale, sc)?
                 }),
                 Op::SampleNormal { key, .. } => with_float!(self.dtype(rd[0]), T, {
-                    k::random::sample_normal_backward::<T>(self.key(key), self.r::<T>(rd[0])?, self.r::<T>(rd[1])?, self.w::<T>(wr[0])?, self.w::<T>(wr[1])?, k::elementwise::GradWrite::Overwrite)?
+                    k::random::sample_normal_backward::<T>(
+                        self.key(key),
+                        self.r::<T>(rd[0])?,
+                        self.r::<T>(rd[1])?,
+                        self.w::<T>(wr[0])?,
+                        self.w::<T>(wr[1])?,
+                        k::elementwise::GradWrite::Overwrite,
+                    )?
                 }),
                 Op::Accumulate { .. } => with_float!(self.dtype(wr[0]), T, {
                     if self.same(rd[0], wr[0]) {
-                        k::elementwise::accumulate::<T, T>(self.w::<T>(wr[0])?, self.r::<T>(rd[1])?)?
+                        k::elementwise::accumulate::<T, T>(
+                            self.w::<T>(wr[0])?,
+                            self.r::<T>(rd[1])?,
+                        )?
                     } else if self.same(rd[1], wr[0]) {
-                        k::elementwise::accumulate::<T, T>(self.w::<T>(wr[0])?, self.r::<T>(rd[0])?)?
+                        k::elementwise::accumulate::<T, T>(
+                            self.w::<T>(wr[0])?,
+                            self.r::<T>(rd[0])?,
+                        )?
                     } else {
                         let g = self.w::<T>(wr[0])?;
                         g.copy_from_slice(self.r::<T>(rd[0])?);
                         k::elementwise::accumulate::<T, T>(g, self.r::<T>(rd[1])?)?
                     }
                 }),
-                other => return Err(Rt(RuntimeError::Memory(format!("{} has no backward step", other.name())))),
+                other => {
+                    return Err(Rt(RuntimeError::Memory(format!(
+                        "{} has no backward step",
+                        other.name()
+                    ))))
+                }
             }
         }
         Ok(())
@@ -1147,7 +1795,10 @@ impl Executor {
             Rt(e) => e,
         })?;
         // SAFETY: the loss value tensor is written only here.
-        unsafe { self.arena.view_mut::<f32>(self.plan.tensor(s.writes[0]).offset, 1)?[0] = r.0 };
+        unsafe {
+            self.arena
+                .view_mut::<f32>(self.plan.tensor(s.writes[0]).offset, 1)?[0] = r.0
+        };
         Ok(r)
     }
 
@@ -1158,30 +1809,112 @@ impl Executor {
         // SAFETY: as in `forward`.
         unsafe {
             Ok(match s.op {
-                Op::SoftmaxCrossEntropy { rows, classes, weight } => with_float!(self.dtype(rd[0]), P, {
-                    let r = k::loss::sparse_categorical_crossentropy_eval::<P>(self.r::<P>(rd[0])?, self.r::<i32>(rd[1])?, rows, classes)?;
+                Op::SoftmaxCrossEntropy {
+                    rows,
+                    classes,
+                    weight,
+                } => with_float!(self.dtype(rd[0]), P, {
+                    let r = k::loss::sparse_categorical_crossentropy_eval::<P>(
+                        self.r::<P>(rd[0])?,
+                        self.r::<i32>(rd[1])?,
+                        rows,
+                        classes,
+                    )?;
                     (weight * r.loss, r.correct)
                 }),
-                Op::SoftmaxCrossEntropyFromLogits { rows, classes, weight } => {
+                Op::SoftmaxCrossEntropyFromLogits {
+                    rows,
+                    classes,
+                    weight,
+                } => {
                     let probs = self.w::<f32>(ws_id)?;
-                    with_float!(self.dtype(rd[0]), P, { k::activation::softmax_forward::<P, f32>(self.r::<P>(rd[0])?, probs, rows, classes)? });
-                    let r = k::loss::sparse_categorical_crossentropy_eval::<f32>(probs, self.r::<i32>(rd[1])?, rows, classes)?;
+                    with_float!(self.dtype(rd[0]), P, {
+                        k::activation::softmax_forward::<P, f32>(
+                            self.r::<P>(rd[0])?,
+                            probs,
+                            rows,
+                            classes,
+                        )?
+                    });
+                    let r = k::loss::sparse_categorical_crossentropy_eval::<f32>(
+                        probs,
+                        self.r::<i32>(rd[1])?,
+                        rows,
+                        classes,
+                    )?;
                     (weight * r.loss, r.correct)
                 }
-                Op::SigmoidBinaryCrossentropy { rows, features, reduction: red, weight }
-                | Op::BinaryCrossentropy { rows, features, reduction: red, weight } => float2!(self.dtype(rd[0]), P, self.dtype(rd[1]), Y, {
-                    (weight * k::loss::binary_crossentropy_eval::<P, Y>(self.r::<P>(rd[0])?, self.r::<Y>(rd[1])?, rows, features, reduction(red))?, 0)
+                Op::SigmoidBinaryCrossentropy {
+                    rows,
+                    features,
+                    reduction: red,
+                    weight,
+                }
+                | Op::BinaryCrossentropy {
+                    rows,
+                    features,
+                    reduction: red,
+                    weight,
+                } => float2!(self.dtype(rd[0]), P, self.dtype(rd[1]), Y, {
+                    (
+                        weight
+                            * k::loss::binary_crossentropy_eval::<P, Y>(
+                                self.r::<P>(rd[0])?,
+                                self.r::<Y>(rd[1])?,
+                                rows,
+                                features,
+                                reduction(red),
+                            )?,
+                        0,
+                    )
                 }),
-                Op::MeanSquaredError { rows, features, reduction: red, weight } => float2!(self.dtype(rd[0]), P, self.dtype(rd[1]), Y, {
-                    (weight * k::loss::mean_squared_error_eval::<P, Y>(self.r::<P>(rd[0])?, self.r::<Y>(rd[1])?, rows, features, reduction(red))?, 0)
+                Op::MeanSquaredError {
+                    rows,
+                    features,
+                    reduction: red,
+                    weight,
+                } => float2!(self.dtype(rd[0]), P, self.dtype(rd[1]), Y, {
+                    (
+                        weight
+                            * k::loss::mean_squared_error_eval::<P, Y>(
+                                self.r::<P>(rd[0])?,
+                                self.r::<Y>(rd[1])?,
+                                rows,
+                                features,
+                                reduction(red),
+                            )?,
+                        0,
+                    )
                 }),
-                Op::KlNormal { rows, features, reduction: red, weight } => {
-                    let w = if red == Reduction::Mean { weight / features as f32 } else { weight };
+                Op::KlNormal {
+                    rows,
+                    features,
+                    reduction: red,
+                    weight,
+                } => {
+                    let w = if red == Reduction::Mean {
+                        weight / features as f32
+                    } else {
+                        weight
+                    };
                     with_float!(self.dtype(rd[0]), T, {
-                        (w * k::loss::kl_divergence_standard_normal_eval::<T>(self.r::<T>(rd[0])?, self.r::<T>(rd[1])?, rows, features)?, 0)
+                        (
+                            w * k::loss::kl_divergence_standard_normal_eval::<T>(
+                                self.r::<T>(rd[0])?,
+                                self.r::<T>(rd[1])?,
+                                rows,
+                                features,
+                            )?,
+                            0,
+                        )
                     })
                 }
-                other => return Err(Rt(RuntimeError::Memory(format!("{} is not a loss", other.name())))),
+                other => {
+                    return Err(Rt(RuntimeError::Memory(format!(
+                        "{} is not a loss",
+                        other.name()
+                    ))))
+                }
             })
         }
     }
@@ -1193,7 +1926,10 @@ impl Executor {
         let scale = self.scaler.scale();
         let need = |id: u32| -> SResult<u32> {
             if id == NONE {
-                Err(Rt(RuntimeError::Memory(format!("loss `{}`: its input depends on no parameter", s.op.name()))))
+                Err(Rt(RuntimeError::Memory(format!(
+                    "loss `{}`: its input depends on no parameter",
+                    s.op.name()
+                ))))
             } else {
                 Ok(id)
             }
@@ -1204,59 +1940,149 @@ impl Executor {
         // SAFETY: as in `forward`.
         unsafe {
             Ok(match s.op {
-                Op::SoftmaxCrossEntropy { rows, classes, weight } => {
+                Op::SoftmaxCrossEntropy {
+                    rows,
+                    classes,
+                    weight,
+                } => {
                     let g = need(wr[1])?;
                     float2!(self.dtype(rd[0]), P, self.dtype(g), G, {
-                        let r = k::loss::sparse_categorical_crossentropy::<P, G>(self.r::<P>(rd[0])?, self.r::<i32>(rd[1])?, rows, classes, weight * scale, self.w::<G>(g)?)?;
+                        let r = k::loss::sparse_categorical_crossentropy::<P, G>(
+                            self.r::<P>(rd[0])?,
+                            self.r::<i32>(rd[1])?,
+                            rows,
+                            classes,
+                            weight * scale,
+                            self.w::<G>(g)?,
+                        )?;
                         (weight * r.loss, r.correct)
                     })
                 }
-                Op::SoftmaxCrossEntropyFromLogits { rows, classes, weight } => {
+                Op::SoftmaxCrossEntropyFromLogits {
+                    rows,
+                    classes,
+                    weight,
+                } => {
                     let g = need(wr[1])?;
                     let probs = self.w::<f32>(ws_id)?;
-                    with_float!(self.dtype(rd[0]), P, { k::activation::softmax_forward::<P, f32>(self.r::<P>(rd[0])?, probs, rows, classes)? });
+                    with_float!(self.dtype(rd[0]), P, {
+                        k::activation::softmax_forward::<P, f32>(
+                            self.r::<P>(rd[0])?,
+                            probs,
+                            rows,
+                            classes,
+                        )?
+                    });
                     with_float!(self.dtype(g), G, {
-                        let r = k::loss::sparse_categorical_crossentropy::<f32, G>(probs, self.r::<i32>(rd[1])?, rows, classes, weight * scale, self.w::<G>(g)?)?;
+                        let r = k::loss::sparse_categorical_crossentropy::<f32, G>(
+                            probs,
+                            self.r::<i32>(rd[1])?,
+                            rows,
+                            classes,
+                            weight * scale,
+                            self.w::<G>(g)?,
+                        )?;
                         (weight * r.loss, r.correct)
                     })
                 }
-                Op::SigmoidBinaryCrossentropy { rows, features, reduction: red, weight } => {
+                Op::SigmoidBinaryCrossentropy {
+                    rows,
+                    features,
+                    reduction: red,
+                    weight,
+                } => {
                     let g = need(wr[1])?;
                     float2!(self.dtype(rd[0]), P, self.dtype(rd[1]), Y, {
                         with_float!(self.dtype(g), G, {
-                            let l = k::loss::binary_crossentropy_with_sigmoid::<P, Y, G>(self.r::<P>(rd[0])?, self.r::<Y>(rd[1])?, rows, features, reduction(red), weight * scale, self.w::<G>(g)?)?;
+                            let l = k::loss::binary_crossentropy_with_sigmoid::<P, Y, G>(
+                                self.r::<P>(rd[0])?,
+                                self.r::<Y>(rd[1])?,
+                                rows,
+                                features,
+                                reduction(red),
+                                weight * scale,
+                                self.w::<G>(g)?,
+                            )?;
                             (weight * l, 0)
                         })
                     })
                 }
-                Op::BinaryCrossentropy { rows, features, reduction: red, weight } => {
+                Op::BinaryCrossentropy {
+                    rows,
+                    features,
+                    reduction: red,
+                    weight,
+                } => {
                     let g = need(wr[1])?;
                     float2!(self.dtype(rd[0]), P, self.dtype(rd[1]), Y, {
                         with_float!(self.dtype(g), G, {
-                            let l = k::loss::binary_crossentropy::<P, Y, G>(self.r::<P>(rd[0])?, self.r::<Y>(rd[1])?, rows, features, reduction(red), weight * scale, self.w::<G>(g)?)?;
+                            let l = k::loss::binary_crossentropy::<P, Y, G>(
+                                self.r::<P>(rd[0])?,
+                                self.r::<Y>(rd[1])?,
+                                rows,
+                                features,
+                                reduction(red),
+                                weight * scale,
+                                self.w::<G>(g)?,
+                            )?;
                             (weight * l, 0)
                         })
                     })
                 }
-                Op::MeanSquaredError { rows, features, reduction: red, weight } => {
+                Op::MeanSquaredError {
+                    rows,
+                    features,
+                    reduction: red,
+                    weight,
+                } => {
                     let g = need(wr[1])?;
                     float2!(self.dtype(rd[0]), P, self.dtype(rd[1]), Y, {
                         with_float!(self.dtype(g), G, {
-                            let l = k::loss::mean_squared_error::<P, Y, G>(self.r::<P>(rd[0])?, self.r::<Y>(rd[1])?, rows, features, reduction(red), weight * scale, self.w::<G>(g)?)?;
+                            let l = k::loss::mean_squared_error::<P, Y, G>(
+                                self.r::<P>(rd[0])?,
+                                self.r::<Y>(rd[1])?,
+                                rows,
+                                features,
+                                reduction(red),
+                                weight * scale,
+                                self.w::<G>(g)?,
+                            )?;
                             (weight * l, 0)
                         })
                     })
                 }
-                Op::KlNormal { rows, features, reduction: red, weight } => {
+                Op::KlNormal {
+                    rows,
+                    features,
+                    reduction: red,
+                    weight,
+                } => {
                     let (gm, gl) = (need(wr[1])?, need(wr[2])?);
                     // The kernel sums over the latent features; `Mean` also divides by them.
-                    let w = if red == Reduction::Mean { weight / features as f32 } else { weight };
+                    let w = if red == Reduction::Mean {
+                        weight / features as f32
+                    } else {
+                        weight
+                    };
                     float2!(self.dtype(rd[0]), T, self.dtype(gm), G, {
-                        let l = k::loss::kl_divergence_standard_normal::<T, G>(self.r::<T>(rd[0])?, self.r::<T>(rd[1])?, rows, features, w * scale, self.w::<G>(gm)?, self.w::<G>(gl)?)?;
+                        let l = k::loss::kl_divergence_standard_normal::<T, G>(
+                            self.r::<T>(rd[0])?,
+                            self.r::<T>(rd[1])?,
+                            rows,
+                            features,
+                            w * scale,
+                            self.w::<G>(gm)?,
+                            self.w::<G>(gl)?,
+                        )?;
                         (w * l, 0)
                     })
                 }
-                other => return Err(Rt(RuntimeError::Memory(format!("{} is not a loss", other.name())))),
+                other => {
+                    return Err(Rt(RuntimeError::Memory(format!(
+                        "{} is not a loss",
+                        other.name()
+                    ))))
+                }
             })
         }
     }

@@ -46,7 +46,13 @@ pub fn glorot_limit(shape: &[usize]) -> f32 {
 /// `seed` and `i`, so a model's initial weights depend on nothing but the seed.
 pub fn initialise(plan: &StaticPlan, persistent: &mut Region, seed: u64) -> Result<()> {
     for (i, p) in plan.params.iter().enumerate() {
-        let kind = plan.memory.layers.iter().find(|l| l.name == p.layer).map(|l| l.kind.as_ref()).unwrap_or("");
+        let kind = plan
+            .memory
+            .layers
+            .iter()
+            .find(|l| l.name == p.layer)
+            .map(|l| l.kind.as_ref())
+            .unwrap_or("");
         let init = initializer(&p.name, &p.shape, kind);
         // SAFETY: &mut region: no other view is live.
         let v = unsafe { persistent.view_mut::<f32>(p.offset, p.elems())? };

@@ -23,7 +23,10 @@ impl Region {
     /// Allocates `len` zeroed bytes, or says why it could not.
     pub fn new(len: usize, what: &str) -> Result<Region, RuntimeError> {
         if len == 0 {
-            return Ok(Region { ptr: NonNull::dangling(), len: 0 });
+            return Ok(Region {
+                ptr: NonNull::dangling(),
+                len: 0,
+            });
         }
         let layout = Layout::from_size_align(len, REGION_ALIGN)
             .map_err(|e| RuntimeError::Memory(format!("{what}: {len} bytes: {e}")))?;
@@ -64,7 +67,12 @@ impl Region {
     /// The caller guarantees no live `&mut` view overlaps this one. The bounds and the
     /// alignment are checked here (an `Err`, never out-of-bounds memory).
     pub unsafe fn view<T>(&self, offset: u64, elems: usize) -> Result<&[T], RuntimeError> {
-        let p = self.checked(offset, elems, std::mem::size_of::<T>(), std::mem::align_of::<T>())?;
+        let p = self.checked(
+            offset,
+            elems,
+            std::mem::size_of::<T>(),
+            std::mem::align_of::<T>(),
+        )?;
         Ok(std::slice::from_raw_parts(p as *const T, elems))
     }
 
@@ -74,11 +82,22 @@ impl Region {
     /// The caller guarantees no other live view overlaps this one.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn view_mut<T>(&self, offset: u64, elems: usize) -> Result<&mut [T], RuntimeError> {
-        let p = self.checked(offset, elems, std::mem::size_of::<T>(), std::mem::align_of::<T>())?;
+        let p = self.checked(
+            offset,
+            elems,
+            std::mem::size_of::<T>(),
+            std::mem::align_of::<T>(),
+        )?;
         Ok(std::slice::from_raw_parts_mut(p as *mut T, elems))
     }
 
-    fn checked(&self, offset: u64, elems: usize, size: usize, align: usize) -> Result<*mut u8, RuntimeError> {
+    fn checked(
+        &self,
+        offset: u64,
+        elems: usize,
+        size: usize,
+        align: usize,
+    ) -> Result<*mut u8, RuntimeError> {
         let end = (offset as usize).checked_add(elems.saturating_mul(size));
         match end {
             Some(end) if end <= self.len && (offset as usize).is_multiple_of(align) => {
@@ -98,7 +117,10 @@ impl Drop for Region {
         if self.len > 0 {
             // SAFETY: allocated in `new` with this layout.
             unsafe {
-                dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.len, REGION_ALIGN))
+                dealloc(
+                    self.ptr.as_ptr(),
+                    Layout::from_size_align_unchecked(self.len, REGION_ALIGN),
+                )
             };
         }
     }

@@ -17,7 +17,10 @@ pub fn rss() -> Option<Rss> {
         let line = s.lines().find(|l| l.starts_with(name))?;
         Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
     };
-    Some(Rss { current: field("VmRSS:")?, peak: field("VmHWM:")? })
+    Some(Rss {
+        current: field("VmRSS:")?,
+        peak: field("VmHWM:")?,
+    })
 }
 
 /// Measures growth from a baseline taken before a model is built (the run report's
@@ -30,7 +33,9 @@ pub struct MemoryMonitor {
 impl MemoryMonitor {
     /// Takes the baseline now.
     pub fn start() -> MemoryMonitor {
-        MemoryMonitor { baseline: rss().map_or(0, |r| r.current) }
+        MemoryMonitor {
+            baseline: rss().map_or(0, |r| r.current),
+        }
     }
 
     pub fn baseline(&self) -> u64 {

@@ -32,7 +32,14 @@ pub struct FitOptions {
 
 impl Default for FitOptions {
     fn default() -> Self {
-        FitOptions { epochs: 1, shuffle: true, seed: 0, steps_per_epoch: None, max_steps: None, verbose: true }
+        FitOptions {
+            epochs: 1,
+            shuffle: true,
+            seed: 0,
+            steps_per_epoch: None,
+            max_steps: None,
+            verbose: true,
+        }
     }
 }
 
@@ -133,9 +140,21 @@ impl Trainer {
     }
 
     /// Builds from a plan made earlier (the macro's `PLAN`).
-    pub fn from_plan(spec: &ModelSpec, p: StaticPlan, device: &Device, seed: u64, monitor: MemoryMonitor) -> Result<Trainer> {
+    pub fn from_plan(
+        spec: &ModelSpec,
+        p: StaticPlan,
+        device: &Device,
+        seed: u64,
+        monitor: MemoryMonitor,
+    ) -> Result<Trainer> {
         let train = Executor::new(p, device, seed)?;
-        Ok(Trainer { spec: spec.clone(), device: device.clone(), train, infer: Vec::new(), monitor })
+        Ok(Trainer {
+            spec: spec.clone(),
+            device: device.clone(),
+            train,
+            infer: Vec::new(),
+            monitor,
+        })
     }
 
     pub fn executor(&self) -> &Executor {
@@ -165,13 +184,22 @@ impl Trainer {
     }
 
     fn is_classifier(p: &StaticPlan) -> bool {
-        p.steps.iter().any(|s| matches!(s.op, Op::SoftmaxCrossEntropy { .. } | Op::SoftmaxCrossEntropyFromLogits { .. }))
+        p.steps.iter().any(|s| {
+            matches!(
+                s.op,
+                Op::SoftmaxCrossEntropy { .. } | Op::SoftmaxCrossEntropyFromLogits { .. }
+            )
+        })
     }
 
     fn check_columns(&self, data: &dyn Dataset) -> Result<()> {
         let p = self.plan();
         if data.columns().len() != p.inputs.len() {
-            let names: Vec<&str> = p.inputs.iter().map(|&i| p.tensor(i).name.as_ref()).collect();
+            let names: Vec<&str> = p
+                .inputs
+                .iter()
+                .map(|&i| p.tensor(i).name.as_ref())
+                .collect();
             return Err(RuntimeError::Input(format!(
                 "the dataset has {} columns, the model takes {} inputs ({})",
                 data.columns().len(),
@@ -272,7 +300,11 @@ impl Trainer {
                 seen += batch;
                 bar.inc(1);
                 if classifier {
-                    bar.set_message(format!("loss: {:.4} - accuracy: {:.4}", loss_sum / (s + 1) as f64, correct as f64 / seen as f64));
+                    bar.set_message(format!(
+                        "loss: {:.4} - accuracy: {:.4}",
+                        loss_sum / (s + 1) as f64,
+                        correct as f64 / seen as f64
+                    ));
                 } else {
                     bar.set_message(format!("loss: {:.4}", loss_sum / (s + 1) as f64));
                 }
@@ -316,7 +348,8 @@ impl Trainer {
             Some(k) => k,
             None => {
                 let p = plan_inference(&self.spec.with_batch(n))?;
-                self.infer.push(Executor::new(p, &self.device, self.train.seed())?);
+                self.infer
+                    .push(Executor::new(p, &self.device, self.train.seed())?);
                 self.infer.len() - 1
             }
         };
@@ -381,7 +414,10 @@ impl Trainer {
 
 /// Keras's line: `Epoch 3/5 - 62 steps - 4.1s - loss: 0.2311 - accuracy: 0.9312 - val_…`.
 pub fn epoch_line(l: &EpochLog, epochs: usize, estimate: u64) -> String {
-    let mut s = format!("Epoch {}/{epochs} - {} steps - {:.1}s - loss: {:.4}", l.epoch, l.steps, l.seconds, l.loss);
+    let mut s = format!(
+        "Epoch {}/{epochs} - {} steps - {:.1}s - loss: {:.4}",
+        l.epoch, l.steps, l.seconds, l.loss
+    );
     if let Some(a) = l.accuracy {
         s += &format!(" - accuracy: {a:.4}");
     }
@@ -391,6 +427,10 @@ pub fn epoch_line(l: &EpochLog, epochs: usize, estimate: u64) -> String {
     if let Some(a) = l.val_accuracy {
         s += &format!(" - val_accuracy: {a:.4}");
     }
-    s += &format!(" - memory: {} peak / {} estimated", format_bytes(l.peak_rss_growth), format_bytes(estimate));
+    s += &format!(
+        " - memory: {} peak / {} estimated",
+        format_bytes(l.peak_rss_growth),
+        format_bytes(estimate)
+    );
     s
 }

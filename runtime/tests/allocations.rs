@@ -52,7 +52,13 @@ fn measure(spec: &memwise_plan::ModelSpec, inputs: &[Batch<'_>]) -> (usize, usiz
         ex.train_step(inputs).unwrap();
     }
     ON.store(false, Relaxed);
-    let gemm_calls = ex.plan().steps.iter().filter(|s| matches!(s.op, memwise_plan::Op::Dense { .. })).count() * steps;
+    let gemm_calls = ex
+        .plan()
+        .steps
+        .iter()
+        .filter(|s| matches!(s.op, memwise_plan::Op::Dense { .. }))
+        .count()
+        * steps;
     (COUNT.load(Relaxed), PEAK.load(Relaxed), gemm_calls)
 }
 
@@ -65,9 +71,15 @@ fn training_step_allocations_are_bounded_to_the_gemm_crate() {
     println!("5 MNIST MLP steps: {count} allocations ({gemm_calls} dense steps, each 1–3 GEMM calls), peak live {peak} bytes");
     // gemm allocates up to 3 packing blocks per GEMM (a dense backward is 2 GEMMs), plus
     // rayon's occasional queue growth; memwise itself allocates nothing.
-    assert!(count <= gemm_calls * 2 * 4 + 8, "{count} allocations for {gemm_calls} dense steps");
+    assert!(
+        count <= gemm_calls * 2 * 4 + 8,
+        "{count} allocations for {gemm_calls} dense steps"
+    );
     // What the estimate counts as GEMM packing workspace bounds what was live at once.
-    assert!(peak as u64 <= memwise_plan::op::GEMM_PACKING_BYTES, "peak {peak} B above the bound");
+    assert!(
+        peak as u64 <= memwise_plan::op::GEMM_PACKING_BYTES,
+        "peak {peak} B above the bound"
+    );
 }
 
 #[test]
@@ -76,18 +88,30 @@ fn convnet_step_allocations_are_bounded_too() {
     use memwise_plan::*;
     m.input("pixels", &[28, 28, 1], DType::U8, 1.0 / 255.0);
     m.input("labels", &[], DType::I32, 1.0);
-    m.add("c1", LayerKind::conv2d(32, 3, 1, Padding::Same, Activation::Relu), &["pixels"]);
+    m.add(
+        "c1",
+        LayerKind::conv2d(32, 3, 1, Padding::Same, Activation::Relu),
+        &["pixels"],
+    );
     m.add("p1", LayerKind::max_pool2d(2, 2, Padding::Valid), &[]);
-    m.add("c2", LayerKind::separable_conv2d(64, 3, 1, Padding::Same, Activation::Relu), &[]);
+    m.add(
+        "c2",
+        LayerKind::separable_conv2d(64, 3, 1, Padding::Same, Activation::Relu),
+        &[],
+    );
     m.add("bn", LayerKind::batch_norm(), &[]);
     m.add("gap", LayerKind::GlobalAvgPool, &[]);
     m.add("logits", LayerKind::dense(10, Activation::Softmax), &[]);
-    m.loss.push(LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["logits", "labels"]));
+    m.loss
+        .push(LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["logits", "labels"]));
     let pixels = vec![7u8; 32 * 784];
     let labels: Vec<i32> = (0..32).map(|i| i % 10).collect();
     let (count, peak, _) = measure(&m, &[Batch::U8(&pixels), Batch::I32(&labels)]);
     println!("5 convnet steps: {count} allocations, peak live {peak} bytes");
-    assert!(peak as u64 <= memwise_plan::op::GEMM_PACKING_BYTES, "peak {peak} B above the bound");
+    assert!(
+        peak as u64 <= memwise_plan::op::GEMM_PACKING_BYTES,
+        "peak {peak} B above the bound"
+    );
 }
 
 #[test]
@@ -97,16 +121,24 @@ fn a_step_without_gemm_allocates_nothing_at_all() {
     let mut m = ModelSpec::new("NoGemm", 4);
     m.input("x", &[8, 8, 4], DType::F32, 1.0);
     m.input("target", &[4, 4, 4], DType::F32, 1.0);
-    m.add("dw", LayerKind::depthwise_conv2d(3, 1, Padding::Same, Activation::Linear), &["x"]);
+    m.add(
+        "dw",
+        LayerKind::depthwise_conv2d(3, 1, Padding::Same, Activation::Linear),
+        &["x"],
+    );
     m.add("bn", LayerKind::batch_norm(), &[]);
     m.add("act", LayerKind::Activation(Activation::Relu), &[]);
     m.add("pool", LayerKind::max_pool2d(2, 2, Padding::Valid), &[]);
     m.add("ln", LayerKind::layer_norm(), &[]);
     m.add("drop", LayerKind::Dropout { rate: 0.25 }, &[]);
-    m.loss.push(LossTerm::new(LossKind::MeanSquaredError).on(&["drop", "target"]));
+    m.loss
+        .push(LossTerm::new(LossKind::MeanSquaredError).on(&["drop", "target"]));
     let x: Vec<f32> = (0..4 * 256).map(|i| (i % 17) as f32 / 17.0).collect();
     let t: Vec<f32> = (0..4 * 64).map(|i| (i % 5) as f32 / 5.0).collect();
     let (count, peak, _) = measure(&m, &[Batch::F32(&x), Batch::F32(&t)]);
     println!("5 GEMM-free steps: {count} allocations, peak live {peak} bytes");
-    assert_eq!(count, 0, "memwise's executor and kernels allocated during a step");
+    assert_eq!(
+        count, 0,
+        "memwise's executor and kernels allocated during a step"
+    );
 }

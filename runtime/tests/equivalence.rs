@@ -28,7 +28,10 @@ fn step(spec: &ModelSpec, raw: &[Vec<f32>]) -> (f32, Vec<(String, Vec<f32>)>) {
     let p = plan(spec).unwrap();
     let mut ex = Executor::new(p.clone(), &Device::cpu(), 5).unwrap();
     // Typed copies of the raw values for each input's dtype.
-    let u8s: Vec<Vec<u8>> = raw.iter().map(|v| v.iter().map(|x| (x * 255.0) as u8).collect()).collect();
+    let u8s: Vec<Vec<u8>> = raw
+        .iter()
+        .map(|v| v.iter().map(|x| (x * 255.0) as u8).collect())
+        .collect();
     let i32s: Vec<Vec<i32>> = p
         .inputs
         .iter()
@@ -40,16 +43,25 @@ fn step(spec: &ModelSpec, raw: &[Vec<f32>]) -> (f32, Vec<(String, Vec<f32>)>) {
                 .filter(|s| s.reads.contains(&id))
                 .map(|s| match s.op {
                     Op::Embedding { vocab, .. } => vocab,
-                    Op::SoftmaxCrossEntropy { classes, .. } | Op::SoftmaxCrossEntropyFromLogits { classes, .. } => classes,
+                    Op::SoftmaxCrossEntropy { classes, .. }
+                    | Op::SoftmaxCrossEntropyFromLogits { classes, .. } => classes,
                     _ => usize::MAX,
                 })
                 .min()
                 .unwrap_or(2);
-            v.iter().map(|x| ((x * 1000.0) as usize % range) as i32).collect()
+            v.iter()
+                .map(|x| ((x * 1000.0) as usize % range) as i32)
+                .collect()
         })
         .collect();
-    let f16s: Vec<Vec<half::f16>> = raw.iter().map(|v| v.iter().map(|&x| half::f16::from_f32(x)).collect()).collect();
-    let bf16s: Vec<Vec<half::bf16>> = raw.iter().map(|v| v.iter().map(|&x| half::bf16::from_f32(x)).collect()).collect();
+    let f16s: Vec<Vec<half::f16>> = raw
+        .iter()
+        .map(|v| v.iter().map(|&x| half::f16::from_f32(x)).collect())
+        .collect();
+    let bf16s: Vec<Vec<half::bf16>> = raw
+        .iter()
+        .map(|v| v.iter().map(|&x| half::bf16::from_f32(x)).collect())
+        .collect();
     let batches: Vec<Batch<'_>> = p
         .inputs
         .iter()
@@ -68,7 +80,16 @@ fn step(spec: &ModelSpec, raw: &[Vec<f32>]) -> (f32, Vec<(String, Vec<f32>)>) {
         .params
         .iter()
         .filter(|q| q.trainable)
-        .map(|q| (q.name.to_string(), ex.grad(&q.name).unwrap().iter().map(|g| g / scale).collect()))
+        .map(|q| {
+            (
+                q.name.to_string(),
+                ex.grad(&q.name)
+                    .unwrap()
+                    .iter()
+                    .map(|g| g / scale)
+                    .collect(),
+            )
+        })
         .collect();
     (out.loss, grads)
 }
@@ -93,10 +114,21 @@ fn checkpointed_and_plain_give_identical_gradients() {
             let raw = inputs_for(&plan(&spec).unwrap(), seed);
             let (la, ga) = step(&spec, &raw);
             let (lb, gb) = step(&plain, &raw);
-            assert!(la.to_bits() == lb.to_bits() || (la.is_nan() && lb.is_nan()), "{}: loss {la} vs {lb}", spec.name);
+            assert!(
+                la.to_bits() == lb.to_bits() || (la.is_nan() && lb.is_nan()),
+                "{}: loss {la} vs {lb}",
+                spec.name
+            );
             for ((n, a), (_, b)) in ga.iter().zip(&gb) {
-                let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()));
-                assert!(same, "seed {seed} {}: gradient of {n} differs with checkpointing", spec.name);
+                let same = a
+                    .iter()
+                    .zip(b)
+                    .all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()));
+                assert!(
+                    same,
+                    "seed {seed} {}: gradient of {n} differs with checkpointing",
+                    spec.name
+                );
             }
             compared += 1;
         }
@@ -115,7 +147,8 @@ fn mlp(precision: Precision) -> ModelSpec {
     m.add("h2", LayerKind::dense(48, Activation::Relu), &[]);
     m.add("ln", LayerKind::layer_norm(), &[]);
     m.add("out", LayerKind::dense(10, Activation::Softmax), &[]);
-    m.loss.push(LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["out", "labels"]));
+    m.loss
+        .push(LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["out", "labels"]));
     m
 }
 
@@ -134,9 +167,15 @@ fn half_precision_is_close_to_float32() {
     let f32_spec = mlp(Precision::Float32);
     let raw = inputs_for(&plan(&f32_spec).unwrap(), 3);
     let (l32, g32) = step(&f32_spec, &raw);
-    for (prec, loss_tol, grad_tol) in [(Precision::MixedFloat16, 0.01, 0.02), (Precision::MixedBFloat16, 0.03, 0.08)] {
+    for (prec, loss_tol, grad_tol) in [
+        (Precision::MixedFloat16, 0.01, 0.02),
+        (Precision::MixedBFloat16, 0.03, 0.08),
+    ] {
         let (l, g) = step(&mlp(prec), &raw);
-        assert!(((l - l32) / l32).abs() < loss_tol, "{prec:?}: loss {l} vs {l32}");
+        assert!(
+            ((l - l32) / l32).abs() < loss_tol,
+            "{prec:?}: loss {l} vs {l32}"
+        );
         for ((n, a), (_, b)) in g.iter().zip(&g32) {
             let e = rel_err(a, b);
             println!("{prec:?} {n}: relative L2 error {e:.2e}");
@@ -156,7 +195,9 @@ fn a_non_finite_gradient_skips_the_step_and_leaves_weights_bit_identical() {
     x[7] = 1e30;
     let labels: Vec<i32> = (0..32).map(|i| i % 10).collect();
     let scale = ex.loss_scale();
-    let out = ex.train_step(&[Batch::F32(&x), Batch::I32(&labels)]).unwrap();
+    let out = ex
+        .train_step(&[Batch::F32(&x), Batch::I32(&labels)])
+        .unwrap();
     assert!(out.skipped);
     assert_eq!(ex.loss_scale(), scale * 0.5, "the scale backs off");
     for q in p.params.iter() {
@@ -167,14 +208,25 @@ fn a_non_finite_gradient_skips_the_step_and_leaves_weights_bit_identical() {
         if q.state_offset != NO_OFFSET {
             let s0 = q.state_offset as usize;
             let n = 4 * q.elems();
-            assert_eq!(&ex.persistent_bytes()[s0..s0 + n], &before[0][s0..s0 + n], "optimizer state of {} changed", q.name);
+            assert_eq!(
+                &ex.persistent_bytes()[s0..s0 + n],
+                &before[0][s0..s0 + n],
+                "optimizer state of {} changed",
+                q.name
+            );
         }
     }
     // A finite step afterwards updates.
     x[7] = 0.5;
-    let out = ex.train_step(&[Batch::F32(&x), Batch::I32(&labels)]).unwrap();
+    let out = ex
+        .train_step(&[Batch::F32(&x), Batch::I32(&labels)])
+        .unwrap();
     assert!(!out.skipped);
     let w = p.params.iter().find(|q| q.name == "h1.weight").unwrap();
     let (o, n) = (w.offset as usize, 4 * w.elems());
-    assert_ne!(&ex.persistent_bytes()[o..o + n], &before[0][o..o + n], "a finite step updates the weights");
+    assert_ne!(
+        &ex.persistent_bytes()[o..o + n],
+        &before[0][o..o + n],
+        "a finite step updates the weights"
+    );
 }

@@ -1,7 +1,7 @@
 //! Bad input is an `Err` whose text names the input and the expected vs actual value —
 //! never a panic — and the model loses nothing.
 
-use memwise_plan::{plan, zoo, DType, Activation, LayerKind, LossKind, LossTerm, ModelSpec};
+use memwise_plan::{plan, zoo, Activation, DType, LayerKind, LossKind, LossTerm, ModelSpec};
 use memwise_runtime::{Batch, Device, Executor};
 
 fn mlp() -> Executor {
@@ -15,7 +15,10 @@ fn weights(ex: &Executor) -> Vec<u8> {
 #[test]
 fn wrong_number_of_inputs() {
     let mut ex = mlp();
-    let e = ex.train_step(&[Batch::U8(&[0; 4 * 784])]).unwrap_err().to_string();
+    let e = ex
+        .train_step(&[Batch::U8(&[0; 4 * 784])])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("takes 2 inputs (pixels, labels), got 1"), "{e}");
 }
 
@@ -23,24 +26,43 @@ fn wrong_number_of_inputs() {
 fn wrong_dtype_names_the_input() {
     let mut ex = mlp();
     let px = vec![0.0f32; 4 * 784];
-    let e = ex.train_step(&[Batch::F32(&px), Batch::I32(&[0; 4])]).unwrap_err().to_string();
+    let e = ex
+        .train_step(&[Batch::F32(&px), Batch::I32(&[0; 4])])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("input `pixels` holds u8 values, got f32"), "{e}");
 }
 
 #[test]
 fn wrong_length_names_expected_and_actual() {
     let mut ex = mlp();
-    let e = ex.train_step(&[Batch::U8(&[0; 784]), Batch::I32(&[0; 4])]).unwrap_err().to_string();
-    assert!(e.contains("input `pixels` expects 3136 values (shape [4, 784]), got 784"), "{e}");
+    let e = ex
+        .train_step(&[Batch::U8(&[0; 784]), Batch::I32(&[0; 4])])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("input `pixels` expects 3136 values (shape [4, 784]), got 784"),
+        "{e}"
+    );
 }
 
 #[test]
 fn label_out_of_range_names_sample_label_and_classes() {
     let mut ex = mlp();
     let before = weights(&ex);
-    let e = ex.train_step(&[Batch::U8(&[0; 4 * 784]), Batch::I32(&[1, 2, 10, 3])]).unwrap_err().to_string();
-    assert!(e.contains("sample 2") && e.contains("label 10") && e.contains("10 classes"), "{e}");
-    assert_eq!(weights(&ex), before, "a refused step leaves the weights untouched");
+    let e = ex
+        .train_step(&[Batch::U8(&[0; 4 * 784]), Batch::I32(&[1, 2, 10, 3])])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("sample 2") && e.contains("label 10") && e.contains("10 classes"),
+        "{e}"
+    );
+    assert_eq!(
+        weights(&ex),
+        before,
+        "a refused step leaves the weights untouched"
+    );
 }
 
 fn float_model() -> ModelSpec {
@@ -49,7 +71,8 @@ fn float_model() -> ModelSpec {
     m.input("labels", &[], DType::I32, 1.0);
     m.add("h", LayerKind::dense(16, Activation::Relu), &["x"]);
     m.add("out", LayerKind::dense(3, Activation::Softmax), &[]);
-    m.loss.push(LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["out", "labels"]));
+    m.loss
+        .push(LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["out", "labels"]));
     m
 }
 
@@ -58,8 +81,14 @@ fn nan_in_a_float_input_is_refused_by_default() {
     let mut ex = Executor::new(plan(&float_model()).unwrap(), &Device::cpu(), 1).unwrap();
     let mut x = vec![0.5f32; 32];
     x[19] = f32::NAN;
-    let e = ex.train_step(&[Batch::F32(&x), Batch::I32(&[0, 1, 2, 0])]).unwrap_err().to_string();
-    assert!(e.contains("input `x`: sample 2 holds a non-finite value"), "{e}");
+    let e = ex
+        .train_step(&[Batch::F32(&x), Batch::I32(&[0, 1, 2, 0])])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("input `x`: sample 2 holds a non-finite value"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -68,17 +97,34 @@ fn a_non_finite_loss_in_float32_stops_before_the_update_and_names_the_layer() {
     let before = weights(&ex);
     // Finite input, but large enough that the first dense layer overflows f32.
     let x = vec![3.0e38f32; 32];
-    let e = ex.train_step(&[Batch::F32(&x), Batch::I32(&[0, 1, 2, 0])]).unwrap_err().to_string();
-    assert!(e.contains("training step 1") && e.contains("layer `h`"), "{e}");
+    let e = ex
+        .train_step(&[Batch::F32(&x), Batch::I32(&[0, 1, 2, 0])])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("training step 1") && e.contains("layer `h`"),
+        "{e}"
+    );
     assert_eq!(weights(&ex), before, "nothing was updated");
     // The model keeps working on good data.
     let x = vec![0.5f32; 32];
-    assert!(ex.train_step(&[Batch::F32(&x), Batch::I32(&[0, 1, 2, 0])]).is_ok());
+    assert!(ex
+        .train_step(&[Batch::F32(&x), Batch::I32(&[0, 1, 2, 0])])
+        .is_ok());
 }
 
 #[test]
 fn a_plan_over_the_device_memory_limit_is_refused_before_allocating() {
     let p = plan(&zoo::mnist_mlp(128)).unwrap();
-    let e = Executor::new(p, &Device::cpu().with_memory_limit(1 << 20), 1).err().unwrap().to_string();
-    assert!(e.contains("needs") && e.contains("1 MiB available") && e.contains("5.55 MiB") && e.contains("nothing was allocated"), "{e}");
+    let e = Executor::new(p, &Device::cpu().with_memory_limit(1 << 20), 1)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("needs")
+            && e.contains("1 MiB available")
+            && e.contains("5.55 MiB")
+            && e.contains("nothing was allocated"),
+        "{e}"
+    );
 }

@@ -32,17 +32,30 @@ fn inputs(plan: &StaticPlan, seed: u64) -> Vec<Vec<u8>> {
                         .filter(|s| s.reads.contains(&id))
                         .map(|s| match s.op {
                             Op::Embedding { vocab, .. } => vocab,
-                            Op::SoftmaxCrossEntropy { classes, .. } | Op::SoftmaxCrossEntropyFromLogits { classes, .. } => classes,
+                            Op::SoftmaxCrossEntropy { classes, .. }
+                            | Op::SoftmaxCrossEntropyFromLogits { classes, .. } => classes,
                             _ => usize::MAX,
                         })
                         .min()
                         .unwrap_or(2)
                         .max(1);
-                    (0..n).flat_map(|_| ((next() % range as u64) as i32).to_le_bytes()).collect()
+                    (0..n)
+                        .flat_map(|_| ((next() % range as u64) as i32).to_le_bytes())
+                        .collect()
                 }
-                DType::F32 => (0..n).flat_map(|_| ((next() % 1000) as f32 / 1000.0).to_le_bytes()).collect(),
-                DType::F16 => (0..n).flat_map(|_| half::f16::from_f32((next() % 1000) as f32 / 1000.0).to_le_bytes()).collect(),
-                DType::BF16 => (0..n).flat_map(|_| half::bf16::from_f32((next() % 1000) as f32 / 1000.0).to_le_bytes()).collect(),
+                DType::F32 => (0..n)
+                    .flat_map(|_| ((next() % 1000) as f32 / 1000.0).to_le_bytes())
+                    .collect(),
+                DType::F16 => (0..n)
+                    .flat_map(|_| {
+                        half::f16::from_f32((next() % 1000) as f32 / 1000.0).to_le_bytes()
+                    })
+                    .collect(),
+                DType::BF16 => (0..n)
+                    .flat_map(|_| {
+                        half::bf16::from_f32((next() % 1000) as f32 / 1000.0).to_le_bytes()
+                    })
+                    .collect(),
             }
         })
         .collect()
@@ -67,7 +80,11 @@ fn batches<'a>(plan: &StaticPlan, raw: &'a [Vec<u8>]) -> Vec<Batch<'a>> {
 
 fn cast<T>(r: &[u8]) -> &[T] {
     let n = r.len() / std::mem::size_of::<T>();
-    assert_eq!(r.as_ptr() as usize % std::mem::align_of::<T>(), 0, "vec allocations are aligned");
+    assert_eq!(
+        r.as_ptr() as usize % std::mem::align_of::<T>(),
+        0,
+        "vec allocations are aligned"
+    );
     // SAFETY: plain-old-data, aligned (checked), length in whole elements.
     unsafe { std::slice::from_raw_parts(r.as_ptr() as *const T, n) }
 }
@@ -75,7 +92,10 @@ fn cast<T>(r: &[u8]) -> &[T] {
 /// Bit-identical, a NaN matching any NaN (a float16 overflow legitimately makes both runs'
 /// gradients non-finite; the loss scaler then skips the update in both).
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()))
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()))
 }
 
 /// Runs one step of `spec`'s plan both ways; `Ok(skipped)` when they agree.
@@ -87,29 +107,57 @@ fn check(name: &str, spec: &memwise_plan::ModelSpec) -> Result<bool, String> {
     a.enable_poisoning();
     let mut b = Executor::new(plain, &dev, 7).map_err(|e| format!("{name}: {e}"))?;
     let raw = inputs(&planned, 99);
-    let oa = a.train_step(&batches(&planned, &raw)).map_err(|e| format!("{name}: planned: {e}"))?;
-    let ob = b.train_step(&batches(&planned, &raw)).map_err(|e| format!("{name}: plain: {e}"))?;
+    let oa = a
+        .train_step(&batches(&planned, &raw))
+        .map_err(|e| format!("{name}: planned: {e}"))?;
+    let ob = b
+        .train_step(&batches(&planned, &raw))
+        .map_err(|e| format!("{name}: plain: {e}"))?;
     if !same_bits(&[oa.loss], &[ob.loss]) {
-        return Err(format!("{name}: loss {} (planned) vs {} (plain)", oa.loss, ob.loss));
+        return Err(format!(
+            "{name}: loss {} (planned) vs {} (plain)",
+            oa.loss, ob.loss
+        ));
     }
     if oa.skipped != ob.skipped {
         return Err(format!("{name}: skipped {} vs {}", oa.skipped, ob.skipped));
     }
-    assert_eq!(a.steps_executed, planned.steps.len() as u64, "{name}: every step ran once");
+    assert_eq!(
+        a.steps_executed,
+        planned.steps.len() as u64,
+        "{name}: every step ran once"
+    );
     for p in planned.params.iter() {
         let (va, vb) = (a.param(&p.name).unwrap(), b.param(&p.name).unwrap());
         if va.iter().any(|x| x.is_nan()) || !same_bits(va, vb) {
-            let i = va.iter().zip(vb).position(|(x, y)| x.to_bits() != y.to_bits() || x.is_nan()).unwrap_or(0);
-            return Err(format!("{name}: parameter `{}`[{i}] {} (planned) vs {} (plain)", p.name, va[i], vb[i]));
+            let i = va
+                .iter()
+                .zip(vb)
+                .position(|(x, y)| x.to_bits() != y.to_bits() || x.is_nan())
+                .unwrap_or(0);
+            return Err(format!(
+                "{name}: parameter `{}`[{i}] {} (planned) vs {} (plain)",
+                p.name, va[i], vb[i]
+            ));
         }
         if p.trainable {
             let (ga, gb) = (a.grad(&p.name).unwrap(), b.grad(&p.name).unwrap());
             if !same_bits(ga, gb) {
-                let i = ga.iter().zip(gb).position(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan())).unwrap_or(0);
-                return Err(format!("{name}: gradient of `{}`[{i}] {} (planned) vs {} (plain)", p.name, ga[i], gb[i]));
+                let i = ga
+                    .iter()
+                    .zip(gb)
+                    .position(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()))
+                    .unwrap_or(0);
+                return Err(format!(
+                    "{name}: gradient of `{}`[{i}] {} (planned) vs {} (plain)",
+                    p.name, ga[i], gb[i]
+                ));
             }
             if !oa.skipped && ga.iter().any(|g| !g.is_finite()) {
-                return Err(format!("{name}: gradient of `{}` is not finite but the step was not skipped", p.name));
+                return Err(format!(
+                    "{name}: gradient of `{}` is not finite but the step was not skipped",
+                    p.name
+                ));
             }
         }
     }
@@ -131,7 +179,12 @@ fn run(kind: &str, n: u64, make: fn(u64) -> memwise_plan::ModelSpec) {
         "poisoned arena: {n} random {kind}s, {steps} steps, {} failures, {skipped} float16 steps skipped by loss scaling",
         failures.len()
     );
-    assert!(failures.is_empty(), "{} of {n} {kind}s differ:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {n} {kind}s differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
     // Most steps must really update, or the comparison would prove little.
     assert!(skipped * 4 < n, "{skipped} of {n} steps were skipped");
 }

@@ -15,7 +15,9 @@
 mod support;
 
 use memwise_plan::advice::{format_bytes, parse_bytes};
-use memwise_plan::{plan, plan_inference, Activation, DType, LayerKind, LossKind, LossTerm, ModelSpec, StaticPlan};
+use memwise_plan::{
+    plan, plan_inference, Activation, DType, LayerKind, LossKind, LossTerm, ModelSpec, StaticPlan,
+};
 use memwise_runtime::data::dataset::{Column, Dataset, InMemory};
 use memwise_runtime::data::idx::{parse_idx, MnistSplit};
 use memwise_runtime::{Batch, Device, Executor, FitOptions, RuntimeError, Trainer};
@@ -61,7 +63,10 @@ fn valid_file(k: usize, checkpoint: bool) -> &'static [u8] {
                 let owned = decode::batches(ex.plan(), &mut Bytes::new(&[]));
                 ex.train_step(&views(&owned)).unwrap();
                 ex.train_step(&views(&owned)).unwrap();
-                (ex.weights_to_bytes().unwrap(), ex.checkpoint_to_bytes().unwrap())
+                (
+                    ex.weights_to_bytes().unwrap(),
+                    ex.checkpoint_to_bytes().unwrap(),
+                )
             })
             .collect()
     });
@@ -175,13 +180,29 @@ fn check_load(data: &[u8], checkpoint: bool) -> Result<(), TestCaseError> {
     let mut b = Bytes::new(data);
     let k = b.below(plans().len());
     let file = valid_file(k, checkpoint);
-    let bytes = if b.u8() < 24 { b.rest().to_vec() } else { decode::mutate_safetensors(file, &mut b) };
+    let bytes = if b.u8() < 24 {
+        b.rest().to_vec()
+    } else {
+        decode::mutate_safetensors(file, &mut b)
+    };
     let mut ex = Executor::new(plans()[k].0.clone(), &Device::cpu(), 9).unwrap();
-    let before = (ex.persistent_bytes().to_vec(), ex.step_counter(), ex.loss_scale().to_bits());
-    let r = if checkpoint { ex.load_checkpoint_from_bytes(&bytes) } else { ex.load_weights_from_bytes(&bytes) };
+    let before = (
+        ex.persistent_bytes().to_vec(),
+        ex.step_counter(),
+        ex.loss_scale().to_bits(),
+    );
+    let r = if checkpoint {
+        ex.load_checkpoint_from_bytes(&bytes)
+    } else {
+        ex.load_weights_from_bytes(&bytes)
+    };
     if let Err(e) = r {
         prop_assert!(!e.to_string().is_empty());
-        let after = (ex.persistent_bytes().to_vec(), ex.step_counter(), ex.loss_scale().to_bits());
+        let after = (
+            ex.persistent_bytes().to_vec(),
+            ex.step_counter(),
+            ex.loss_scale().to_bits(),
+        );
         prop_assert!(after == before, "a failed load changed the model: {e}");
     }
     Ok(())
@@ -308,17 +329,26 @@ fn float_spec() -> ModelSpec {
     m.input("labels", &[], DType::I32, 1.0);
     m.add("h", LayerKind::dense(16, Activation::Relu), &["x"]);
     m.add("out", LayerKind::dense(3, Activation::Softmax), &[]);
-    m.loss.push(LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["out", "labels"]));
+    m.loss
+        .push(LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["out", "labels"]));
     m
 }
 
 /// An error, and the model exactly as it was (weights, gradients, optimizer state, counters,
 /// and no kernel step run).
 fn refused(ex: &mut Executor, inputs: &[Batch<'_>]) -> String {
-    let before = (ex.persistent_bytes().to_vec(), ex.step_counter(), ex.steps_executed);
+    let before = (
+        ex.persistent_bytes().to_vec(),
+        ex.step_counter(),
+        ex.steps_executed,
+    );
     let e = ex.train_step(inputs).expect_err("the step must be refused");
     assert!(matches!(e, RuntimeError::Input(_)), "an input error: {e:?}");
-    let after = (ex.persistent_bytes().to_vec(), ex.step_counter(), ex.steps_executed);
+    let after = (
+        ex.persistent_bytes().to_vec(),
+        ex.step_counter(),
+        ex.steps_executed,
+    );
     assert!(after == before, "a refused step changed the model: {e}");
     e.to_string()
 }
@@ -349,7 +379,10 @@ fn batch_dtype_names_the_input_expected_and_actual() {
 #[test]
 fn batch_shape_names_the_input_expected_and_actual() {
     let e = refused(&mut mlp(), &[Batch::U8(&PIXELS[..30]), Batch::I32(&[0; 4])]);
-    contains_all(&e, &["input `pixels` expects 32 values (shape [4, 8]), got 30"]);
+    contains_all(
+        &e,
+        &["input `pixels` expects 32 values (shape [4, 8]), got 30"],
+    );
     let e = refused(&mut mlp(), &[Batch::U8(&PIXELS), Batch::I32(&[0; 5])]);
     contains_all(&e, &["input `labels` expects 4 values (shape [4]), got 5"]);
 }
@@ -357,7 +390,10 @@ fn batch_shape_names_the_input_expected_and_actual() {
 #[test]
 fn an_empty_batch_names_the_input_expected_and_actual() {
     let e = refused(&mut mlp(), &[Batch::U8(&[]), Batch::I32(&[])]);
-    contains_all(&e, &["input `pixels` expects 32 values (shape [4, 8]), got 0"]);
+    contains_all(
+        &e,
+        &["input `pixels` expects 32 values (shape [4, 8]), got 0"],
+    );
 }
 
 /// The executor never writes past the arena: a batch larger than the plan's is refused
@@ -368,7 +404,11 @@ fn a_batch_larger_than_the_plan_is_refused_by_the_executor_with_the_numbers() {
     let e = refused(&mut mlp(), &[Batch::U8(&big), Batch::I32(&[0; 8])]);
     contains_all(
         &e,
-        &["input `pixels` expects 32 values (shape [4, 8]), got 64", "a batch of 8", "this plan's batch is 4"],
+        &[
+            "input `pixels` expects 32 values (shape [4, 8]), got 64",
+            "a batch of 8",
+            "this plan's batch is 4",
+        ],
     );
 }
 
@@ -379,36 +419,91 @@ fn a_batch_larger_than_the_plan_is_refused_by_the_executor_with_the_numbers() {
 fn the_trainer_splits_large_datasets_and_replans_the_last_batch() {
     let mut t = Trainer::build(&mlp_spec(4), &Device::cpu(), 1).unwrap();
     let ds = InMemory::new(vec![
-        Column::U8 { data: vec![9; 10 * 8], per_sample: 8 },
-        Column::I32 { data: (0..10).collect(), per_sample: 1 },
+        Column::U8 {
+            data: vec![9; 10 * 8],
+            per_sample: 8,
+        },
+        Column::I32 {
+            data: (0..10).collect(),
+            per_sample: 1,
+        },
     ])
     .unwrap();
-    let opts = FitOptions { epochs: 1, verbose: false, ..FitOptions::default() };
+    let opts = FitOptions {
+        epochs: 1,
+        verbose: false,
+        ..FitOptions::default()
+    };
     let h = t.fit(&ds, None, &opts, &mut []).unwrap();
-    assert_eq!(h.epochs[0].steps, 2, "two full batches of 4 out of 10 samples");
+    assert_eq!(
+        h.epochs[0].steps, 2,
+        "two full batches of 4 out of 10 samples"
+    );
     assert_eq!(t.evaluate(&ds).unwrap().samples, 10);
-    assert_eq!(t.predict(&ds).unwrap().len(), 10 * 10, "10 samples × 10 classes");
+    assert_eq!(
+        t.predict(&ds).unwrap().len(),
+        10 * 10,
+        "10 samples × 10 classes"
+    );
 }
 
 #[test]
 fn a_label_out_of_range_names_the_input_sample_value_and_classes() {
-    let e = refused(&mut mlp(), &[Batch::U8(&PIXELS), Batch::I32(&[1, 2, 10, 3])]);
-    contains_all(&e, &["input `labels`", "sample 2", "label 10", "expected 0..=9", "10 classes"]);
-    let e = refused(&mut mlp(), &[Batch::U8(&PIXELS), Batch::I32(&[-1, 2, 3, 3])]);
-    contains_all(&e, &["input `labels`", "sample 0", "label -1", "expected 0..=9", "10 classes"]);
+    let e = refused(
+        &mut mlp(),
+        &[Batch::U8(&PIXELS), Batch::I32(&[1, 2, 10, 3])],
+    );
+    contains_all(
+        &e,
+        &[
+            "input `labels`",
+            "sample 2",
+            "label 10",
+            "expected 0..=9",
+            "10 classes",
+        ],
+    );
+    let e = refused(
+        &mut mlp(),
+        &[Batch::U8(&PIXELS), Batch::I32(&[-1, 2, 3, 3])],
+    );
+    contains_all(
+        &e,
+        &[
+            "input `labels`",
+            "sample 0",
+            "label -1",
+            "expected 0..=9",
+            "10 classes",
+        ],
+    );
 }
 
 #[test]
 fn a_label_out_of_range_through_fit_names_the_input() {
     let mut t = Trainer::build(&mlp_spec(4), &Device::cpu(), 1).unwrap();
     let ds = InMemory::new(vec![
-        Column::U8 { data: vec![9; 4 * 8], per_sample: 8 },
-        Column::I32 { data: vec![0, 1, 2, 42], per_sample: 1 },
+        Column::U8 {
+            data: vec![9; 4 * 8],
+            per_sample: 8,
+        },
+        Column::I32 {
+            data: vec![0, 1, 2, 42],
+            per_sample: 1,
+        },
     ])
     .unwrap();
-    let opts = FitOptions { epochs: 1, shuffle: false, verbose: false, ..FitOptions::default() };
+    let opts = FitOptions {
+        epochs: 1,
+        shuffle: false,
+        verbose: false,
+        ..FitOptions::default()
+    };
     let e = t.fit(&ds, None, &opts, &mut []).unwrap_err().to_string();
-    contains_all(&e, &["input `labels`", "sample 3", "label 42", "expected 0..=9"]);
+    contains_all(
+        &e,
+        &["input `labels`", "sample 3", "label 42", "expected 0..=9"],
+    );
 }
 
 #[test]
@@ -416,8 +511,20 @@ fn a_token_id_out_of_range_names_the_input_sample_value_and_vocabulary() {
     // ids [4] per sample, vocabulary 10, batch 2.
     let (p, _) = &plans()[2];
     let mut ex = Executor::new(p.clone(), &Device::cpu(), 1).unwrap();
-    let e = refused(&mut ex, &[Batch::I32(&[1, 2, 3, 4, 5, 6, 12, 7]), Batch::I32(&[0; 8])]);
-    contains_all(&e, &["input `ids`", "sample 1", "token id 12", "expected 0..=9", "10 tokens"]);
+    let e = refused(
+        &mut ex,
+        &[Batch::I32(&[1, 2, 3, 4, 5, 6, 12, 7]), Batch::I32(&[0; 8])],
+    );
+    contains_all(
+        &e,
+        &[
+            "input `ids`",
+            "sample 1",
+            "token id 12",
+            "expected 0..=9",
+            "10 tokens",
+        ],
+    );
 }
 
 #[test]
@@ -426,7 +533,14 @@ fn nan_in_a_float_input_names_the_input_sample_and_value() {
     let mut x = [0.5f32; 32];
     x[19] = f32::NAN;
     let e = refused(&mut ex, &[Batch::F32(&x), Batch::I32(&[0, 1, 2, 0])]);
-    contains_all(&e, &["input `x`: sample 2 holds a non-finite value", "NaN at element 19", "expected a finite f32"]);
+    contains_all(
+        &e,
+        &[
+            "input `x`: sample 2 holds a non-finite value",
+            "NaN at element 19",
+            "expected a finite f32",
+        ],
+    );
 }
 
 #[test]
@@ -435,14 +549,28 @@ fn infinity_in_a_float_input_names_the_input_sample_and_value() {
     let mut x = [0.5f32; 32];
     x[0] = f32::NEG_INFINITY;
     let e = refused(&mut ex, &[Batch::F32(&x), Batch::I32(&[0, 1, 2, 0])]);
-    contains_all(&e, &["input `x`: sample 0", "-inf at element 0", "expected a finite f32"]);
+    contains_all(
+        &e,
+        &[
+            "input `x`: sample 0",
+            "-inf at element 0",
+            "expected a finite f32",
+        ],
+    );
     // Half-precision inputs too.
     let (p, _) = &plans()[3];
     let mut ex = Executor::new(p.clone(), &Device::cpu(), 1).unwrap();
     let mut x = [half::f16::from_f32(0.5); 12];
     x[7] = half::f16::INFINITY;
     let e = refused(&mut ex, &[Batch::F16(&x)]);
-    contains_all(&e, &["input `x`: sample 1", "inf at element 7", "expected a finite f16"]);
+    contains_all(
+        &e,
+        &[
+            "input `x`: sample 1",
+            "inf at element 7",
+            "expected a finite f16",
+        ],
+    );
 }
 
 /// The documented option to skip such samples: `InMemory::drop_non_finite`, then train.
@@ -453,13 +581,31 @@ fn non_finite_samples_are_refused_by_fit_and_trained_after_drop_non_finite() {
     x[3 * 8 + 5] = f32::NAN;
     x[6 * 8] = f32::INFINITY;
     let ds = InMemory::new(vec![
-        Column::F32 { data: x, per_sample: 8 },
-        Column::I32 { data: vec![0, 1, 2, 0, 1, 2, 0, 1, 2, 0], per_sample: 1 },
+        Column::F32 {
+            data: x,
+            per_sample: 8,
+        },
+        Column::I32 {
+            data: vec![0, 1, 2, 0, 1, 2, 0, 1, 2, 0],
+            per_sample: 1,
+        },
     ])
     .unwrap();
-    let opts = FitOptions { epochs: 1, shuffle: false, verbose: false, ..FitOptions::default() };
+    let opts = FitOptions {
+        epochs: 1,
+        shuffle: false,
+        verbose: false,
+        ..FitOptions::default()
+    };
     let e = t.fit(&ds, None, &opts, &mut []).unwrap_err().to_string();
-    contains_all(&e, &["input `x`: sample 3 holds a non-finite value", "NaN", "drop_non_finite"]);
+    contains_all(
+        &e,
+        &[
+            "input `x`: sample 3 holds a non-finite value",
+            "NaN",
+            "drop_non_finite",
+        ],
+    );
     let (clean, dropped) = ds.drop_non_finite();
     assert_eq!((clean.len(), dropped), (8, 2));
     let h = t.fit(&clean, None, &opts, &mut []).unwrap();
@@ -471,28 +617,55 @@ fn non_finite_samples_are_refused_by_fit_and_trained_after_drop_non_finite() {
 fn an_empty_dataset_is_refused_by_fit_evaluate_and_predict() {
     let mut t = Trainer::build(&mlp_spec(4), &Device::cpu(), 1).unwrap();
     let empty = InMemory::new(vec![
-        Column::U8 { data: vec![], per_sample: 8 },
-        Column::I32 { data: vec![], per_sample: 1 },
+        Column::U8 {
+            data: vec![],
+            per_sample: 8,
+        },
+        Column::I32 {
+            data: vec![],
+            per_sample: 1,
+        },
     ])
     .unwrap();
-    let opts = FitOptions { verbose: false, ..FitOptions::default() };
+    let opts = FitOptions {
+        verbose: false,
+        ..FitOptions::default()
+    };
     let e = t.fit(&empty, None, &opts, &mut []).unwrap_err().to_string();
     contains_all(&e, &["the dataset is empty"]);
-    contains_all(&t.evaluate(&empty).unwrap_err().to_string(), &["the dataset is empty"]);
-    contains_all(&t.predict(&empty).unwrap_err().to_string(), &["the dataset is empty"]);
+    contains_all(
+        &t.evaluate(&empty).unwrap_err().to_string(),
+        &["the dataset is empty"],
+    );
+    contains_all(
+        &t.predict(&empty).unwrap_err().to_string(),
+        &["the dataset is empty"],
+    );
 }
 
 #[test]
 fn a_dataset_smaller_than_one_batch_is_refused_by_fit_with_the_numbers() {
     let mut t = Trainer::build(&mlp_spec(4), &Device::cpu(), 1).unwrap();
     let ds = InMemory::new(vec![
-        Column::U8 { data: vec![1; 3 * 8], per_sample: 8 },
-        Column::I32 { data: vec![0, 1, 2], per_sample: 1 },
+        Column::U8 {
+            data: vec![1; 3 * 8],
+            per_sample: 8,
+        },
+        Column::I32 {
+            data: vec![0, 1, 2],
+            per_sample: 1,
+        },
     ])
     .unwrap();
-    let opts = FitOptions { verbose: false, ..FitOptions::default() };
+    let opts = FitOptions {
+        verbose: false,
+        ..FitOptions::default()
+    };
     let e = t.fit(&ds, None, &opts, &mut []).unwrap_err().to_string();
-    contains_all(&e, &["the dataset has 3 samples, fewer than one batch of 4"]);
+    contains_all(
+        &e,
+        &["the dataset has 3 samples, fewer than one batch of 4"],
+    );
     // Evaluate and predict take any number of samples (they re-plan for it).
     assert_eq!(t.evaluate(&ds).unwrap().samples, 3);
 }
@@ -500,22 +673,62 @@ fn a_dataset_smaller_than_one_batch_is_refused_by_fit_with_the_numbers() {
 #[test]
 fn wrong_dataset_columns_name_the_input_expected_and_actual() {
     let mut t = Trainer::build(&mlp_spec(4), &Device::cpu(), 1).unwrap();
-    let opts = FitOptions { verbose: false, ..FitOptions::default() };
-    let pixels = Column::U8 { data: vec![1; 4 * 8], per_sample: 8 };
-    let labels = Column::I32 { data: vec![0; 4], per_sample: 1 };
+    let opts = FitOptions {
+        verbose: false,
+        ..FitOptions::default()
+    };
+    let pixels = Column::U8 {
+        data: vec![1; 4 * 8],
+        per_sample: 8,
+    };
+    let labels = Column::I32 {
+        data: vec![0; 4],
+        per_sample: 1,
+    };
     // Too few columns.
     let ds = InMemory::new(vec![pixels.clone()]).unwrap();
     let e = t.fit(&ds, None, &opts, &mut []).unwrap_err().to_string();
-    contains_all(&e, &["the dataset has 1 columns, the model takes 2 inputs (pixels, labels)"]);
+    contains_all(
+        &e,
+        &["the dataset has 1 columns, the model takes 2 inputs (pixels, labels)"],
+    );
     // A column of the wrong dtype.
-    let ds = InMemory::new(vec![Column::F32 { data: vec![0.5; 4 * 8], per_sample: 8 }, labels.clone()]).unwrap();
+    let ds = InMemory::new(vec![
+        Column::F32 {
+            data: vec![0.5; 4 * 8],
+            per_sample: 8,
+        },
+        labels.clone(),
+    ])
+    .unwrap();
     let e = t.evaluate(&ds).unwrap_err().to_string();
-    contains_all(&e, &["input `pixels` takes 8 values of u8 per sample, the dataset column has 8 of f32"]);
+    contains_all(
+        &e,
+        &["input `pixels` takes 8 values of u8 per sample, the dataset column has 8 of f32"],
+    );
     // A column of the wrong per-sample size.
-    let ds = InMemory::new(vec![Column::U8 { data: vec![1; 4 * 7], per_sample: 7 }, labels.clone()]).unwrap();
+    let ds = InMemory::new(vec![
+        Column::U8 {
+            data: vec![1; 4 * 7],
+            per_sample: 7,
+        },
+        labels.clone(),
+    ])
+    .unwrap();
     let e = t.predict(&ds).unwrap_err().to_string();
-    contains_all(&e, &["input `pixels` takes 8 values of u8 per sample, the dataset column has 7 of u8"]);
+    contains_all(
+        &e,
+        &["input `pixels` takes 8 values of u8 per sample, the dataset column has 7 of u8"],
+    );
     // Columns of different lengths.
-    let e = InMemory::new(vec![pixels, Column::I32 { data: vec![0; 3], per_sample: 1 }]).unwrap_err().to_string();
+    let e = InMemory::new(vec![
+        pixels,
+        Column::I32 {
+            data: vec![0; 3],
+            per_sample: 1,
+        },
+    ])
+    .unwrap_err()
+    .to_string();
     contains_all(&e, &["column 1 holds 3 samples, column 0 holds 4"]);
 }

@@ -26,9 +26,9 @@ impl Column {
 
     pub fn per_sample(&self) -> usize {
         match self {
-            Column::U8 { per_sample, .. } | Column::I32 { per_sample, .. } | Column::F32 { per_sample, .. } => {
-                *per_sample
-            }
+            Column::U8 { per_sample, .. }
+            | Column::I32 { per_sample, .. }
+            | Column::F32 { per_sample, .. } => *per_sample,
         }
     }
 
@@ -45,9 +45,18 @@ impl Column {
     pub fn buffer(&self, batch: usize) -> Column {
         let n = batch * self.per_sample();
         match self {
-            Column::U8 { per_sample, .. } => Column::U8 { data: vec![0; n], per_sample: *per_sample },
-            Column::I32 { per_sample, .. } => Column::I32 { data: vec![0; n], per_sample: *per_sample },
-            Column::F32 { per_sample, .. } => Column::F32 { data: vec![0.0; n], per_sample: *per_sample },
+            Column::U8 { per_sample, .. } => Column::U8 {
+                data: vec![0; n],
+                per_sample: *per_sample,
+            },
+            Column::I32 { per_sample, .. } => Column::I32 {
+                data: vec![0; n],
+                per_sample: *per_sample,
+            },
+            Column::F32 { per_sample, .. } => Column::F32 {
+                data: vec![0.0; n],
+                per_sample: *per_sample,
+            },
         }
     }
 
@@ -59,9 +68,15 @@ impl Column {
             }
         }
         match (self, out) {
-            (Column::U8 { data, per_sample }, Column::U8 { data: d, .. }) => copy(data, d, *per_sample, indices),
-            (Column::I32 { data, per_sample }, Column::I32 { data: d, .. }) => copy(data, d, *per_sample, indices),
-            (Column::F32 { data, per_sample }, Column::F32 { data: d, .. }) => copy(data, d, *per_sample, indices),
+            (Column::U8 { data, per_sample }, Column::U8 { data: d, .. }) => {
+                copy(data, d, *per_sample, indices)
+            }
+            (Column::I32 { data, per_sample }, Column::I32 { data: d, .. }) => {
+                copy(data, d, *per_sample, indices)
+            }
+            (Column::F32 { data, per_sample }, Column::F32 { data: d, .. }) => {
+                copy(data, d, *per_sample, indices)
+            }
             _ => {}
         }
     }
@@ -90,10 +105,17 @@ pub trait Dataset {
     fn gather(&self, indices: &[usize], out: &mut [Column]) -> Result<()> {
         let cols = self.columns();
         if out.len() != cols.len() {
-            return Err(RuntimeError::Input(format!("{} buffers for {} columns", out.len(), cols.len())));
+            return Err(RuntimeError::Input(format!(
+                "{} buffers for {} columns",
+                out.len(),
+                cols.len()
+            )));
         }
         if let Some(&bad) = indices.iter().find(|&&i| i >= self.len()) {
-            return Err(RuntimeError::Input(format!("sample {bad} of a {}-sample dataset", self.len())));
+            return Err(RuntimeError::Input(format!(
+                "sample {bad} of a {}-sample dataset",
+                self.len()
+            )));
         }
         for (c, o) in cols.iter().zip(out.iter_mut()) {
             c.gather(indices, o);
@@ -156,7 +178,8 @@ impl InMemory {
                 self.columns.iter().all(|c| match c {
                     Column::F32 { data, .. } => {
                         let s = stride(c);
-                        data.get(i * s..(i + 1) * s).is_none_or(|x| x.iter().all(|v| v.is_finite()))
+                        data.get(i * s..(i + 1) * s)
+                            .is_none_or(|x| x.iter().all(|v| v.is_finite()))
                     }
                     Column::U8 { .. } | Column::I32 { .. } => true,
                 })
@@ -176,9 +199,18 @@ impl InMemory {
             .map(|c| {
                 let s = stride(c);
                 match c {
-                    Column::U8 { data, per_sample } => Column::U8 { data: filter(data, s, &keep), per_sample: *per_sample },
-                    Column::I32 { data, per_sample } => Column::I32 { data: filter(data, s, &keep), per_sample: *per_sample },
-                    Column::F32 { data, per_sample } => Column::F32 { data: filter(data, s, &keep), per_sample: *per_sample },
+                    Column::U8 { data, per_sample } => Column::U8 {
+                        data: filter(data, s, &keep),
+                        per_sample: *per_sample,
+                    },
+                    Column::I32 { data, per_sample } => Column::I32 {
+                        data: filter(data, s, &keep),
+                        per_sample: *per_sample,
+                    },
+                    Column::F32 { data, per_sample } => Column::F32 {
+                        data: filter(data, s, &keep),
+                        per_sample: *per_sample,
+                    },
                 }
             })
             .collect();
@@ -190,8 +222,14 @@ impl InMemory {
         InMemory {
             len: split.len(),
             columns: vec![
-                Column::U8 { data: split.images.clone(), per_sample: split.pixels_per_image() },
-                Column::I32 { data: split.labels.iter().map(|&l| l as i32).collect(), per_sample: 1 },
+                Column::U8 {
+                    data: split.images.clone(),
+                    per_sample: split.pixels_per_image(),
+                },
+                Column::I32 {
+                    data: split.labels.iter().map(|&l| l as i32).collect(),
+                    per_sample: 1,
+                },
             ],
         }
     }
@@ -200,7 +238,10 @@ impl InMemory {
     pub fn mnist_images(split: &MnistSplit) -> InMemory {
         InMemory {
             len: split.len(),
-            columns: vec![Column::U8 { data: split.images.clone(), per_sample: split.pixels_per_image() }],
+            columns: vec![Column::U8 {
+                data: split.images.clone(),
+                per_sample: split.pixels_per_image(),
+            }],
         }
     }
 }

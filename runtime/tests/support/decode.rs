@@ -317,7 +317,9 @@ pub fn model_spec(data: &[u8]) -> ModelSpec {
             0..=239 => (0..arity.max(1))
                 .map(|_| layer_ref(&mut b, &names, i))
                 .collect(),
-            _ => (0..b.below(4)).map(|_| layer_ref(&mut b, &names, i)).collect(),
+            _ => (0..b.below(4))
+                .map(|_| layer_ref(&mut b, &names, i))
+                .collect(),
         };
         let dtype = match b.u8() {
             0..=223 => None,
@@ -339,7 +341,9 @@ pub fn model_spec(data: &[u8]) -> ModelSpec {
         let kind = b.pick(&LOSSES);
         let mut term = LossTerm::new(kind);
         if b.u8() < 160 {
-            term.inputs = (0..2).map(|_| layer_ref(&mut b, &names, n_layers)).collect();
+            term.inputs = (0..2)
+                .map(|_| layer_ref(&mut b, &names, n_layers))
+                .collect();
         } else if b.u8() < 32 {
             term.inputs = (0..b.below(4))
                 .map(|_| layer_ref(&mut b, &names, n_layers))
@@ -364,30 +368,44 @@ pub fn train_models() -> Vec<ModelSpec> {
     let mut m = ModelSpec::new("Mlp", 4);
     m.input("pixels", &[8], DType::U8, 1.0 / 255.0);
     m.input("labels", &[], DType::I32, 1.0);
-    m.add("hidden", LayerKind::dense(16, Activation::Relu), &["pixels"]);
+    m.add(
+        "hidden",
+        LayerKind::dense(16, Activation::Relu),
+        &["pixels"],
+    );
     m.add("probs", LayerKind::dense(10, Activation::Softmax), &[]);
-    m.loss.push(LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["probs", "labels"]));
+    m.loss
+        .push(LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["probs", "labels"]));
     v.push(m);
     // 1: f32 image → conv, batch norm, max pool, dropout → logits; Adam.
     let mut m = ModelSpec::new("Cnn", 2);
     m.optimizer = Optimizer::ADAM;
     m.input("image", &[6, 6, 2], DType::F32, 1.0);
     m.input("label", &[], DType::I32, 1.0);
-    m.add("conv", LayerKind::conv2d(4, 3, 1, Padding::Same, Activation::Linear), &["image"]);
+    m.add(
+        "conv",
+        LayerKind::conv2d(4, 3, 1, Padding::Same, Activation::Linear),
+        &["image"],
+    );
     m.add("bn", LayerKind::batch_norm(), &[]);
     m.add("relu", LayerKind::Activation(Activation::Relu), &[]);
     m.add("pool", LayerKind::max_pool2d(2, 2, Padding::Valid), &[]);
     m.add("flat", LayerKind::Flatten, &[]);
     m.add("drop", LayerKind::Dropout { rate: 0.25 }, &[]);
     m.add("logits", LayerKind::dense(10, Activation::Linear), &[]);
-    m.loss.push(LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["logits", "label"]));
+    m.loss
+        .push(LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["logits", "label"]));
     v.push(m);
     // 2: token ids → embedding → attention → logits over the vocabulary (mixed float16).
     let mut m = ModelSpec::new("Lm", 2);
     m.precision = Precision::MixedFloat16;
     m.input("ids", &[4], DType::I32, 1.0);
     m.input("next", &[4], DType::I32, 1.0);
-    m.add("embed", LayerKind::Embedding { vocab: 10, dim: 8 }, &["ids"]);
+    m.add(
+        "embed",
+        LayerKind::Embedding { vocab: 10, dim: 8 },
+        &["ids"],
+    );
     m.add("norm", LayerKind::layer_norm(), &[]);
     m.add(
         "attn",
@@ -399,7 +417,8 @@ pub fn train_models() -> Vec<ModelSpec> {
         &[],
     );
     m.add("logits", LayerKind::dense(10, Activation::Linear), &[]);
-    m.loss.push(LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["logits", "next"]));
+    m.loss
+        .push(LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["logits", "next"]));
     v.push(m);
     // 3: a VAE on f16 inputs: sampling, binary cross-entropy + KL (mixed bfloat16).
     let mut m = ModelSpec::new("Vae", 2);
@@ -415,7 +434,11 @@ pub fn train_models() -> Vec<ModelSpec> {
             .on(&["dec", "x"])
             .reduction(Reduction::SumOverFeatures),
     );
-    m.loss.push(LossTerm::new(LossKind::KlNormal).on(&["mean", "log_var"]).weight(0.5));
+    m.loss.push(
+        LossTerm::new(LossKind::KlNormal)
+            .on(&["mean", "log_var"])
+            .weight(0.5),
+    );
     v.push(m);
     // 4: regression on bf16 inputs and f32 targets: residual add, concat, mse; SGD.
     let mut m = ModelSpec::new("Reg", 3);
@@ -426,7 +449,8 @@ pub fn train_models() -> Vec<ModelSpec> {
     m.add("sum", LayerKind::add(), &["a", "x"]);
     m.add("both", LayerKind::Concat, &["sum", "a"]);
     m.add("out", LayerKind::dense(3, Activation::Linear), &["both"]);
-    m.loss.push(LossTerm::new(LossKind::MeanSquaredError).on(&["out", "y"]));
+    m.loss
+        .push(LossTerm::new(LossKind::MeanSquaredError).on(&["out", "y"]));
     v.push(m);
     v
 }
@@ -460,7 +484,13 @@ fn values(b: &mut Bytes<'_>, dtype: DType, len: usize) -> Owned {
         DType::U8 => Owned::U8((0..len).map(|_| b.u8()).collect()),
         DType::I32 => Owned::I32(
             (0..len)
-                .map(|_| if raw { b.u32() as i32 } else { (b.u8() % 10) as i32 })
+                .map(|_| {
+                    if raw {
+                        b.u32() as i32
+                    } else {
+                        (b.u8() % 10) as i32
+                    }
+                })
                 .collect(),
         ),
         DType::F32 => Owned::F32((0..len).map(|_| b.f32()).collect()),
@@ -518,15 +548,34 @@ pub fn dataset(plan: &StaticPlan, b: &mut Bytes<'_>) -> Option<InMemory> {
                     (t.dtype, t.shape[1..].iter().product::<usize>())
                 })
                 .unwrap_or((DType::F32, 1));
-            let dt = if b.u8() < 240 { dt } else { b.pick(&[DType::U8, DType::I32, DType::F32]) };
+            let dt = if b.u8() < 240 {
+                dt
+            } else {
+                b.pick(&[DType::U8, DType::I32, DType::F32])
+            };
             let per = if b.u8() < 240 { per } else { b.below(9) };
             let n = samples * per.max(1);
             match values(b, dt, n) {
-                Owned::U8(data) => Column::U8 { data, per_sample: per },
-                Owned::I32(data) => Column::I32 { data, per_sample: per },
-                Owned::F32(data) => Column::F32 { data, per_sample: per },
-                Owned::F16(x) => Column::F32 { data: x.iter().map(|v| v.to_f32()).collect(), per_sample: per },
-                Owned::BF16(x) => Column::F32 { data: x.iter().map(|v| v.to_f32()).collect(), per_sample: per },
+                Owned::U8(data) => Column::U8 {
+                    data,
+                    per_sample: per,
+                },
+                Owned::I32(data) => Column::I32 {
+                    data,
+                    per_sample: per,
+                },
+                Owned::F32(data) => Column::F32 {
+                    data,
+                    per_sample: per,
+                },
+                Owned::F16(x) => Column::F32 {
+                    data: x.iter().map(|v| v.to_f32()).collect(),
+                    per_sample: per,
+                },
+                Owned::BF16(x) => Column::F32 {
+                    data: x.iter().map(|v| v.to_f32()).collect(),
+                    per_sample: per,
+                },
             }
         })
         .collect();
@@ -635,7 +684,11 @@ pub fn mutate_safetensors(valid: &[u8], b: &mut Bytes<'_>) -> Vec<u8> {
             0 if !tensors.is_empty() => {
                 let suffix = b.pick(&["x", ".opt0", ".opt9", ".weight", ""]);
                 let other = b.below(tensors.len());
-                let base = if b.bool() { tensors[other].name.clone() } else { tensors[k].name.clone() };
+                let base = if b.bool() {
+                    tensors[other].name.clone()
+                } else {
+                    tensors[k].name.clone()
+                };
                 tensors[k].name = format!("{base}{suffix}");
             }
             1 if !tensors.is_empty() => {
@@ -712,7 +765,9 @@ pub fn mutate_safetensors(valid: &[u8], b: &mut Bytes<'_>) -> Vec<u8> {
     match b.u8() {
         0..=215 => {
             let sum = memwise_runtime::weights::checksum(
-                tensors.iter().map(|t| (t.name.as_str(), t.dtype, &t.shape[..], &t.data[..])),
+                tensors
+                    .iter()
+                    .map(|t| (t.name.as_str(), t.dtype, &t.shape[..], &t.data[..])),
             );
             meta.insert("memwise.checksum".into(), format!("fnv1a64:{sum:016x}"));
         }
@@ -767,11 +822,19 @@ pub fn idx_file(b: &mut Bytes<'_>) -> Vec<u8> {
         return b.rest().to_vec();
     }
     let dtype = if b.u8() < 224 { 0x08 } else { b.u8() };
-    let ndim = if b.u8() < 240 { b.below(4) as u8 } else { b.u8() };
+    let ndim = if b.u8() < 240 {
+        b.below(4) as u8
+    } else {
+        b.u8()
+    };
     let mut out = vec![0, 0, dtype, ndim];
     let mut dims = Vec::new();
     for _ in 0..ndim.min(8) {
-        let d = if b.u8() < 224 { b.below(6) as u32 } else { b.u32() };
+        let d = if b.u8() < 224 {
+            b.below(6) as u32
+        } else {
+            b.u32()
+        };
         dims.push(d as usize);
         out.extend_from_slice(&d.to_be_bytes());
     }
