@@ -36,12 +36,27 @@ fuzz_target!(|data: &[u8]| {
     let mut b = Bytes::new(data);
     let valid = valid();
     let (plan, file) = &valid[b.below(valid.len())];
-    let bytes = if b.u8() < 24 { b.rest().to_vec() } else { decode::mutate_safetensors(file, &mut b) };
+    let bytes = if b.u8() < 24 {
+        b.rest().to_vec()
+    } else {
+        decode::mutate_safetensors(file, &mut b)
+    };
     let mut ex = Executor::new(plan.clone(), &Device::cpu(), 9).expect("a fixed model builds");
-    let (before, step, scale) = (ex.persistent_bytes().to_vec(), ex.step_counter(), ex.loss_scale());
+    let (before, step, scale) = (
+        ex.persistent_bytes().to_vec(),
+        ex.step_counter(),
+        ex.loss_scale(),
+    );
     if let Err(e) = ex.load_checkpoint_from_bytes(&bytes) {
         assert!(!e.to_string().is_empty(), "an error without a message");
-        assert!(ex.persistent_bytes() == &before[..], "a failed load changed the model: {e}");
-        assert_eq!((ex.step_counter(), ex.loss_scale().to_bits()), (step, scale.to_bits()), "a failed load changed the counters: {e}");
+        assert!(
+            ex.persistent_bytes() == &before[..],
+            "a failed load changed the model: {e}"
+        );
+        assert_eq!(
+            (ex.step_counter(), ex.loss_scale().to_bits()),
+            (step, scale.to_bits()),
+            "a failed load changed the counters: {e}"
+        );
     }
 });

@@ -11,9 +11,13 @@ fuzz_target!(|data: &[u8]| {
         // Sizes from 16 EiB − 0.5% up format as `16384 PiB`, over u64::MAX: not parsed back.
         Ok(n) if n < 1 << 63 => {
             let shown = format_bytes(n);
-            let back = parse_bytes(&shown).unwrap_or_else(|e| panic!("`{shown}` does not parse back: {e}"));
+            let back = parse_bytes(&shown)
+                .unwrap_or_else(|e| panic!("`{shown}` does not parse back: {e}"));
             // format_bytes rounds to two decimals of its unit.
-            assert!(back.abs_diff(n) as f64 <= n as f64 * 0.005 + 1.0, "{n} → `{shown}` → {back}");
+            assert!(
+                back.abs_diff(n) as f64 <= n as f64 * 0.005 + 1.0,
+                "{n} → `{shown}` → {back}"
+            );
         }
         Ok(_) => {}
         Err(e) => assert!(!e.is_empty(), "an error without a message"),

@@ -23,7 +23,12 @@ fuzz_target!(|data: &[u8]| {
     if let (Ok(i), Ok(l)) = parsed {
         match MnistSplit::from_arrays(i, "images", l, "labels") {
             Ok(s) => {
-                let _ = (s.len(), s.class_counts(), s.image(s.len().saturating_sub(1)), s.label(0));
+                let _ = (
+                    s.len(),
+                    s.class_counts(),
+                    s.image(s.len().saturating_sub(1)),
+                    s.label(0),
+                );
                 let at = b.below(s.len() + 2);
                 let (a, c) = s.split_at(at);
                 assert_eq!(a.len() + c.len(), a.labels.len() + c.labels.len());

@@ -30,10 +30,16 @@ fuzz_target!(|data: &[u8]| {
             continue;
         }
         let training = p.training;
-        let Ok(mut ex) = Executor::new(p, &Device::cpu(), 7) else { continue };
+        let Ok(mut ex) = Executor::new(p, &Device::cpu(), 7) else {
+            continue;
+        };
         let owned = decode::batches(ex.plan(), &mut Bytes::new(&[]));
         let batches: Vec<Batch<'_>> = owned.iter().map(|b| b.as_batch()).collect();
-        let r = if training { ex.train_step(&batches) } else { ex.evaluate_step(&batches) };
+        let r = if training {
+            ex.train_step(&batches)
+        } else {
+            ex.evaluate_step(&batches)
+        };
         if let Err(e) = r {
             assert!(!e.to_string().is_empty(), "an error without a message");
         }

@@ -16,7 +16,12 @@ fn plans() -> &'static [(StaticPlan, StaticPlan)] {
     PLANS.get_or_init(|| {
         decode::train_models()
             .iter()
-            .map(|m| (memwise_plan::plan(m).unwrap(), memwise_plan::plan_inference(m).unwrap()))
+            .map(|m| {
+                (
+                    memwise_plan::plan(m).unwrap(),
+                    memwise_plan::plan_inference(m).unwrap(),
+                )
+            })
             .collect()
     })
 }
@@ -27,23 +32,32 @@ fuzz_target!(|data: &[u8]| {
     let (train, infer) = &plans[b.below(plans.len())];
     let inference = b.u8() > 200;
     let plan = if inference { infer } else { train };
-    let mut ex = Executor::new(plan.clone(), &Device::cpu(), b.u8() as u64).expect("a fixed model builds");
+    let mut ex =
+        Executor::new(plan.clone(), &Device::cpu(), b.u8() as u64).expect("a fixed model builds");
     for _ in 0..1 + b.below(3) {
         let before = ex.persistent_bytes().to_vec();
         let owned = decode::batches(ex.plan(), &mut b);
         let batches: Vec<Batch<'_>> = owned.iter().map(|o| o.as_batch()).collect();
-        let r = if inference { ex.evaluate_step(&batches) } else { ex.train_step(&batches) };
+        let r = if inference {
+            ex.evaluate_step(&batches)
+        } else {
+            ex.train_step(&batches)
+        };
         match r {
             Ok(_) if inference => {
                 let n = ex.plan().tensor(ex.plan().prediction).elems();
                 let mut out = vec![0.0; n];
-                ex.read_prediction(&mut out).expect("a prediction after a step");
+                ex.read_prediction(&mut out)
+                    .expect("a prediction after a step");
             }
             Ok(_) => {}
             Err(e) => {
                 assert!(!e.to_string().is_empty(), "an error without a message");
                 if let RuntimeError::Input(m) = &e {
-                    assert!(ex.persistent_bytes() == &before[..], "a refused input changed the model: {m}");
+                    assert!(
+                        ex.persistent_bytes() == &before[..],
+                        "a refused input changed the model: {m}"
+                    );
                 }
             }
         }

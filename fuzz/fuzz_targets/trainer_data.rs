@@ -12,8 +12,16 @@ fuzz_target!(|data: &[u8]| {
     let models = decode::train_models();
     let spec = &models[b.below(models.len())];
     let mut t = Trainer::build(spec, &Device::cpu(), 3).expect("a fixed model builds");
-    let Some(ds) = decode::dataset(t.plan(), &mut b) else { return };
-    let opts = FitOptions { epochs: 1 + b.below(2), verbose: false, max_steps: Some(3), seed: b.u8() as u64, ..FitOptions::default() };
+    let Some(ds) = decode::dataset(t.plan(), &mut b) else {
+        return;
+    };
+    let opts = FitOptions {
+        epochs: 1 + b.below(2),
+        verbose: false,
+        max_steps: Some(3),
+        seed: b.u8() as u64,
+        ..FitOptions::default()
+    };
     let r = match b.u8() % 5 {
         0 => t.fit(&ds, None, &opts, &mut []).map(|_| ()),
         1 => t.fit(&ds, Some(&ds), &opts, &mut []).map(|_| ()),
@@ -24,7 +32,10 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(clean.len() + dropped, ds.len());
             for c in clean.columns() {
                 if let Column::F32 { data, .. } = c {
-                    assert!(data.iter().all(|v| v.is_finite()), "a non-finite value survived");
+                    assert!(
+                        data.iter().all(|v| v.is_finite()),
+                        "a non-finite value survived"
+                    );
                 }
             }
             t.fit(&clean, None, &opts, &mut []).map(|_| ())

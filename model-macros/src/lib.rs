@@ -162,11 +162,42 @@ fn expand_model(
     }
 
     let name = st.ident.to_string();
-    let lowered = lower::lower(&name, &args, &decls, &blocks, &mut e);
+    let mut lowered = lower::lower(&name, &args, &decls, &blocks, &mut e);
     if !e.is_empty() || lowered.incomplete {
         // An incomplete model uses a block with errors, reported at the block.
         let errors = e.to_compile_errors();
         return quote!(#st #errors);
+    }
+    // `checkpoint = auto`: the solver chooses the segments that fit the budget with the least
+    // recomputation; the model is then exactly as if the user had written them.
+    let mut auto_choice = None;
+    if let Some(tokens) = &args.checkpoint_auto {
+        match &args.budget {
+            None => {
+                let err = syn::Error::new_spanned(
+                    tokens,
+                    "`checkpoint = auto` chooses the checkpoints that fit the budget: add `budget = \"…\"`",
+                );
+                let err = err.to_compile_error();
+                return quote!(#st #err);
+            }
+            Some((budget, btokens)) => {
+                match memwise_plan::checkpoint::solve(&lowered.spec, *budget) {
+                    Ok(choice) => {
+                        lowered.spec = choice.apply(&lowered.spec);
+                        auto_choice = Some(choice.to_string());
+                    }
+                    Err(pe) => {
+                        let err = syn::Error::new_spanned(
+                            btokens,
+                            format!("`checkpoint = auto`: {}", pe.message),
+                        );
+                        let err = err.to_compile_error();
+                        return quote!(#st #err);
+                    }
+                }
+            }
+        }
     }
     let plan = match memwise_plan::plan(&lowered.spec) {
         Ok(p) => p,
@@ -177,6 +208,15 @@ fn expand_model(
         }
     };
     let mut out = emit::model_items(&st, &lowered, &plan);
+    if let Some(text) = auto_choice {
+        let ident = &st.ident;
+        out.extend(quote! {
+            impl #ident {
+                /// What `checkpoint = auto` chose, and what it costs.
+                pub const AUTO_CHECKPOINT: &'static str = #text;
+            }
+        });
+    }
     if let Some((budget, tokens)) = &args.budget {
         if plan.memory.total > *budget {
             let message = budget_error(&name, &args, &decls, &blocks, &lowered, &plan, *budget);

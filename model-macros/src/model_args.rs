@@ -27,6 +27,8 @@ pub struct ModelArgs {
     pub metrics: Vec<Metric>,
     /// Bytes, and the whole `budget = "…"` argument (where the budget error goes).
     pub budget: Option<(u64, TokenStream)>,
+    /// `checkpoint = auto`: the whole argument, when given.
+    pub checkpoint_auto: Option<TokenStream>,
 }
 
 const ARGS: [&str; 7] = [
@@ -75,6 +77,7 @@ pub fn parse(attr: TokenStream, e: &mut Errors) -> ModelArgs {
         loss_tokens: None,
         metrics: Vec::new(),
         budget: None,
+        checkpoint_auto: None,
     };
     let env = Env::new();
     let mut seen: Vec<String> = Vec::new();
@@ -157,14 +160,15 @@ pub fn parse(attr: TokenStream, e: &mut Errors) -> ModelArgs {
             }
             "checkpoint" => {
                 let auto = matches!(eval(&arg.value, &env), Ok(v) if v.v == V::Word("auto".into()));
-                e.at(
-                    &arg.tokens,
-                    if auto {
-                        "`checkpoint = auto` is not available yet (automatic checkpointing is planned)\n= help: mark the layers to recompute with `#[checkpoint]` on their fields"
-                    } else {
-                        "`checkpoint` takes `auto` (not available yet); mark layers with `#[checkpoint]` on their fields"
-                    },
-                );
+                if auto {
+                    out.checkpoint_auto = Some(arg.tokens.clone());
+                } else {
+                    e.at(
+                        &arg.tokens,
+                        "`checkpoint` takes `auto` (memwise chooses the checkpoints that fit `budget`); \
+                         or mark layers with `#[checkpoint]` on their fields",
+                    );
+                }
             }
             other => e.at(
                 arg.name.as_ref().expect("named"),

@@ -338,6 +338,15 @@ impl Executor {
     /// allocation, when the plan exceeds the device's memory) and initialises the weights as
     /// Keras does (Glorot-uniform kernels, zero biases, unit norm scales), seeded.
     pub fn new(plan: StaticPlan, device: &Device, seed: u64) -> Result<Executor> {
+        if device.is_cuda() {
+            // The CPU executor must not pretend to run on a GPU: the CUDA executor
+            // (`runtime::cuda`) is not yet behind `Trainer`.
+            return Err(RuntimeError::Device(format!(
+                "{}: training through `Trainer` runs on the CPU only in this version; \
+                 pass `--device cpu` (or `Device::cpu()`)",
+                device.name()
+            )));
+        }
         let total = plan.persistent_bytes + plan.arena_bytes;
         if let Some(avail) = device.available_bytes() {
             if total > avail {

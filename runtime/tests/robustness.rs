@@ -20,7 +20,7 @@ use memwise_plan::{
 };
 use memwise_runtime::data::dataset::{Column, Dataset, InMemory};
 use memwise_runtime::data::idx::{parse_idx, MnistSplit};
-use memwise_runtime::{Batch, Device, Executor, FitOptions, RuntimeError, Trainer};
+use memwise_runtime::{Batch, Device, Executor, FitOptions, RuntimeError, StepOutput, Trainer};
 use proptest::prelude::*;
 use support::decode::{self, Bytes, Owned};
 
@@ -29,10 +29,10 @@ use support::decode::{self, Bytes, Owned};
 // ---------------------------------------------------------------------------------------
 
 /// Cases per property (the sum is printed in docs/ROBUSTNESS.md).
-const PLAN_CASES: u32 = 512;
-const STEP_CASES: u32 = 384;
-const TRAINER_CASES: u32 = 128;
-const LOAD_CASES: u32 = 256;
+const PLAN_CASES: u32 = 1024;
+const STEP_CASES: u32 = 512;
+const TRAINER_CASES: u32 = 256;
+const LOAD_CASES: u32 = 384;
 const IDX_CASES: u32 = 512;
 const PARSE_BYTES_CASES: u32 = 1024;
 const DROP_CASES: u32 = 256;
@@ -81,101 +81,96 @@ fn bytes(max: usize) -> impl Strategy<Value = Vec<u8>> {
     prop::collection::vec(any::<u8>(), 0..max)
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: PLAN_CASES, ..ProptestConfig::default() })]
+fn config(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        ..ProptestConfig::default()
+    }
+}
 
-    /// Any `ModelSpec` plans or fails with a message; a small plan also runs a step.
-    #[test]
-    fn planning_any_spec_never_panics(data in bytes(256)) {
-        let spec = decode::model_spec(&data);
-        for p in [plan(&spec), plan_inference(&spec)] {
-            match p {
-                Err(e) => prop_assert!(!e.to_string().is_empty()),
-                Ok(p) if p.arena_bytes + p.persistent_bytes <= 1 << 20 && p.steps.len() <= 200 => {
-                    let training = p.training;
-                    if let Ok(mut ex) = Executor::new(p, &Device::cpu(), 7) {
-                        let owned = decode::batches(ex.plan(), &mut Bytes::new(&[]));
-                        let r = if training { ex.train_step(&views(&owned)) } else { ex.evaluate_step(&views(&owned)) };
-                        if let Err(e) = r {
-                            prop_assert!(!e.to_string().is_empty());
-                        }
+/// Runs one step of `ex` (training or inference, as its plan is) on `owned`.
+fn step(ex: &mut Executor, owned: &[Owned]) -> Result<StepOutput, RuntimeError> {
+    if ex.plan().training {
+        ex.train_step(&views(owned))
+    } else {
+        ex.evaluate_step(&views(owned))
+    }
+}
+
+/// Any `ModelSpec` plans or fails with a message; a small plan also builds and runs a step.
+fn check_plan(data: &[u8]) -> Result<(), TestCaseError> {
+    let spec = decode::model_spec(data);
+    for p in [plan(&spec), plan_inference(&spec)] {
+        match p {
+            Err(e) => prop_assert!(!e.to_string().is_empty()),
+            Ok(p) if p.arena_bytes + p.persistent_bytes <= 1 << 20 && p.steps.len() <= 200 => {
+                if let Ok(mut ex) = Executor::new(p, &Device::cpu(), 7) {
+                    let owned = decode::batches(ex.plan(), &mut Bytes::new(&[]));
+                    if let Err(e) = step(&mut ex, &owned) {
+                        prop_assert!(!e.to_string().is_empty());
                     }
                 }
-                Ok(_) => {}
+            }
+            Ok(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Any batches (count, dtype, length, values) on the fixed models: a step or an error, and
+/// an input error leaves the model untouched.
+fn check_step(data: &[u8]) -> Result<(), TestCaseError> {
+    let mut b = Bytes::new(data);
+    let plans = plans();
+    let (train, infer) = &plans[b.below(plans.len())];
+    let p = if b.u8() > 200 { infer } else { train };
+    let mut ex = Executor::new(p.clone(), &Device::cpu(), 1).unwrap();
+    for _ in 0..1 + b.below(2) {
+        let before = ex.persistent_bytes().to_vec();
+        let owned = decode::batches(ex.plan(), &mut b);
+        if let Err(e) = step(&mut ex, &owned) {
+            prop_assert!(!e.to_string().is_empty());
+            if let RuntimeError::Input(_) = e {
+                let same = ex.persistent_bytes() == &before[..];
+                prop_assert!(same, "a refused input changed the model: {}", e);
             }
         }
     }
+    Ok(())
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: STEP_CASES, ..ProptestConfig::default() })]
-
-    /// Any batches (count, dtype, length, values) on the fixed models: a step or an error,
-    /// and an input error leaves the model untouched.
-    #[test]
-    fn train_step_on_any_batch_never_panics(data in bytes(512)) {
-        let mut b = Bytes::new(&data);
-        let plans = plans();
-        let (train, infer) = &plans[b.below(plans.len())];
-        let inference = b.u8() > 200;
-        let mut ex = Executor::new(if inference { infer } else { train }.clone(), &Device::cpu(), 1).unwrap();
-        for _ in 0..1 + b.below(2) {
-            let before = ex.persistent_bytes().to_vec();
-            let owned = decode::batches(ex.plan(), &mut b);
-            let r = if inference { ex.evaluate_step(&views(&owned)) } else { ex.train_step(&views(&owned)) };
-            if let Err(e) = r {
-                prop_assert!(!e.to_string().is_empty());
-                if let RuntimeError::Input(_) = e {
-                    prop_assert!(ex.persistent_bytes() == &before[..], "a refused input changed the model: {e}");
-                }
-            }
-        }
+/// Any in-memory dataset (columns, dtypes, sizes, 0–11 samples) through fit, evaluate and
+/// predict: a result or an error with a message.
+fn check_trainer(data: &[u8]) -> Result<(), TestCaseError> {
+    let mut b = Bytes::new(data);
+    let models = decode::train_models();
+    let spec = &models[b.below(models.len())];
+    let mut t = Trainer::build(spec, &Device::cpu(), 3).unwrap();
+    let Some(ds) = decode::dataset(t.plan(), &mut b) else {
+        return Ok(());
+    };
+    let opts = FitOptions {
+        epochs: 1,
+        verbose: false,
+        max_steps: Some(2),
+        ..FitOptions::default()
+    };
+    let r = match b.u8() % 4 {
+        0 => t.fit(&ds, Some(&ds), &opts, &mut []).map(|_| ()),
+        1 => t.evaluate(&ds).map(|_| ()),
+        2 => t.predict(&ds).map(|_| ()),
+        _ => t
+            .fit(&ds.drop_non_finite().0, None, &opts, &mut [])
+            .map(|_| ()),
+    };
+    if let Err(e) = r {
+        prop_assert!(!e.to_string().is_empty());
     }
+    Ok(())
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: TRAINER_CASES, ..ProptestConfig::default() })]
-
-    /// Any in-memory dataset (columns, dtypes, sizes, 0–11 samples) through fit, evaluate and
-    /// predict: a result or an error with a message.
-    #[test]
-    fn trainer_on_any_dataset_never_panics(data in bytes(256)) {
-        let mut b = Bytes::new(&data);
-        let models = decode::train_models();
-        let spec = &models[b.below(models.len())];
-        let mut t = Trainer::build(spec, &Device::cpu(), 3).unwrap();
-        if let Some(ds) = decode::dataset(t.plan(), &mut b) {
-            let opts = FitOptions { epochs: 1, verbose: false, max_steps: Some(2), ..FitOptions::default() };
-            let r = match b.u8() % 4 {
-                0 => t.fit(&ds, Some(&ds), &opts, &mut []).map(|_| ()),
-                1 => t.evaluate(&ds).map(|_| ()),
-                2 => t.predict(&ds).map(|_| ()),
-                _ => t.fit(&ds.drop_non_finite().0, None, &opts, &mut []).map(|_| ()),
-            };
-            if let Err(e) = r {
-                prop_assert!(!e.to_string().is_empty());
-            }
-        }
-    }
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig { cases: LOAD_CASES, ..ProptestConfig::default() })]
-
-    /// Mutated (and raw) weights files: loaded, or an error and the model bit-identical.
-    #[test]
-    fn loading_mutated_weights_never_panics_nor_changes_the_model(data in bytes(128)) {
-        check_load(&data, false)?;
-    }
-
-    /// Mutated (and raw) checkpoints: loaded, or an error and the model and its counters
-    /// bit-identical.
-    #[test]
-    fn loading_mutated_checkpoints_never_panics_nor_changes_the_model(data in bytes(128)) {
-        check_load(&data, true)?;
-    }
-}
-
+/// Mutated (and raw) weights or checkpoint files: loaded, or an error and the model (and its
+/// counters) bit-identical.
 fn check_load(data: &[u8], checkpoint: bool) -> Result<(), TestCaseError> {
     let mut b = Bytes::new(data);
     let k = b.below(plans().len());
@@ -186,11 +181,11 @@ fn check_load(data: &[u8], checkpoint: bool) -> Result<(), TestCaseError> {
         decode::mutate_safetensors(file, &mut b)
     };
     let mut ex = Executor::new(plans()[k].0.clone(), &Device::cpu(), 9).unwrap();
-    let before = (
-        ex.persistent_bytes().to_vec(),
-        ex.step_counter(),
-        ex.loss_scale().to_bits(),
-    );
+    let state = |ex: &Executor| {
+        let scale = ex.loss_scale().to_bits();
+        (ex.persistent_bytes().to_vec(), ex.step_counter(), scale)
+    };
+    let before = state(&ex);
     let r = if checkpoint {
         ex.load_checkpoint_from_bytes(&bytes)
     } else {
@@ -198,71 +193,178 @@ fn check_load(data: &[u8], checkpoint: bool) -> Result<(), TestCaseError> {
     };
     if let Err(e) = r {
         prop_assert!(!e.to_string().is_empty());
-        let after = (
-            ex.persistent_bytes().to_vec(),
-            ex.step_counter(),
-            ex.loss_scale().to_bits(),
+        prop_assert!(
+            state(&ex) == before,
+            "a failed load changed the model: {}",
+            e
         );
-        prop_assert!(after == before, "a failed load changed the model: {e}");
     }
     Ok(())
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: IDX_CASES, ..ProptestConfig::default() })]
+/// IDX files (valid, gzipped, damaged, raw): an array whose data matches its dims, or an
+/// error naming the file; then an MNIST split from two of them.
+fn check_idx(data: &[u8]) -> Result<(), TestCaseError> {
+    let mut b = Bytes::new(data);
+    let (images, labels) = (decode::idx_file(&mut b), decode::idx_file(&mut b));
+    let i = parse_idx(&images, "images.idx");
+    let l = parse_idx(&labels, "labels.idx");
+    for r in [&i, &l] {
+        match r {
+            Ok(a) => {
+                let n = a.dims.iter().try_fold(1usize, |x, &d| x.checked_mul(d));
+                prop_assert_eq!(n, Some(a.data.len()));
+            }
+            Err(e) => prop_assert!(e.to_string().contains(".idx:"), "{}", e),
+        }
+    }
+    if let (Ok(i), Ok(l)) = (i, l) {
+        match MnistSplit::from_arrays(i, "images.idx", l, "labels.idx") {
+            Ok(s) => {
+                let _ = (s.class_counts(), s.image(0), s.label(0));
+                let n = s.len();
+                let (a, c) = s.split_at(b.below(n + 2));
+                prop_assert_eq!(a.len() + c.len(), n);
+            }
+            Err(e) => prop_assert!(!e.to_string().is_empty()),
+        }
+    }
+    Ok(())
+}
 
-    /// IDX files (valid, gzipped, damaged, raw): an array whose data matches its dims, or an
-    /// error naming the file; then an MNIST split from two of them.
+/// Budget strings: any text parses or is refused with a message; what parses formats and
+/// parses back within `format_bytes`'s rounding.
+fn check_parse_bytes(text: &str) -> Result<(), TestCaseError> {
+    match parse_bytes(text) {
+        // Sizes from 16 EiB − 0.5% up format as `16384 PiB`, over u64::MAX.
+        Ok(n) if n >= 1 << 63 => {}
+        Ok(n) => {
+            let shown = format_bytes(n);
+            let back = parse_bytes(&shown);
+            prop_assert!(
+                back.is_ok(),
+                "`{}` (from {}) does not parse back: {:?}",
+                shown,
+                n,
+                back
+            );
+            let back = back.unwrap();
+            let close = back.abs_diff(n) as f64 <= n as f64 * 0.005 + 1.0;
+            prop_assert!(close, "{} → `{}` → {}", n, shown, back);
+        }
+        Err(e) => prop_assert!(!e.is_empty()),
+    }
+    Ok(())
+}
+
+/// Dropping non-finite samples keeps exactly the finite ones, in order, in every column.
+fn check_drop_non_finite(per: usize, values: &[f32]) -> Result<(), TestCaseError> {
+    let n = values.len() / per;
+    let x = &values[..n * per];
+    let finite = |i: usize| x[i * per..(i + 1) * per].iter().all(|v| v.is_finite());
+    let ds = InMemory::new(vec![
+        Column::F32 {
+            data: x.to_vec(),
+            per_sample: per,
+        },
+        Column::I32 {
+            data: (0..n as i32).collect(),
+            per_sample: 1,
+        },
+    ])
+    .unwrap();
+    let (clean, dropped) = ds.drop_non_finite();
+    let keep: Vec<usize> = (0..n).filter(|&i| finite(i)).collect();
+    prop_assert_eq!(clean.len(), keep.len());
+    prop_assert_eq!(dropped, n - keep.len());
+    let want_x: Vec<f32> = keep
+        .iter()
+        .flat_map(|&i| x[i * per..(i + 1) * per].iter().copied())
+        .collect();
+    let want_l: Vec<i32> = keep.iter().map(|&i| i as i32).collect();
+    let want = [
+        Column::F32 {
+            data: want_x,
+            per_sample: per,
+        },
+        Column::I32 {
+            data: want_l,
+            per_sample: 1,
+        },
+    ];
+    prop_assert_eq!(clean.columns(), &want[..]);
+    Ok(())
+}
+
+fn float_or_not() -> impl Strategy<Value = f32> {
+    prop_oneof![
+        4 => -10.0f32..10.0,
+        1 => Just(f32::NAN),
+        1 => Just(f32::INFINITY),
+        1 => Just(f32::NEG_INFINITY),
+    ]
+}
+
+fn size_text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        any::<String>(),
+        "[ ]{0,2}[0-9_.]{0,22}[ ]?(B|b|KiB|kib|MiB|GiB|TiB|PiB|KB|MB|GB|TB|PB|k|m|x|)[ ]{0,2}",
+    ]
+}
+
+proptest! {
+    #![proptest_config(config(PLAN_CASES))]
     #[test]
-    fn parse_idx_never_panics(data in bytes(256)) {
-        let mut b = Bytes::new(&data);
-        let (images, labels) = (decode::idx_file(&mut b), decode::idx_file(&mut b));
-        let (i, l) = (parse_idx(&images, "images.idx"), parse_idx(&labels, "labels.idx"));
-        for r in [&i, &l] {
-            match r {
-                Ok(a) => prop_assert_eq!(a.dims.iter().try_fold(1usize, |x, &d| x.checked_mul(d)), Some(a.data.len())),
-                Err(e) => prop_assert!(e.to_string().contains(".idx:"), "{}", e),
-            }
-        }
-        if let (Ok(i), Ok(l)) = (i, l) {
-            match MnistSplit::from_arrays(i, "images.idx", l, "labels.idx") {
-                Ok(s) => {
-                    let _ = (s.class_counts(), s.image(0), s.label(0));
-                    let n = s.len();
-                    let (a, c) = s.split_at(b.below(n + 2));
-                    prop_assert_eq!(a.len() + c.len(), n);
-                }
-                Err(e) => prop_assert!(!e.to_string().is_empty()),
-            }
-        }
+    fn planning_any_spec_never_panics(data in bytes(256)) {
+        check_plan(&data)?;
     }
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: PARSE_BYTES_CASES, ..ProptestConfig::default() })]
-
-    /// Budget strings: any text parses or is refused with a message; what parses formats and
-    /// parses back within format_bytes's rounding.
+    #![proptest_config(config(STEP_CASES))]
     #[test]
-    fn parse_bytes_never_panics(text in prop_oneof![
-        any::<String>(),
-        "[ ]{0,2}[0-9_.]{0,22}[ ]?(B|b|KiB|kib|MiB|GiB|TiB|PiB|KB|MB|GB|TB|PB|k|m|x|)[ ]{0,2}",
-    ]) {
-        match parse_bytes(&text) {
-            // Sizes from 16 EiB − 0.5% up format as `16384 PiB`, over u64::MAX.
-            Ok(n) if n >= 1 << 63 => {}
-            Ok(n) => {
-                let shown = format_bytes(n);
-                let back = parse_bytes(&shown);
-                prop_assert!(back.is_ok(), "`{}` (from {}) does not parse back: {:?}", shown, n, back);
-                let back = back.unwrap();
-                prop_assert!(back.abs_diff(n) as f64 <= n as f64 * 0.005 + 1.0, "{} → `{}` → {}", n, shown, back);
-            }
-            Err(e) => prop_assert!(!e.is_empty()),
-        }
+    fn train_step_on_any_batch_never_panics(data in bytes(512)) {
+        check_step(&data)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(config(TRAINER_CASES))]
+    #[test]
+    fn trainer_on_any_dataset_never_panics(data in bytes(256)) {
+        check_trainer(&data)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(config(LOAD_CASES))]
+    #[test]
+    fn loading_mutated_weights_never_panics_nor_changes_the_model(data in bytes(128)) {
+        check_load(&data, false)?;
     }
 
-    /// Any size formats, and the text parses back.
+    #[test]
+    fn loading_mutated_checkpoints_never_panics_nor_changes_the_model(data in bytes(128)) {
+        check_load(&data, true)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(config(IDX_CASES))]
+    #[test]
+    fn parse_idx_never_panics(data in bytes(256)) {
+        check_idx(&data)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(config(PARSE_BYTES_CASES))]
+    #[test]
+    fn parse_bytes_never_panics(text in size_text()) {
+        check_parse_bytes(&text)?;
+    }
+
+    /// Any size below 2^63 formats, and the text parses back.
     #[test]
     fn format_bytes_parses_back(n in 0..1u64 << 63) {
         let shown = format_bytes(n);
@@ -271,29 +373,13 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: DROP_CASES, ..ProptestConfig::default() })]
-
-    /// Dropping non-finite samples keeps exactly the finite ones, in order, in every column.
+    #![proptest_config(config(DROP_CASES))]
     #[test]
     fn drop_non_finite_keeps_exactly_the_finite_samples(
         per in 1usize..4,
-        values in prop::collection::vec(prop_oneof![4 => -10.0f32..10.0, 1 => Just(f32::NAN), 1 => Just(f32::INFINITY), 1 => Just(f32::NEG_INFINITY)], 0..40),
+        values in prop::collection::vec(float_or_not(), 0..40),
     ) {
-        let n = values.len() / per;
-        let x: Vec<f32> = values[..n * per].to_vec();
-        let labels: Vec<i32> = (0..n as i32).collect();
-        let ds = InMemory::new(vec![
-            Column::F32 { data: x.clone(), per_sample: per },
-            Column::I32 { data: labels, per_sample: 1 },
-        ]).unwrap();
-        let (clean, dropped) = ds.drop_non_finite();
-        let keep: Vec<usize> = (0..n).filter(|&i| x[i * per..(i + 1) * per].iter().all(|v| v.is_finite())).collect();
-        prop_assert_eq!(clean.len(), keep.len());
-        prop_assert_eq!(dropped, n - keep.len());
-        let want_x: Vec<f32> = keep.iter().flat_map(|&i| x[i * per..(i + 1) * per].iter().copied()).collect();
-        let want_l: Vec<i32> = keep.iter().map(|&i| i as i32).collect();
-        prop_assert_eq!(&clean.columns()[0], &Column::F32 { data: want_x, per_sample: per });
-        prop_assert_eq!(&clean.columns()[1], &Column::I32 { data: want_l, per_sample: 1 });
+        check_drop_non_finite(per, &values)?;
     }
 }
 

@@ -1,6 +1,6 @@
 use memwise::prelude::*;
 
-#[memwise::model(batch = 32, loss = mse, budget = "1 GiB", checkpoint = auto)]
+#[memwise::model(batch = 32, loss = mse, checkpoint = auto)]
 struct Net {
     #[input(shape = [784])]
     pixels: Input,
