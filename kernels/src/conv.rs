@@ -867,73 +867,128 @@ impl Geom {
     }
 }
 
+/// Windows `o` in `0..out` whose tap `k` lands on a coordinate `o·stride + k − pad` inside
+/// `a..b`, as the range `lo..hi` (empty when none do).
+#[inline]
+fn windows_hitting(k: usize, pad: usize, stride: usize, a: usize, b: usize, out: usize) -> (usize, usize) {
+    let hi = (b + pad).saturating_sub(k).div_ceil(stride).min(out);
+    let lo = (a + pad).saturating_sub(k).div_ceil(stride);
+    (lo.min(hi), hi)
+}
+
+/// Elements of im2col / col2im work handed to one rayon task at least (a task is one row of
+/// windows or one image row; small rows are grouped so scheduling costs stay negligible).
+const TASK_ELEMS: usize = 16 * 1024;
+
 /// Lowers samples `n0..n0+cn` of `img` (`[n, h, w, c]`) into `col[(s,oy,ox), (ki,kj,ci)]`;
-/// taps that fall in the padding get 0. Parallel over rows of col.
+/// taps that fall in the padding get 0. One task per row of windows `(s, oy)`: for each tap,
+/// the range of windows whose tap is inside the image is computed once, so the inner loop is
+/// a plain strided copy of `c` channels (a single element when `c == 1`).
 fn im2col<T: Element>(g: &Geom, img: &[T], n0: usize, cn: usize, col: &mut [T]) {
-    let (k, c, p) = (g.k(), g.c, g.oh * g.ow);
-    if k == 0 {
+    let (k, c) = (g.k(), g.c);
+    let row_len = g.ow * k;
+    if row_len == 0 {
         return;
     }
     let zero = T::from_f32(0.0);
-    col[..cn * p * k]
-        .par_chunks_mut(k)
-        .with_min_len(16)
+    col[..cn * g.oh * row_len]
+        .par_chunks_mut(row_len)
+        .with_min_len((TASK_ELEMS / row_len).max(1))
         .enumerate()
-        .for_each(|(r, row)| {
-            let (s, q) = (n0 + r / p, r % p);
-            let (oy, ox) = (q / g.ow, q % g.ow);
+        .for_each(|(r, rows)| {
+            let (s, oy) = (n0 + r / g.oh, r % g.oh);
             for ki in 0..g.kh {
                 let iy = (oy * g.sh + ki) as isize - g.pt as isize;
+                let inside = iy >= 0 && (iy as usize) < g.h;
                 for kj in 0..g.kw {
-                    let ix = (ox * g.sw + kj) as isize - g.pl as isize;
-                    let dst = &mut row[(ki * g.kw + kj) * c..(ki * g.kw + kj + 1) * c];
-                    if iy < 0 || iy >= g.h as isize || ix < 0 || ix >= g.w as isize {
-                        dst.fill(zero);
+                    let t0 = (ki * g.kw + kj) * c;
+                    let (lo, hi) = if inside { windows_hitting(kj, g.pl, g.sw, 0, g.w, g.ow) } else { (0, 0) };
+                    for ox in (0..lo).chain(hi..g.ow) {
+                        rows[ox * k + t0..ox * k + t0 + c].fill(zero);
+                    }
+                    if lo == hi {
+                        continue;
+                    }
+                    // Pixel `ix = ox·sw + kj − pl` of image row `iy`: `ox ≥ lo` keeps it ≥ 0.
+                    let src_row = (s * g.h + iy as usize) * g.w + kj;
+                    if c == 1 {
+                        for ox in lo..hi {
+                            rows[ox * k + t0] = img[src_row + ox * g.sw - g.pl];
+                        }
                     } else {
-                        let src = ((s * g.h + iy as usize) * g.w + ix as usize) * c;
-                        dst.copy_from_slice(&img[src..src + c]);
+                        for ox in lo..hi {
+                            let src = (src_row + ox * g.sw - g.pl) * c;
+                            rows[ox * k + t0..ox * k + t0 + c].copy_from_slice(&img[src..src + c]);
+                        }
                     }
                 }
             }
         });
 }
 
+/// f32 accumulators of one [`col2im`] task (16 KiB of stack): an image row is summed in
+/// segments of `COL2IM_ACC / channels` pixels.
+const COL2IM_ACC: usize = 4096;
+
 /// The adjoint of [`im2col`] for `cn` samples: `img[s,iy,ix,ci] = Σ col[(s,oy,ox),(ki,kj,ci)]`
 /// over the windows covering `(iy, ix)` (+ `bias[ci]`), **overwriting** `img` (`cn` samples).
-/// Written as a gather — one task per image row, each pixel summed in f32 on the stack — so
-/// there are no write conflicts, no zeroing pass, and only one rounding to `T`.
+/// Written as a gather — one task per image row, summed in f32 on the stack, taps in `(ki, kj)`
+/// order for every pixel — so there are no write conflicts, no zeroing pass, and only one
+/// rounding to `T`. Per tap, the windows that reach the row segment are found once and walked
+/// as a strided loop (a single add per window when `c == 1`).
 fn col2im<T: Element>(g: &Geom, col: &[T], cn: usize, img: &mut [T], bias: Option<&[f32]>) {
     let (k, c) = (g.k(), g.c);
-    if c == 0 {
+    let row_len = g.w * c;
+    if row_len == 0 {
         return;
     }
-    img[..cn * g.h * g.w * c]
-        .par_chunks_mut(g.w * c)
+    img[..cn * g.h * row_len]
+        .par_chunks_mut(row_len)
+        .with_min_len((TASK_ELEMS / row_len).max(1))
         .enumerate()
         .for_each(|(r, irow)| {
             let (s, iy) = (r / g.h, r % g.h);
-            let mut acc = [0f32; CH_BLOCK];
-            for ix in 0..g.w {
-                for c0 in (0..c).step_by(CH_BLOCK) {
-                    let cb = CH_BLOCK.min(c - c0);
-                    let acc = &mut acc[..cb];
+            let mut acc = [0f32; COL2IM_ACC];
+            for c0 in (0..c).step_by(COL2IM_ACC) {
+                let cb = COL2IM_ACC.min(c - c0);
+                let seg = COL2IM_ACC / cb;
+                for x0 in (0..g.w).step_by(seg) {
+                    let xn = seg.min(g.w - x0);
+                    let acc = &mut acc[..xn * cb];
                     match bias {
-                        Some(b) => acc.copy_from_slice(&b[c0..c0 + cb]),
+                        Some(b) => acc.chunks_exact_mut(cb).for_each(|a| a.copy_from_slice(&b[c0..c0 + cb])),
                         None => acc.fill(0.0),
                     }
                     for ki in 0..g.kh {
                         let Some(oy) = window_origin(iy, ki, g.pt as isize, g.sh, g.oh) else {
                             continue;
                         };
+                        let wrow = (s * g.oh + oy) * g.ow;
                         for kj in 0..g.kw {
-                            let Some(ox) = window_origin(ix, kj, g.pl as isize, g.sw, g.ow) else {
-                                continue;
-                            };
-                            let src = ((s * g.oh + oy) * g.ow + ox) * k + (ki * g.kw + kj) * c + c0;
-                            add_f32(&col[src..src + cb], acc);
+                            let (lo, hi) = windows_hitting(kj, g.pl, g.sw, x0, x0 + xn, g.ow);
+                            let t0 = (ki * g.kw + kj) * c + c0;
+                            // Pixel `ix = ox·sw + kj − pl`, at `ix − x0` in the segment.
+                            let at = kj + lo * g.sw - g.pl - x0;
+                            if cb == 1 {
+                                for (q, ox) in (lo..hi).enumerate() {
+                                    acc[at + q * g.sw] += col[(wrow + ox) * k + t0].to_f32();
+                                }
+                            } else {
+                                for (q, ox) in (lo..hi).enumerate() {
+                                    let (src, dst) = ((wrow + ox) * k + t0, (at + q * g.sw) * cb);
+                                    add_f32(&col[src..src + cb], &mut acc[dst..dst + cb]);
+                                }
+                            }
                         }
                     }
-                    store_f32(acc, &mut irow[ix * c + c0..ix * c + c0 + cb]);
+                    if cb == c {
+                        store_f32(acc, &mut irow[x0 * c..(x0 + xn) * c]);
+                    } else {
+                        for (p, a) in acc.chunks_exact(cb).enumerate() {
+                            let dst = (x0 + p) * c + c0;
+                            store_f32(a, &mut irow[dst..dst + cb]);
+                        }
+                    }
                 }
             }
         });
