@@ -870,7 +870,14 @@ impl Geom {
 /// Windows `o` in `0..out` whose tap `k` lands on a coordinate `o·stride + k − pad` inside
 /// `a..b`, as the range `lo..hi` (empty when none do).
 #[inline]
-fn windows_hitting(k: usize, pad: usize, stride: usize, a: usize, b: usize, out: usize) -> (usize, usize) {
+fn windows_hitting(
+    k: usize,
+    pad: usize,
+    stride: usize,
+    a: usize,
+    b: usize,
+    out: usize,
+) -> (usize, usize) {
     let hi = (b + pad).saturating_sub(k).div_ceil(stride).min(out);
     let lo = (a + pad).saturating_sub(k).div_ceil(stride);
     (lo.min(hi), hi)
@@ -902,7 +909,11 @@ fn im2col<T: Element>(g: &Geom, img: &[T], n0: usize, cn: usize, col: &mut [T]) 
                 let inside = iy >= 0 && (iy as usize) < g.h;
                 for kj in 0..g.kw {
                     let t0 = (ki * g.kw + kj) * c;
-                    let (lo, hi) = if inside { windows_hitting(kj, g.pl, g.sw, 0, g.w, g.ow) } else { (0, 0) };
+                    let (lo, hi) = if inside {
+                        windows_hitting(kj, g.pl, g.sw, 0, g.w, g.ow)
+                    } else {
+                        (0, 0)
+                    };
                     for ox in (0..lo).chain(hi..g.ow) {
                         rows[ox * k + t0..ox * k + t0 + c].fill(zero);
                     }
@@ -956,7 +967,9 @@ fn col2im<T: Element>(g: &Geom, col: &[T], cn: usize, img: &mut [T], bias: Optio
                     let xn = seg.min(g.w - x0);
                     let acc = &mut acc[..xn * cb];
                     match bias {
-                        Some(b) => acc.chunks_exact_mut(cb).for_each(|a| a.copy_from_slice(&b[c0..c0 + cb])),
+                        Some(b) => acc
+                            .chunks_exact_mut(cb)
+                            .for_each(|a| a.copy_from_slice(&b[c0..c0 + cb])),
                         None => acc.fill(0.0),
                     }
                     for ki in 0..g.kh {
