@@ -62,6 +62,16 @@ def rss_bytes() -> tuple[int, int]:
     return _status_kib("VmRSS:") * 1024, _status_kib("VmHWM:") * 1024
 
 
+def release_free_heap() -> None:
+    """glibc's malloc_trim(0), as memwise's MemoryMonitor does before its baseline."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def reset_peak() -> bool:
     """Resets VmHWM to the current resident size (Linux: ``5`` to /proc/self/clear_refs)."""
     try:
@@ -381,7 +391,9 @@ def main(argv=None) -> int:
         meta = f.metadata()
         batches = {k: f.get_tensor(k) for k in f.keys()}
     dumped = int(meta["memwise.steps"])
-    # Baseline: data loaded, model not built (as memwise's examples take theirs).
+    # Baseline: data loaded, model not built (as memwise's examples take theirs): free heap
+    # handed back, peak reset, then the resident size.
+    release_free_heap()
     reset_peak()
     base, _ = rss_bytes()
     model, train_step = make_twin(a.model, weights, meta, a.threads)

@@ -270,7 +270,16 @@ pub fn write_report(
     };
     let plan = trainer.plan();
     let m = &plan.memory;
-    let peak = trainer.monitor().growth().map(|g| g.peak);
+    // What training measured and what it was estimated to take: the peak at the end of the
+    // last epoch (the examples evaluate afterwards, with inference executors of their own),
+    // and the plan's total plus what the trainer holds on the host besides it during `fit`
+    // (batch staging, the CPU GEMM library's buffers; see `Trainer::host_bytes`).
+    let peak = match history.epochs.last() {
+        Some(e) => Some(e.peak_rss_growth),
+        None => trainer.monitor().growth().map(|g| g.peak),
+    };
+    let host = trainer.host_bytes();
+    let host = host.staging + host.gemm;
     let median = history.step_ms_median();
     let report = serde_json::json!({
         "schema": "memwise.report/1",
@@ -281,7 +290,7 @@ pub fn write_report(
         "estimate": {
             "params": m.params, "grads": m.grads, "optimizer": m.optimizer,
             "activations_peak": m.activations_peak, "workspace_peak": m.workspace_peak,
-            "inputs": m.inputs, "total": m.total,
+            "inputs": m.inputs, "plan_total": m.total, "host": host, "total": m.total + host,
         },
         "measured": {
             "peak_rss_growth_bytes": peak,

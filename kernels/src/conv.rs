@@ -979,6 +979,11 @@ fn col2im<T: Element>(g: &Geom, col: &[T], cn: usize, img: &mut [T], bias: Optio
                         let wrow = (s * g.oh + oy) * g.ow;
                         for kj in 0..g.kw {
                             let (lo, hi) = windows_hitting(kj, g.pl, g.sw, x0, x0 + xn, g.ow);
+                            if lo >= hi {
+                                // No window puts this kernel column on the segment (a kernel
+                                // wider than the image): `at` below would be negative.
+                                continue;
+                            }
                             let t0 = (ki * g.kw + kj) * c + c0;
                             // Pixel `ix = ox·sw + kj − pl`, at `ix − x0` in the segment.
                             let at = kj + lo * g.sw - g.pl - x0;

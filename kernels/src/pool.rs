@@ -215,7 +215,7 @@ pub fn max_pool2d_forward<T: Element>(
         row,
         &mut argmax[..out],
         row,
-        row * d.window_len(),
+        row.saturating_mul(d.window_len()),
         |r, yr, ar| {
             let (b, oh) = (r / d.out_h, r % d.out_h);
             let (hs, ilo, ihi) = d.win_h(oh);
@@ -262,9 +262,9 @@ pub fn max_pool2d_backward<T: Element>(
     check_io("max_pool2d_backward", d, dx.len(), dy.len(), "dx", "dy")?;
     check_len("max_pool2d_backward: argmax", argmax.len(), d.out_len())?;
     let (c, row) = (d.c, d.w * d.c);
-    let cover = d.kh.div_ceil(d.sh) * d.kw.div_ceil(d.sw);
+    let cover = d.kh.div_ceil(d.sh).saturating_mul(d.kw.div_ceil(d.sw));
     let len = d.in_len();
-    rows(&mut dx[..len], row, row * cover, |r, dxr| {
+    rows(&mut dx[..len], row, row.saturating_mul(cover), |r, dxr| {
         let (b, ih) = (r / d.h, r % d.h);
         let (oh_lo, oh_hi) = d.covering_h(ih);
         let out_img = b * d.out_h * d.out_w * c;
@@ -300,8 +300,8 @@ pub fn max_pool2d_backward<T: Element>(
 pub fn avg_pool2d_forward<T: Element>(d: &Pool2d, x: &[T], y: &mut [T]) -> KResult {
     check_io("avg_pool2d_forward", d, x.len(), y.len(), "x", "y")?;
     let (row, c) = (d.out_w * d.c, d.c);
-    let out = d.out_len();
-    rows(&mut y[..out], row, row * d.window_len(), |r, yr| {
+    let (out, work) = (d.out_len(), row.saturating_mul(d.window_len()));
+    rows(&mut y[..out], row, work, |r, yr| {
         let (b, oh) = (r / d.out_h, r % d.out_h);
         let (_, ilo, ihi) = d.win_h(oh);
         let img = &x[b * d.h * d.w * c..(b + 1) * d.h * d.w * c];
@@ -333,9 +333,9 @@ pub fn avg_pool2d_forward<T: Element>(d: &Pool2d, x: &[T], y: &mut [T]) -> KResu
 pub fn avg_pool2d_backward<T: Element>(d: &Pool2d, dy: &[T], dx: &mut [T]) -> KResult {
     check_io("avg_pool2d_backward", d, dx.len(), dy.len(), "dx", "dy")?;
     let (c, row) = (d.c, d.w * d.c);
-    let cover = d.kh.div_ceil(d.sh) * d.kw.div_ceil(d.sw);
+    let cover = d.kh.div_ceil(d.sh).saturating_mul(d.kw.div_ceil(d.sw));
     let len = d.in_len();
-    rows(&mut dx[..len], row, row * cover, |r, dxr| {
+    rows(&mut dx[..len], row, row.saturating_mul(cover), |r, dxr| {
         let (b, ih) = (r / d.h, r % d.h);
         let (oh_lo, oh_hi) = d.covering_h(ih);
         let out_img = b * d.out_h * d.out_w * c;

@@ -1,7 +1,8 @@
 //! Allocation audit of the GEMM-based kernels. This crate's code allocates nothing per call;
 //! the `gemm` crate, however, heap-allocates inside every call (its packing buffers plus a few
-//! small bookkeeping blocks, all freed before it returns — 1 to 3 allocations per call in
-//! gemm 0.19, measured below). So: kernels with no GEMM must allocate nothing, and a GEMM-based
+//! small bookkeeping blocks, all freed before it returns — a handful per call in gemm 0.19,
+//! measured below: at most 3 on the development machine, 5 on the CI machine, as the count
+//! depends on the CPU's features and thread count). So: kernels with no GEMM must allocate nothing, and a GEMM-based
 //! kernel no more than the `gemm` crate's own per-call count times the calls it makes.
 //!
 //! A counting global allocator watches every thread while `WATCH` is set; this file holds a
@@ -101,9 +102,11 @@ fn gemm_kernels_allocate_only_inside_the_gemm_crate() {
     let mut rng = Rng::new(71);
     let per_call = raw_gemm_allocations_per_call();
     eprintln!("raw gemm::gemm: at most {per_call} allocations per call");
+    // A handful, whatever the shape: a count that grew with the sizes would be a leak or a
+    // per-element allocation, which the workspace accounting does not cover.
     assert!(
-        per_call <= 3,
-        "gemm crate now allocates {per_call} times per call: update the docs"
+        per_call <= 8,
+        "gemm crate now allocates {per_call} times per call: more than the handful documented"
     );
     let report = |what: &str, (n, b): (usize, usize), gemm_calls: usize| {
         eprintln!("{what:<40} {n:>3} allocations, largest {b:>8} bytes ({gemm_calls} gemm calls)");

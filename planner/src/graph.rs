@@ -138,9 +138,15 @@ struct Builder<'a> {
 }
 
 impl<'a> Builder<'a> {
-    /// Notes `shape` as the layer's error when it has more than [`MAX_ELEMS`] elements.
+    /// Notes `shape` as the layer's error when it has more than [`MAX_ELEMS`] elements, not
+    /// counting zero dimensions (so that no product of its dimensions, in any order, can
+    /// overflow later).
     fn check_size(&mut self, layer: usize, what: &str, shape: &[usize]) {
-        if self.oversize.is_none() && prod(shape) > MAX_ELEMS {
+        let nonzero = shape
+            .iter()
+            .filter(|&&d| d != 0)
+            .fold(1usize, |a, &d| a.saturating_mul(d));
+        if self.oversize.is_none() && nonzero > MAX_ELEMS {
             self.oversize = Some(PlanError::at(
                 &self.spec.layers[layer].name,
                 format!(

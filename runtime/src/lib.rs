@@ -17,4 +17,6 @@ pub mod weights;
 pub use device::Device;
 pub use error::{Result, RuntimeError};
 pub use executor::{Batch, Executor, StepOutput};
-pub use train::{Callback, EpochLog, Evaluation, FitOptions, History, MemoryCallback, Trainer};
+pub use train::{
+    Callback, EpochLog, Evaluation, FitOptions, History, HostBytes, MemoryCallback, Trainer,
+};

@@ -111,6 +111,65 @@ impl Callback for MemoryCallback {
     }
 }
 
+/// Host memory a [`Trainer`] holds besides its training plan's two regions, in bytes: what
+/// the CPU estimate adds to the plan's total so that it can be set beside the measured
+/// resident growth (`docs/BENCHMARKS.md`, "Measured vs estimated").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostBytes {
+    /// `fit`'s staging buffers: one batch of every input in its stored dtype, gathered from
+    /// the dataset before the step copies it into the arena.
+    pub staging: u64,
+    /// The CPU GEMM library (the `gemm` crate): a packing slab of the L2 cache's size kept by
+    /// every thread that runs a GEMM (rayon's workers and the caller), plus the packed operands
+    /// one call allocates and frees (`memwise_plan::op::GEMM_PACKING_BYTES`). An upper bound:
+    /// a slab's pages count only once a GEMM large enough has touched them. 0 on CUDA.
+    pub gemm: u64,
+    /// The inference executors `evaluate` and `predict` have built so far (arena and
+    /// persistent region each).
+    pub inference: u64,
+}
+
+impl HostBytes {
+    pub fn total(&self) -> u64 {
+        self.staging + self.gemm + self.inference
+    }
+}
+
+/// Threads that may run a GEMM: rayon's workers (`RAYON_NUM_THREADS`, else one per CPU) and
+/// the calling thread (small GEMMs run where they are called).
+fn gemm_threads() -> u64 {
+    let workers = std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u64));
+    workers + 1
+}
+
+/// Per-core L2 cache size (Linux sysfs), the size of the `gemm` crate's per-thread slab;
+/// 1 MiB where it cannot be read.
+fn l2_cache_bytes() -> u64 {
+    let read = || -> Option<u64> {
+        for i in 0..8 {
+            let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{i}");
+            let level = std::fs::read_to_string(format!("{dir}/level")).ok()?;
+            let kind = std::fs::read_to_string(format!("{dir}/type")).unwrap_or_default();
+            if level.trim() == "2" && kind.trim() != "Instruction" {
+                let size = std::fs::read_to_string(format!("{dir}/size")).ok()?;
+                let size = size.trim();
+                let (num, mult) = match size.chars().last()? {
+                    'K' => (&size[..size.len() - 1], 1 << 10),
+                    'M' => (&size[..size.len() - 1], 1 << 20),
+                    _ => (size, 1),
+                };
+                return Some(num.parse::<u64>().ok()? * mult);
+            }
+        }
+        None
+    };
+    read().unwrap_or(1 << 20)
+}
+
 /// A model built on a device: the training executor, and inference executors made on
 /// demand for evaluate and predict.
 pub struct Trainer {
@@ -177,10 +236,33 @@ impl Trainer {
         &self.monitor
     }
 
-    /// The estimate the monitor compares with: the plan's total plus the CPU GEMM library's
-    /// transient packing buffers (see `memwise_plan::op::GEMM_PACKING_BYTES`).
+    /// The estimate the monitor compares with: the plan's total plus [`Trainer::host_bytes`],
+    /// what this trainer holds outside the plan.
     pub fn estimate_bytes(&self) -> u64 {
-        self.plan().memory.total + memwise_plan::op::GEMM_PACKING_BYTES
+        self.plan().memory.total + self.host_bytes().total()
+    }
+
+    /// Host memory the trainer uses besides the plan's regions (see [`HostBytes`]).
+    pub fn host_bytes(&self) -> HostBytes {
+        let p = self.plan();
+        let staging = p.inputs.iter().map(|&id| {
+            let t = p.tensor(id);
+            t.elems() as u64 * t.dtype.size()
+        });
+        let gemm = if self.device.is_cuda() {
+            0
+        } else {
+            gemm_threads() * l2_cache_bytes() + memwise_plan::op::GEMM_PACKING_BYTES
+        };
+        HostBytes {
+            staging: staging.sum(),
+            gemm,
+            inference: self
+                .infer
+                .iter()
+                .map(|e| e.plan().arena_bytes + e.plan().persistent_bytes)
+                .sum(),
+        }
     }
 
     fn is_classifier(p: &StaticPlan) -> bool {

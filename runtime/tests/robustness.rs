@@ -395,6 +395,116 @@ fn sizes_in_pib_parse_back() {
     assert!(parse_bytes(&format_bytes(n)).is_ok(), "{}", format_bytes(n));
 }
 
+/// Found by the `plan_spec` fuzz target: sizes whose products overflow `usize` (a panic in
+/// debug builds, a wrapped plan in release) are refused, naming the layer and the limit.
+#[test]
+fn enormous_sizes_are_refused_not_overflowed() {
+    let mut m = ModelSpec::new("Huge", 4);
+    m.input("x", &[1 << 31, 1 << 31, 8], DType::F32, 1.0);
+    m.add("h", LayerKind::dense(4, Activation::Linear), &["x"]);
+    let e = plan(&m).unwrap_err().to_string();
+    contains_all(
+        &e,
+        &[
+            "layer `x`",
+            "[4, 2147483648, 2147483648, 8]",
+            "more than 2^40",
+        ],
+    );
+
+    let mut m = ModelSpec::new("Up", usize::MAX / 2);
+    m.input("x", &[2, 2, 1], DType::F32, 1.0);
+    let up = LayerKind::conv2d_transpose(
+        3,
+        2,
+        usize::MAX / 3,
+        memwise_plan::Padding::Valid,
+        Activation::Relu,
+    );
+    m.add("up", up, &["x"]);
+    let e = plan(&m).unwrap_err().to_string();
+    contains_all(&e, &["more than 2^40"]);
+
+    // A zero dimension (depth multiplier 0) does not hide the overflow of the others.
+    let mut m = ModelSpec::new("Zero", 3);
+    m.input("x", &[4, 4, 4], DType::F32, 1.0);
+    let dw = LayerKind::DepthwiseConv2d {
+        kernel: [usize::MAX / 3; 2],
+        strides: [3, 1],
+        padding: memwise_plan::Padding::Same,
+        multiplier: 0,
+        activation: Activation::Sigmoid,
+        use_bias: true,
+    };
+    m.add("dw", dw, &["x"]);
+    let e = plan(&m).unwrap_err().to_string();
+    contains_all(&e, &["layer `dw`", "more than 2^40"]);
+
+    let mut m = ModelSpec::new("Wide", 2);
+    m.input("x", &[4], DType::F32, 1.0);
+    m.add("h", LayerKind::dense(1 << 40, Activation::Relu), &["x"]);
+    contains_all(
+        &plan_inference(&m).unwrap_err().to_string(),
+        &["layer `h`", "more than 2^40"],
+    );
+}
+
+/// Found by the `plan_spec` fuzz target: a transposed convolution (same padding) whose
+/// kernel is wider than its input underflowed an index in the kernels' col2im.
+#[test]
+fn a_transposed_conv_with_a_kernel_wider_than_its_input_trains() {
+    let mut m = ModelSpec::new("Wide", 4);
+    m.input("x", &[6, 2, 6], DType::U8, 1.0);
+    m.add(
+        "up",
+        LayerKind::conv2d_transpose(8, 8, 1, memwise_plan::Padding::Same, Activation::Linear),
+        &["x"],
+    );
+    m.add("act", LayerKind::Activation(Activation::Tanh), &[]);
+    m.add(
+        "out",
+        LayerKind::conv2d(6, 1, 1, memwise_plan::Padding::Same, Activation::Linear),
+        &[],
+    );
+    m.loss
+        .push(LossTerm::new(LossKind::MeanSquaredError).on(&["out", "x"]));
+    let p = plan(&m).unwrap();
+    let mut ex = Executor::new(p, &Device::cpu(), 1).unwrap();
+    let x = vec![3u8; 4 * 6 * 2 * 6];
+    let out = ex.train_step(&[Batch::U8(&x)]).unwrap();
+    assert!(out.loss.is_finite());
+}
+
+/// Found by the `plan_spec` fuzz target: a pooling window far larger than its input (same
+/// padding) overflowed the pooling kernels' work estimate.
+#[test]
+fn a_pooling_window_far_larger_than_its_input_is_an_answer_not_a_panic() {
+    for kind in [
+        LayerKind::avg_pool2d(1 << 33, 1, memwise_plan::Padding::Same),
+        LayerKind::max_pool2d(1 << 33, 1, memwise_plan::Padding::Same),
+    ] {
+        let mut m = ModelSpec::new("Pool", 2);
+        m.input("x", &[4, 4, 2], DType::F32, 1.0);
+        m.add("pool", kind, &["x"]);
+        m.add("flat", LayerKind::Flatten, &[]);
+        m.add("out", LayerKind::dense(2, Activation::Linear), &[]);
+        m.input("y", &[2], DType::F32, 1.0);
+        m.loss
+            .push(LossTerm::new(LossKind::MeanSquaredError).on(&["out", "y"]));
+        match plan(&m) {
+            // Max pooling stores its argmax in a byte: at most 255 elements a window.
+            Err(e) => assert!(e.to_string().contains("max_pool2d window"), "{e}"),
+            Ok(p) => {
+                let mut ex = Executor::new(p, &Device::cpu(), 1).unwrap();
+                let (x, y) = ([0.5f32; 64], [0.1f32; 4]);
+                if let Err(e) = ex.train_step(&[Batch::F32(&x), Batch::F32(&y)]) {
+                    assert!(!e.to_string().is_empty());
+                }
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // One test per input error
 // ---------------------------------------------------------------------------------------
