@@ -826,6 +826,46 @@ impl Executor {
                 "a positive finite scale",
             ));
         }
+        // The scaler's other numbers are checked too: a growth below 1, a backoff outside (0, 1] or
+        // an interval of 0 steps would drive the scale to 0 (an infinite unscale factor: NaN
+        // weights) or make it skip every other step; and a model without loss scaling still
+        // multiplies its loss gradient by the scale, so there it must be exactly 1.
+        let reads = |k: &str, x: f32, want: &str| {
+            bad(
+                k,
+                meta.get(k).map_or("", String::as_str),
+                &format!("{want} (it reads {x})"),
+            )
+        };
+        if self.plan.loss_scaling {
+            if !(scaler.growth.is_finite() && scaler.growth >= 1.0) {
+                return Err(reads(
+                    keys::LOSS_SCALE_GROWTH,
+                    scaler.growth,
+                    "a finite growth factor of at least 1",
+                ));
+            }
+            if !(scaler.backoff > 0.0 && scaler.backoff <= 1.0) {
+                return Err(reads(
+                    keys::LOSS_SCALE_BACKOFF,
+                    scaler.backoff,
+                    "a backoff factor in (0, 1]",
+                ));
+            }
+            if scaler.growth_interval == 0 {
+                return Err(bad(
+                    keys::LOSS_SCALE_GROWTH_INTERVAL,
+                    "0",
+                    "a growth interval of at least 1 step",
+                ));
+            }
+        } else if scaler.scale != 1.0 {
+            return Err(reads(
+                keys::LOSS_SCALE,
+                scaler.scale,
+                "1 (a model without loss scaling leaves its loss unscaled)",
+            ));
+        }
         let (step, updates) = (u64_of(keys::STEP)?, u64_of(keys::UPDATES)?);
         if updates > step {
             return Err(RuntimeError::Io(format!(

@@ -2,7 +2,8 @@
 //! never a panic — and the model loses nothing.
 
 use memwise_plan::{plan, zoo, Activation, DType, LayerKind, LossKind, LossTerm, ModelSpec};
-use memwise_runtime::{Batch, Device, Executor};
+use memwise_runtime::data::dataset::{Column, InMemory};
+use memwise_runtime::{Batch, Device, Executor, FitOptions, Trainer};
 
 fn mlp() -> Executor {
     Executor::new(plan(&zoo::mnist_mlp(4)).unwrap(), &Device::cpu(), 1).unwrap()
@@ -111,6 +112,74 @@ fn a_non_finite_loss_in_float32_stops_before_the_update_and_names_the_layer() {
     assert!(ex
         .train_step(&[Batch::F32(&x), Batch::I32(&[0, 1, 2, 0])])
         .is_ok());
+}
+
+/// Through `fit`: the second batch overflows the first layer in float32, so the loss goes
+/// NaN at step 2; `fit` stops with an error naming the step and the layer, and the weights
+/// are those after step 1 (bit for bit: the same predictions as a run that stopped there).
+#[test]
+fn a_nan_loss_in_float32_stops_fit_naming_the_step_and_the_first_non_finite_layer() {
+    let opts = FitOptions {
+        epochs: 1,
+        shuffle: false,
+        verbose: false,
+        ..FitOptions::default()
+    };
+    let labels = Column::I32 {
+        data: vec![0, 1, 2, 0, 1, 2, 0, 1],
+        per_sample: 1,
+    };
+    let mut x = vec![0.5f32; 8 * 8];
+    x[4 * 8..].fill(3.0e38);
+    let data = InMemory::new(vec![
+        Column::F32 {
+            data: x.clone(),
+            per_sample: 8,
+        },
+        labels,
+    ])
+    .unwrap();
+    let probe = InMemory::new(vec![
+        Column::F32 {
+            data: vec![0.5; 4 * 8],
+            per_sample: 8,
+        },
+        Column::I32 {
+            data: vec![0; 4],
+            per_sample: 1,
+        },
+    ])
+    .unwrap();
+    let mut t = Trainer::build(&float_model(), &Device::cpu(), 1).unwrap();
+    let e = t.fit(&data, None, &opts, &mut []).unwrap_err().to_string();
+    assert!(
+        e.contains("training step 2")
+            && e.contains("the loss is NaN")
+            && e.contains("layer `h`")
+            && e.contains("not updated"),
+        "{e}"
+    );
+    // The same model after only the first (finite) batch.
+    let mut first = Trainer::build(&float_model(), &Device::cpu(), 1).unwrap();
+    let head = InMemory::new(vec![
+        Column::F32 {
+            data: x[..4 * 8].to_vec(),
+            per_sample: 8,
+        },
+        Column::I32 {
+            data: vec![0, 1, 2, 0],
+            per_sample: 1,
+        },
+    ])
+    .unwrap();
+    let h = first.fit(&head, None, &opts, &mut []).unwrap();
+    assert_eq!(h.step_losses.len(), 1);
+    let bits = |p: Vec<f32>| p.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    assert_eq!(
+        bits(t.predict(&probe).unwrap()),
+        bits(first.predict(&probe).unwrap()),
+        "the failed step changed the weights"
+    );
 }
 
 #[test]

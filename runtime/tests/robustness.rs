@@ -36,6 +36,7 @@ const LOAD_CASES: u32 = 384;
 const IDX_CASES: u32 = 512;
 const PARSE_BYTES_CASES: u32 = 1024;
 const DROP_CASES: u32 = 256;
+const DEVICE_CASES: u32 = 256;
 
 fn plans() -> &'static [(StaticPlan, StaticPlan)] {
     static PLANS: std::sync::OnceLock<Vec<(StaticPlan, StaticPlan)>> = std::sync::OnceLock::new();
@@ -380,6 +381,21 @@ proptest! {
         values in prop::collection::vec(float_or_not(), 0..40),
     ) {
         check_drop_non_finite(per, &values)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(config(DEVICE_CASES))]
+    /// `Device::parse` (the examples' `--device`) on any text: a device, or an error quoting
+    /// the text.
+    #[test]
+    fn device_parse_never_panics(text in prop_oneof![
+        any::<String>(),
+        "(cpu|cuda|gpu|cuda:|cuda:-)?[0-9a-z:]{0,24}",
+    ]) {
+        if let Err(e) = Device::parse(&text) {
+            prop_assert!(!e.to_string().is_empty());
+        }
     }
 }
 
@@ -927,4 +943,243 @@ fn wrong_dataset_columns_name_the_input_expected_and_actual() {
     .unwrap_err()
     .to_string();
     contains_all(&e, &["column 1 holds 3 samples, column 0 holds 4"]);
+}
+
+/// Non-finite values are refused in every float input — bf16 features and f32 regression
+/// targets too — naming the input, the sample, the value and the expected dtype.
+#[test]
+fn non_finite_bf16_features_and_f32_targets_name_the_input() {
+    // x: bf16 [4], y: f32 [3] targets, batch 3.
+    let (p, _) = &plans()[4];
+    let mut ex = Executor::new(p.clone(), &Device::cpu(), 1).unwrap();
+    let mut x = [half::bf16::from_f32(0.25); 12];
+    let y = [0.5f32; 9];
+    x[9] = half::bf16::NAN;
+    let e = refused(&mut ex, &[Batch::BF16(&x), Batch::F32(&y)]);
+    contains_all(
+        &e,
+        &[
+            "input `x`: sample 2",
+            "NaN at element 9",
+            "expected a finite bf16",
+        ],
+    );
+    let x = [half::bf16::from_f32(0.25); 12];
+    let mut y = [0.5f32; 9];
+    y[4] = f32::INFINITY;
+    let e = refused(&mut ex, &[Batch::BF16(&x), Batch::F32(&y)]);
+    contains_all(
+        &e,
+        &[
+            "input `y`: sample 1",
+            "inf at element 4",
+            "expected a finite f32",
+        ],
+    );
+}
+
+/// Inference refuses non-finite inputs as training does: `evaluate_step` on an inference
+/// plan, and `Trainer::evaluate` / `predict` on a dataset.
+#[test]
+fn non_finite_inputs_are_refused_by_evaluate_step_evaluate_and_predict() {
+    let mut ex = Executor::new(plan_inference(&float_spec()).unwrap(), &Device::cpu(), 1).unwrap();
+    let before = ex.persistent_bytes().to_vec();
+    let mut x = [0.5f32; 32];
+    x[9] = f32::NAN;
+    let e = ex
+        .evaluate_step(&[Batch::F32(&x), Batch::I32(&[0, 1, 2, 0])])
+        .unwrap_err();
+    assert!(matches!(e, RuntimeError::Input(_)), "an input error: {e:?}");
+    contains_all(
+        &e.to_string(),
+        &[
+            "input `x`: sample 1 holds a non-finite value",
+            "NaN at element 9",
+            "expected a finite f32",
+        ],
+    );
+    assert!(ex.persistent_bytes() == &before[..]);
+
+    let mut t = Trainer::build(&float_spec(), &Device::cpu(), 1).unwrap();
+    let mut x = vec![0.25f32; 6 * 8];
+    x[5 * 8 + 1] = f32::NEG_INFINITY;
+    let ds = InMemory::new(vec![
+        Column::F32 {
+            data: x,
+            per_sample: 8,
+        },
+        Column::I32 {
+            data: vec![0, 1, 2, 0, 1, 2],
+            per_sample: 1,
+        },
+    ])
+    .unwrap();
+    // Six samples: a full batch of four, then the re-planned last batch of two, which holds
+    // the bad sample (the message counts samples within the batch).
+    for e in [
+        t.evaluate(&ds).unwrap_err().to_string(),
+        t.predict(&ds).unwrap_err().to_string(),
+    ] {
+        contains_all(
+            &e,
+            &[
+                "input `x`: sample ",
+                "holds a non-finite value",
+                "-inf",
+                "expected a finite f32",
+                "drop_non_finite",
+            ],
+        );
+    }
+    let (clean, dropped) = ds.drop_non_finite();
+    assert_eq!((clean.len(), dropped), (5, 1));
+    assert_eq!(t.evaluate(&clean).unwrap().samples, 5);
+}
+
+/// A memwise file with one metadata value replaced (the checksum covers the tensors only).
+fn with_metadata(file: &[u8], key: &str, value: &str) -> Vec<u8> {
+    let st = safetensors::SafeTensors::deserialize(file).unwrap();
+    let (_, m) = safetensors::SafeTensors::read_metadata(file).unwrap();
+    let mut meta = m.metadata().clone().unwrap_or_default();
+    meta.insert(key.to_string(), value.to_string());
+    safetensors::serialize(st.tensors(), Some(meta)).unwrap()
+}
+
+/// A checkpoint's loss-scaler metadata is checked like its tensors: a growth factor, backoff
+/// or interval that would drive the scale to 0 (an infinite unscale factor, NaN weights) or
+/// make it skip every other step, and a scale other than 1 on a model without loss scaling
+/// (which would silently multiply every gradient), are refused, naming the key, what it
+/// holds and what was expected; the model stays bit-identical.
+#[test]
+fn a_checkpoint_whose_loss_scaler_would_corrupt_training_is_refused() {
+    use memwise_runtime::weights::keys;
+    let bits = |x: f32| format!("0x{:08x}", x.to_bits());
+    let cases: [(usize, &str, String, &str); 7] = [
+        // Model 2 trains in mixed float16, with dynamic loss scaling.
+        (
+            2,
+            keys::LOSS_SCALE_GROWTH,
+            bits(0.0),
+            "a finite growth factor of at least 1 (it reads 0)",
+        ),
+        (
+            2,
+            keys::LOSS_SCALE_GROWTH,
+            bits(f32::INFINITY),
+            "a finite growth factor of at least 1 (it reads inf)",
+        ),
+        (
+            2,
+            keys::LOSS_SCALE_GROWTH,
+            bits(0.5),
+            "a finite growth factor of at least 1 (it reads 0.5)",
+        ),
+        (
+            2,
+            keys::LOSS_SCALE_BACKOFF,
+            bits(f32::NAN),
+            "a backoff factor in (0, 1] (it reads NaN)",
+        ),
+        (
+            2,
+            keys::LOSS_SCALE_BACKOFF,
+            bits(2.0),
+            "a backoff factor in (0, 1] (it reads 2)",
+        ),
+        (
+            2,
+            keys::LOSS_SCALE_GROWTH_INTERVAL,
+            "0".to_string(),
+            "a growth interval of at least 1 step",
+        ),
+        // Model 0 trains in float32, without loss scaling.
+        (
+            0,
+            keys::LOSS_SCALE,
+            bits(1024.0),
+            "1 (a model without loss scaling leaves its loss unscaled) (it reads 1024)",
+        ),
+    ];
+    assert!(plans()[2].0.loss_scaling && !plans()[0].0.loss_scaling);
+    for (k, key, value, want) in cases {
+        let file = with_metadata(valid_file(k, true), key, &value);
+        let mut ex = Executor::new(plans()[k].0.clone(), &Device::cpu(), 9).unwrap();
+        let state = |ex: &Executor| {
+            let scale = ex.loss_scale().to_bits();
+            (ex.persistent_bytes().to_vec(), ex.step_counter(), scale)
+        };
+        let before = state(&ex);
+        let e = ex
+            .load_checkpoint_from_bytes(&file)
+            .expect_err("the checkpoint must be refused")
+            .to_string();
+        contains_all(&e, &[&format!("metadata `{key}` is `{value}`"), want]);
+        assert!(state(&ex) == before, "a failed load changed the model: {e}");
+    }
+    // The same rewrite with sound values loads.
+    for (k, key, value) in [
+        (2, keys::LOSS_SCALE_GROWTH, bits(2.0)),
+        (0, keys::LOSS_SCALE, bits(1.0)),
+    ] {
+        let file = with_metadata(valid_file(k, true), key, &value);
+        let mut ex = Executor::new(plans()[k].0.clone(), &Device::cpu(), 9).unwrap();
+        ex.load_checkpoint_from_bytes(&file).unwrap();
+        assert_eq!(ex.step_counter(), 2);
+    }
+}
+
+/// A device string names the text and the choices.
+#[test]
+fn an_unknown_device_names_the_text_and_the_choices() {
+    let e = Device::parse("gpu0").unwrap_err().to_string();
+    contains_all(&e, &["unknown device `gpu0`", "cpu, cuda, cuda:N or auto"]);
+    let e = Device::parse("cuda:x").unwrap_err().to_string();
+    contains_all(&e, &["`cuda:x`", "expected cuda:N with N a device number"]);
+    assert!(Device::parse("cpu").is_ok());
+}
+
+/// A `Dataset` implemented outside the crate whose `len` promises more samples than its
+/// columns hold: `fit`, `evaluate` and `predict` answer with an error naming the column and
+/// the sample (they used to panic indexing past the column's end).
+#[test]
+fn a_dataset_whose_len_overstates_its_columns_is_an_error_not_a_panic() {
+    struct Overstated(InMemory);
+    impl Dataset for Overstated {
+        fn len(&self) -> usize {
+            self.0.len() + 3
+        }
+        fn columns(&self) -> &[Column] {
+            self.0.columns()
+        }
+    }
+    let ds = Overstated(
+        InMemory::new(vec![
+            Column::U8 {
+                data: vec![1; 5 * 8],
+                per_sample: 8,
+            },
+            Column::I32 {
+                data: vec![0, 1, 2, 3, 4],
+                per_sample: 1,
+            },
+        ])
+        .unwrap(),
+    );
+    let mut t = Trainer::build(&mlp_spec(4), &Device::cpu(), 1).unwrap();
+    let opts = FitOptions {
+        epochs: 1,
+        shuffle: false,
+        verbose: false,
+        ..FitOptions::default()
+    };
+    let want = [
+        "dataset column 0 (8 samples by its `len`)",
+        "sample 5 lies past the column's end: it holds 40 values, 5 samples of 8",
+    ];
+    contains_all(
+        &t.fit(&ds, None, &opts, &mut []).unwrap_err().to_string(),
+        &want,
+    );
+    contains_all(&t.evaluate(&ds).unwrap_err().to_string(), &want);
+    contains_all(&t.predict(&ds).unwrap_err().to_string(), &want);
 }

@@ -60,13 +60,41 @@ impl Column {
         }
     }
 
-    /// Copies samples `indices` into `out` (a buffer from [`Column::buffer`]).
-    fn gather(&self, indices: &[usize], out: &mut Column) {
-        fn copy<T: Copy>(src: &[T], dst: &mut [T], per: usize, idx: &[usize]) {
+    /// Copies samples `indices` into `out` (a buffer from [`Column::buffer`]). Checks every
+    /// range first (a [`Dataset`] implemented outside this crate may promise, in `len`, more
+    /// samples than its columns hold), so a bad index or buffer is an error, not a panic.
+    fn gather(&self, indices: &[usize], out: &mut Column) -> std::result::Result<(), String> {
+        fn copy<T: Copy>(
+            src: &[T],
+            dst: &mut [T],
+            per: usize,
+            idx: &[usize],
+        ) -> std::result::Result<(), String> {
+            let range = |i: usize| Some(i.checked_mul(per)?..i.checked_add(1)?.checked_mul(per)?);
+            if let Some(&i) = idx
+                .iter()
+                .find(|&&i| range(i).is_none_or(|r| r.end > src.len()))
+            {
+                return Err(format!(
+                    "sample {i} lies past the column's end: it holds {} values, {} samples of {per}",
+                    src.len(),
+                    src.len().checked_div(per).unwrap_or(0)
+                ));
+            }
+            let need = idx.len().saturating_mul(per);
+            if need > dst.len() {
+                return Err(format!(
+                    "{} samples of {per} values need {need}, the buffer holds {}",
+                    idx.len(),
+                    dst.len()
+                ));
+            }
             for (k, &i) in idx.iter().enumerate() {
                 dst[k * per..(k + 1) * per].copy_from_slice(&src[i * per..(i + 1) * per]);
             }
+            Ok(())
         }
+        let want = self.dtype();
         match (self, out) {
             (Column::U8 { data, per_sample }, Column::U8 { data: d, .. }) => {
                 copy(data, d, *per_sample, indices)
@@ -77,7 +105,11 @@ impl Column {
             (Column::F32 { data, per_sample }, Column::F32 { data: d, .. }) => {
                 copy(data, d, *per_sample, indices)
             }
-            _ => {}
+            (_, o) => Err(format!(
+                "the buffer holds {} values, the column {}",
+                o.dtype().name(),
+                want.name()
+            )),
         }
     }
 
@@ -117,8 +149,13 @@ pub trait Dataset {
                 self.len()
             )));
         }
-        for (c, o) in cols.iter().zip(out.iter_mut()) {
-            c.gather(indices, o);
+        for (k, (c, o)) in cols.iter().zip(out.iter_mut()).enumerate() {
+            c.gather(indices, o).map_err(|e| {
+                RuntimeError::Input(format!(
+                    "dataset column {k} ({} samples by its `len`): {e}",
+                    self.len()
+                ))
+            })?;
         }
         Ok(())
     }
