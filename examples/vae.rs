@@ -134,7 +134,11 @@ fn compare(args: &Args) -> Res<()> {
             ..Default::default()
         };
         let h = rt(trainer.fit(&train, None, &opts, &mut []))?;
-        let measured = trainer.monitor().growth().map_or(0, |g| g.peak);
+        // On CUDA the device memory the model held at its peak; on the CPU resident growth.
+        let measured = match trainer.device_peak_bytes() {
+            Some(device) => device,
+            None => trainer.monitor().growth().map_or(0, |g| g.peak),
+        };
         let last = h.step_losses.iter().rev().take(5).sum::<f32>()
             / h.step_losses.len().clamp(1, 5) as f32;
         rows.push(Row {

@@ -156,7 +156,7 @@ pub fn dump_batches(flags: &Flags, spec: &ModelSpec, batch: usize, train: &InMem
 /// Writes `--save-initial-weights` (the freshly initialised model's parameters).
 pub fn save_initial_weights(flags: &Flags, trainer: &Trainer) -> Res<()> {
     if let Some(p) = &flags.save_initial_weights {
-        trainer.executor().save_weights(p)?;
+        trainer.engine().save_weights(p)?;
         eprintln!("initial weights written to {}", p.display());
     }
     Ok(())
@@ -165,7 +165,7 @@ pub fn save_initial_weights(flags: &Flags, trainer: &Trainer) -> Res<()> {
 /// Writes `--save-weights` (the parameters after training).
 pub fn save_weights(flags: &Flags, trainer: &Trainer) -> Res<()> {
     if let Some(p) = &flags.save_weights {
-        trainer.executor().save_weights(p)?;
+        trainer.engine().save_weights(p)?;
         eprintln!("weights written to {}", p.display());
     }
     Ok(())
@@ -226,8 +226,14 @@ pub fn mnist_images(flags: &Flags) -> Res<(InMemory, InMemory)> {
     }
 }
 
+/// The `--device` to run on. `auto` says which it picked (and why not CUDA); an explicit
+/// choice is said here, so every run names its device.
 pub fn device(flags: &Flags) -> Res<Device> {
-    Ok(Device::parse(&flags.device)?)
+    let d = Device::parse(&flags.device)?;
+    if flags.device != "auto" {
+        eprintln!("memwise: using {}", d.name());
+    }
+    Ok(d)
 }
 
 /// Writes `--plan-json`.
@@ -273,7 +279,9 @@ pub fn write_report(
     // What training measured and what it was estimated to take: the peak at the end of the
     // last epoch (the examples evaluate afterwards, with inference executors of their own),
     // and the plan's total plus what the trainer holds on the host besides it during `fit`
-    // (batch staging, the CPU GEMM library's buffers; see `Trainer::host_bytes`).
+    // (batch staging, the CPU GEMM library's buffers; see `Trainer::host_bytes`). On CUDA,
+    // the device memory the model held at its peak during `fit` (`Trainer::device_peak_bytes`:
+    // in use after each step minus in use before the model was built); null on the CPU.
     let peak = match history.epochs.last() {
         Some(e) => Some(e.peak_rss_growth),
         None => trainer.monitor().growth().map(|g| g.peak),
@@ -294,7 +302,7 @@ pub fn write_report(
         },
         "measured": {
             "peak_rss_growth_bytes": peak,
-            "device_peak_bytes": serde_json::Value::Null,
+            "device_peak_bytes": trainer.device_peak_bytes(),
             "step_ms_median": median,
             "samples_per_s": if median > 0.0 { plan.batch as f64 / (median / 1e3) } else { 0.0 },
         },

@@ -8,7 +8,10 @@
 //! 2. `mnist_mlp`, a small convnet and the conv VAE trained `STEPS` steps on both devices on
 //!    the same synthetic batches: losses at a few steps and their largest relative gap;
 //! 3. estimated (plan) vs measured device memory, and samples/s without and with the
-//!    whole-step CUDA graph (and on the CPU).
+//!    whole-step CUDA graph (and on the CPU);
+//! 4. the `Trainer` on the device (the engine `Trainer::build` picks for a CUDA device): fit
+//!    with validation, evaluate and predict next to a CPU trainer, the device peak it measured,
+//!    and a checkpoint saved from the device loaded into the CPU executor.
 //!
 //! Exits 2 at once, with the reason, when no CUDA device can be opened.
 
@@ -19,7 +22,8 @@ use memwise_plan::generate::{random_chain, random_dag};
 use memwise_plan::spec::{Activation, LayerKind, LossKind, LossTerm, Padding};
 use memwise_plan::{plan, zoo, DType, ModelSpec, Op, Optimizer, StaticPlan};
 use memwise_runtime::cuda::device::CudaExecutor;
-use memwise_runtime::{Batch, Device, Executor};
+use memwise_runtime::data::dataset::{Column, InMemory};
+use memwise_runtime::{Batch, Device, Executor, FitOptions, Trainer};
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -241,6 +245,96 @@ fn train(
     })
 }
 
+/// `n` synthetic MNIST-shaped samples (u8 pixels, labels 0..10).
+fn digits(n: usize, seed: u64) -> InMemory {
+    let mut s = seed | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let pixels: Vec<u8> = (0..n * 784).map(|_| next() as u8).collect();
+    let labels: Vec<i32> = (0..n).map(|_| (next() % 10) as i32).collect();
+    InMemory::new(vec![
+        Column::U8 {
+            data: pixels,
+            per_sample: 784,
+        },
+        Column::I32 {
+            data: labels,
+            per_sample: 1,
+        },
+    ])
+    .expect("equal column lengths")
+}
+
+/// Part 4: `Trainer::build` on the CUDA device next to one on the CPU. Every step's loss,
+/// the validation and evaluation, and the predictions agree; the device peak is measured; a
+/// checkpoint saved from the device loads into the CPU executor bit for bit.
+fn trainer_check(dev: &Device) -> Result<String, String> {
+    let spec = zoo::mnist_mlp(64);
+    let (train, held_out) = (digits(640, 3), digits(200, 4));
+    let opts = FitOptions {
+        epochs: 2,
+        seed: 5,
+        verbose: false,
+        ..Default::default()
+    };
+    let e = |e: memwise_runtime::RuntimeError| e.to_string();
+    let mut cpu = Trainer::build(&spec, &Device::cpu(), 7).map_err(e)?;
+    let mut gpu = Trainer::build(&spec, dev, 7).map_err(e)?;
+    if gpu.cpu_executor().is_some() {
+        return Err("the trainer built the CPU executor for a CUDA device".into());
+    }
+    let hc = cpu
+        .fit(&train, Some(&held_out), &opts, &mut [])
+        .map_err(e)?;
+    let hg = gpu
+        .fit(&train, Some(&held_out), &opts, &mut [])
+        .map_err(e)?;
+    let gap = |a: f32, b: f32| ((a - b).abs() / b.abs().max(1e-3)) as f64;
+    let max_gap = hg
+        .step_losses
+        .iter()
+        .zip(&hc.step_losses)
+        .map(|(a, b)| gap(*a, *b))
+        .fold(0f64, f64::max);
+    let (ec, eg) = (
+        cpu.evaluate(&held_out).map_err(e)?,
+        gpu.evaluate(&held_out).map_err(e)?,
+    );
+    let (pc, pg) = (
+        cpu.predict(&held_out).map_err(e)?,
+        gpu.predict(&held_out).map_err(e)?,
+    );
+    let pred = rel(&pg, &pc);
+    let peak = gpu
+        .device_peak_bytes()
+        .ok_or("no device peak measured on CUDA")?;
+    let bytes = gpu.engine().checkpoint_to_bytes().map_err(e)?;
+    let mut back = Executor::new(gpu.plan().clone(), &Device::cpu(), 0).map_err(e)?;
+    back.load_checkpoint_from_bytes(&bytes).map_err(e)?;
+    if back.checkpoint_to_bytes().map_err(e)? != bytes {
+        return Err("a checkpoint from the device does not round-trip through the CPU".into());
+    }
+    // Looser than the emulation's bounds: cuBLAS sums in its own order over 20 steps.
+    if max_gap > 1e-2 || gap(eg.loss, ec.loss) > 1e-2 || pred > 2e-2 {
+        return Err(format!(
+            "CUDA and CPU trainers differ: step losses by {max_gap:.2e}, evaluation {} vs {}, predictions by {pred:.2e}",
+            eg.loss, ec.loss
+        ));
+    }
+    Ok(format!(
+        "{} steps, loss gap {max_gap:.2e}, evaluation {:.4}/{:.4}, predictions {pred:.2e}; device peak {} (plan {} + inference), checkpoint round-trips",
+        hg.step_losses.len(),
+        ec.loss,
+        eg.loss,
+        mib(peak),
+        mib(gpu.plan().memory.total)
+    ))
+}
+
 fn mib(b: u64) -> String {
     format!("{:.2} MiB", b as f64 / (1u64 << 20) as f64)
 }
@@ -359,6 +453,15 @@ fn main() -> ExitCode {
             r.graph_sps,
             r.graph_sps / r.eager_sps
         );
+    }
+    println!();
+    println!("== Trainer on {} (CPU / CUDA)", dev.name());
+    match trainer_check(&dev) {
+        Ok(line) => println!("{line}"),
+        Err(e) => {
+            println!("  FAILED trainer: {e}");
+            failures.push(format!("trainer: {e}"));
+        }
     }
     println!(
         "total {:.1}s; {} failures",

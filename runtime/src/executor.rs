@@ -339,11 +339,11 @@ impl Executor {
     /// Keras does (Glorot-uniform kernels, zero biases, unit norm scales), seeded.
     pub fn new(plan: StaticPlan, device: &Device, seed: u64) -> Result<Executor> {
         if device.is_cuda() {
-            // The CPU executor must not pretend to run on a GPU: the CUDA executor
-            // (`runtime::cuda`) is not yet behind `Trainer`.
+            // The CPU executor must not pretend to run on a GPU: `engine::build_engine` (what
+            // `Trainer` calls) builds the CUDA executor for a CUDA device.
             return Err(RuntimeError::Device(format!(
-                "{}: training through `Trainer` runs on the CPU only in this version; \
-                 pass `--device cpu` (or `Device::cpu()`)",
+                "{}: the CPU executor runs on the CPU only; build the CUDA executor \
+                 (`memwise_runtime::engine::build_engine`, or `Trainer`) for a CUDA device",
                 device.name()
             )));
         }

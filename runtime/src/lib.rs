@@ -4,6 +4,7 @@
 pub mod cuda;
 pub mod data;
 pub mod device;
+pub mod engine;
 pub mod error;
 pub mod executor;
 pub mod init;
@@ -15,6 +16,7 @@ pub mod train;
 pub mod weights;
 
 pub use device::Device;
+pub use engine::Engine;
 pub use error::{Result, RuntimeError};
 pub use executor::{Batch, Executor, StepOutput};
 pub use train::{

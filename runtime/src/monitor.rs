@@ -1,5 +1,6 @@
-//! Memory measurements of the running process: resident size now and at its peak, read
-//! from /proc (Linux), to set beside the compile-time estimate.
+//! Memory measurements of the running process, to set beside the compile-time estimate:
+//! resident size now and at its peak, read from /proc (Linux), and on a GPU the device
+//! memory the model holds at its peak.
 
 /// Resident-set figures in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -24,10 +25,12 @@ pub fn rss() -> Option<Rss> {
 }
 
 /// Measures growth from a baseline taken before a model is built (the run report's
-/// `peak_rss_growth_bytes` = peak resident size − resident size at the baseline).
+/// `peak_rss_growth_bytes` = peak resident size − resident size at the baseline), and keeps
+/// the largest device-memory sample it is given (the run report's `device_peak_bytes`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryMonitor {
     baseline: u64,
+    device_peak: Option<u64>,
 }
 
 impl MemoryMonitor {
@@ -40,7 +43,22 @@ impl MemoryMonitor {
         reset_peak();
         MemoryMonitor {
             baseline: rss().map_or(0, |r| r.current),
+            device_peak: None,
         }
+    }
+
+    /// Records a sample of the device memory the model holds (device memory in use minus
+    /// what was in use before the model was built: `Engine::device_bytes_used`); `None`
+    /// (the CPU) records nothing.
+    pub fn record_device_bytes(&mut self, used: Option<u64>) {
+        if let Some(b) = used {
+            self.device_peak = Some(self.device_peak.map_or(b, |p| p.max(b)));
+        }
+    }
+
+    /// The largest device-memory sample recorded; `None` on the CPU.
+    pub fn device_peak(&self) -> Option<u64> {
+        self.device_peak
     }
 
     pub fn baseline(&self) -> u64 {

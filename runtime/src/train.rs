@@ -1,6 +1,6 @@
-//! `Trainer`: fit / evaluate / predict around the executor, with a Keras-like progress bar and
-//! epoch line, callbacks, and the memory monitor that sets the measured peak beside the
-//! compile-time estimate.
+//! `Trainer`: fit / evaluate / predict around an engine (the CPU executor, or the CUDA one on
+//! a CUDA device), with a Keras-like progress bar and epoch line, callbacks, and the memory
+//! monitor that sets the measured peak beside the compile-time estimate.
 
 use std::io::IsTerminal;
 use std::time::Instant;
@@ -11,6 +11,7 @@ use memwise_plan::{plan, plan_inference, ModelSpec, Op, StaticPlan};
 
 use crate::data::dataset::{Column, Dataset};
 use crate::device::Device;
+use crate::engine::{build_engine, Engine};
 use crate::error::{Result, RuntimeError};
 use crate::executor::{Batch, Executor};
 use crate::monitor::{error_percent, MemoryMonitor};
@@ -57,6 +58,9 @@ pub struct EpochLog {
     /// Resident-size growth since the model was built: now, and the peak.
     pub rss_growth: u64,
     pub peak_rss_growth: u64,
+    /// On a GPU, the device memory the model has held at its peak so far (sampled after every
+    /// step; see [`Trainer::device_peak_bytes`]); `None` on the CPU.
+    pub device_peak_bytes: Option<u64>,
 }
 
 /// What `fit` returns: every epoch, and every step's loss and time.
@@ -99,13 +103,23 @@ pub struct MemoryCallback {
 impl Callback for MemoryCallback {
     fn on_epoch_end(&mut self, log: &EpochLog, model: &Trainer) {
         let est = model.estimate_bytes();
-        let line = format!(
-            "memory: estimate {} | measured current {} | peak {} ({:+.1}% vs estimate)",
-            format_bytes(est),
-            format_bytes(log.rss_growth),
-            format_bytes(log.peak_rss_growth),
-            error_percent(log.peak_rss_growth, est)
-        );
+        let line = match log.device_peak_bytes {
+            Some(device) => format!(
+                "memory: estimate {} | device peak {} ({:+.1}% vs estimate) | host resident current {} peak {}",
+                format_bytes(est),
+                format_bytes(device),
+                error_percent(device, est),
+                format_bytes(log.rss_growth),
+                format_bytes(log.peak_rss_growth)
+            ),
+            None => format!(
+                "memory: estimate {} | measured current {} | peak {} ({:+.1}% vs estimate)",
+                format_bytes(est),
+                format_bytes(log.rss_growth),
+                format_bytes(log.peak_rss_growth),
+                error_percent(log.peak_rss_growth, est)
+            ),
+        };
         eprintln!("{line}");
         self.lines.push(line);
     }
@@ -125,7 +139,7 @@ pub struct HostBytes {
     /// a slab's pages count only once a GEMM large enough has touched them. 0 on CUDA.
     pub gemm: u64,
     /// The inference executors `evaluate` and `predict` have built so far (arena and
-    /// persistent region each).
+    /// persistent region each; on CUDA these live in device memory).
     pub inference: u64,
 }
 
@@ -170,15 +184,22 @@ fn l2_cache_bytes() -> u64 {
     read().unwrap_or(1 << 20)
 }
 
-/// A model built on a device: the training executor, and inference executors made on
-/// demand for evaluate and predict.
+/// A model built on a device: the training engine, and inference engines of the same kind
+/// made on demand for evaluate and predict.
 pub struct Trainer {
     spec: ModelSpec,
     device: Device,
-    train: Executor,
-    /// Inference executors by batch size (the plan's, and a final partial batch's).
-    infer: Vec<Executor>,
+    train: Box<dyn Engine>,
+    /// Inference engines by batch size (the plan's, and a final partial batch's).
+    infer: Vec<InferenceEngine>,
     monitor: MemoryMonitor,
+}
+
+/// An inference engine of the trainer, and whether its weights are the training engine's
+/// current ones (they go stale when the training engine steps or is handed out mutably).
+struct InferenceEngine {
+    engine: Box<dyn Engine>,
+    current: bool,
 }
 
 fn splitmix(state: &mut u64) -> u64 {
@@ -198,7 +219,9 @@ impl Trainer {
         Trainer::from_plan(spec, p, device, seed, monitor)
     }
 
-    /// Builds from a plan made earlier (the macro's `PLAN`).
+    /// Builds from a plan made earlier (the macro's `PLAN`): the CPU executor, or on a CUDA
+    /// device the CUDA executor ([`build_engine`]; without the `cuda` feature a CUDA device is
+    /// an `Err`).
     pub fn from_plan(
         spec: &ModelSpec,
         p: StaticPlan,
@@ -206,22 +229,76 @@ impl Trainer {
         seed: u64,
         monitor: MemoryMonitor,
     ) -> Result<Trainer> {
-        let train = Executor::new(p, device, seed)?;
+        let train = build_engine(p, device, seed)?;
+        Trainer::from_engine(spec, train, device, monitor)
+    }
+
+    /// Builds around a ready training engine (any [`Engine`]: a GPU executor over another
+    /// backend, a restored one …). `device` is where its inference engines go; `spec` is the
+    /// model the engine's plan was made from.
+    pub fn from_engine(
+        spec: &ModelSpec,
+        engine: Box<dyn Engine>,
+        device: &Device,
+        monitor: MemoryMonitor,
+    ) -> Result<Trainer> {
+        let p = engine.plan();
+        if !p.training {
+            return Err(RuntimeError::Input(format!(
+                "the trainer needs a training plan; `{}` was planned for inference",
+                p.model
+            )));
+        }
+        let mut monitor = monitor;
+        monitor.record_device_bytes(engine.device_bytes_used());
         Ok(Trainer {
             spec: spec.clone(),
             device: device.clone(),
-            train,
+            train: engine,
             infer: Vec::new(),
             monitor,
         })
     }
 
-    pub fn executor(&self) -> &Executor {
-        &self.train
+    /// The training engine.
+    pub fn engine(&self) -> &dyn Engine {
+        &*self.train
     }
 
-    pub fn executor_mut(&mut self) -> &mut Executor {
-        &mut self.train
+    /// The training engine, to change (weights, checkpoints): the inference engines copy its
+    /// weights again before they next run.
+    pub fn engine_mut(&mut self) -> &mut dyn Engine {
+        self.mark_inference_stale();
+        &mut *self.train
+    }
+
+    /// The training engine as the CPU executor (profiling, poisoning), when it is one.
+    pub fn cpu_executor(&self) -> Option<&Executor> {
+        self.train.downcast_ref::<Executor>()
+    }
+
+    /// [`Trainer::cpu_executor`], to change.
+    pub fn cpu_executor_mut(&mut self) -> Option<&mut Executor> {
+        self.mark_inference_stale();
+        self.train.downcast_mut::<Executor>()
+    }
+
+    fn mark_inference_stale(&mut self) {
+        for e in self.infer.iter_mut() {
+            e.current = false;
+        }
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// On a GPU: the device memory the model has held at its peak, in bytes — the most the
+    /// device had in use, sampled when the model was built and after every training step,
+    /// minus what it had in use before the model was built (`cuMemGetInfo`; the run report's
+    /// `device_peak_bytes`). `None` on the CPU.
+    pub fn device_peak_bytes(&self) -> Option<u64> {
+        self.monitor.device_peak()
     }
 
     pub fn plan(&self) -> &StaticPlan {
@@ -260,7 +337,7 @@ impl Trainer {
             inference: self
                 .infer
                 .iter()
-                .map(|e| e.plan().arena_bytes + e.plan().persistent_bytes)
+                .map(|e| e.engine.plan().arena_bytes + e.engine.plan().persistent_bytes)
                 .sum(),
         }
     }
@@ -367,8 +444,11 @@ impl Trainer {
                 train.gather(idx, &mut bufs)?;
                 let batches: Vec<Batch<'_>> = bufs.iter().map(|b| b.as_batch(batch)).collect();
                 let ts = Instant::now();
+                self.mark_inference_stale();
                 let out = self.train.train_step(&batches)?;
                 history.step_ms.push(ts.elapsed().as_secs_f64() * 1e3);
+                self.monitor
+                    .record_device_bytes(self.train.device_bytes_used());
                 if !out.loss.is_finite() && !out.skipped {
                     return Err(RuntimeError::NonFinite(format!(
                         "epoch {epoch}, step {}: the loss is {} (float32 training diverged; lower the learning rate)",
@@ -411,6 +491,7 @@ impl Trainer {
                 seconds,
                 rss_growth: g.current,
                 peak_rss_growth: g.peak,
+                device_peak_bytes: self.device_peak_bytes(),
             };
             if opts.verbose {
                 eprintln!("{}", epoch_line(&log, opts.epochs, self.estimate_bytes()));
@@ -423,20 +504,26 @@ impl Trainer {
         Ok(history)
     }
 
-    /// The inference executor for batches of `n`, built on first use; weights copied from
-    /// the training executor.
+    /// The inference engine for batches of `n`, built on first use by the training engine
+    /// (the same kind); weights copied from the training engine when they changed.
     fn inference(&mut self, n: usize) -> Result<usize> {
-        let k = match self.infer.iter().position(|e| e.plan().batch == n) {
+        let k = match self.infer.iter().position(|e| e.engine.plan().batch == n) {
             Some(k) => k,
             None => {
                 let p = plan_inference(&self.spec.with_batch(n))?;
-                self.infer
-                    .push(Executor::new(p, &self.device, self.train.seed())?);
+                let engine = self.train.inference_engine(p, &self.device)?;
+                self.infer.push(InferenceEngine {
+                    engine,
+                    current: false,
+                });
                 self.infer.len() - 1
             }
         };
         let (train, infer) = (&self.train, &mut self.infer[k]);
-        infer.copy_params_from(train)?;
+        if !infer.current {
+            infer.engine.copy_params_from(&**train)?;
+            infer.current = true;
+        }
         Ok(k)
     }
 
@@ -455,7 +542,7 @@ impl Trainer {
             let mut bufs: Vec<Column> = data.columns().iter().map(|c| c.buffer(n)).collect();
             data.gather(&idx, &mut bufs)?;
             let batches: Vec<Batch<'_>> = bufs.iter().map(|b| b.as_batch(n)).collect();
-            let out = self.infer[k].evaluate_step(&batches)?;
+            let out = self.infer[k].engine.evaluate_step(&batches)?;
             loss += out.loss as f64 * n as f64;
             correct += out.correct;
             start += n;
@@ -482,8 +569,8 @@ impl Trainer {
             let mut bufs: Vec<Column> = data.columns().iter().map(|c| c.buffer(n)).collect();
             data.gather(&idx, &mut bufs)?;
             let batches: Vec<Batch<'_>> = bufs.iter().map(|b| b.as_batch(n)).collect();
-            self.infer[k].evaluate_step(&batches)?;
-            let ex = &self.infer[k];
+            self.infer[k].engine.evaluate_step(&batches)?;
+            let ex = &self.infer[k].engine;
             let elems = ex.plan().tensor(ex.plan().prediction).elems();
             let at = out.len();
             out.resize(at + elems, 0.0);
@@ -494,7 +581,8 @@ impl Trainer {
     }
 }
 
-/// Keras's line: `Epoch 3/5 - 62 steps - 4.1s - loss: 0.2311 - accuracy: 0.9312 - val_…`.
+/// Keras's line: `Epoch 3/5 - 62 steps - 4.1s - loss: 0.2311 - accuracy: 0.9312 - val_…`,
+/// then the measured peak (host resident growth; on a GPU the device peak) and the estimate.
 pub fn epoch_line(l: &EpochLog, epochs: usize, estimate: u64) -> String {
     let mut s = format!(
         "Epoch {}/{epochs} - {} steps - {:.1}s - loss: {:.4}",
@@ -509,10 +597,21 @@ pub fn epoch_line(l: &EpochLog, epochs: usize, estimate: u64) -> String {
     if let Some(a) = l.val_accuracy {
         s += &format!(" - val_accuracy: {a:.4}");
     }
-    s += &format!(
-        " - memory: {} peak / {} estimated",
-        format_bytes(l.peak_rss_growth),
-        format_bytes(estimate)
-    );
+    match l.device_peak_bytes {
+        Some(device) => {
+            s += &format!(
+                " - memory: {} device peak / {} estimated",
+                format_bytes(device),
+                format_bytes(estimate)
+            )
+        }
+        None => {
+            s += &format!(
+                " - memory: {} peak / {} estimated",
+                format_bytes(l.peak_rss_growth),
+                format_bytes(estimate)
+            )
+        }
+    }
     s
 }

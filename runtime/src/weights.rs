@@ -11,6 +11,10 @@
 //!   `<name>.opt1` …, plus the seed, the step counter, the optimizer's update count and the
 //!   loss-scaler state in `__metadata__`: what a run needs to resume bit-exactly.
 //!
+//! The GPU executor writes and reads the same files through [`crate::Engine`]: its persistent
+//! region is copied to the host to save and back to the device to load, so a checkpoint
+//! moves between the CPU and a GPU.
+//!
 //! Saving writes a temporary file beside the target, fsyncs it, renames it over the target and
 //! fsyncs the directory, so the target is always either the old complete file or the new one.
 //! Loading checks the whole file (header, checksum, every name, shape and dtype, and the
@@ -26,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use memwise_kernels::optimizer::LossScaler;
 use memwise_plan::liveness::align_up;
-use memwise_plan::NO_OFFSET;
+use memwise_plan::{StaticPlan, NO_OFFSET};
 use safetensors::tensor::{Metadata, TensorInfo, TensorView};
 use safetensors::{Dtype, SafeTensorError, SafeTensors};
 
@@ -402,22 +406,89 @@ fn layout_hint(file: &[usize], model: &[usize]) -> &'static str {
     }
 }
 
+/// What weights and checkpoints are read from and written to: an executor's plan, its
+/// persistent region (parameters, 16-bit copies, gradients, optimizer state) as host bytes,
+/// and the counters a checkpoint restores. The CPU [`Executor`] lends its region; the GPU
+/// executor copies its region from and to the device.
+pub(crate) trait PersistentState {
+    fn state_plan(&self) -> &StaticPlan;
+    /// The whole persistent region (`plan.persistent_bytes`), as host bytes.
+    fn persistent_image(&self) -> Result<Cow<'_, [u8]>>;
+    /// Runs `write` on the persistent region's bytes; when it returns `Ok`, refreshes the
+    /// 16-bit copies of the parameters and keeps the result. `write` checks everything before
+    /// it changes a byte, so an `Err` leaves the model as it was.
+    fn write_persistent(&mut self, write: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<()>;
+    fn counters(&self) -> TrainingCounters;
+    fn set_counters(&mut self, c: TrainingCounters);
+}
+
+/// What a checkpoint restores besides tensors.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct TrainingCounters {
+    /// The executor's seed (keys dropout and sampling).
+    pub seed: u64,
+    /// Training steps run.
+    pub step: u64,
+    /// Optimizer updates applied (Adam's bias correction).
+    pub updates: u64,
+    pub scaler: LossScaler,
+}
+
+/// Writes every parameter's f32 values to `path` (see [`Executor::save_weights`]).
+pub(crate) fn save_weights<M: PersistentState + ?Sized>(m: &M, path: &Path) -> Result<()> {
+    let image = m.persistent_image()?;
+    let mut entries = weight_entries(m.state_plan(), &image)?;
+    let header = encode_header(&mut entries, base_metadata(m.state_plan(), Kind::Weights))?;
+    write_atomic(path, "weights", &header, &entries)
+}
+
+/// The bytes [`save_weights`] would write.
+pub(crate) fn weights_to_bytes<M: PersistentState + ?Sized>(m: &M) -> Result<Vec<u8>> {
+    let image = m.persistent_image()?;
+    let mut entries = weight_entries(m.state_plan(), &image)?;
+    let header = encode_header(&mut entries, base_metadata(m.state_plan(), Kind::Weights))?;
+    Ok(concat(header, &entries))
+}
+
+/// Reads weights from `path` (see [`Executor::load_weights`]).
+pub(crate) fn load_weights<M: PersistentState + ?Sized>(m: &mut M, path: &Path) -> Result<()> {
+    let bytes = read_file(path, "weights")?;
+    load_weights_labelled(m, &bytes, &format!("weights `{}`", path.display()))
+}
+
+/// Writes a training checkpoint to `path` (see [`Executor::save_checkpoint`]).
+pub(crate) fn save_checkpoint<M: PersistentState + ?Sized>(m: &M, path: &Path) -> Result<()> {
+    let image = m.persistent_image()?;
+    let (mut entries, meta) = checkpoint_parts(m.state_plan(), &image, m.counters())?;
+    let header = encode_header(&mut entries, meta)?;
+    write_atomic(path, "checkpoint", &header, &entries)
+}
+
+/// The bytes [`save_checkpoint`] would write.
+pub(crate) fn checkpoint_to_bytes<M: PersistentState + ?Sized>(m: &M) -> Result<Vec<u8>> {
+    let image = m.persistent_image()?;
+    let (mut entries, meta) = checkpoint_parts(m.state_plan(), &image, m.counters())?;
+    let header = encode_header(&mut entries, meta)?;
+    Ok(concat(header, &entries))
+}
+
+/// Restores a checkpoint from `path` (see [`Executor::load_checkpoint`]).
+pub(crate) fn load_checkpoint<M: PersistentState + ?Sized>(m: &mut M, path: &Path) -> Result<()> {
+    let bytes = read_file(path, "checkpoint")?;
+    load_checkpoint_labelled(m, &bytes, &format!("checkpoint `{}`", path.display()))
+}
+
 impl Executor {
     /// Writes every parameter's f32 values (batch-norm statistics included) to `path` as
     /// safetensors, atomically (see the module docs). Names are the plan's (`hidden.weight`),
     /// shapes the plan's Keras layout.
     pub fn save_weights(&self, path: impl AsRef<Path>) -> Result<()> {
-        let path = path.as_ref();
-        let mut entries = self.weight_entries()?;
-        let header = encode_header(&mut entries, self.base_metadata(Kind::Weights))?;
-        write_atomic(path, "weights", &header, &entries)
+        save_weights(self, path.as_ref())
     }
 
     /// The bytes [`save_weights`](Self::save_weights) would write.
     pub fn weights_to_bytes(&self) -> Result<Vec<u8>> {
-        let mut entries = self.weight_entries()?;
-        let header = encode_header(&mut entries, self.base_metadata(Kind::Weights))?;
-        Ok(concat(header, &entries))
+        weights_to_bytes(self)
     }
 
     /// Reads a safetensors file of this model's parameters (one written by
@@ -427,15 +498,13 @@ impl Executor {
     /// the error lists each missing name, unexpected name, wrong shape and wrong dtype.
     /// Optimizer state and counters are left as they are.
     pub fn load_weights(&mut self, path: impl AsRef<Path>) -> Result<()> {
-        let path = path.as_ref();
-        let bytes = read_file(path, "weights")?;
-        self.load_weights_labelled(&bytes, &format!("weights `{}`", path.display()))
+        load_weights(self, path.as_ref())
     }
 
     /// [`load_weights`](Self::load_weights) from bytes in memory (a fuzzing entry point: any
     /// input gives `Ok` or an error, never a panic).
     pub fn load_weights_from_bytes(&mut self, bytes: &[u8]) -> Result<()> {
-        self.load_weights_labelled(bytes, "weights (in memory)")
+        load_weights_labelled(self, bytes, "weights (in memory)")
     }
 
     /// Writes a training checkpoint to `path`, atomically: the weights, every optimizer state
@@ -443,17 +512,12 @@ impl Executor {
     /// the optimizer update count and the loss-scaler state. Loading it into a fresh executor
     /// of the same model and training on gives bit-identical results to never stopping.
     pub fn save_checkpoint(&self, path: impl AsRef<Path>) -> Result<()> {
-        let path = path.as_ref();
-        let (mut entries, meta) = self.checkpoint_parts()?;
-        let header = encode_header(&mut entries, meta)?;
-        write_atomic(path, "checkpoint", &header, &entries)
+        save_checkpoint(self, path.as_ref())
     }
 
     /// The bytes [`save_checkpoint`](Self::save_checkpoint) would write.
     pub fn checkpoint_to_bytes(&self) -> Result<Vec<u8>> {
-        let (mut entries, meta) = self.checkpoint_parts()?;
-        let header = encode_header(&mut entries, meta)?;
-        Ok(concat(header, &entries))
+        checkpoint_to_bytes(self)
     }
 
     /// Restores a checkpoint written by [`save_checkpoint`](Self::save_checkpoint) for this
@@ -461,430 +525,481 @@ impl Executor {
     /// whole file is checked first (names, shapes, dtypes, checksum, the optimizer and every
     /// metadata value); on error nothing in the executor changes.
     pub fn load_checkpoint(&mut self, path: impl AsRef<Path>) -> Result<()> {
-        let path = path.as_ref();
-        let bytes = read_file(path, "checkpoint")?;
-        self.load_checkpoint_labelled(&bytes, &format!("checkpoint `{}`", path.display()))
+        load_checkpoint(self, path.as_ref())
     }
 
     /// [`load_checkpoint`](Self::load_checkpoint) from bytes in memory (a fuzzing entry point).
     pub fn load_checkpoint_from_bytes(&mut self, bytes: &[u8]) -> Result<()> {
-        self.load_checkpoint_labelled(bytes, "checkpoint (in memory)")
+        load_checkpoint_labelled(self, bytes, "checkpoint (in memory)")
+    }
+}
+
+impl PersistentState for Executor {
+    fn state_plan(&self) -> &StaticPlan {
+        &self.plan
     }
 
-    // ---- saving ----
-
-    fn base_metadata(&self, kind: Kind) -> BTreeMap<String, String> {
-        let mut m = BTreeMap::new();
-        m.insert(keys::FORMAT_VERSION.into(), FORMAT_VERSION.to_string());
-        m.insert(keys::KIND.into(), kind.name().into());
-        m.insert(keys::MODEL.into(), self.plan.model.to_string());
-        m.insert(keys::LAYOUT.into(), "keras".into());
-        m
+    fn persistent_image(&self) -> Result<Cow<'_, [u8]>> {
+        Ok(Cow::Borrowed(self.persistent.bytes()))
     }
 
-    /// The bytes of `elems` f32 values at `offset` of the persistent region.
-    fn region_f32(&self, offset: u64, elems: usize, name: &str) -> Result<&[u8]> {
-        let start = usize::try_from(offset).unwrap_or(usize::MAX);
-        start
-            .checked_add(elems * 4)
-            .and_then(|end| self.persistent.bytes().get(start..end))
-            .ok_or_else(|| {
-                RuntimeError::Memory(format!(
-                    "`{name}`: {elems} f32 at offset {offset} lie outside the persistent region"
-                ))
-            })
+    fn write_persistent(&mut self, write: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<()> {
+        write(self.persistent.bytes_mut())?;
+        self.refresh_half_copies(None)
     }
 
-    fn weight_entries(&self) -> Result<Vec<Entry<'_>>> {
-        self.plan
-            .params
-            .iter()
-            .map(|p| {
-                Ok(Entry {
-                    name: p.name.to_string(),
-                    shape: p.shape.to_vec(),
-                    data: le_bytes(self.region_f32(p.offset, p.elems(), &p.name)?),
-                })
-            })
-            .collect()
+    fn counters(&self) -> TrainingCounters {
+        TrainingCounters {
+            seed: self.seed,
+            step: self.step_counter,
+            updates: self.updates,
+            scaler: self.scaler,
+        }
     }
 
-    /// Weights and optimizer-state slots: where each goes in the persistent region.
-    fn checkpoint_slots(&self) -> Vec<Slot> {
-        let mut v: Vec<Slot> = self
-            .plan
-            .params
-            .iter()
-            .map(|p| Slot {
+    fn set_counters(&mut self, c: TrainingCounters) {
+        self.seed = c.seed;
+        self.step_counter = c.step;
+        self.updates = c.updates;
+        self.scaler = c.scaler;
+    }
+}
+
+// ---- saving ----
+
+fn base_metadata(plan: &StaticPlan, kind: Kind) -> BTreeMap<String, String> {
+    let mut m = BTreeMap::new();
+    m.insert(keys::FORMAT_VERSION.into(), FORMAT_VERSION.to_string());
+    m.insert(keys::KIND.into(), kind.name().into());
+    m.insert(keys::MODEL.into(), plan.model.to_string());
+    m.insert(keys::LAYOUT.into(), "keras".into());
+    m
+}
+
+/// The bytes of `elems` f32 values at `offset` of the persistent region `region`.
+fn region_f32<'a>(region: &'a [u8], offset: u64, elems: usize, name: &str) -> Result<&'a [u8]> {
+    let start = usize::try_from(offset).unwrap_or(usize::MAX);
+    start
+        .checked_add(elems * 4)
+        .and_then(|end| region.get(start..end))
+        .ok_or_else(|| {
+            RuntimeError::Memory(format!(
+                "`{name}`: {elems} f32 at offset {offset} lie outside the persistent region"
+            ))
+        })
+}
+
+fn weight_entries<'a>(plan: &StaticPlan, region: &'a [u8]) -> Result<Vec<Entry<'a>>> {
+    plan.params
+        .iter()
+        .map(|p| {
+            Ok(Entry {
                 name: p.name.to_string(),
                 shape: p.shape.to_vec(),
-                offset: p.offset,
+                data: le_bytes(region_f32(region, p.offset, p.elems(), &p.name)?),
             })
-            .collect();
-        let slots = self.plan.optimizer.state_slots();
-        for p in self
-            .plan
-            .params
-            .iter()
-            .filter(|p| p.state_offset != NO_OFFSET)
-        {
-            let stride = align_up(p.elems() as u64 * 4, self.plan.alignment);
-            for k in 0..slots {
-                v.push(Slot {
-                    name: format!("{}.opt{k}", p.name),
-                    shape: p.shape.to_vec(),
-                    offset: p.state_offset + k * stride,
-                });
-            }
-        }
-        v
-    }
+        })
+        .collect()
+}
 
-    fn checkpoint_parts(&self) -> Result<(Vec<Entry<'_>>, BTreeMap<String, String>)> {
-        let entries = self
-            .checkpoint_slots()
-            .into_iter()
-            .map(|s| {
-                let elems = s.shape.iter().product();
-                let data = le_bytes(self.region_f32(s.offset, elems, &s.name)?);
-                Ok(Entry {
-                    name: s.name,
-                    shape: s.shape,
-                    data,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let mut m = self.base_metadata(Kind::Checkpoint);
-        let sc = &self.scaler;
-        let mut put = |k: &str, v: String| {
-            m.insert(k.to_string(), v);
-        };
-        put(keys::OPTIMIZER, self.plan.optimizer.name().into());
-        put(
-            keys::OPTIMIZER_SLOTS,
-            self.plan.optimizer.state_slots().to_string(),
-        );
-        put(keys::SEED, self.seed.to_string());
-        put(keys::STEP, self.step_counter.to_string());
-        put(keys::UPDATES, self.updates.to_string());
-        put(keys::LOSS_SCALING, self.plan.loss_scaling.to_string());
-        put(keys::LOSS_SCALE, f32_bits(sc.scale));
-        put(keys::LOSS_SCALE_VALUE, sc.scale.to_string());
-        put(
-            keys::LOSS_SCALE_GROWTH_INTERVAL,
-            sc.growth_interval.to_string(),
-        );
-        put(keys::LOSS_SCALE_GROWTH, f32_bits(sc.growth));
-        put(keys::LOSS_SCALE_BACKOFF, f32_bits(sc.backoff));
-        put(keys::LOSS_SCALE_GOOD_STEPS, sc.good_steps.to_string());
-        put(
-            keys::LOSS_SCALE_SKIPPED_IN_A_ROW,
-            sc.skipped_in_a_row.to_string(),
-        );
-        Ok((entries, m))
-    }
-
-    // ---- loading ----
-
-    fn load_weights_labelled(&mut self, bytes: &[u8], label: &str) -> Result<()> {
-        let file = parse(bytes, label)?;
-        let slots: Vec<Slot> = self
-            .plan
-            .params
-            .iter()
-            .map(|p| Slot {
-                name: p.name.to_string(),
+/// Weights and optimizer-state slots: where each goes in the persistent region.
+fn checkpoint_slots(plan: &StaticPlan) -> Vec<Slot> {
+    let mut v: Vec<Slot> = plan
+        .params
+        .iter()
+        .map(|p| Slot {
+            name: p.name.to_string(),
+            shape: p.shape.to_vec(),
+            offset: p.offset,
+        })
+        .collect();
+    let slots = plan.optimizer.state_slots();
+    for p in plan.params.iter().filter(|p| p.state_offset != NO_OFFSET) {
+        let stride = align_up(p.elems() as u64 * 4, plan.alignment);
+        for k in 0..slots {
+            v.push(Slot {
+                name: format!("{}.opt{k}", p.name),
                 shape: p.shape.to_vec(),
-                offset: p.offset,
-            })
-            .collect();
-        let params: BTreeSet<&str> = self.plan.params.iter().map(|p| p.name.as_ref()).collect();
-        let checked = self.check(file, label, &slots, &|n| is_opt_state(n, &params), None)?;
-        self.write_slots(&slots, &checked.data)
-    }
-
-    fn load_checkpoint_labelled(&mut self, bytes: &[u8], label: &str) -> Result<()> {
-        let file = parse(bytes, label)?;
-        let slots = self.checkpoint_slots();
-        let checked = self.check(file, label, &slots, &|_| false, Some(Kind::Checkpoint))?;
-        let state = self.checkpoint_state(&checked.meta, label)?;
-        self.write_slots(&slots, &checked.data)?;
-        self.seed = state.seed;
-        self.step_counter = state.step;
-        self.updates = state.updates;
-        self.scaler = state.scaler;
-        Ok(())
-    }
-
-    /// Checks the file against `slots` (and, for a checkpoint, its kind, model and optimizer):
-    /// returns each slot's bytes, or one error listing every problem.
-    fn check<'a>(
-        &self,
-        file: Parsed<'a>,
-        label: &str,
-        slots: &[Slot],
-        ignore: &dyn Fn(&str) -> bool,
-        need: Option<Kind>,
-    ) -> Result<Checked<'a>> {
-        let err = |m: String| RuntimeError::Io(format!("{label}: {m}"));
-        let Parsed { tensors, meta } = file;
-        // Format version.
-        if let Some(v) = meta.get(keys::FORMAT_VERSION) {
-            match v.parse::<u32>() {
-                Ok(v) if v <= FORMAT_VERSION => {}
-                Ok(v) => {
-                    return Err(err(format!(
-                        "written in memwise format version {v}; this build reads versions up to {FORMAT_VERSION}"
-                    )))
-                }
-                Err(_) => return Err(err(format!("corrupt metadata: `{}` is `{v}`, not a version number", keys::FORMAT_VERSION))),
-            }
+                offset: p.state_offset + k * stride,
+            });
         }
-        // Checksum of everything in the file.
-        if let Some(want) = meta.get(keys::CHECKSUM) {
-            let got = format_checksum(checksum(
-                tensors
-                    .iter()
-                    .map(|(n, t)| (n.as_str(), t.dtype(), t.shape(), t.data())),
-            ));
-            if *want != got {
+    }
+    v
+}
+
+fn checkpoint_parts<'a>(
+    plan: &StaticPlan,
+    region: &'a [u8],
+    c: TrainingCounters,
+) -> Result<(Vec<Entry<'a>>, BTreeMap<String, String>)> {
+    let entries = checkpoint_slots(plan)
+        .into_iter()
+        .map(|s| {
+            let elems = s.shape.iter().product();
+            let data = le_bytes(region_f32(region, s.offset, elems, &s.name)?);
+            Ok(Entry {
+                name: s.name,
+                shape: s.shape,
+                data,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut m = base_metadata(plan, Kind::Checkpoint);
+    let sc = &c.scaler;
+    let mut put = |k: &str, v: String| {
+        m.insert(k.to_string(), v);
+    };
+    put(keys::OPTIMIZER, plan.optimizer.name().into());
+    put(
+        keys::OPTIMIZER_SLOTS,
+        plan.optimizer.state_slots().to_string(),
+    );
+    put(keys::SEED, c.seed.to_string());
+    put(keys::STEP, c.step.to_string());
+    put(keys::UPDATES, c.updates.to_string());
+    put(keys::LOSS_SCALING, plan.loss_scaling.to_string());
+    put(keys::LOSS_SCALE, f32_bits(sc.scale));
+    put(keys::LOSS_SCALE_VALUE, sc.scale.to_string());
+    put(
+        keys::LOSS_SCALE_GROWTH_INTERVAL,
+        sc.growth_interval.to_string(),
+    );
+    put(keys::LOSS_SCALE_GROWTH, f32_bits(sc.growth));
+    put(keys::LOSS_SCALE_BACKOFF, f32_bits(sc.backoff));
+    put(keys::LOSS_SCALE_GOOD_STEPS, sc.good_steps.to_string());
+    put(
+        keys::LOSS_SCALE_SKIPPED_IN_A_ROW,
+        sc.skipped_in_a_row.to_string(),
+    );
+    Ok((entries, m))
+}
+
+// ---- loading ----
+
+fn load_weights_labelled<M: PersistentState + ?Sized>(
+    m: &mut M,
+    bytes: &[u8],
+    label: &str,
+) -> Result<()> {
+    let file = parse(bytes, label)?;
+    let plan = m.state_plan();
+    let slots: Vec<Slot> = plan
+        .params
+        .iter()
+        .map(|p| Slot {
+            name: p.name.to_string(),
+            shape: p.shape.to_vec(),
+            offset: p.offset,
+        })
+        .collect();
+    let params: BTreeSet<&str> = plan.params.iter().map(|p| p.name.as_ref()).collect();
+    let checked = check(
+        plan,
+        file,
+        label,
+        &slots,
+        &|n| is_opt_state(n, &params),
+        None,
+    )?;
+    write_slots(m, &slots, &checked.data)
+}
+
+fn load_checkpoint_labelled<M: PersistentState + ?Sized>(
+    m: &mut M,
+    bytes: &[u8],
+    label: &str,
+) -> Result<()> {
+    let file = parse(bytes, label)?;
+    let plan = m.state_plan();
+    let slots = checkpoint_slots(plan);
+    let checked = check(
+        plan,
+        file,
+        label,
+        &slots,
+        &|_| false,
+        Some(Kind::Checkpoint),
+    )?;
+    let state = checkpoint_state(plan, &checked.meta, label)?;
+    write_slots(m, &slots, &checked.data)?;
+    m.set_counters(state);
+    Ok(())
+}
+
+/// Checks the file against `slots` (and, for a checkpoint, its kind, model and optimizer):
+/// returns each slot's bytes, or one error listing every problem.
+fn check<'a>(
+    plan: &StaticPlan,
+    file: Parsed<'a>,
+    label: &str,
+    slots: &[Slot],
+    ignore: &dyn Fn(&str) -> bool,
+    need: Option<Kind>,
+) -> Result<Checked<'a>> {
+    let err = |m: String| RuntimeError::Io(format!("{label}: {m}"));
+    let Parsed { tensors, meta } = file;
+    // Format version.
+    if let Some(v) = meta.get(keys::FORMAT_VERSION) {
+        match v.parse::<u32>() {
+            Ok(v) if v <= FORMAT_VERSION => {}
+            Ok(v) => {
                 return Err(err(format!(
-                    "checksum mismatch: the metadata says {want}, the tensors hash to {got} — the file was damaged or edited after memwise wrote it (drop `{}` from the metadata if you edited it on purpose)",
-                    keys::CHECKSUM
+                    "written in memwise format version {v}; this build reads versions up to {FORMAT_VERSION}"
+                )))
+            }
+            Err(_) => return Err(err(format!("corrupt metadata: `{}` is `{v}`, not a version number", keys::FORMAT_VERSION))),
+        }
+    }
+    // Checksum of everything in the file.
+    if let Some(want) = meta.get(keys::CHECKSUM) {
+        let got = format_checksum(checksum(
+            tensors
+                .iter()
+                .map(|(n, t)| (n.as_str(), t.dtype(), t.shape(), t.data())),
+        ));
+        if *want != got {
+            return Err(err(format!(
+                "checksum mismatch: the metadata says {want}, the tensors hash to {got} — the file was damaged or edited after memwise wrote it (drop `{}` from the metadata if you edited it on purpose)",
+                keys::CHECKSUM
+            )));
+        }
+    }
+    let model = &plan.model;
+    let file_model = meta.get(keys::MODEL);
+    let from = match file_model {
+        Some(m) if m != model.as_ref() => {
+            format!(" (the file was saved from model `{m}`, this is `{model}`)")
+        }
+        _ => String::new(),
+    };
+    if let Some(kind) = need {
+        match meta.get(keys::KIND).map(String::as_str) {
+            Some(k) if k == kind.name() => {}
+            Some(k) => {
+                return Err(err(format!(
+                    "is a memwise {k} file, not a training {}{from}; load_weights reads the weights of either",
+                    kind.name()
+                )))
+            }
+            None => {
+                return Err(err(format!(
+                    "has no `{}` metadata: not a memwise training checkpoint{from}",
+                    keys::KIND
+                )))
+            }
+        }
+        let opt = plan.optimizer.name();
+        if let Some(o) = meta.get(keys::OPTIMIZER) {
+            if o != opt {
+                return Err(err(format!(
+                    "the checkpoint's optimizer is `{o}`, this model trains with `{opt}`: its state cannot be resumed (load_weights reads just the weights){from}"
                 )));
             }
         }
-        let model = &self.plan.model;
-        let file_model = meta.get(keys::MODEL);
-        let from = match file_model {
-            Some(m) if m != model.as_ref() => {
-                format!(" (the file was saved from model `{m}`, this is `{model}`)")
+        let slots = plan.optimizer.state_slots();
+        if let Some(k) = meta.get(keys::OPTIMIZER_SLOTS) {
+            if *k != slots.to_string() {
+                return Err(err(format!(
+                    "the checkpoint holds {k} optimizer state slots per parameter, this model's `{opt}` keeps {slots} (momentum or centering changed?): its state cannot be resumed (load_weights reads just the weights)"
+                )));
             }
-            _ => String::new(),
-        };
-        if let Some(kind) = need {
-            match meta.get(keys::KIND).map(String::as_str) {
-                Some(k) if k == kind.name() => {}
-                Some(k) => {
-                    return Err(err(format!(
-                        "is a memwise {k} file, not a training {}{from}; load_weights reads the weights of either",
-                        kind.name()
-                    )))
+        }
+    }
+    // Names, shapes, dtypes.
+    let by_name: HashMap<&str, &TensorView<'a>> =
+        tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let wanted: BTreeSet<&str> = slots.iter().map(|s| s.name.as_str()).collect();
+    let mut missing = Vec::new();
+    let mut wrong = Vec::new();
+    let mut data = Vec::with_capacity(slots.len());
+    for s in slots {
+        match by_name.get(s.name.as_str()) {
+            None => missing.push(format!("missing: `{}` {} F32", s.name, shape_str(&s.shape))),
+            Some(t) => {
+                let mut bad = false;
+                if t.shape() != &s.shape[..] {
+                    wrong.push(format!(
+                        "shape: `{}` is {} in the file, the model has {}{}",
+                        s.name,
+                        shape_str(t.shape()),
+                        shape_str(&s.shape),
+                        layout_hint(t.shape(), &s.shape)
+                    ));
+                    bad = true;
                 }
-                None => {
-                    return Err(err(format!(
-                        "has no `{}` metadata: not a memwise training checkpoint{from}",
-                        keys::KIND
-                    )))
+                if t.dtype() != Dtype::F32 {
+                    wrong.push(format!(
+                        "dtype: `{}` is {} in the file, the model stores F32 (convert it to float32 before saving)",
+                        s.name,
+                        t.dtype()
+                    ));
+                    bad = true;
                 }
-            }
-            let opt = self.plan.optimizer.name();
-            if let Some(o) = meta.get(keys::OPTIMIZER) {
-                if o != opt {
-                    return Err(err(format!(
-                        "the checkpoint's optimizer is `{o}`, this model trains with `{opt}`: its state cannot be resumed (load_weights reads just the weights){from}"
-                    )));
-                }
-            }
-            let slots = self.plan.optimizer.state_slots();
-            if let Some(k) = meta.get(keys::OPTIMIZER_SLOTS) {
-                if *k != slots.to_string() {
-                    return Err(err(format!(
-                        "the checkpoint holds {k} optimizer state slots per parameter, this model's `{opt}` keeps {slots} (momentum or centering changed?): its state cannot be resumed (load_weights reads just the weights)"
-                    )));
+                if !bad {
+                    data.push(t.data());
                 }
             }
         }
-        // Names, shapes, dtypes.
-        let by_name: HashMap<&str, &TensorView<'a>> =
-            tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-        let wanted: BTreeSet<&str> = slots.iter().map(|s| s.name.as_str()).collect();
-        let mut missing = Vec::new();
-        let mut wrong = Vec::new();
-        let mut data = Vec::with_capacity(slots.len());
-        for s in slots {
-            match by_name.get(s.name.as_str()) {
-                None => missing.push(format!("missing: `{}` {} F32", s.name, shape_str(&s.shape))),
-                Some(t) => {
-                    let mut bad = false;
-                    if t.shape() != &s.shape[..] {
-                        wrong.push(format!(
-                            "shape: `{}` is {} in the file, the model has {}{}",
-                            s.name,
-                            shape_str(t.shape()),
-                            shape_str(&s.shape),
-                            layout_hint(t.shape(), &s.shape)
-                        ));
-                        bad = true;
-                    }
-                    if t.dtype() != Dtype::F32 {
-                        wrong.push(format!(
-                            "dtype: `{}` is {} in the file, the model stores F32 (convert it to float32 before saving)",
-                            s.name,
-                            t.dtype()
-                        ));
-                        bad = true;
-                    }
-                    if !bad {
-                        data.push(t.data());
-                    }
-                }
-            }
-        }
-        let mut unexpected: Vec<String> = tensors
-            .iter()
-            .filter(|(n, _)| !wanted.contains(n.as_str()) && !ignore(n))
-            .map(|(n, t)| format!("unexpected: `{n}` {} {}", shape_str(t.shape()), t.dtype()))
+    }
+    let mut unexpected: Vec<String> = tensors
+        .iter()
+        .filter(|(n, _)| !wanted.contains(n.as_str()) && !ignore(n))
+        .map(|(n, t)| format!("unexpected: `{n}` {} {}", shape_str(t.shape()), t.dtype()))
+        .collect();
+    unexpected.sort();
+    let problems: Vec<String> = missing.into_iter().chain(unexpected).chain(wrong).collect();
+    if !problems.is_empty() {
+        let n = problems.len();
+        let mut lines: Vec<String> = problems
+            .into_iter()
+            .take(MAX_PROBLEM_LINES)
+            .map(|l| format!("  {l}"))
             .collect();
-        unexpected.sort();
-        let problems: Vec<String> = missing.into_iter().chain(unexpected).chain(wrong).collect();
-        if !problems.is_empty() {
-            let n = problems.len();
-            let mut lines: Vec<String> = problems
-                .into_iter()
-                .take(MAX_PROBLEM_LINES)
-                .map(|l| format!("  {l}"))
-                .collect();
-            if n > MAX_PROBLEM_LINES {
-                lines.push(format!("  … and {} more", n - MAX_PROBLEM_LINES));
-            }
-            return Err(err(format!(
-                "does not match model `{model}`{from}: {n} problem{}; the model was not changed\n{}",
-                if n == 1 { "" } else { "s" },
-                lines.join("\n")
-            )));
+        if n > MAX_PROBLEM_LINES {
+            lines.push(format!("  … and {} more", n - MAX_PROBLEM_LINES));
         }
-        Ok(Checked { data, meta })
+        return Err(err(format!(
+            "does not match model `{model}`{from}: {n} problem{}; the model was not changed\n{}",
+            if n == 1 { "" } else { "s" },
+            lines.join("\n")
+        )));
     }
+    Ok(Checked { data, meta })
+}
 
-    /// Parses a checkpoint's counters and loss-scaler state.
-    fn checkpoint_state(
-        &self,
-        meta: &HashMap<String, String>,
-        label: &str,
-    ) -> Result<CheckpointState> {
-        let get = |k: &str| -> Result<&str> {
-            meta.get(k).map(String::as_str).ok_or_else(|| {
-                RuntimeError::Io(format!(
-                    "{label}: the metadata has no `{k}`: not a complete memwise checkpoint"
-                ))
-            })
-        };
-        let bad = |k: &str, v: &str, what: &str| {
-            RuntimeError::Io(format!("{label}: metadata `{k}` is `{v}`, not {what}"))
-        };
-        let u64_of = |k: &str| -> Result<u64> {
-            let v = get(k)?;
-            v.parse::<u64>()
-                .map_err(|_| bad(k, v, "an unsigned integer"))
-        };
-        let u32_of = |k: &str| -> Result<u32> {
-            let v = get(k)?;
-            v.parse::<u32>()
-                .map_err(|_| bad(k, v, "an unsigned 32-bit integer"))
-        };
-        let f32_of = |k: &str| -> Result<f32> {
-            let v = get(k)?;
-            v.strip_prefix("0x")
-                .and_then(|h| u32::from_str_radix(h, 16).ok())
-                .map(f32::from_bits)
-                .ok_or_else(|| bad(k, v, "f32 bits like 0x47000000"))
-        };
-        let slots = u64_of(keys::OPTIMIZER_SLOTS)?;
-        if slots != self.plan.optimizer.state_slots() {
-            return Err(RuntimeError::Io(format!(
-                "{label}: the checkpoint holds {slots} optimizer state slots per parameter, `{}` needs {}",
-                self.plan.optimizer.name(),
-                self.plan.optimizer.state_slots()
-            )));
-        }
-        let scaling = get(keys::LOSS_SCALING)?;
-        let scaling = match scaling {
-            "true" => true,
-            "false" => false,
-            v => return Err(bad(keys::LOSS_SCALING, v, "true or false")),
-        };
-        if scaling != self.plan.loss_scaling {
-            return Err(RuntimeError::Io(format!(
-                "{label}: the checkpoint was saved {} dynamic loss scaling, this model trains {} it (a different precision policy)",
-                if scaling { "with" } else { "without" },
-                if self.plan.loss_scaling { "with" } else { "without" }
-            )));
-        }
-        let scaler = LossScaler {
-            scale: f32_of(keys::LOSS_SCALE)?,
-            growth_interval: u32_of(keys::LOSS_SCALE_GROWTH_INTERVAL)?,
-            growth: f32_of(keys::LOSS_SCALE_GROWTH)?,
-            backoff: f32_of(keys::LOSS_SCALE_BACKOFF)?,
-            good_steps: u32_of(keys::LOSS_SCALE_GOOD_STEPS)?,
-            skipped_in_a_row: u32_of(keys::LOSS_SCALE_SKIPPED_IN_A_ROW)?,
-        };
-        if !(scaler.scale.is_finite() && scaler.scale > 0.0) {
-            return Err(bad(
-                keys::LOSS_SCALE,
-                get(keys::LOSS_SCALE)?,
-                "a positive finite scale",
-            ));
-        }
-        // The scaler's other numbers are checked too: a growth below 1, a backoff outside (0, 1] or
-        // an interval of 0 steps would drive the scale to 0 (an infinite unscale factor: NaN
-        // weights) or make it skip every other step; and a model without loss scaling still
-        // multiplies its loss gradient by the scale, so there it must be exactly 1.
-        let reads = |k: &str, x: f32, want: &str| {
-            bad(
-                k,
-                meta.get(k).map_or("", String::as_str),
-                &format!("{want} (it reads {x})"),
-            )
-        };
-        if self.plan.loss_scaling {
-            if !(scaler.growth.is_finite() && scaler.growth >= 1.0) {
-                return Err(reads(
-                    keys::LOSS_SCALE_GROWTH,
-                    scaler.growth,
-                    "a finite growth factor of at least 1",
-                ));
-            }
-            if !(scaler.backoff > 0.0 && scaler.backoff <= 1.0) {
-                return Err(reads(
-                    keys::LOSS_SCALE_BACKOFF,
-                    scaler.backoff,
-                    "a backoff factor in (0, 1]",
-                ));
-            }
-            if scaler.growth_interval == 0 {
-                return Err(bad(
-                    keys::LOSS_SCALE_GROWTH_INTERVAL,
-                    "0",
-                    "a growth interval of at least 1 step",
-                ));
-            }
-        } else if scaler.scale != 1.0 {
-            return Err(reads(
-                keys::LOSS_SCALE,
-                scaler.scale,
-                "1 (a model without loss scaling leaves its loss unscaled)",
-            ));
-        }
-        let (step, updates) = (u64_of(keys::STEP)?, u64_of(keys::UPDATES)?);
-        if updates > step {
-            return Err(RuntimeError::Io(format!(
-                "{label}: metadata says {updates} optimizer updates in {step} steps (more updates than steps)"
-            )));
-        }
-        Ok(CheckpointState {
-            seed: u64_of(keys::SEED)?,
-            step,
-            updates,
-            scaler,
+/// Parses a checkpoint's counters and loss-scaler state.
+fn checkpoint_state(
+    plan: &StaticPlan,
+    meta: &HashMap<String, String>,
+    label: &str,
+) -> Result<TrainingCounters> {
+    let get = |k: &str| -> Result<&str> {
+        meta.get(k).map(String::as_str).ok_or_else(|| {
+            RuntimeError::Io(format!(
+                "{label}: the metadata has no `{k}`: not a complete memwise checkpoint"
+            ))
         })
+    };
+    let bad = |k: &str, v: &str, what: &str| {
+        RuntimeError::Io(format!("{label}: metadata `{k}` is `{v}`, not {what}"))
+    };
+    let u64_of = |k: &str| -> Result<u64> {
+        let v = get(k)?;
+        v.parse::<u64>()
+            .map_err(|_| bad(k, v, "an unsigned integer"))
+    };
+    let u32_of = |k: &str| -> Result<u32> {
+        let v = get(k)?;
+        v.parse::<u32>()
+            .map_err(|_| bad(k, v, "an unsigned 32-bit integer"))
+    };
+    let f32_of = |k: &str| -> Result<f32> {
+        let v = get(k)?;
+        v.strip_prefix("0x")
+            .and_then(|h| u32::from_str_radix(h, 16).ok())
+            .map(f32::from_bits)
+            .ok_or_else(|| bad(k, v, "f32 bits like 0x47000000"))
+    };
+    let slots = u64_of(keys::OPTIMIZER_SLOTS)?;
+    if slots != plan.optimizer.state_slots() {
+        return Err(RuntimeError::Io(format!(
+            "{label}: the checkpoint holds {slots} optimizer state slots per parameter, `{}` needs {}",
+            plan.optimizer.name(),
+            plan.optimizer.state_slots()
+        )));
     }
+    let scaling = get(keys::LOSS_SCALING)?;
+    let scaling = match scaling {
+        "true" => true,
+        "false" => false,
+        v => return Err(bad(keys::LOSS_SCALING, v, "true or false")),
+    };
+    if scaling != plan.loss_scaling {
+        return Err(RuntimeError::Io(format!(
+            "{label}: the checkpoint was saved {} dynamic loss scaling, this model trains {} it (a different precision policy)",
+            if scaling { "with" } else { "without" },
+            if plan.loss_scaling { "with" } else { "without" }
+        )));
+    }
+    let scaler = LossScaler {
+        scale: f32_of(keys::LOSS_SCALE)?,
+        growth_interval: u32_of(keys::LOSS_SCALE_GROWTH_INTERVAL)?,
+        growth: f32_of(keys::LOSS_SCALE_GROWTH)?,
+        backoff: f32_of(keys::LOSS_SCALE_BACKOFF)?,
+        good_steps: u32_of(keys::LOSS_SCALE_GOOD_STEPS)?,
+        skipped_in_a_row: u32_of(keys::LOSS_SCALE_SKIPPED_IN_A_ROW)?,
+    };
+    if !(scaler.scale.is_finite() && scaler.scale > 0.0) {
+        return Err(bad(
+            keys::LOSS_SCALE,
+            get(keys::LOSS_SCALE)?,
+            "a positive finite scale",
+        ));
+    }
+    // The scaler's other numbers are checked too: a growth below 1, a backoff outside (0, 1] or
+    // an interval of 0 steps would drive the scale to 0 (an infinite unscale factor: NaN
+    // weights) or make it skip every other step; and a model without loss scaling still
+    // multiplies its loss gradient by the scale, so there it must be exactly 1.
+    let reads = |k: &str, x: f32, want: &str| {
+        bad(
+            k,
+            meta.get(k).map_or("", String::as_str),
+            &format!("{want} (it reads {x})"),
+        )
+    };
+    if plan.loss_scaling {
+        if !(scaler.growth.is_finite() && scaler.growth >= 1.0) {
+            return Err(reads(
+                keys::LOSS_SCALE_GROWTH,
+                scaler.growth,
+                "a finite growth factor of at least 1",
+            ));
+        }
+        if !(scaler.backoff > 0.0 && scaler.backoff <= 1.0) {
+            return Err(reads(
+                keys::LOSS_SCALE_BACKOFF,
+                scaler.backoff,
+                "a backoff factor in (0, 1]",
+            ));
+        }
+        if scaler.growth_interval == 0 {
+            return Err(bad(
+                keys::LOSS_SCALE_GROWTH_INTERVAL,
+                "0",
+                "a growth interval of at least 1 step",
+            ));
+        }
+    } else if scaler.scale != 1.0 {
+        return Err(reads(
+            keys::LOSS_SCALE,
+            scaler.scale,
+            "1 (a model without loss scaling leaves its loss unscaled)",
+        ));
+    }
+    let (step, updates) = (u64_of(keys::STEP)?, u64_of(keys::UPDATES)?);
+    if updates > step {
+        return Err(RuntimeError::Io(format!(
+            "{label}: metadata says {updates} optimizer updates in {step} steps (more updates than steps)"
+        )));
+    }
+    Ok(TrainingCounters {
+        seed: u64_of(keys::SEED)?,
+        step,
+        updates,
+        scaler,
+    })
+}
 
-    /// Copies checked tensor bytes into their slots and refreshes the 16-bit copies. Called
-    /// only after every check of the file passed.
-    fn write_slots(&mut self, slots: &[Slot], data: &[&[u8]]) -> Result<()> {
+/// Copies checked tensor bytes into their slots and refreshes the 16-bit copies. Called
+/// only after every check of the file passed.
+fn write_slots<M: PersistentState + ?Sized>(
+    m: &mut M,
+    slots: &[Slot],
+    data: &[&[u8]],
+) -> Result<()> {
+    m.write_persistent(&mut |region: &mut [u8]| {
         // Bounds first, so a region problem cannot leave a half-written model.
-        let len = self.persistent.len();
+        let len = region.len();
         for (s, d) in slots.iter().zip(data) {
             let start = usize::try_from(s.offset).unwrap_or(usize::MAX);
             if start.checked_add(d.len()).is_none_or(|end| end > len) {
@@ -896,21 +1011,12 @@ impl Executor {
                 )));
             }
         }
-        let region = self.persistent.bytes_mut();
         for (s, d) in slots.iter().zip(data) {
             let start = s.offset as usize;
             copy_le_f32(d, &mut region[start..start + d.len()]);
         }
-        self.refresh_half_copies(None)
-    }
-}
-
-/// What a checkpoint restores besides tensors.
-struct CheckpointState {
-    seed: u64,
-    step: u64,
-    updates: u64,
-    scaler: LossScaler,
+        Ok(())
+    })
 }
 
 fn concat(header: Vec<u8>, entries: &[Entry<'_>]) -> Vec<u8> {

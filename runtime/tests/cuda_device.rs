@@ -37,3 +37,41 @@ fn cuda_without_a_usable_gpu_is_an_error_and_auto_falls_back_to_the_cpu() {
     assert_eq!(limited.available_bytes(), Some(1 << 20));
     assert!(Device::cpu().available_bytes().is_some());
 }
+
+/// `Trainer` on a CUDA device: with no usable device (no feature, no driver, no such
+/// ordinal) building is an `Err` that says why, never a panic; on a GPU machine with the
+/// feature the trainer runs the CUDA engine, and measures the device peak.
+#[test]
+fn the_trainer_on_cuda_builds_the_cuda_engine_or_says_why_not() {
+    use memwise_plan::zoo;
+    use memwise_runtime::Trainer;
+
+    let absent = Device {
+        kind: DeviceKind::Cuda {
+            ordinal: 99,
+            name: "absent".into(),
+        },
+        memory_limit: None,
+    };
+    match Trainer::build(&zoo::mnist_mlp(4), &absent, 1) {
+        Err(RuntimeError::Device(m)) => {
+            let why = [
+                "--features cuda",
+                "libcuda",
+                "libnvrtc",
+                "libcublas",
+                "no CUDA device",
+            ];
+            assert!(why.iter().any(|w| m.contains(w)), "unexplained: {m}");
+        }
+        Err(other) => panic!("not a device error: {other}"),
+        Ok(_) => panic!("a trainer on CUDA device 99"),
+    }
+    if let Ok(d) = Device::cuda(0) {
+        let t = Trainer::build(&zoo::mnist_mlp(4), &d, 1).unwrap();
+        assert!(t.cpu_executor().is_none());
+        assert!(t.engine().device_name().starts_with("cuda:0"));
+        let p = t.plan();
+        assert!(t.device_peak_bytes().unwrap() >= p.persistent_bytes + p.arena_bytes);
+    }
+}

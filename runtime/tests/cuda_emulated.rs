@@ -4,20 +4,27 @@
 //! backend does except the silicon. Every model trains next to the CPU executor from the same
 //! seed and inputs; losses, gradients and weights must agree.
 //!
+//! The whole `Trainer` (fit, evaluate, predict, the device-memory peak) runs over the emulated
+//! engine too, next to a CPU trainer, and checkpoints move between the two.
+//!
 //! The backend also records "graphs" the way stream capture does (launches are recorded, not
 //! run; a host copy inside a capture is an error) and replays them, so the whole-step capture
 //! is checked too: a per-step value baked into a launch would make the replayed steps differ.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
 
 use half::{bf16, f16};
 use memwise_kernels::cublas_map::{self as cm, CublasGemm};
 use memwise_kernels::cuda::{Float, KernelCall};
 use memwise_plan::generate::{random_chain, random_dag};
-use memwise_plan::{plan, zoo, DType, ModelSpec, Op, StaticPlan};
+use memwise_plan::{plan, zoo, DType, ModelSpec, Op, Precision, StaticPlan};
 use memwise_runtime::cuda::{Backend, GpuExecutor};
-use memwise_runtime::{Batch, Device, Executor};
+use memwise_runtime::data::dataset::{Column, InMemory};
+use memwise_runtime::monitor::MemoryMonitor;
+use memwise_runtime::train::epoch_line;
+use memwise_runtime::{Batch, Device, Engine, Executor, FitOptions, Trainer};
 
 enum Cmd {
     Launch(KernelCall),
@@ -25,12 +32,17 @@ enum Cmd {
     Zero(u64, usize),
 }
 
+/// Memory of the emulated device: 64 GiB, of which `used` bytes are allocated by the backends
+/// that share it (a backend and those it opens with `open_another`, as on one GPU).
+const EMU_DEVICE_BYTES: u64 = 64 << 30;
+
 #[derive(Default)]
 struct EmuBackend {
     blocks: Vec<(*mut u8, Layout)>,
     recording: RefCell<Option<Vec<Cmd>>>,
     graph: Vec<Cmd>,
     launches: RefCell<u64>,
+    used: Rc<Cell<u64>>,
 }
 
 impl Drop for EmuBackend {
@@ -38,6 +50,7 @@ impl Drop for EmuBackend {
         for &(p, l) in &self.blocks {
             // SAFETY: allocated in `alloc` with this layout.
             unsafe { dealloc(p, l) };
+            self.used.set(self.used.get() - l.size() as u64);
         }
     }
 }
@@ -112,13 +125,14 @@ impl Backend for EmuBackend {
         "emulated".into()
     }
     fn memory(&self) -> Option<(u64, u64)> {
-        None
+        Some((EMU_DEVICE_BYTES - self.used.get(), EMU_DEVICE_BYTES))
     }
     fn alloc(&mut self, bytes: usize) -> Result<u64, String> {
         let l = Layout::from_size_align(bytes.max(1), 256).unwrap();
         // SAFETY: non-zero size.
         let p = unsafe { alloc_zeroed(l) };
         self.blocks.push((p, l));
+        self.used.set(self.used.get() + l.size() as u64);
         Ok(p as u64)
     }
     unsafe fn upload(&self, src: &[u8], dst: u64) -> Result<(), String> {
@@ -168,6 +182,11 @@ impl Backend for EmuBackend {
     }
     fn clear_graph(&mut self) {
         self.graph.clear();
+    }
+    fn open_another(&self) -> Result<EmuBackend, String> {
+        let mut b = EmuBackend::default();
+        b.used = self.used.clone();
+        Ok(b)
     }
 }
 
@@ -455,6 +474,225 @@ fn a_plan_larger_than_the_device_is_refused_before_allocating() {
     .err()
     .unwrap();
     assert!(e.to_string().contains("nothing was allocated"), "{e}");
+}
+
+/// `n` synthetic MNIST-shaped samples: 784 pixels (u8) and a label in 0..10 (i32).
+fn digits(n: usize, seed: u64) -> InMemory {
+    let mut s = seed | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let pixels: Vec<u8> = (0..n * 784).map(|_| next() as u8).collect();
+    let labels: Vec<i32> = (0..n).map(|_| (next() % 10) as i32).collect();
+    InMemory::new(vec![
+        Column::U8 {
+            data: pixels,
+            per_sample: 784,
+        },
+        Column::I32 {
+            data: labels,
+            per_sample: 1,
+        },
+    ])
+    .unwrap()
+}
+
+/// The whole `Trainer` — fit with validation, evaluate, predict — over the emulated GPU
+/// engine and over the CPU executor, from the same seed: every step's loss, the evaluation
+/// (over full batches and a final partial one, so two inference engines) and the predictions
+/// agree, within the float32 tolerances of `compare`.
+#[test]
+fn the_trainer_runs_the_same_on_the_emulated_device_and_the_cpu() {
+    let spec = zoo::mnist_mlp(8);
+    let p = plan(&spec).unwrap();
+    let (train, held_out) = (digits(40, 3), digits(20, 4));
+    let opts = FitOptions {
+        epochs: 2,
+        seed: 5,
+        verbose: false,
+        ..Default::default()
+    };
+    let mut cpu = Trainer::build(&spec, &Device::cpu(), 11).unwrap();
+    let engine = GpuExecutor::new(p.clone(), &Device::cpu(), EmuBackend::default(), 11).unwrap();
+    let mut gpu = Trainer::from_engine(
+        &spec,
+        Box::new(engine),
+        &Device::cpu(),
+        MemoryMonitor::start(),
+    )
+    .unwrap();
+    assert!(cpu.cpu_executor().is_some() && gpu.cpu_executor().is_none());
+    assert_eq!(gpu.engine().device_name(), "emulated");
+
+    let hc = cpu.fit(&train, Some(&held_out), &opts, &mut []).unwrap();
+    let hg = gpu.fit(&train, Some(&held_out), &opts, &mut []).unwrap();
+    assert_eq!(hc.step_losses.len(), 10);
+    assert_eq!(hg.step_losses.len(), hc.step_losses.len());
+    for (k, (a, b)) in hg.step_losses.iter().zip(&hc.step_losses).enumerate() {
+        let d = (a - b).abs() / b.abs().max(1e-3);
+        assert!(
+            within(d as f64, 1e-4),
+            "step {k}: loss {a} on the device, {b} on the CPU"
+        );
+    }
+    for (a, b) in hg.epochs.iter().zip(&hc.epochs) {
+        let (va, vb) = (a.val_loss.unwrap(), b.val_loss.unwrap());
+        assert!(
+            within(((va - vb).abs() / vb.abs()) as f64, 1e-4),
+            "val_loss {va} vs {vb}"
+        );
+        assert_eq!(a.val_accuracy, b.val_accuracy);
+    }
+    assert_eq!(gpu.engine().step_counter(), 10);
+
+    let (ec, eg) = (
+        cpu.evaluate(&held_out).unwrap(),
+        gpu.evaluate(&held_out).unwrap(),
+    );
+    assert_eq!(eg.samples, 20);
+    assert!(
+        within(((eg.loss - ec.loss).abs() / ec.loss.abs()) as f64, 1e-4),
+        "evaluate: loss {} on the device, {} on the CPU",
+        eg.loss,
+        ec.loss
+    );
+    assert_eq!(eg.accuracy, ec.accuracy);
+    let (pc, pg) = (
+        cpu.predict(&held_out).unwrap(),
+        gpu.predict(&held_out).unwrap(),
+    );
+    assert_eq!(pg.len(), 20 * 10);
+    let e = rel(&pg, &pc);
+    assert!(within(e, 2e-3), "predictions differ by {e:.2e}");
+
+    // Device memory: the emulated device reports what its backends allocated, so the peak
+    // is the training engine's two regions plus the two inference engines' (built by the
+    // validation after epoch 1, sampled after the steps of epoch 2). The CPU has none.
+    assert_eq!(cpu.device_peak_bytes(), None);
+    assert_eq!(hc.epochs[1].device_peak_bytes, None);
+    let regions = |p: &StaticPlan| p.persistent_bytes + 256 + p.arena_bytes.max(1);
+    let inference: u64 = [8, 4]
+        .iter()
+        .map(|&n| regions(&memwise_plan::plan_inference(&spec.with_batch(n)).unwrap()))
+        .sum();
+    assert_eq!(hg.epochs[0].device_peak_bytes, Some(regions(&p)));
+    assert_eq!(gpu.device_peak_bytes(), Some(regions(&p) + inference));
+    let line = epoch_line(&hg.epochs[1], 2, gpu.estimate_bytes());
+    assert!(line.contains("device peak"), "{line}");
+    assert!(!epoch_line(&hc.epochs[1], 2, cpu.estimate_bytes()).contains("device"));
+}
+
+/// Mixed precision through the trainer: the inference engines take the trained f32 weights
+/// by name and round their 16-bit copies on the host (`GpuExecutor::set_param`) as the CPU
+/// executor does, so evaluation and predictions agree within the 16-bit tolerances.
+#[test]
+fn the_trainer_runs_mixed_float16_the_same_on_the_emulated_device() {
+    let mut spec = zoo::mnist_mlp(8);
+    spec.precision = Precision::MixedFloat16;
+    let p = plan(&spec).unwrap();
+    assert!(p.params.iter().any(|q| q.half_copy.is_some()));
+    let (train, held_out) = (digits(24, 5), digits(12, 6));
+    let opts = FitOptions {
+        epochs: 1,
+        seed: 1,
+        verbose: false,
+        ..Default::default()
+    };
+    let mut cpu = Trainer::build(&spec, &Device::cpu(), 21).unwrap();
+    let engine = GpuExecutor::new(p, &Device::cpu(), EmuBackend::default(), 21).unwrap();
+    let monitor = MemoryMonitor::start();
+    let mut gpu = Trainer::from_engine(&spec, Box::new(engine), &Device::cpu(), monitor).unwrap();
+    let hc = cpu.fit(&train, None, &opts, &mut []).unwrap();
+    let hg = gpu.fit(&train, None, &opts, &mut []).unwrap();
+    for (a, b) in hg.step_losses.iter().zip(&hc.step_losses) {
+        assert!(
+            within(((a - b).abs() / b.abs()) as f64, 1e-2),
+            "loss {a} vs {b}"
+        );
+    }
+    let (ec, eg) = (
+        cpu.evaluate(&held_out).unwrap(),
+        gpu.evaluate(&held_out).unwrap(),
+    );
+    let d = ((eg.loss - ec.loss).abs() / ec.loss.abs()) as f64;
+    assert!(within(d, 1e-2), "evaluate: {} vs {}", eg.loss, ec.loss);
+    let (pc, pg) = (
+        cpu.predict(&held_out).unwrap(),
+        gpu.predict(&held_out).unwrap(),
+    );
+    let e = rel(&pg, &pc);
+    assert!(within(e, 3e-2), "predictions differ by {e:.2e}");
+}
+
+/// Checkpoints cross engines: one saved from the emulated GPU engine (its persistent region
+/// copied from the device: weights, optimizer state, counters) loads into the CPU executor
+/// and back, bit for bit, and training resumes from it on either.
+#[test]
+fn checkpoints_move_between_the_emulated_device_and_the_cpu() {
+    let spec = zoo::mnist_mlp(8);
+    let p = plan(&spec).unwrap();
+    let data = digits(24, 7);
+    let opts = FitOptions {
+        epochs: 1,
+        seed: 2,
+        verbose: false,
+        ..Default::default()
+    };
+    let engine = GpuExecutor::new(p.clone(), &Device::cpu(), EmuBackend::default(), 13).unwrap();
+    let mut gpu = Trainer::from_engine(
+        &spec,
+        Box::new(engine),
+        &Device::cpu(),
+        MemoryMonitor::start(),
+    )
+    .unwrap();
+    gpu.fit(&data, None, &opts, &mut []).unwrap();
+    let bytes = gpu.engine().checkpoint_to_bytes().unwrap();
+    let mut cpu = Executor::new(p.clone(), &Device::cpu(), 0).unwrap();
+    cpu.load_checkpoint_from_bytes(&bytes).unwrap();
+    assert_eq!(cpu.checkpoint_to_bytes().unwrap(), bytes);
+    assert_eq!((cpu.seed(), cpu.step_counter()), (13, 3));
+    for prm in p.params.iter() {
+        assert_eq!(
+            gpu.engine().param(&prm.name).unwrap(),
+            cpu.param(&prm.name).unwrap()
+        );
+    }
+
+    // Back to a fresh emulated engine through a file; both resume with the same step.
+    let path = std::env::temp_dir().join(format!("memwise-emu-{}.safetensors", std::process::id()));
+    cpu.save_checkpoint(&path).unwrap();
+    let mut fresh = GpuExecutor::new(p.clone(), &Device::cpu(), EmuBackend::default(), 99).unwrap();
+    Engine::load_checkpoint(&mut fresh, &path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(Engine::checkpoint_to_bytes(&fresh).unwrap(), bytes);
+    let raw = inputs(&p, 42);
+    let b = batches(&p, &raw);
+    let (og, oc) = (fresh.train_step(&b).unwrap(), cpu.train_step(&b).unwrap());
+    assert!(within(
+        ((og.loss - oc.loss).abs() / oc.loss.abs()) as f64,
+        1e-4
+    ));
+
+    // Weights from another executor load into the emulated one; a file that does not fit
+    // the model is refused and leaves the device copy as it was.
+    let other = Executor::new(plan(&zoo::mnist_mlp(4)).unwrap(), &Device::cpu(), 1).unwrap();
+    let w = other.weights_to_bytes().unwrap();
+    let path =
+        std::env::temp_dir().join(format!("memwise-emu-w-{}.safetensors", std::process::id()));
+    std::fs::write(&path, &w).unwrap();
+    let vae = plan(&zoo::conv_vae(2)).unwrap();
+    let mut wrong = GpuExecutor::new(vae, &Device::cpu(), EmuBackend::default(), 1).unwrap();
+    let before = Engine::weights_to_bytes(&wrong).unwrap();
+    let e = Engine::load_weights(&mut wrong, &path).unwrap_err();
+    assert!(e.to_string().contains("does not match"), "{e}");
+    assert_eq!(Engine::weights_to_bytes(&wrong).unwrap(), before);
+    Engine::load_weights(&mut fresh, &path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(Engine::weights_to_bytes(&fresh).unwrap(), w);
 }
 
 /// Debugging aid: `ONE=chain:7 cargo test -p memwise-runtime --test cuda_emulated debug_one --

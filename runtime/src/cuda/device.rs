@@ -142,6 +142,10 @@ impl Backend for CudaBackend {
     fn clear_graph(&mut self) {
         self.graph = None;
     }
+
+    fn open_another(&self) -> std::result::Result<CudaBackend, String> {
+        Ok(CudaBackend::new(self.dev.clone()))
+    }
 }
 
 /// The CUDA executor of `plan` on `device` (which must be a CUDA device).

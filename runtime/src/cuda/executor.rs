@@ -15,6 +15,8 @@
 //! (float32) and out-of-range labels are found on the device and reported after the step,
 //! with the update skipped as on the CPU.
 
+use std::borrow::Cow;
+
 use half::{bf16, f16};
 use memwise_kernels as k;
 use memwise_kernels::cublas_map::{self as cm, CublasGemm, Operand, RowGemm};
@@ -32,6 +34,7 @@ use crate::device::Device;
 use crate::error::{Result, RuntimeError};
 use crate::executor::{Batch, StepOutput};
 use crate::memory::Region;
+use crate::weights::{PersistentState, TrainingCounters};
 
 /// What the executor needs from a device. Addresses are `u64` device pointers.
 pub trait Backend {
@@ -84,6 +87,11 @@ pub trait Backend {
     fn replay(&self) -> std::result::Result<(), String>;
     /// Forgets the recorded graph.
     fn clear_graph(&mut self);
+    /// A new backend on the same device, holding no allocations and no graph: for the
+    /// inference executors a trainer builds beside its training executor.
+    fn open_another(&self) -> std::result::Result<Self, String>
+    where
+        Self: Sized;
 }
 
 fn dev(e: String) -> RuntimeError {
@@ -297,6 +305,11 @@ impl<B: Backend> GpuExecutor<B> {
         &self.backend
     }
 
+    /// The seed the weights were initialised from; it keys dropout and sampling.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
     /// Training steps run so far.
     pub fn step_counter(&self) -> u64 {
         self.step_counter
@@ -346,6 +359,52 @@ impl<B: Backend> GpuExecutor<B> {
                 RuntimeError::Input(format!("the model has no trainable parameter `{name}`"))
             })?;
         self.download_f32(self.persistent + p.grad_offset, p.elems())
+    }
+
+    /// Overwrites parameter `name` with `values`, and its 16-bit copy when it has one
+    /// (rounded on the host as the CPU executor rounds it).
+    pub fn set_param(&mut self, name: &str, values: &[f32]) -> Result<()> {
+        let p = self
+            .plan
+            .params
+            .iter()
+            .find(|p| p.name == name)
+            .ok_or_else(|| RuntimeError::Input(format!("the model has no parameter `{name}`")))?;
+        if values.len() != p.elems() {
+            return Err(RuntimeError::Input(format!(
+                "parameter `{name}` has {} values ({:?}), got {}",
+                p.elems(),
+                &p.shape[..],
+                values.len()
+            )));
+        }
+        let half: Option<Vec<u8>> = match p.half_copy {
+            Some(DType::F16) => {
+                let mut h = vec![f16::ZERO; values.len()];
+                k::elementwise::cast(values, &mut h).map_err(|e| RuntimeError::Memory(e.0))?;
+                Some(h.iter().flat_map(|x| x.to_le_bytes()).collect())
+            }
+            Some(DType::BF16) => {
+                let mut h = vec![bf16::ZERO; values.len()];
+                k::elementwise::cast(values, &mut h).map_err(|e| RuntimeError::Memory(e.0))?;
+                Some(h.iter().flat_map(|x| x.to_le_bytes()).collect())
+            }
+            _ => None,
+        };
+        let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+        // SAFETY: the parameter's f32 values and its 16-bit copy lie inside the persistent
+        // region, at the plan's offsets.
+        unsafe {
+            self.backend
+                .upload(&bytes, self.persistent + p.offset)
+                .map_err(dev)?;
+            if let Some(h) = half {
+                self.backend
+                    .upload(&h, self.persistent + p.half_offset)
+                    .map_err(dev)?;
+            }
+        }
+        Ok(())
     }
 
     /// The prediction tensor's values after the last step, as f32.
@@ -1902,6 +1961,71 @@ impl<B: Backend> GpuExecutor<B> {
             )?;
         }
         Ok(())
+    }
+}
+
+/// Weights and checkpoints (`crate::weights`): the persistent region travels to the host and
+/// back, so a GPU checkpoint holds what a CPU one holds (optimizer state, counters, loss
+/// scaler) and either loads into the other.
+impl<B: Backend> PersistentState for GpuExecutor<B> {
+    fn state_plan(&self) -> &StaticPlan {
+        &self.plan
+    }
+
+    fn persistent_image(&self) -> Result<Cow<'_, [u8]>> {
+        let mut host = vec![0u8; self.plan.persistent_bytes as usize];
+        // SAFETY: the persistent allocation holds persistent_bytes (and the scalars after).
+        unsafe {
+            self.backend
+                .download(self.persistent, &mut host)
+                .map_err(dev)?
+        };
+        Ok(Cow::Owned(host))
+    }
+
+    fn write_persistent(&mut self, write: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<()> {
+        let mut host = Region::new(
+            self.plan.persistent_bytes as usize,
+            "persistent region (host copy)",
+        )?;
+        // SAFETY: as above.
+        unsafe {
+            self.backend
+                .download(self.persistent, host.bytes_mut())
+                .map_err(dev)?
+        };
+        write(host.bytes_mut())?;
+        refresh_half_copies(&self.plan, &mut host)?;
+        // SAFETY: as above.
+        unsafe {
+            self.backend
+                .upload(host.bytes(), self.persistent)
+                .map_err(dev)?
+        };
+        self.backend.synchronize().map_err(dev)
+    }
+
+    fn counters(&self) -> TrainingCounters {
+        TrainingCounters {
+            seed: self.seed,
+            step: self.step_counter,
+            updates: self.updates,
+            scaler: self.scaler,
+        }
+    }
+
+    fn set_counters(&mut self, c: TrainingCounters) {
+        self.seed = c.seed;
+        self.step_counter = c.step;
+        self.updates = c.updates;
+        self.scaler = c.scaler;
+        // The seed is a launch argument: a captured graph holds the old one.
+        if self.graph == Graph::Captured {
+            self.backend.clear_graph();
+        }
+        if self.graph != Graph::Unsupported {
+            self.graph = Graph::Eager;
+        }
     }
 }
 
