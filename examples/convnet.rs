@@ -98,12 +98,12 @@ fn main() -> Res<()> {
     let args = Args::parse();
     let flags = args.flags;
     if flags.summary && args.large {
-        println!("{}", memwise::summary::table(&ConvNet180::PLAN));
+        println!("{}", summary::<ConvNet180>(&flags, &ConvNet180::PLAN));
         return Ok(());
     }
     let (spec, plan) = plan_for(&ConvNet::spec(), ConvNet::PLAN, &flags)?;
     if flags.summary {
-        println!("{}", memwise::summary::table(&plan));
+        println!("{}", summary::<ConvNet>(&flags, &plan));
         return Ok(());
     }
     write_plan(&flags, &plan)?;
@@ -125,6 +125,7 @@ fn main() -> Res<()> {
     let opts = fit_options(&flags, 2);
     let mut mem = MemoryCallback::default();
     let history = rt(trainer.fit(&train, None, &opts, &mut [&mut mem]))?;
+    print_measured_memory(&trainer, &history);
     save_weights(&flags, &trainer)?;
     let eval = rt(trainer.evaluate(&test))?;
     let acc = eval.accuracy.unwrap_or(0.0);

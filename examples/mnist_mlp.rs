@@ -32,7 +32,7 @@ fn main() -> Res<()> {
     let flags = Flags::parse();
     let (spec, plan) = plan_for(&MnistMlp::spec(), MnistMlp::PLAN, &flags)?;
     if flags.summary {
-        println!("{}", memwise::summary::table(&plan));
+        println!("{}", summary::<MnistMlp>(&flags, &plan));
         return Ok(());
     }
     write_plan(&flags, &plan)?;
@@ -57,6 +57,7 @@ fn main() -> Res<()> {
     let opts = fit_options(&flags, 5);
     let mut mem = MemoryCallback::default();
     let history = rt(trainer.fit(&train, None, &opts, &mut [&mut mem]))?;
+    print_measured_memory(&trainer, &history);
     save_weights(&flags, &trainer)?;
     let eval = rt(trainer.evaluate(&test))?;
     let acc = eval.accuracy.unwrap_or(0.0);

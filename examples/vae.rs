@@ -246,7 +246,7 @@ fn main() -> Res<()> {
     let flags = args.flags;
     let (spec, plan) = plan_for(&ConvVae::spec(), ConvVae::PLAN, &flags)?;
     if flags.summary {
-        println!("{}", memwise::summary::table(&plan));
+        println!("{}", summary::<ConvVae>(&flags, &plan));
         return Ok(());
     }
     write_plan(&flags, &plan)?;
@@ -268,6 +268,7 @@ fn main() -> Res<()> {
     let opts = fit_options(&flags, 5);
     let mut mem = MemoryCallback::default();
     let history = rt(trainer.fit(&train, None, &opts, &mut [&mut mem]))?;
+    print_measured_memory(&trainer, &history);
     save_weights(&flags, &trainer)?;
     let eval = rt(trainer.evaluate(&test))?;
     let l = &history.step_losses;

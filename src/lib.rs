@@ -72,7 +72,7 @@ pub use memwise_macros::__model_continue;
 /// | `metrics` | `[accuracy]`, `[binary_accuracy]`, `[mse]` (recorded for training) | none |
 /// | `budget` | a string: `"512 MiB"`, `"8 GiB"`, `"1.5 GiB"` (powers of 1024) or `"80GB"` (powers of 1000) | none |
 /// | `precision` | `float32`, `mixed_float16`, `mixed_bfloat16` (Keras's global policy) | `float32` |
-/// | `checkpoint` | `auto` — not available yet: an error says so; use `#[checkpoint]` | — |
+/// | `checkpoint` | `auto`: the macro chooses the segments to checkpoint so the step fits `budget` (required with it) with the least recomputation; `AUTO_CHECKPOINT` says what it chose | none (`#[checkpoint]` on fields) |
 ///
 /// Optimizer options, with Keras's names and defaults: `sgd(lr = 0.01, momentum = 0.0,
 /// nesterov = false)` (a momentum above 0 makes it `momentum`), `momentum(lr = 0.01,
@@ -271,8 +271,18 @@ pub use memwise_macros::__model_continue;
 ///   `fn summary() -> String` (a Keras-like table), `const fn layers() -> Self` (the
 ///   handles: layer names and parameter ids in `PLAN`).
 ///
+/// - with `budget = "…"`: `const MAX_BATCH: usize`, the largest batch whose step fits the
+///   budget (with `checkpoint = auto`, checkpointed as the solver chooses at that batch);
+/// - with `checkpoint = auto`: `const AUTO_CHECKPOINT: &str`, what the solver chose and what
+///   it costs ("checkpoints 2 segments (5 layers): … recomputes 31% of forward FLOPs"),
+///   also shown by `summary()`.
+///
 /// The [`Model`] trait adds `MyNet::new(&Device)` (import `memwise::Model`, or use the
-/// prelude): the model built on a device, ready to `fit`, `evaluate` and `predict`.
+/// prelude): the model built on a device, ready to `fit`, `evaluate` and `predict`;
+/// `MyNet::fit_to_device(&device)`, the same built to fit the memory the device has free
+/// (as declared, else checkpointed, else at a smaller batch — decided by the planner, never
+/// by trial and OOM); and `MyNet::max_batch(budget)` / `max_batch_with(budget, policy)` at
+/// run time.
 ///
 /// # The budget error
 ///
@@ -394,9 +404,49 @@ pub trait Model: Sized {
     fn plan_for_batch(batch: usize) -> Result<StaticPlan, PlanError> {
         plan::plan(&Self::spec().with_batch(batch))
     }
-    /// The Keras-like summary table.
+    /// The `budget` declared in the attribute, in bytes.
+    const BUDGET: Option<u64> = None;
+    /// What `checkpoint = auto` chose and what it costs (`None` without it).
+    const AUTO_CHECKPOINT_CHOICE: Option<&'static str> = None;
+    /// The Keras-like summary table (compact; [`summary::Summary::of`] has the wide one).
     fn summary() -> String {
-        summary::table(&Self::PLAN)
+        summary::Summary::of::<Self>().to_string()
+    }
+    /// The largest batch whose training step fits `budget` bytes with the model's own
+    /// policy: as declared, or with the checkpoints `checkpoint = auto` chooses at each
+    /// batch. `None` when batch 1 does not fit. With `budget` in the attribute the same
+    /// number is the const `MAX_BATCH`.
+    fn max_batch(budget: u64) -> Option<usize> {
+        let policy = if Self::AUTO_CHECKPOINT_CHOICE.is_some() {
+            plan::checkpoint::Policy::AutoCheckpoint
+        } else {
+            plan::checkpoint::Policy::Plain
+        };
+        Self::max_batch_with(budget, policy)
+    }
+    /// The largest batch that fits `budget` under `policy` (plain, fp16, auto-checkpoint, or
+    /// both).
+    fn max_batch_with(budget: u64, policy: plan::checkpoint::Policy) -> Option<usize> {
+        plan::checkpoint::max_batch_with(&Self::spec(), budget, policy)
+    }
+    /// Builds the model to fit the memory `device` has free, less a stated safety margin
+    /// ([`runtime::fit_device`]): as declared when it fits; else checkpointed at the
+    /// declared batch; else at the largest batch that fits with checkpointing. Nothing is
+    /// tried and retried: the planner decides before anything is allocated. Returns the
+    /// trainer and what was chosen.
+    fn fit_to_device(
+        device: &runtime::Device,
+    ) -> Result<(runtime::Trainer, runtime::fit_device::DeviceFit), runtime::RuntimeError> {
+        let chosen = runtime::fit_device::fit_to_device(&Self::spec(), device)?;
+        let monitor = runtime::monitor::MemoryMonitor::start();
+        let trainer = runtime::Trainer::from_plan(
+            &chosen.fit.spec,
+            chosen.fit.plan.clone(),
+            device,
+            0,
+            monitor,
+        )?;
+        Ok((trainer, chosen))
     }
     /// Builds the model on `device` with the compile-time plan: allocates its two regions
     /// (or fails with the numbers, allocating nothing) and initialises the weights as Keras

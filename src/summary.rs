@@ -1,7 +1,33 @@
-//! The model summary: a Keras-like table of layers (type, output shape, parameters, dtype,
-//! saved bytes, checkpointed) and the memory of one training step, from a static plan.
+//! The model summary: a Keras-like table of layers (type, output shape, parameters, saved
+//! bytes, checkpointed, in-place; dtype, recomputed bytes and FLOPs in the wide mode) and
+//! the memory of one training step, from a static plan — with the measured peak beside the
+//! estimate once a model has trained.
+//!
+//! ```
+//! use memwise::prelude::*;
+//! use memwise::summary::Summary;
+//!
+//! #[memwise::model(batch = 32, loss = mse(out, x))]
+//! struct Tiny {
+//!     #[input(shape = [16])]
+//!     x: Input,
+//!     #[dense(16)]
+//!     out: Dense,
+//! }
+//!
+//! # fn main() {
+//! println!("{}", Tiny::summary()); // compact: fits 80 columns
+//! println!("{}", Summary::of::<Tiny>().wide()); // every column
+//! # }
+//! ```
+use std::borrow::Cow;
+use std::fmt;
+
 use crate::plan::advice::format_bytes;
-use crate::plan::StaticPlan;
+use crate::plan::{DType, MemoryReport, StaticPlan};
+
+/// The widest the compact table gets: an 80-column terminal.
+pub const COMPACT_WIDTH: usize = 80;
 
 /// `407050` → `407,050`.
 fn thousands(n: u64) -> String {
@@ -25,102 +51,375 @@ fn shape(dims: &[usize]) -> String {
     }
 }
 
-/// The table `MyNet::summary()` returns.
-pub fn table(plan: &StaticPlan) -> String {
-    let header = [
-        "Layer (type)",
-        "Output shape",
-        "Param #",
-        "DType",
-        "Saved",
-        "Checkpointed",
-    ];
-    let rows: Vec<[String; 6]> = plan
-        .memory
+/// `3.2e9` FLOPs → `3.20 G`.
+fn flops(n: u64) -> String {
+    const UNITS: [&str; 5] = ["", " k", " M", " G", " T"];
+    let (mut v, mut u) = (n as f64, 0);
+    while v >= 1000.0 && u + 1 < UNITS.len() {
+        v /= 1000.0;
+        u += 1;
+    }
+    if u == 0 {
+        n.to_string()
+    } else {
+        format!("{v:.2}{}", UNITS[u])
+    }
+}
+
+/// Shortens `s` to `max` characters, ending it with `…` when cut.
+fn fit(s: String, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s;
+    }
+    let mut out: String = s.chars().take(max.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
+/// `text` broken at spaces into lines of at most `width` characters, continuation lines
+/// indented by two.
+fn wrap(text: &str, width: usize) -> String {
+    let mut out = String::new();
+    let mut line = String::new();
+    for word in text.split(' ') {
+        if !line.trim().is_empty() && line.chars().count() + 1 + word.chars().count() > width {
+            out += line.trim_end();
+            out.push('\n');
+            line = "  ".to_string();
+        } else if !line.trim().is_empty() {
+            line.push(' ');
+        }
+        line += word;
+    }
+    out += line.trim_end();
+    out
+}
+
+/// Share of the forward FLOPs recomputed by checkpointing (every checkpointed layer's
+/// forward runs once more before its backward), in percent.
+pub fn recompute_percent(m: &MemoryReport) -> f64 {
+    let total: u64 = m.layers.iter().map(|l| l.forward_flops).sum();
+    let again: u64 = m
         .layers
         .iter()
-        .map(|l| {
-            [
-                format!("{} ({})", l.name, l.kind),
-                shape(&l.output_shape),
-                thousands(l.params),
-                l.dtype.name().to_string(),
-                format_bytes(l.saved_bytes),
-                if l.checkpointed {
-                    format!("yes ({} recomputed)", format_bytes(l.recomputed_bytes))
-                } else {
-                    String::new()
-                },
-            ]
-        })
-        .collect();
-    let mut width = header.map(str::len);
-    for r in &rows {
-        for (w, c) in width.iter_mut().zip(r) {
-            *w = (*w).max(c.chars().count());
+        .filter(|l| l.checkpointed)
+        .map(|l| l.forward_flops)
+        .sum();
+    if total == 0 {
+        0.0
+    } else {
+        100.0 * again as f64 / total as f64
+    }
+}
+
+/// A model summary, displayed as text. [`Summary::new`] takes a plan; [`Summary::of`] a
+/// model, with its budget and its `checkpoint = auto` choice. Compact (80 columns) unless
+/// [`Summary::wide`].
+#[derive(Clone, Debug)]
+pub struct Summary<'a> {
+    // Owned for a model's const plan (cheap: its lists borrow 'static data), borrowed for
+    // a plan made at run time.
+    plan: Cow<'a, StaticPlan>,
+    wide: bool,
+    budget: Option<u64>,
+    auto_checkpoint: Option<&'a str>,
+    measured_peak: Option<u64>,
+    outside_plan: u64,
+}
+
+impl<'a> Summary<'a> {
+    pub fn new(plan: &'a StaticPlan) -> Summary<'a> {
+        Summary {
+            plan: Cow::Borrowed(plan),
+            wide: false,
+            budget: None,
+            auto_checkpoint: None,
+            measured_peak: None,
+            outside_plan: 0,
         }
     }
-    let total_width = width.iter().sum::<usize>() + 2 * (width.len() - 1);
-    let line = |fill: char| fill.to_string().repeat(total_width);
-    let fmt_row = |cells: &[String]| {
-        let mut s = String::new();
-        for (i, (c, w)) in cells.iter().zip(width).enumerate() {
-            // Numbers right-aligned, text left-aligned (Keras's layout).
-            let cell = if i == 2 {
-                format!("{c:>w$}")
-            } else {
-                format!("{c:<w$}")
-            };
-            s += &cell;
-            if i + 1 < cells.len() {
-                s += "  ";
+
+    /// The summary of a `#[memwise::model]`: its compile-time plan, budget and automatic
+    /// checkpoint choice.
+    pub fn of<M: crate::Model>() -> Summary<'static> {
+        Summary {
+            plan: Cow::Owned(M::PLAN),
+            wide: false,
+            budget: M::BUDGET,
+            auto_checkpoint: M::AUTO_CHECKPOINT_CHOICE,
+            measured_peak: None,
+            outside_plan: 0,
+        }
+    }
+
+    /// Every column: dtype, recomputed bytes, in-place, forward FLOPs, per-layer persistent
+    /// bytes; layer names never shortened.
+    pub fn wide(mut self) -> Self {
+        self.wide = true;
+        self
+    }
+
+    /// Compact or wide.
+    pub fn with_wide(mut self, wide: bool) -> Self {
+        self.wide = wide;
+        self
+    }
+
+    /// The budget the model was declared with (shown against the total).
+    pub fn budget(mut self, budget: Option<u64>) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// What `checkpoint = auto` chose (the planner's `CheckpointChoice` as text).
+    pub fn auto_checkpoint(mut self, choice: Option<&'a str>) -> Self {
+        self.auto_checkpoint = choice;
+        self
+    }
+
+    /// The peak memory measured while training (resident growth on the CPU, device memory
+    /// on a GPU), shown beside the estimate with the error between them; `outside_plan` is
+    /// what the estimate adds to the plan's total for the host's side (on the CPU the
+    /// trainer's staging and GEMM buffers, `Trainer::host_bytes`; 0 on a GPU).
+    pub fn measured_peak(mut self, bytes: Option<u64>, outside_plan: u64) -> Self {
+        self.measured_peak = bytes;
+        self.outside_plan = outside_plan;
+        self
+    }
+
+    fn rows(&self) -> (Vec<&'static str>, Vec<Vec<String>>) {
+        let plan: &StaticPlan = &self.plan;
+        let layers = plan.memory.layers.iter();
+        if self.wide {
+            let header = vec![
+                "Layer (type)",
+                "Output shape",
+                "Param #",
+                "DType",
+                "Saved",
+                "Checkpointed",
+                "In-place",
+                "Fwd FLOPs",
+                "Persistent",
+            ];
+            let rows = layers
+                .map(|l| {
+                    vec![
+                        format!("{} ({})", l.name, l.kind),
+                        shape(&l.output_shape),
+                        thousands(l.params),
+                        l.dtype.name().to_string(),
+                        format_bytes(l.saved_bytes),
+                        if l.checkpointed {
+                            format!("yes, recomputes {}", format_bytes(l.recomputed_bytes))
+                        } else {
+                            String::new()
+                        },
+                        if l.in_place { "yes" } else { "" }.to_string(),
+                        flops(l.forward_flops),
+                        format_bytes(l.persistent_bytes),
+                    ]
+                })
+                .collect();
+            (header, rows)
+        } else {
+            // Name ≤ 28, shape ≤ 18, params ≤ 11, saved ≤ 10, flags 5: 72 + 4 gaps of 2 = 80.
+            let header = vec!["Layer (type)", "Output shape", "Param #", "Saved", "Flags"];
+            let rows = layers
+                .map(|l| {
+                    let mut flags = String::new();
+                    if l.checkpointed {
+                        flags.push('C');
+                    }
+                    if l.in_place {
+                        if !flags.is_empty() {
+                            flags.push(' ');
+                        }
+                        flags.push('I');
+                    }
+                    if matches!(l.dtype, DType::F16 | DType::BF16) {
+                        if !flags.is_empty() {
+                            flags.push(' ');
+                        }
+                        flags.push('H');
+                    }
+                    vec![
+                        fit(format!("{} ({})", l.name, l.kind), 28),
+                        fit(shape(&l.output_shape), 18),
+                        thousands(l.params),
+                        format_bytes(l.saved_bytes),
+                        flags,
+                    ]
+                })
+                .collect();
+            (header, rows)
+        }
+    }
+
+    fn write_table(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (header, rows) = self.rows();
+        let mut width: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+        for r in &rows {
+            for (w, c) in width.iter_mut().zip(r) {
+                *w = (*w).max(c.chars().count());
             }
         }
-        s.trim_end().to_string()
-    };
-    let m = &plan.memory;
-    let mut out = format!(
-        "Model: \"{}\"  (batch {}, {}, {})\n",
-        plan.model,
-        plan.batch,
-        plan.precision.name(),
-        plan.optimizer.name()
-    );
-    out += &line('━');
-    out += "\n";
-    out += &fmt_row(&header.map(String::from));
-    out += "\n";
-    out += &line('━');
-    out += "\n";
-    for r in &rows {
-        out += &fmt_row(r);
-        out += "\n";
+        let total_width = width.iter().sum::<usize>() + 2 * (width.len() - 1);
+        let rule = "━".repeat(total_width);
+        let numeric = |i: usize| i == 2 || (self.wide && i == 7);
+        let row = |cells: &[String]| {
+            let mut s = String::new();
+            for (i, (c, &w)) in cells.iter().zip(&width).enumerate() {
+                // Numbers right-aligned, text left-aligned (Keras's layout).
+                let pad = w - c.chars().count();
+                if numeric(i) {
+                    s += &" ".repeat(pad);
+                    s += c;
+                } else {
+                    s += c;
+                    s += &" ".repeat(pad);
+                }
+                if i + 1 < cells.len() {
+                    s += "  ";
+                }
+            }
+            s.trim_end().to_string()
+        };
+        let head: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+        writeln!(f, "{rule}")?;
+        writeln!(f, "{}", row(&head))?;
+        writeln!(f, "{rule}")?;
+        for r in &rows {
+            writeln!(f, "{}", row(r))?;
+        }
+        writeln!(f, "{rule}")?;
+        if !self.wide {
+            writeln!(
+                f,
+                "Saved: kept for backward. Flags: C checkpointed (recomputed), I in-place, H half"
+            )?;
+        }
+        Ok(())
     }
-    out += &line('━');
-    out += "\n";
-    out += &format!(
-        "Total params: {} ({})  Trainable: {}  Non-trainable: {}\n",
-        thousands(plan.params_count),
-        format_bytes(plan.params_count * 4),
-        thousands(plan.trainable_count),
-        thousands(plan.params_count - plan.trainable_count.min(plan.params_count)),
-    );
-    out += &format!(
-        "One training step: params {} + grads {} + optimizer {} + activations {} + workspace {} + inputs {}\n",
-        format_bytes(m.params),
-        format_bytes(m.grads),
-        format_bytes(m.optimizer),
-        format_bytes(m.activations_peak),
-        format_bytes(m.workspace_peak),
-        format_bytes(m.inputs),
-    );
-    out += &format!(
-        "Total: {}  (arena {}, live at peak {})\n",
-        format_bytes(m.total),
-        format_bytes(m.arena),
-        format_bytes(m.lower_bound)
-    );
-    out
+
+    /// The totals block alone: parameters, the memory of one step, its measured peak.
+    pub fn totals(&self) -> String {
+        struct Totals<'b, 'a>(&'b Summary<'a>);
+        impl fmt::Display for Totals<'_, '_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.write_totals(f)
+            }
+        }
+        Totals(self).to_string()
+    }
+
+    fn write_totals(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let plan: &StaticPlan = &self.plan;
+        let m = &plan.memory;
+        writeln!(
+            f,
+            "Total params: {} ({})  Trainable: {}  Non-trainable: {}",
+            thousands(plan.params_count),
+            format_bytes(plan.params_count * 4),
+            thousands(plan.trainable_count),
+            thousands(plan.params_count - plan.trainable_count.min(plan.params_count)),
+        )?;
+        let what = if plan.training {
+            "One training step"
+        } else {
+            "One inference pass"
+        };
+        writeln!(f, "{what}, planned (binary units: 1 KiB = 1024 B):")?;
+        let items = [
+            ("parameters", m.params),
+            ("gradients", m.grads),
+            ("optimizer state", m.optimizer),
+            ("activations (peak)", m.activations_peak),
+            ("workspace (peak)", m.workspace_peak),
+            ("inputs (peak)", m.inputs),
+        ];
+        for (name, bytes) in items {
+            writeln!(f, "  {name:<20}{:>12}", format_bytes(bytes))?;
+        }
+        write!(f, "  {:<20}{:>12}", "total", format_bytes(m.total))?;
+        if let Some(b) = self.budget {
+            write!(
+                f,
+                "  of a {} budget ({:.1} %)",
+                format_bytes(b),
+                100.0 * m.total as f64 / b.max(1) as f64
+            )?;
+        }
+        writeln!(f)?;
+        if let Some(peak) = self.measured_peak {
+            let estimate = m.total + self.outside_plan;
+            if self.outside_plan > 0 {
+                writeln!(
+                    f,
+                    "  {:<20}{:>12}  (besides the plan: staging and GEMM buffers)",
+                    "+ host",
+                    format_bytes(self.outside_plan)
+                )?;
+            }
+            let err = 100.0 * (peak as f64 - estimate as f64) / estimate.max(1) as f64;
+            writeln!(
+                f,
+                "  {:<20}{:>12}  ({err:+.1} % vs the estimate of {})",
+                "measured peak",
+                format_bytes(peak),
+                format_bytes(estimate)
+            )?;
+        }
+        let efficiency = if m.arena == 0 {
+            100.0
+        } else {
+            100.0 * m.lower_bound as f64 / m.arena as f64
+        };
+        writeln!(
+            f,
+            "Arena {} for {} live at the peak step: {efficiency:.1} % efficient",
+            format_bytes(m.arena),
+            format_bytes(m.lower_bound),
+        )?;
+        let checkpointed = m.layers.iter().filter(|l| l.checkpointed).count();
+        if checkpointed > 0 {
+            writeln!(
+                f,
+                "Checkpointing: {checkpointed} layer{} recomputed, {:.0} % of forward FLOPs again",
+                if checkpointed == 1 { "" } else { "s" },
+                recompute_percent(m)
+            )?;
+        }
+        if let Some(choice) = self.auto_checkpoint {
+            writeln!(
+                f,
+                "{}",
+                wrap(&format!("checkpoint = auto: {choice}"), COMPACT_WIDTH)
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Summary<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let plan: &StaticPlan = &self.plan;
+        writeln!(
+            f,
+            "Model: \"{}\"  (batch {}, {}, {})",
+            plan.model,
+            plan.batch,
+            plan.precision.name(),
+            plan.optimizer.name()
+        )?;
+        self.write_table(f)?;
+        self.write_totals(f)
+    }
+}
+
+/// The compact table of a plan (what `MyNet::summary()` returns for the model's own plan).
+pub fn table(plan: &StaticPlan) -> String {
+    Summary::new(plan).to_string()
 }
 
 #[cfg(test)]
@@ -135,5 +434,15 @@ mod tests {
         assert_eq!(thousands(1234567), "1,234,567");
         assert_eq!(shape(&[128, 512]), "(128, 512)");
         assert_eq!(shape(&[10]), "(10,)");
+    }
+
+    #[test]
+    fn shortens_and_counts() {
+        assert_eq!(fit("abcdef".into(), 4), "abc…");
+        assert_eq!(fit("abc".into(), 4), "abc");
+        assert_eq!(flops(999), "999");
+        assert_eq!(flops(3_200_000_000), "3.20 G");
+        assert_eq!(wrap("aa bb cc", 5), "aa bb\n  cc");
+        assert_eq!(wrap("aa", 5), "aa");
     }
 }

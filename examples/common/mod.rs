@@ -16,6 +16,15 @@ pub struct Flags {
     /// Print the model summary (Keras-style) and exit.
     #[arg(long)]
     pub summary: bool,
+    /// With --summary: every column (dtype, recomputed bytes, in-place, FLOPs, persistent
+    /// bytes) and full layer names, wider than 80 columns.
+    #[arg(long)]
+    pub wide: bool,
+    /// Choose the batch (or checkpoints) from the memory the device has free, less a safety
+    /// margin, instead of the declared batch: as declared if it fits, else checkpointed,
+    /// else the largest batch that fits.
+    #[arg(long, conflicts_with = "batch")]
+    pub fit_to_device: bool,
     /// Write the static plan as JSON (memwise.plan/1).
     #[arg(long, value_name = "PATH")]
     pub plan_json: Option<PathBuf>,
@@ -177,6 +186,12 @@ pub fn plan_for(
     compiled: StaticPlan,
     flags: &Flags,
 ) -> Res<(ModelSpec, StaticPlan)> {
+    if flags.fit_to_device {
+        let device = device(flags)?;
+        let chosen = memwise::runtime::fit_device::fit_to_device(spec, &device)?;
+        eprintln!("fit to device: {chosen}");
+        return Ok((chosen.fit.spec, chosen.fit.plan));
+    }
     match flags.batch {
         Some(b) if b != spec.batch => {
             let s = spec.with_batch(b);
@@ -185,6 +200,37 @@ pub fn plan_for(
         }
         _ => Ok((spec.clone(), compiled)),
     }
+}
+
+/// The summary `--summary` prints (`--wide` for every column) for model `M` planned as
+/// `plan` (the declared plan, or one re-planned for `--batch`).
+pub fn summary<M: memwise::Model>(flags: &Flags, plan: &StaticPlan) -> String {
+    memwise::summary::Summary::new(plan)
+        .budget(M::BUDGET)
+        .auto_checkpoint(M::AUTO_CHECKPOINT_CHOICE)
+        .with_wide(flags.wide)
+        .to_string()
+}
+
+/// After training: the summary's memory block with the peak measured during `fit` beside
+/// the estimate.
+pub fn print_measured_memory(trainer: &Trainer, history: &History) {
+    // On CUDA the device memory the model held at its peak, which the plan describes alone;
+    // on the CPU the resident growth, which also holds the host buffers beside the plan.
+    let (peak, outside_plan) = match trainer.device_peak_bytes() {
+        Some(device) => (Some(device), 0),
+        None => {
+            let host = trainer.host_bytes();
+            (
+                history.epochs.last().map(|e| e.peak_rss_growth),
+                host.staging + host.gemm,
+            )
+        }
+    };
+    let text = memwise::summary::Summary::new(trainer.plan())
+        .measured_peak(peak, outside_plan)
+        .totals();
+    eprint!("{text}");
 }
 
 /// `(train, held-out)` MNIST digits as (pixels u8, labels i32) datasets.

@@ -369,8 +369,22 @@ fn handle_tokens(h: &Handle, params: &HashMap<&str, Vec<(u32, &str)>>) -> TokenS
 }
 
 /// The struct, its inherent consts and functions, and its `memwise::Model` impl.
-pub fn model_items(item: &ItemStruct, lowered: &Lowered, plan: &StaticPlan) -> TokenStream {
+pub fn model_items(
+    item: &ItemStruct,
+    lowered: &Lowered,
+    plan: &StaticPlan,
+    budget: Option<u64>,
+    auto_choice: Option<&str>,
+) -> TokenStream {
     let ident = &item.ident;
+    let budget_ts = match budget {
+        Some(b) => quote!(::core::option::Option::Some(#b)),
+        None => quote!(::core::option::Option::None),
+    };
+    let choice_ts = match auto_choice {
+        Some(c) => quote!(::core::option::Option::Some(#c)),
+        None => quote!(::core::option::Option::None),
+    };
     // `field:` followed by `::path` must not lex as `field::` `:path`.
     let plan_src = plan.to_rust("::memwise::plan");
     let plan_ts: TokenStream = plan_src.parse().expect("the planner writes valid Rust");
@@ -429,7 +443,7 @@ pub fn model_items(item: &ItemStruct, lowered: &Lowered, plan: &StaticPlan) -> T
 
             /// A Keras-like table of the layers and the memory of one training step.
             pub fn summary() -> ::std::string::String {
-                ::memwise::summary::table(&Self::PLAN)
+                <Self as ::memwise::Model>::summary()
             }
 
             /// The layer handles: every field's layer name and parameter ids in `PLAN`.
@@ -450,6 +464,8 @@ pub fn model_items(item: &ItemStruct, lowered: &Lowered, plan: &StaticPlan) -> T
             const PLAN: ::memwise::plan::StaticPlan = <#ident>::PLAN;
             const MEMORY: ::memwise::plan::MemoryReport = <#ident>::MEMORY;
             const PARAMS: u64 = <#ident>::PARAMS;
+            const BUDGET: ::core::option::Option<u64> = #budget_ts;
+            const AUTO_CHECKPOINT_CHOICE: ::core::option::Option<&'static str> = #choice_ts;
             fn spec() -> ::memwise::plan::ModelSpec {
                 <#ident>::spec()
             }

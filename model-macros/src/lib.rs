@@ -188,9 +188,14 @@ fn expand_model(
                         auto_choice = Some(choice.to_string());
                     }
                     Err(pe) => {
+                        use memwise_plan::checkpoint::{max_batch_with, Policy};
+                        let help = match max_batch_with(&lowered.spec, *budget, Policy::AutoCheckpoint) {
+                            Some(b) => format!("\n= help: `batch = {b}` fits with `checkpoint = auto` (the largest batch that does)"),
+                            None => "\n= note: not even batch 1 fits with `checkpoint = auto`".to_string(),
+                        };
                         let err = syn::Error::new_spanned(
                             btokens,
-                            format!("`checkpoint = auto`: {}", pe.message),
+                            format!("`checkpoint = auto`: {}{help}", pe.message),
                         );
                         let err = err.to_compile_error();
                         return quote!(#st #err);
@@ -207,8 +212,9 @@ fn expand_model(
             return quote!(#st #errors);
         }
     };
-    let mut out = emit::model_items(&st, &lowered, &plan);
-    if let Some(text) = auto_choice {
+    let budget = args.budget.as_ref().map(|(b, _)| *b);
+    let mut out = emit::model_items(&st, &lowered, &plan, budget, auto_choice.as_deref());
+    if let Some(text) = &auto_choice {
         let ident = &st.ident;
         out.extend(quote! {
             impl #ident {
@@ -218,6 +224,26 @@ fn expand_model(
         });
     }
     if let Some((budget, tokens)) = &args.budget {
+        // The largest batch that fits the budget with the model's own policy, a const.
+        let policy = if auto_choice.is_some() {
+            memwise_plan::checkpoint::Policy::AutoCheckpoint
+        } else {
+            memwise_plan::checkpoint::Policy::Plain
+        };
+        let max =
+            memwise_plan::checkpoint::max_batch_with(&lowered.spec, *budget, policy).unwrap_or(0);
+        let ident = &st.ident;
+        let doc = format!(
+            " The largest batch whose training step fits the declared budget ({}), with {} (0: not even batch 1).",
+            memwise_plan::advice::format_bytes(*budget),
+            if auto_choice.is_some() { "the checkpoints `checkpoint = auto` chooses at each batch" } else { "the model as declared" }
+        );
+        out.extend(quote! {
+            impl #ident {
+                #[doc = #doc]
+                pub const MAX_BATCH: usize = #max;
+            }
+        });
         if plan.memory.total > *budget {
             let message = budget_error(&name, &args, &decls, &blocks, &lowered, &plan, *budget);
             out.extend(syn::Error::new_spanned(tokens, message).to_compile_error());

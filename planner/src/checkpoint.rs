@@ -209,6 +209,89 @@ pub fn max_batch_with(spec: &ModelSpec, budget: u64, policy: Policy) -> Option<u
     None
 }
 
+/// How [`fit_budget`] made a model fit a memory budget.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BudgetFit {
+    /// The spec to build: the declared one, or at a smaller batch and/or with the chosen
+    /// checkpoint segments.
+    pub spec: ModelSpec,
+    /// Its plan; `plan.memory.total <= budget`.
+    pub plan: crate::StaticPlan,
+    pub budget: u64,
+    /// The batch the model was declared with (`plan.batch` may be smaller).
+    pub declared_batch: usize,
+    /// The segments chosen, when the declared checkpointing did not fit.
+    pub checkpoint: Option<CheckpointChoice>,
+}
+
+impl fmt::Display for BudgetFit {
+    /// `batch 128 as declared: 5.55 MiB of 20 GiB` (then what checkpointing chose, if any).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.plan.batch == self.declared_batch {
+            write!(f, "batch {} as declared", self.plan.batch)?;
+        } else {
+            write!(
+                f,
+                "batch {} (the largest that fits; declared {})",
+                self.plan.batch, self.declared_batch
+            )?;
+        }
+        write!(
+            f,
+            ": {} of {}",
+            format_bytes(self.plan.memory.total),
+            format_bytes(self.budget)
+        )?;
+        if let Some(c) = &self.checkpoint {
+            write!(f, "; {c}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Makes `spec` fit `budget` without changing what it computes where possible: the model as
+/// declared when it fits; else, at the declared batch, the checkpoint segments [`solve`]
+/// chooses (the numbers stay the same, the step recomputes); else the largest batch that fits
+/// with checkpointing ([`max_batch_with`], [`Policy::AutoCheckpoint`]) and its segments.
+/// Never switches precision, which would change the numbers. The error says the smallest
+/// total reachable at batch 1.
+pub fn fit_budget(spec: &ModelSpec, budget: u64) -> Result<BudgetFit, PlanError> {
+    let declared_batch = spec.batch;
+    let fitted = |spec: ModelSpec, checkpoint: Option<CheckpointChoice>| {
+        let plan = crate::plan(&spec)?;
+        Ok(BudgetFit {
+            spec,
+            plan,
+            budget,
+            declared_batch,
+            checkpoint,
+        })
+    };
+    let declared = crate::plan(spec)?;
+    if declared.memory.total <= budget {
+        return fitted(spec.clone(), None);
+    }
+    if let Ok(choice) = solve(spec, budget) {
+        return fitted(choice.apply(spec), Some(choice));
+    }
+    let Some(batch) = max_batch_with(spec, budget, Policy::AutoCheckpoint) else {
+        let one = spec.with_batch(1);
+        let smallest = Solver::new(&one).map(|s| s.smallest_total().0)?;
+        return Err(PlanError::model(format!(
+            "model `{}` does not fit {}: even at batch 1 with the most checkpointing it needs {}",
+            spec.name,
+            format_bytes(budget),
+            format_bytes(smallest)
+        )));
+    };
+    let smaller = spec.with_batch(batch);
+    if crate::plan(&smaller)?.memory.total <= budget {
+        return fitted(smaller, None);
+    }
+    let choice = solve(&smaller, budget)?;
+    fitted(choice.apply(&smaller), Some(choice))
+}
+
 /// `spec` with exactly `segments` (layer names) checkpointed, one id each.
 fn with_segments(spec: &ModelSpec, segments: &[Vec<String>]) -> ModelSpec {
     let mut s = spec.clone();

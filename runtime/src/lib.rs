@@ -7,6 +7,7 @@ pub mod device;
 pub mod engine;
 pub mod error;
 pub mod executor;
+pub mod fit_device;
 pub mod init;
 pub mod memory;
 pub mod monitor;

@@ -1,0 +1,55 @@
+//! The README never drifts from the code: the summary it quotes is what the MNIST model it
+//! shows really prints, and the model it shows is the one the main example trains.
+
+use memwise::prelude::*;
+
+#[memwise::model(batch = 128, optimizer = rmsprop(lr = 1e-3), loss = sparse_categorical_crossentropy,
+                 metrics = [accuracy], budget = "2 GiB")]
+pub struct MnistMlp {
+    #[input(shape = [784], dtype = u8, scale = 1.0 / 255.0)]
+    pixels: Input,
+    #[input(shape = [], dtype = i32)]
+    labels: Input,
+    #[dense(512, activation = relu, from = pixels)]
+    hidden: Dense,
+    #[dense(10, activation = softmax)]
+    logits: Dense,
+}
+
+const README: &str = include_str!("../README.md");
+const EXAMPLE: &str = include_str!("../examples/mnist_mlp.rs");
+
+/// The fenced block of `lang` that follows the first line containing `after`.
+fn block_after<'a>(text: &'a str, after: &str, lang: &str) -> &'a str {
+    let at = text
+        .find(after)
+        .unwrap_or_else(|| panic!("README: no `{after}`"));
+    let open = format!("```{lang}\n");
+    let start = at + text[at..].find(&open).expect("a fenced block") + open.len();
+    let len = text[start..].find("```").expect("a closed block");
+    &text[start..start + len]
+}
+
+/// The lines from `#[memwise::model` to the struct's closing brace.
+fn model_source(text: &str) -> String {
+    let start = text.find("#[memwise::model").expect("a model");
+    let end = start + text[start..].find("\n}\n").expect("the struct's end") + 2;
+    text[start..end].to_string()
+}
+
+#[test]
+fn the_readme_summary_is_what_the_model_prints() {
+    let quoted = block_after(README, "prints what the compiler planned", "text");
+    assert_eq!(
+        quoted.trim_end(),
+        MnistMlp::summary().trim_end(),
+        "README.md's summary is stale: paste the output of \
+         `cargo run --release --example mnist_mlp -- --summary`"
+    );
+}
+
+#[test]
+fn the_readme_model_is_the_main_example() {
+    let shown = block_after(README, "## The model", "rust");
+    assert_eq!(model_source(shown), model_source(EXAMPLE));
+}
