@@ -18,6 +18,11 @@ PyTorch runs under each of ``--torch-configs`` (default: 2 threads; 2 threads wi
 machine PyTorch's spinning OpenMP threads can be 30x slower than either alternative, and the
 comparison is meant against PyTorch at its best on these cores.
 
+The losses compared are those of the reported (float32) twin runs. ``--loss-precision f64`` or
+``f64r`` runs the twin once more per model in float64 (``f64r``: each layer's output rounded to
+float32) and compares those losses instead; step times and memory still come from the float32
+runs. These are diagnostics for the convnet's divergence (docs/BENCHMARKS.md).
+
     bash bench/setup.sh                       # once: bench/.venv with torch, numpy, safetensors
     bench/.venv/bin/python bench/compare.py   # builds the examples (cargo build --release)
     bench/.venv/bin/python bench/compare.py --models vae --steps 60 --rounds 3 --markdown
@@ -92,13 +97,14 @@ def parse_config(c: str) -> tuple[int, bool]:
     return int(c.rstrip("p")), c.endswith("p")
 
 
-def run_torch(model: str, steps: int, config: str, work: Path) -> dict:
+def run_torch(model: str, steps: int, config: str, work: Path, precision: str = "f32") -> dict:
     threads, passive = parse_config(config)
     report = work / f"{model}.torch.json"
     cmd = [sys.executable, str(ROOT / "bench" / "twins.py"), "--model", model,
            "--weights", str(work / f"{model}.init.safetensors"),
            "--batches", str(work / f"{model}.batches.safetensors"),
-           "--steps", str(steps), "--threads", str(threads), "--report-json", str(report)]
+           "--steps", str(steps), "--threads", str(threads), "--precision", precision,
+           "--report-json", str(report)]
     env = dict(os.environ)
     if passive:
         env["OMP_WAIT_POLICY"] = "PASSIVE"
@@ -108,9 +114,14 @@ def run_torch(model: str, steps: int, config: str, work: Path) -> dict:
     return json.loads(report.read_text())
 
 
-def max_rel(a: list[float], b: list[float]) -> float:
+def rel_diffs(a: list[float], b: list[float]) -> list[float]:
+    """|a - b| / |a| for the first COMPARED_STEPS steps (a: memwise)."""
     n = min(len(a), len(b), COMPARED_STEPS)
-    return max(abs(x - y) / max(abs(x), 1e-30) for x, y in zip(a[:n], b[:n]))
+    return [abs(x - y) / max(abs(x), 1e-30) for x, y in zip(a[:n], b[:n])]
+
+
+def max_rel(a: list[float], b: list[float]) -> float:
+    return max(rel_diffs(a, b))
 
 
 def mib(b: float) -> str:
@@ -127,6 +138,9 @@ def main(argv=None) -> int:
     ap.add_argument("--torch-configs", default=f"{os.cpu_count() or 1},{os.cpu_count() or 1}p,1",
                     help="PyTorch settings to try, comma-separated: N threads, Np = N threads with "
                          "OMP_WAIT_POLICY=PASSIVE; the fastest (median over rounds) is reported")
+    ap.add_argument("--loss-precision", choices=["f32", "f64", "f64r"], default="f32",
+                    help="compare the losses of the float32 twin runs (f32, default) or of one extra "
+                         "twin run in float64 (f64r: each layer rounded to float32); diagnostics")
     ap.add_argument("--no-build", action="store_true", help="use the examples already built")
     ap.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     ap.add_argument("--json", help="also write every figure here")
@@ -165,7 +179,12 @@ def main(argv=None) -> int:
             mw_ms, pt_ms = med(mw_runs, "step_ms_median"), med(pt_runs, "step_ms_median")
             mw_rss, pt_rss = med(mw_runs, "peak_rss_growth_bytes"), med(pt_runs, "peak_rss_growth_bytes")
             batch = mw_runs[0]["batch"]
-            diff = max(max_rel(x["loss"], y["loss"]) for x, y in zip(mw_runs, pt_runs))
+            loss_runs = pt_runs
+            if a.loss_precision != "f32":
+                loss_runs = [run_torch(m, COMPARED_STEPS, "1", work, a.loss_precision)]
+            diff = max(max_rel(x["loss"], y["loss"]) for x, y in zip(mw_runs, loss_runs))
+            per_step = rel_diffs(mw_runs[0]["loss"], loss_runs[0]["loss"])
+            over = next((i + 1 for i, d in enumerate(per_step) if not d <= TOLERANCE), None)
             rows.append({
                 "model": m, "batch": batch, "steps": steps, "rounds": a.rounds,
                 "memwise": {"step_ms": mw_ms, "samples_per_s": batch / mw_ms * 1e3, "peak_rss_growth_bytes": mw_rss,
@@ -174,14 +193,16 @@ def main(argv=None) -> int:
                 "torch_config": best,
                 "torch_all": {c: med(v, "step_ms_median") for c, v in by_config.items()},
                 "step_ratio": mw_ms / pt_ms, "rss_ratio": mw_rss / pt_rss if pt_rss else float("nan"),
-                "max_rel_loss_diff_20": diff,
-                "loss_memwise": mw_runs[0]["loss"][:COMPARED_STEPS], "loss_torch": pt_runs[0]["loss"][:COMPARED_STEPS],
+                "max_rel_loss_diff_20": diff, "loss_precision": a.loss_precision,
+                "rel_loss_diff_per_step": per_step, "first_step_over_tolerance": over,
+                "loss_memwise": mw_runs[0]["loss"][:COMPARED_STEPS], "loss_torch": loss_runs[0]["loss"][:COMPARED_STEPS],
             })
     import torch
 
     env = {
         "date": time.strftime("%Y-%m-%d"), "cpu": cpu_name(), "nproc": os.cpu_count(),
         "torch": torch.__version__, "torch_configs": a.torch_configs, "python": platform.python_version(),
+        "loss_precision": a.loss_precision,
         "load_before": load_before, "load_after": loadavg(), "seconds": round(time.time() - t_start, 1),
     }
     hdr = ("model", "batch", "memwise ms", "PyTorch ms", "PyTorch setting", "ratio", "memwise samples/s", "PyTorch samples/s",
@@ -204,10 +225,12 @@ def main(argv=None) -> int:
         for line in lines:
             print("  ".join(c.rjust(w) for c, w in zip(line, widths)))
     print(f"\n{env['date']}, {env['cpu']}, nproc {env['nproc']}, torch {env['torch']} (settings tried: {a.torch_configs}), "
-          f"{steps} steps x {a.rounds} round(s), load average {env['load_before']} -> {env['load_after']}")
-    bad = [r["model"] for r in rows if not r["max_rel_loss_diff_20"] <= TOLERANCE]
+          f"{steps} steps x {a.rounds} round(s), load average {env['load_before']} -> {env['load_after']}"
+          + ("" if a.loss_precision == "f32" else f"; losses compared with the {a.loss_precision} twin"))
+    bad = [r for r in rows if not r["max_rel_loss_diff_20"] <= TOLERANCE]
     if bad:
-        print(f"losses differ by more than {TOLERANCE:g} relative within {COMPARED_STEPS} steps: {', '.join(bad)}")
+        print(f"losses differ by more than {TOLERANCE:g} relative within {COMPARED_STEPS} steps: "
+              + ", ".join(f"{r['model']} (from step {r['first_step_over_tolerance']})" for r in bad))
     if a.json:
         Path(a.json).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
     return 0

@@ -28,6 +28,10 @@ the loss after every step can be compared number for number. What "the same" tak
   ``layer`` is the layer's index in the model's field order (the batches file lists them) and
   ``step`` counts training steps from 0.
 
+``--precision f64`` / ``f64r`` run the twin in float64 (``f64r``: every layer's output rounded to
+float32); they are diagnostics for the convnet's divergence (docs/BENCHMARKS.md), not what
+compare.py times.
+
 Usage (normally through bench/compare.py)::
 
     python bench/twins.py --model vae --weights vae.init.safetensors \
@@ -145,18 +149,44 @@ def _torch():
     return torch
 
 
-def make_twin(name: str, weights: dict, meta: dict, threads: int):
+def make_twin(name: str, weights: dict, meta: dict, threads: int, precision: str = "f32"):
+    """The twin of memwise's example `name` and its training step.
+
+    ``precision``: ``"f32"`` is PyTorch's ordinary float32 path (the one compare.py times and
+    compares). The others are diagnostics for the convnet's divergence (docs/BENCHMARKS.md,
+    "Against PyTorch (CPU)"): ``"f64"`` computes every layer in float64 (near-exact arithmetic
+    on the float32 parameters); ``"f64r"`` does too but rounds each layer's output, and on the
+    way back the gradient reaching it, to float32 — every layer's result is then the correctly
+    rounded value of its mathematical result on float32 inputs, so mathematically equal values
+    (max-pool ties) are bit-identical whatever order the kernels sum in. In all three the
+    parameters, their gradients and the optimizer state are float32.
+    """
     torch = _torch()
     import torch.nn.functional as F
 
     torch.set_num_threads(threads)
     f32 = np.float32
+    if precision not in ("f32", "f64", "f64r"):
+        raise ValueError(f"precision {precision!r}: f32, f64 or f64r")
+    exact = precision == "f64r"
+    dt = torch.float64 if precision != "f32" else torch.float32
+
+    def rnd(x):
+        """A layer's output rounded to float32 (f64r only), differentiably."""
+        return x.to(torch.float32).to(dt) if exact else x
+
+    def P(p):
+        """A float32 parameter in the compute dtype (its gradient comes back float32)."""
+        return p.to(dt)
     layers = json.loads(meta["memwise.layers"])
     seed = int(meta["memwise.seed"])
     scale = float(f32(1.0) / f32(255.0))
 
     def t(a):
         return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).clone()
+
+    def fixed(a):  # not trained, in the compute dtype (noise, masks, batch-norm running stats)
+        return t(a).to(dt)
 
     def param(a):
         return torch.nn.Parameter(t(a))
@@ -265,9 +295,10 @@ def make_twin(name: str, weights: dict, meta: dict, threads: int):
                 self.logits_w, self.logits_b = dense_w(w["logits.weight"]), param(w["logits.bias"])
 
             def forward(self, inputs, step):
-                x = inputs["pixels"].to(torch.float32).mul_(scale)
-                h = F.relu(F.linear(x, self.hidden_w, self.hidden_b))
-                return SoftmaxSparseXent.apply(F.linear(h, self.logits_w, self.logits_b), inputs["labels"])
+                x = rnd(inputs["pixels"].to(dt).mul_(scale))
+                h = F.relu(rnd(F.linear(x, P(self.hidden_w), P(self.hidden_b))))
+                logits = rnd(F.linear(h, P(self.logits_w), P(self.logits_b)))
+                return SoftmaxSparseXent.apply(logits, inputs["labels"])
 
         model = MnistMlp()
         opt = KerasRMSprop(model.parameters(), lr=1e-3)
@@ -296,18 +327,18 @@ def make_twin(name: str, weights: dict, meta: dict, threads: int):
             def forward(self, inputs, step):
                 px = inputs["pixels"]  # [n, 28, 28, 1] u8 == NCHW [n, 1, 28, 28]
                 n = px.shape[0]
-                x = px.reshape(n, 1, 28, 28).to(torch.float32).mul_(scale)
-                h = F.relu(F.conv2d(tf_pad(x, 3, 2), self.c1_w, self.c1_b, stride=2))
-                h = F.relu(F.conv2d(tf_pad(h, 3, 2), self.c2_w, self.c2_b, stride=2))
-                h = F.relu(F.linear(h.reshape(n, -1), self.ed_w, self.ed_b))
-                zm = F.linear(h, self.zm_w, self.zm_b)
-                zv = F.linear(h, self.zv_w, self.zv_b)
-                eps = torch.from_numpy(philox_normal(seed, z_layer, step, n * 2)).view(n, 2)
-                z = zm + torch.exp(0.5 * zv) * eps
-                d = F.relu(F.linear(z, self.dd_w, self.dd_b)).view(n, 64, 7, 7)
-                d = F.relu(F.conv_transpose2d(d, self.d1_w, self.d1_b, stride=2)[:, :, :14, :14])
-                d = F.relu(F.conv_transpose2d(d, self.d2_w, self.d2_b, stride=2)[:, :, :28, :28])
-                logits = F.conv_transpose2d(d, self.o_w, self.o_b, stride=1, padding=1)
+                x = rnd(px.reshape(n, 1, 28, 28).to(dt).mul_(scale))
+                h = F.relu(rnd(F.conv2d(tf_pad(x, 3, 2), P(self.c1_w), P(self.c1_b), stride=2)))
+                h = F.relu(rnd(F.conv2d(tf_pad(h, 3, 2), P(self.c2_w), P(self.c2_b), stride=2)))
+                h = F.relu(rnd(F.linear(h.reshape(n, -1), P(self.ed_w), P(self.ed_b))))
+                zm = rnd(F.linear(h, P(self.zm_w), P(self.zm_b)))
+                zv = rnd(F.linear(h, P(self.zv_w), P(self.zv_b)))
+                eps = fixed(philox_normal(seed, z_layer, step, n * 2)).view(n, 2)
+                z = rnd(zm + torch.exp(0.5 * zv) * eps)
+                d = F.relu(rnd(F.linear(z, P(self.dd_w), P(self.dd_b)))).view(n, 64, 7, 7)
+                d = F.relu(rnd(F.conv_transpose2d(d, P(self.d1_w), P(self.d1_b), stride=2)[:, :, :14, :14]))
+                d = F.relu(rnd(F.conv_transpose2d(d, P(self.d2_w), P(self.d2_b), stride=2)[:, :, :28, :28]))
+                logits = rnd(F.conv_transpose2d(d, P(self.o_w), P(self.o_b), stride=1, padding=1))
                 rec = SigmoidBceSum.apply(logits.reshape(n, -1), x.reshape(n, -1))
                 kl = (-0.5 * (1.0 + zv - zm * zm - torch.exp(zv)).sum(dim=1)).mean()
                 return rec + kl
@@ -322,20 +353,22 @@ def make_twin(name: str, weights: dict, meta: dict, threads: int):
             def __init__(self, p):
                 super().__init__()
                 self.g1, self.b1 = param(w[p + "bn_1.weight"]), param(w[p + "bn_1.bias"])
-                self.rm1, self.rv1 = t(w[p + "bn_1.running_mean"]), t(w[p + "bn_1.running_var"])
+                self.rm1, self.rv1 = fixed(w[p + "bn_1.running_mean"]), fixed(w[p + "bn_1.running_var"])
                 self.dw1, self.pw1 = dw_w(w[p + "sep_1.depthwise_weight"]), conv_w(w[p + "sep_1.pointwise_weight"])
                 self.g2, self.b2 = param(w[p + "bn_2.weight"]), param(w[p + "bn_2.bias"])
-                self.rm2, self.rv2 = t(w[p + "bn_2.running_mean"]), t(w[p + "bn_2.running_var"])
+                self.rm2, self.rv2 = fixed(w[p + "bn_2.running_mean"]), fixed(w[p + "bn_2.running_var"])
                 self.dw2, self.pw2 = dw_w(w[p + "sep_2.depthwise_weight"]), conv_w(w[p + "sep_2.pointwise_weight"])
                 self.res = conv_w(w[p + "residual.weight"])
 
             def forward(self, x):
-                h = F.relu(F.batch_norm(x, self.rm1, self.rv1, self.g1, self.b1, True, 0.01, 1e-3))
-                h = F.conv2d(F.conv2d(h, self.dw1, padding=1, groups=h.shape[1]), self.pw1)
-                h = F.relu(F.batch_norm(h, self.rm2, self.rv2, self.g2, self.b2, True, 0.01, 1e-3))
-                h = F.conv2d(F.conv2d(h, self.dw2, padding=1, groups=h.shape[1]), self.pw2)
+                h = F.relu(rnd(F.batch_norm(x, self.rm1, self.rv1, P(self.g1), P(self.b1), True, 0.01, 1e-3)))
+                h = rnd(F.conv2d(h, P(self.dw1), padding=1, groups=h.shape[1]))
+                h = rnd(F.conv2d(h, P(self.pw1)))
+                h = F.relu(rnd(F.batch_norm(h, self.rm2, self.rv2, P(self.g2), P(self.b2), True, 0.01, 1e-3)))
+                h = rnd(F.conv2d(h, P(self.dw2), padding=1, groups=h.shape[1]))
+                h = rnd(F.conv2d(h, P(self.pw2)))
                 h = F.max_pool2d(tf_pad(h, 3, 2, float("-inf")), 3, 2)
-                return h + F.conv2d(x, self.res, stride=2)
+                return rnd(h + rnd(F.conv2d(x, P(self.res), stride=2)))
 
         class ConvNet(torch.nn.Module):
             def __init__(self):
@@ -347,13 +380,15 @@ def make_twin(name: str, weights: dict, meta: dict, threads: int):
             def forward(self, inputs, step):
                 px = inputs["pixels"]
                 n = px.shape[0]
-                h = F.conv2d(px.reshape(n, 1, 28, 28).to(torch.float32).mul_(scale), self.stem)
+                x = rnd(px.reshape(n, 1, 28, 28).to(dt).mul_(scale))
+                h = rnd(F.conv2d(x, P(self.stem)))
                 for b in self.blocks:
                     h = b(h)
-                h = h.mean(dim=(2, 3))
+                h = rnd(h.mean(dim=(2, 3)))
                 keep = philox_uniform(seed, drop_layer, step, h.numel()) >= np.float32(0.5)
-                mask = torch.from_numpy(keep.astype(np.float32) * np.float32(2.0)).view_as(h)
-                return SoftmaxSparseXent.apply(F.linear(h * mask, self.probs_w, self.probs_b), inputs["labels"])
+                mask = fixed(keep.astype(np.float32) * np.float32(2.0)).view_as(h)
+                logits = rnd(F.linear(h * mask, P(self.probs_w), P(self.probs_b)))
+                return SoftmaxSparseXent.apply(logits, inputs["labels"])
 
         model = ConvNet()
         opt = KerasRMSprop(model.parameters(), lr=1e-3)
@@ -378,6 +413,10 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", required=True, help="batches memwise dumped")
     ap.add_argument("--steps", type=int, default=40, help="training steps (batches are reused cyclically)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--precision", choices=["f32", "f64", "f64r"], default="f32",
+                    help="f32: PyTorch's float32 path (default); f64: every layer in float64; "
+                         "f64r: every layer in float64, its output rounded to float32 "
+                         "(diagnostics, see make_twin)")
     ap.add_argument("--report-json", help="write losses, step times and memory here")
     a = ap.parse_args(argv)
 
@@ -396,7 +435,7 @@ def main(argv=None) -> int:
     release_free_heap()
     reset_peak()
     base, _ = rss_bytes()
-    model, train_step = make_twin(a.model, weights, meta, a.threads)
+    model, train_step = make_twin(a.model, weights, meta, a.threads, a.precision)
     losses, times = [], []
     for s in range(a.steps):
         inputs = {k: torch.from_numpy(v[s % dumped]) for k, v in batches.items()}
@@ -411,6 +450,7 @@ def main(argv=None) -> int:
         "model": a.model,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        "precision": a.precision,
         "batch": batch,
         "steps": a.steps,
         "measured": {
