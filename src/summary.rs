@@ -112,6 +112,68 @@ pub fn recompute_percent(m: &MemoryReport) -> f64 {
     }
 }
 
+/// The GEMM of a layer's forward step, `(m, n, k)` as cuBLAS sees it (`m` rows of the output,
+/// `n` columns, `k` the reduction), for the ops that run one.
+fn forward_gemm(op: &crate::plan::Op) -> Option<(usize, usize, usize)> {
+    use crate::plan::Op;
+    match *op {
+        Op::Dense {
+            rows,
+            in_features,
+            units,
+            ..
+        } => Some((rows, units, in_features)),
+        Op::Conv2d { dims: d, .. } => {
+            Some((d.n * d.out_h() * d.out_w(), d.c_out, d.kh * d.kw * d.c_in))
+        }
+        // x · Wᵀ, then a gather (col2im).
+        Op::Conv2dTranspose { dims: d, .. } => {
+            Some((d.n * d.h * d.w, d.kh * d.kw * d.c_out, d.c_in))
+        }
+        Op::Attention { seq, head_dim, .. } => Some((seq, seq, head_dim)),
+        _ => None,
+    }
+}
+
+/// Which 16-bit GEMMs have shapes the tensor cores run at full rate: every dimension a
+/// multiple of 8 (cuBLAS's rule for float16 and bfloat16 operands; others run, slower).
+/// One line, `None` when the model has no 16-bit GEMM.
+pub fn tensor_core_note(plan: &StaticPlan) -> Option<String> {
+    use crate::plan::Phase;
+    let mut half = 0;
+    let mut off: Vec<String> = Vec::new();
+    for s in plan.steps.iter().filter(|s| s.phase == Phase::Forward) {
+        let Some((m, n, k)) = forward_gemm(&s.op) else {
+            continue;
+        };
+        let dtype = s.writes.first().map(|&t| plan.tensor(t).dtype);
+        if !matches!(dtype, Some(DType::F16 | DType::BF16)) {
+            continue;
+        }
+        half += 1;
+        let bad: Vec<String> = [("m", m), ("n", n), ("k", k)]
+            .iter()
+            .filter(|(_, v)| v % 8 != 0)
+            .map(|(d, v)| format!("{d} = {v}"))
+            .collect();
+        if !bad.is_empty() {
+            off.push(format!("`{}` ({})", s.layer, bad.join(", ")));
+        }
+    }
+    if half == 0 {
+        return None;
+    }
+    Some(if off.is_empty() {
+        format!("Tensor cores: all {half} 16-bit GEMMs have every dimension a multiple of 8")
+    } else {
+        format!(
+            "Tensor cores: {} of {half} 16-bit GEMMs have every dimension a multiple of 8; not: {}",
+            half - off.len(),
+            off.join(", ")
+        )
+    })
+}
+
 /// A model summary, displayed as text. [`Summary::new`] takes a plan; [`Summary::of`] a
 /// model, with its budget and its `checkpoint = auto` choice. Compact (80 columns) unless
 /// [`Summary::wide`].
@@ -389,6 +451,11 @@ impl<'a> Summary<'a> {
                 if checkpointed == 1 { "" } else { "s" },
                 recompute_percent(m)
             )?;
+        }
+        if self.wide {
+            if let Some(note) = tensor_core_note(plan) {
+                writeln!(f, "{note}")?;
+            }
         }
         if let Some(choice) = self.auto_checkpoint {
             writeln!(

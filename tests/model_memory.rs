@@ -55,6 +55,19 @@ struct Deep {
     out: Dense,
 }
 
+/// Mixed float16, a 10-unit head: its GEMM is not tensor-core shaped.
+#[memwise::model(batch = 64, precision = mixed_float16, loss = sparse_categorical_crossentropy)]
+struct Half {
+    #[input(shape = [256])]
+    x: Input,
+    #[input(shape = [], dtype = i32)]
+    label: Input,
+    #[dense(128, activation = relu, from = x)]
+    hidden: Dense,
+    #[dense(10, activation = softmax)]
+    probs: Dense,
+}
+
 /// The value printed after `label` on the totals line that starts with it.
 fn line_with<'a>(text: &'a str, label: &str) -> &'a str {
     text.lines()
@@ -127,6 +140,22 @@ fn the_compact_summary_fits_80_columns_and_the_wide_one_shows_everything() {
     }
     assert!(wide.contains("a_hidden_layer_with_a_name_longer_than_the_compact_column (dense)"));
     assert!(wide.lines().any(|l| l.chars().count() > COMPACT_WIDTH));
+}
+
+#[test]
+fn the_wide_summary_notes_tensor_core_shapes() {
+    let wide = Summary::of::<Half>().wide().to_string();
+    let note = line_with(&wide, "Tensor cores:");
+    assert!(note.contains("1 of 2 16-bit GEMMs"), "{note}");
+    assert!(note.contains("`probs` (n = 10)"), "{note}");
+    assert!(
+        !Half::summary().contains("Tensor cores"),
+        "compact leaves it out"
+    );
+    assert!(!Summary::of::<Mlp>()
+        .wide()
+        .to_string()
+        .contains("Tensor cores"));
 }
 
 #[test]

@@ -53,7 +53,8 @@ fuzz_target!(|data: &[u8]| {
             Ok(_) => {}
             Err(e) => {
                 assert!(!e.to_string().is_empty(), "an error without a message");
-                if let RuntimeError::Input(m) = &e {
+                if e.is_input() {
+                    let m = &e;
                     assert!(
                         ex.persistent_bytes() == &before[..],
                         "a refused input changed the model: {m}"

@@ -19,6 +19,15 @@ pub enum RuntimeError {
     },
     /// An input batch does not match the model's inputs.
     Input(String),
+    /// One sample of an input batch is invalid (a non-finite value, a label out of range).
+    /// `sample` counts in the batch given to a step; `fit`, `evaluate` and `predict` turn it
+    /// into the dataset's index and say where in `context`.
+    InputSample {
+        input: String,
+        sample: usize,
+        problem: String,
+        context: String,
+    },
     /// The plan does not fit the device (or its memory limit).
     OutOfMemory {
         needed: u64,
@@ -43,6 +52,9 @@ impl fmt::Display for RuntimeError {
                 write!(f, "step {step} ({op} of layer `{layer}`): {error}")
             }
             RuntimeError::Input(m) | RuntimeError::Memory(m) | RuntimeError::NonFinite(m) => f.write_str(m),
+            RuntimeError::InputSample { input, sample, problem, context } => {
+                write!(f, "input `{input}`: sample {sample} {problem}{context}")
+            }
             RuntimeError::Io(m) => write!(f, "i/o: {m}"),
             RuntimeError::Device(m) => write!(f, "device: {m}"),
             RuntimeError::OutOfMemory { needed, available, device } => write!(
@@ -53,6 +65,16 @@ impl fmt::Display for RuntimeError {
                 memwise_plan::advice::format_bytes(needed.saturating_sub(*available)),
             ),
         }
+    }
+}
+
+impl RuntimeError {
+    /// The input given was refused (before anything ran or changed).
+    pub fn is_input(&self) -> bool {
+        matches!(
+            self,
+            RuntimeError::Input(_) | RuntimeError::InputSample { .. }
+        )
     }
 }
 

@@ -626,82 +626,11 @@ impl Executor {
         Ok(())
     }
 
-    /// Checks `inputs` against the model's inputs (count, dtype, length) and copies them into
+    /// Checks `inputs` against the model's inputs ([`check_inputs`]) and copies them into
     /// the arena.
     fn load_inputs(&mut self, inputs: &[Batch<'_>]) -> Result<()> {
+        check_inputs(&self.plan, inputs)?;
         let ids = &self.plan.inputs;
-        if inputs.len() != ids.len() {
-            let names: Vec<&str> = ids
-                .iter()
-                .map(|&i| self.plan.tensor(i).name.as_ref())
-                .collect();
-            return Err(RuntimeError::Input(format!(
-                "the model takes {} inputs ({}), got {}",
-                ids.len(),
-                names.join(", "),
-                inputs.len()
-            )));
-        }
-        for (b, &id) in inputs.iter().zip(ids.iter()) {
-            let t = self.plan.tensor(id);
-            if b.dtype() != t.dtype {
-                return Err(RuntimeError::Input(format!(
-                    "input `{}` holds {} values, got {}",
-                    t.name,
-                    t.dtype.name(),
-                    b.dtype().name()
-                )));
-            }
-            if b.len() != t.elems() {
-                // Say what the batch was, when it is whole samples: a batch larger than the
-                // plan's is refused here, before a byte is copied into the arena.
-                let per = t.shape.get(1..).map_or(1, |s| s.iter().product::<usize>());
-                let samples = match b.len().checked_div(per) {
-                    Some(n) if n * per == b.len() => format!(
-                        " (a batch of {n}; this plan's batch is {}: plan the model for {n} or split the batch)",
-                        self.plan.batch
-                    ),
-                    _ => String::new(),
-                };
-                return Err(RuntimeError::Input(format!(
-                    "input `{}` expects {} values (shape {:?}), got {}{samples}",
-                    t.name,
-                    t.elems(),
-                    &t.shape[..],
-                    b.len()
-                )));
-            }
-        }
-        for (b, &id) in inputs.iter().zip(ids.iter()) {
-            let bad = match b {
-                Batch::F32(x) => x
-                    .iter()
-                    .position(|v| !v.is_finite())
-                    .map(|i| (i, x[i].to_string())),
-                Batch::F16(x) => x
-                    .iter()
-                    .position(|v| !v.is_finite())
-                    .map(|i| (i, x[i].to_string())),
-                Batch::BF16(x) => x
-                    .iter()
-                    .position(|v| !v.is_finite())
-                    .map(|i| (i, x[i].to_string())),
-                Batch::U8(_) | Batch::I32(_) => None,
-            };
-            if let Some((i, value)) = bad {
-                let t = self.plan.tensor(id);
-                let per = (t.elems() / t.shape.first().copied().unwrap_or(1).max(1)).max(1);
-                return Err(RuntimeError::Input(format!(
-                    "input `{}`: sample {} holds a non-finite value ({value} at element {i} of the batch, \
-                     expected a finite {}); clean the data or drop such samples \
-                     (`InMemory::drop_non_finite`)",
-                    t.name,
-                    i / per,
-                    t.dtype.name()
-                )));
-            }
-        }
-        self.check_index_ranges(inputs)?;
         for (b, &id) in inputs.iter().zip(ids.iter()) {
             let t = self.plan.tensor(id);
             if t.first > t.last {
@@ -711,50 +640,6 @@ impl Executor {
             // SAFETY: &mut self; input tensors are disjoint from each other at step 0.
             let dst = unsafe { self.arena.view_mut::<u8>(t.offset, bytes.len())? };
             dst.copy_from_slice(bytes);
-        }
-        Ok(())
-    }
-
-    /// Checks the integer inputs that index something: labels read by a sparse
-    /// cross-entropy (`0..classes`) and token ids read by an embedding (`0..vocab`), so a bad
-    /// value is refused before any step runs, naming the input, the sample and the range.
-    fn check_index_ranges(&self, inputs: &[Batch<'_>]) -> Result<()> {
-        for s in self.plan.steps.iter() {
-            let (at, limit, what) = match s.op {
-                Op::SoftmaxCrossEntropy { classes, .. }
-                | Op::SoftmaxCrossEntropyFromLogits { classes, .. } => (1, classes, "classes"),
-                Op::Embedding { vocab, .. } => (0, vocab, "tokens in the vocabulary"),
-                _ => continue,
-            };
-            let Some(&id) = s.reads.get(at) else { continue };
-            let Some(k) = self.plan.inputs.iter().position(|&i| i == id) else {
-                continue;
-            };
-            let Some(Batch::I32(x)) = inputs.get(k) else {
-                continue;
-            };
-            let Some(i) = x
-                .iter()
-                .position(|&v| !usize::try_from(v).is_ok_and(|v| v < limit))
-            else {
-                continue;
-            };
-            let t = self.plan.tensor(id);
-            let per = (t.elems() / t.shape.first().copied().unwrap_or(1).max(1)).max(1);
-            let (name, kind) = match s.op {
-                Op::Embedding { .. } => ("token id", "embedding"),
-                _ => ("label", "loss"),
-            };
-            return Err(RuntimeError::Input(format!(
-                "input `{}`: sample {} has {name} {} (element {i} of the batch), expected 0..={} \
-                 for the {} {what} of {kind} `{}`",
-                t.name,
-                i / per,
-                x[i],
-                limit as i64 - 1,
-                limit,
-                s.layer
-            )));
         }
         Ok(())
     }
@@ -798,9 +683,8 @@ impl Executor {
                     if !loss.is_finite() && !self.plan.loss_scaling && self.plan.training {
                         let culprit = self.first_non_finite(inputs)?;
                         return Err(RuntimeError::NonFinite(format!(
-                            "training step {} (the model's {}th): the loss is {loss}; {culprit}. \
+                            "training step {}: the loss is {loss}; {culprit}. \
                              The weights were not updated.",
-                            self.step_counter + 1,
                             self.step_counter + 1
                         )));
                     }
@@ -2095,4 +1979,131 @@ impl Executor {
             })
         }
     }
+}
+
+/// Checks `inputs` against `plan`'s inputs before anything is copied or run: their count,
+/// dtypes and lengths; no NaN or infinity in float inputs; labels and token ids in range.
+/// Shared by the CPU and GPU executors, so both refuse the same batches with the same words.
+pub(crate) fn check_inputs(plan: &StaticPlan, inputs: &[Batch<'_>]) -> Result<()> {
+    let ids = &plan.inputs;
+    if inputs.len() != ids.len() {
+        let names: Vec<&str> = ids.iter().map(|&i| plan.tensor(i).name.as_ref()).collect();
+        return Err(RuntimeError::Input(format!(
+            "the model takes {} inputs ({}), got {}",
+            ids.len(),
+            names.join(", "),
+            inputs.len()
+        )));
+    }
+    for (b, &id) in inputs.iter().zip(ids.iter()) {
+        let t = plan.tensor(id);
+        if b.dtype() != t.dtype {
+            return Err(RuntimeError::Input(format!(
+                "input `{}` holds {} values, got {}",
+                t.name,
+                t.dtype.name(),
+                b.dtype().name()
+            )));
+        }
+        if b.len() != t.elems() {
+            // Say what the batch was, when it is whole samples: a batch larger than the
+            // plan's is refused here, before a byte is copied into the arena.
+            let per = t.shape.get(1..).map_or(1, |s| s.iter().product::<usize>());
+            let samples = match b.len().checked_div(per) {
+                Some(n) if n * per == b.len() => format!(
+                    " (a batch of {n}; this plan's batch is {}: plan the model for {n} or split the batch)",
+                    plan.batch
+                ),
+                _ => String::new(),
+            };
+            return Err(RuntimeError::Input(format!(
+                "input `{}` expects {} values (shape {:?}), got {}{samples}",
+                t.name,
+                t.elems(),
+                &t.shape[..],
+                b.len()
+            )));
+        }
+    }
+    for (b, &id) in inputs.iter().zip(ids.iter()) {
+        let bad = match b {
+            Batch::F32(x) => x
+                .iter()
+                .position(|v| !v.is_finite())
+                .map(|i| (i, x[i].to_string())),
+            Batch::F16(x) => x
+                .iter()
+                .position(|v| !v.is_finite())
+                .map(|i| (i, x[i].to_string())),
+            Batch::BF16(x) => x
+                .iter()
+                .position(|v| !v.is_finite())
+                .map(|i| (i, x[i].to_string())),
+            Batch::U8(_) | Batch::I32(_) => None,
+        };
+        if let Some((i, value)) = bad {
+            let t = plan.tensor(id);
+            let per = (t.elems() / t.shape.first().copied().unwrap_or(1).max(1)).max(1);
+            return Err(RuntimeError::InputSample {
+                input: t.name.to_string(),
+                sample: i / per,
+                problem: format!(
+                    "holds a non-finite value ({value} at element {i} of the batch, \
+                     expected a finite {}); clean the data or drop such samples \
+                     (`InMemory::drop_non_finite`)",
+                    t.dtype.name()
+                ),
+                context: String::new(),
+            });
+        }
+    }
+    check_index_ranges(plan, inputs)?;
+    Ok(())
+}
+
+/// Checks the integer inputs that index something: labels read by a sparse
+/// cross-entropy (`0..classes`) and token ids read by an embedding (`0..vocab`), so a bad
+/// value is refused before any step runs, naming the input, the sample and the range.
+fn check_index_ranges(plan: &StaticPlan, inputs: &[Batch<'_>]) -> Result<()> {
+    for s in plan.steps.iter() {
+        let (at, limit, what) = match s.op {
+            Op::SoftmaxCrossEntropy { classes, .. }
+            | Op::SoftmaxCrossEntropyFromLogits { classes, .. } => (1, classes, "classes"),
+            Op::Embedding { vocab, .. } => (0, vocab, "tokens in the vocabulary"),
+            _ => continue,
+        };
+        let Some(&id) = s.reads.get(at) else { continue };
+        let Some(k) = plan.inputs.iter().position(|&i| i == id) else {
+            continue;
+        };
+        let Some(Batch::I32(x)) = inputs.get(k) else {
+            continue;
+        };
+        let Some(i) = x
+            .iter()
+            .position(|&v| !usize::try_from(v).is_ok_and(|v| v < limit))
+        else {
+            continue;
+        };
+        let t = plan.tensor(id);
+        let per = (t.elems() / t.shape.first().copied().unwrap_or(1).max(1)).max(1);
+        let (name, kind) = match s.op {
+            Op::Embedding { .. } => ("token id", "embedding"),
+            _ => ("label", "loss"),
+        };
+        return Err(RuntimeError::InputSample {
+            input: t.name.to_string(),
+            sample: i / per,
+            problem: format!(
+                "has {name} {} (element {i} of the batch), expected 0..={} \
+                 for the {} {what} of {kind} `{}`",
+                x[i],
+                limit as i64 - 1,
+                limit,
+                s.layer
+            ),
+            context: String::new(),
+        });
+    }
+    Ok(())
 }

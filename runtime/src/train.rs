@@ -202,6 +202,31 @@ struct InferenceEngine {
     current: bool,
 }
 
+/// Consecutive steps loss scaling may skip before `fit` stops. Each skip halves the scale
+/// from 2^15; after 40 it is 2^-25, below float16's smallest subnormal (2^-24): no finite
+/// gradient overflows there, so what keeps the step non-finite is NaN or infinity in the
+/// weights, the inputs or the forward pass, and skipping forever would train on nothing.
+pub const MAX_SKIPPED_IN_A_ROW: u32 = 40;
+
+/// An input error about one sample of a batch, told in the dataset's terms: the sample's
+/// index in the dataset, and where (`fit`'s epoch and step, or `evaluate`).
+fn in_dataset(e: RuntimeError, idx: &[usize], at: &str) -> RuntimeError {
+    match e {
+        RuntimeError::InputSample {
+            input,
+            sample,
+            problem,
+            context,
+        } if sample < idx.len() => RuntimeError::InputSample {
+            input,
+            sample: idx[sample],
+            problem,
+            context: format!("{context} (in {at}: sample {sample} of its batch)"),
+        },
+        other => other,
+    }
+}
+
 fn splitmix(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
     let mut z = *state;
@@ -351,7 +376,9 @@ impl Trainer {
         })
     }
 
-    fn check_columns(&self, data: &dyn Dataset) -> Result<()> {
+    /// Checks `data`'s columns against the model's inputs; `needs` says what the caller
+    /// needs of it, for the empty-dataset message ("one batch of 128 samples to train").
+    fn check_columns(&self, data: &dyn Dataset, needs: &str) -> Result<()> {
         let p = self.plan();
         if data.columns().len() != p.inputs.len() {
             let names: Vec<&str> = p
@@ -381,7 +408,9 @@ impl Trainer {
             }
         }
         if data.is_empty() {
-            return Err(RuntimeError::Input("the dataset is empty".into()));
+            return Err(RuntimeError::Input(format!(
+                "the dataset is empty: {needs}"
+            )));
         }
         Ok(())
     }
@@ -396,8 +425,11 @@ impl Trainer {
         opts: &FitOptions,
         callbacks: &mut [&mut dyn Callback],
     ) -> Result<History> {
-        self.check_columns(train)?;
         let batch = self.plan().batch;
+        self.check_columns(
+            train,
+            &format!("`fit` needs at least one batch of {batch} samples"),
+        )?;
         if train.len() < batch {
             return Err(RuntimeError::Input(format!(
                 "the dataset has {} samples, fewer than one batch of {batch}",
@@ -412,6 +444,7 @@ impl Trainer {
         let mut bufs: Vec<Column> = train.columns().iter().map(|c| c.buffer(batch)).collect();
         let mut rng = opts.seed ^ 0x006D_656D_7769_7365; // "memwise"
         let mut history = History::default();
+        let mut skipped_in_a_row = 0u32;
         let tty = std::io::stderr().is_terminal();
         for epoch in 1..=opts.epochs {
             if remaining == 0 {
@@ -445,10 +478,24 @@ impl Trainer {
                 let batches: Vec<Batch<'_>> = bufs.iter().map(|b| b.as_batch(batch)).collect();
                 let ts = Instant::now();
                 self.mark_inference_stale();
-                let out = self.train.train_step(&batches)?;
+                let out = self.train.train_step(&batches).map_err(|e| {
+                    in_dataset(e, idx, &format!("`fit`, epoch {epoch}, step {}", s + 1))
+                })?;
                 history.step_ms.push(ts.elapsed().as_secs_f64() * 1e3);
                 self.monitor
                     .record_device_bytes(self.train.device_bytes_used());
+                skipped_in_a_row = if out.skipped { skipped_in_a_row + 1 } else { 0 };
+                if skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW {
+                    return Err(RuntimeError::NonFinite(format!(
+                        "epoch {epoch}, step {}: loss scaling skipped the last {skipped_in_a_row} steps in a row \
+                         (loss scale now {:e}, the loss {}): no scale makes these gradients finite, so \
+                         the weights, the inputs or the forward pass hold NaN or infinity; the weights \
+                         are those before the first skipped step",
+                        s + 1,
+                        self.train.loss_scale(),
+                        out.loss
+                    )));
+                }
                 if !out.loss.is_finite() && !out.skipped {
                     return Err(RuntimeError::NonFinite(format!(
                         "epoch {epoch}, step {}: the loss is {} (float32 training diverged; lower the learning rate)",
@@ -530,7 +577,7 @@ impl Trainer {
     /// Loss (and accuracy for classifiers) over every sample of `data`, in inference mode
     /// (batch norm from running statistics, no dropout).
     pub fn evaluate(&mut self, data: &dyn Dataset) -> Result<Evaluation> {
-        self.check_columns(data)?;
+        self.check_columns(data, "`evaluate` needs at least one sample")?;
         let batch = self.plan().batch;
         let classifier = Trainer::is_classifier(self.plan());
         let (mut loss, mut correct) = (0f64, 0usize);
@@ -542,7 +589,10 @@ impl Trainer {
             let mut bufs: Vec<Column> = data.columns().iter().map(|c| c.buffer(n)).collect();
             data.gather(&idx, &mut bufs)?;
             let batches: Vec<Batch<'_>> = bufs.iter().map(|b| b.as_batch(n)).collect();
-            let out = self.infer[k].engine.evaluate_step(&batches)?;
+            let out = self.infer[k]
+                .engine
+                .evaluate_step(&batches)
+                .map_err(|e| in_dataset(e, &idx, "`evaluate`"))?;
             loss += out.loss as f64 * n as f64;
             correct += out.correct;
             start += n;
@@ -558,7 +608,7 @@ impl Trainer {
     /// The model's prediction for every sample (row-major, `[samples, …]`), in inference
     /// mode. Label columns are read but do not change the prediction.
     pub fn predict(&mut self, data: &dyn Dataset) -> Result<Vec<f32>> {
-        self.check_columns(data)?;
+        self.check_columns(data, "`predict` needs at least one sample")?;
         let batch = self.plan().batch;
         let mut out = Vec::new();
         let mut start = 0;
@@ -569,7 +619,10 @@ impl Trainer {
             let mut bufs: Vec<Column> = data.columns().iter().map(|c| c.buffer(n)).collect();
             data.gather(&idx, &mut bufs)?;
             let batches: Vec<Batch<'_>> = bufs.iter().map(|b| b.as_batch(n)).collect();
-            self.infer[k].engine.evaluate_step(&batches)?;
+            self.infer[k]
+                .engine
+                .evaluate_step(&batches)
+                .map_err(|e| in_dataset(e, &idx, "`predict`"))?;
             let ex = &self.infer[k].engine;
             let elems = ex.plan().tensor(ex.plan().prediction).elems();
             let at = out.len();

@@ -131,7 +131,7 @@ fn check_step(data: &[u8]) -> Result<(), TestCaseError> {
         let owned = decode::batches(ex.plan(), &mut b);
         if let Err(e) = step(&mut ex, &owned) {
             prop_assert!(!e.to_string().is_empty());
-            if let RuntimeError::Input(_) = e {
+            if e.is_input() {
                 let same = ex.persistent_bytes() == &before[..];
                 prop_assert!(same, "a refused input changed the model: {}", e);
             }
@@ -555,7 +555,7 @@ fn refused(ex: &mut Executor, inputs: &[Batch<'_>]) -> String {
         ex.steps_executed,
     );
     let e = ex.train_step(inputs).expect_err("the step must be refused");
-    assert!(matches!(e, RuntimeError::Input(_)), "an input error: {e:?}");
+    assert!(e.is_input(), "an input error: {e:?}");
     let after = (
         ex.persistent_bytes().to_vec(),
         ex.step_counter(),
@@ -718,6 +718,97 @@ fn a_label_out_of_range_through_fit_names_the_input() {
     );
 }
 
+/// Through `fit` with shuffling, the sample an error names is the dataset's, with the epoch,
+/// the step and its place in the batch.
+#[test]
+fn a_bad_sample_in_fit_is_named_by_its_index_in_the_dataset() {
+    let mut t = Trainer::build(&float_spec(), &Device::cpu(), 1).unwrap();
+    let n = 12;
+    let mut x = vec![0.25f32; n * 8];
+    x[9 * 8 + 5] = f32::INFINITY; // dataset sample 9
+    let ds = InMemory::new(vec![
+        Column::F32 {
+            data: x,
+            per_sample: 8,
+        },
+        Column::I32 {
+            data: (0..n as i32).map(|i| i % 3).collect(),
+            per_sample: 1,
+        },
+    ])
+    .unwrap();
+    let opts = FitOptions {
+        epochs: 1,
+        shuffle: true,
+        seed: 7,
+        verbose: false,
+        ..FitOptions::default()
+    };
+    let e = t.fit(&ds, None, &opts, &mut []).unwrap_err();
+    assert!(e.is_input(), "{e:?}");
+    let text = e.to_string();
+    contains_all(
+        &text,
+        &[
+            "input `x`",
+            "sample 9 holds a non-finite value (inf",
+            "in `fit`, epoch 1, step",
+            "of its batch",
+        ],
+    );
+    // evaluate: the dataset's order is the batch's.
+    let e = t.evaluate(&ds).unwrap_err().to_string();
+    contains_all(
+        &e,
+        &["sample 9 holds", "in `evaluate`: sample 1 of its batch"],
+    );
+}
+
+/// In mixed precision, NaN in the weights makes every step skip: `fit` stops after
+/// `MAX_SKIPPED_IN_A_ROW` of them, saying so, with the weights as they were.
+#[test]
+fn endless_loss_scaling_skips_stop_fit() {
+    use memwise_runtime::train::MAX_SKIPPED_IN_A_ROW;
+    let mut spec = float_spec();
+    spec.precision = memwise_plan::Precision::MixedFloat16;
+    let mut t = Trainer::build(&spec, &Device::cpu(), 1).unwrap();
+    // (A NaN behind the ReLU would be swallowed by it; the softmax's bias is not.)
+    let mut w = t.engine().param("out.bias").unwrap();
+    w[1] = f32::NAN;
+    t.engine_mut().set_param("out.bias", &w).unwrap();
+    let ds = InMemory::new(vec![
+        Column::F32 {
+            data: vec![0.5; 4 * 8],
+            per_sample: 8,
+        },
+        Column::I32 {
+            data: vec![0, 1, 2, 0],
+            per_sample: 1,
+        },
+    ])
+    .unwrap();
+    let opts = FitOptions {
+        epochs: 100,
+        verbose: false,
+        ..FitOptions::default()
+    };
+    let e = t.fit(&ds, None, &opts, &mut []).unwrap_err();
+    assert!(matches!(e, RuntimeError::NonFinite(_)), "{e:?}");
+    contains_all(
+        &e.to_string(),
+        &[
+            &format!("epoch {MAX_SKIPPED_IN_A_ROW}, step 1"),
+            &format!("skipped the last {MAX_SKIPPED_IN_A_ROW} steps in a row"),
+        ],
+    );
+    let after = t.engine().param("out.bias").unwrap();
+    assert_eq!(
+        after.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        w.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        "skipped steps change nothing"
+    );
+}
+
 #[test]
 fn a_token_id_out_of_range_names_the_input_sample_value_and_vocabulary() {
     // ids [4] per sample, vocabulary 10, batch 2.
@@ -844,14 +935,26 @@ fn an_empty_dataset_is_refused_by_fit_evaluate_and_predict() {
         ..FitOptions::default()
     };
     let e = t.fit(&empty, None, &opts, &mut []).unwrap_err().to_string();
-    contains_all(&e, &["the dataset is empty"]);
+    contains_all(
+        &e,
+        &[
+            "the dataset is empty",
+            "`fit` needs at least one batch of 4 samples",
+        ],
+    );
     contains_all(
         &t.evaluate(&empty).unwrap_err().to_string(),
-        &["the dataset is empty"],
+        &[
+            "the dataset is empty",
+            "`evaluate` needs at least one sample",
+        ],
     );
     contains_all(
         &t.predict(&empty).unwrap_err().to_string(),
-        &["the dataset is empty"],
+        &[
+            "the dataset is empty",
+            "`predict` needs at least one sample",
+        ],
     );
 }
 
@@ -989,7 +1092,7 @@ fn non_finite_inputs_are_refused_by_evaluate_step_evaluate_and_predict() {
     let e = ex
         .evaluate_step(&[Batch::F32(&x), Batch::I32(&[0, 1, 2, 0])])
         .unwrap_err();
-    assert!(matches!(e, RuntimeError::Input(_)), "an input error: {e:?}");
+    assert!(e.is_input(), "an input error: {e:?}");
     contains_all(
         &e.to_string(),
         &[

@@ -565,36 +565,11 @@ impl<B: Backend> GpuExecutor<B> {
         }
     }
 
-    /// Checks `inputs` against the model's inputs and copies them into their tensors.
+    /// Checks `inputs` against the model's inputs (the CPU executor's checks: count, dtype,
+    /// length, finite floats, labels and ids in range) and copies them into their tensors.
     fn load_inputs(&mut self, inputs: &[Batch<'_>]) -> Result<()> {
+        crate::executor::check_inputs(&self.plan, inputs)?;
         let ids = &self.plan.inputs;
-        if inputs.len() != ids.len() {
-            return Err(RuntimeError::Input(format!(
-                "the model takes {} inputs, got {}",
-                ids.len(),
-                inputs.len()
-            )));
-        }
-        for (b, &id) in inputs.iter().zip(ids.iter()) {
-            let t = self.plan.tensor(id);
-            if b.dtype() != t.dtype {
-                return Err(RuntimeError::Input(format!(
-                    "input `{}` holds {} values, got {}",
-                    t.name,
-                    t.dtype.name(),
-                    b.dtype().name()
-                )));
-            }
-            if b.len() != t.elems() {
-                return Err(RuntimeError::Input(format!(
-                    "input `{}` expects {} values (shape {:?}), got {}",
-                    t.name,
-                    t.elems(),
-                    &t.shape[..],
-                    b.len()
-                )));
-            }
-        }
         for (b, &id) in inputs.iter().zip(ids.iter()) {
             let t = self.plan.tensor(id);
             if t.first > t.last {
