@@ -88,6 +88,25 @@ fn main() -> Result<(), String> {
         &fonts,
     )?;
     write(&dir, "vae_graph", &graph::svg(&vae, &vae_plan), &fonts)?;
+    // The same VAE under `checkpoint = auto` at 90 % of its float32 total (the budget of
+    // `vae --compare`): a recompute phase in the timeline, segments shaded in the graph.
+    let auto_budget = vae_plan.memory.total * 9 / 10;
+    let choice = memwise_plan::checkpoint::solve(&vae, auto_budget)
+        .map_err(|e| format!("conv_vae under {auto_budget} bytes: {e}"))?;
+    let vae_auto = choice.apply(&vae);
+    let vae_auto_plan = plan(&vae_auto);
+    write(
+        &dir,
+        "vae_auto_timeline",
+        &timeline::svg(&vae_auto_plan, Some(auto_budget)),
+        &fonts,
+    )?;
+    write(
+        &dir,
+        "vae_auto_graph",
+        &graph::svg(&vae_auto, &vae_auto_plan),
+        &fonts,
+    )?;
 
     let resnet = zoo::resnet50(32);
     let resnet_plan = plan(&resnet);

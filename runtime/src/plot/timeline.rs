@@ -947,7 +947,10 @@ pub fn svg(plan: &StaticPlan, budget: Option<u64>) -> String {
     f.peak(&mut svg, &rows);
     // Number the biggest buffers where the peak line crosses them.
     let px = f.peak_x();
-    for (&id, &n) in &peak_rank {
+    // In rank order, so the SVG is the same bytes on every run.
+    let mut ranked: Vec<(u32, usize)> = peak_rank.iter().map(|(&id, &n)| (id, n)).collect();
+    ranked.sort_by_key(|&(_, n)| n);
+    for (id, n) in ranked {
         let t = &ts[id as usize];
         let bb = buffer_bytes[&root[id as usize]];
         let c = f.y(t.offset as f64 + bb as f64 / 2.0);
