@@ -75,16 +75,41 @@ fn for_each_param(
     state: &mut [&mut [f32]],
     f: impl Fn(&mut f32, f32, &mut [f32; 3]) + Sync + Send,
 ) {
-    // Slots are gathered into a small array per element so one body serves 0–3 slots.
+    // One loop per slot count, over zipped slices: the per-element state array is then a
+    // local the compiler keeps in registers, and the loop vectorises (a gather over a
+    // runtime number of slots, with indexed access, did not: 4× slower on the MLP's update).
+    // Same arithmetic per element, so the results are bit-identical either way.
     let body = |base: usize, p: &mut [f32], s: &mut [&mut [f32]]| {
-        for (i, pv) in p.iter_mut().enumerate() {
-            let mut st = [0f32; 3];
-            for (v, slot) in st.iter_mut().zip(s.iter()) {
-                *v = slot[i];
+        let g = &grads[base..base + p.len()];
+        match s {
+            [] => {
+                for (pv, &gv) in p.iter_mut().zip(g) {
+                    let mut st = [0f32; 3];
+                    f(pv, gv, &mut st);
+                }
             }
-            f(pv, grads[base + i], &mut st);
-            for (v, slot) in st.iter().zip(s.iter_mut()) {
-                slot[i] = *v;
+            [a] => {
+                for ((pv, &gv), av) in p.iter_mut().zip(g).zip(a.iter_mut()) {
+                    let mut st = [*av, 0.0, 0.0];
+                    f(pv, gv, &mut st);
+                    *av = st[0];
+                }
+            }
+            [a, b] => {
+                for (((pv, &gv), av), bv) in p.iter_mut().zip(g).zip(a.iter_mut()).zip(b.iter_mut())
+                {
+                    let mut st = [*av, *bv, 0.0];
+                    f(pv, gv, &mut st);
+                    (*av, *bv) = (st[0], st[1]);
+                }
+            }
+            [a, b, c, ..] => {
+                let abc = a.iter_mut().zip(b.iter_mut()).zip(c.iter_mut());
+                for ((pv, &gv), ((av, bv), cv)) in p.iter_mut().zip(g).zip(abc) {
+                    let mut st = [*av, *bv, *cv];
+                    f(pv, gv, &mut st);
+                    (*av, *bv, *cv) = (st[0], st[1], st[2]);
+                }
             }
         }
     };
