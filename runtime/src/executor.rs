@@ -347,6 +347,8 @@ impl Executor {
                 device.name()
             )));
         }
+        // The GEMM library's per-call blocks must not stay resident after they are freed.
+        crate::memory::return_large_frees();
         let total = plan.persistent_bytes + plan.arena_bytes;
         if let Some(avail) = device.available_bytes() {
             if total > avail {
