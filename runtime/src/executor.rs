@@ -239,14 +239,15 @@ fn kerr(step: &PlanStep, e: k::KernelError) -> RuntimeError {
     }
 }
 
-fn conv_padding(p: Padding) -> k::conv::Padding {
+// The plan's window geometry in the kernels' terms; the GPU executor uses the same.
+pub(crate) fn conv_padding(p: Padding) -> k::conv::Padding {
     match p {
         Padding::Same => k::conv::Padding::Same,
         Padding::Valid => k::conv::Padding::Valid,
     }
 }
 
-fn conv_dims(d: &Window2d) -> k::conv::Conv2dDims {
+pub(crate) fn conv_dims(d: &Window2d) -> k::conv::Conv2dDims {
     k::conv::Conv2dDims {
         n: d.n,
         h: d.h,
@@ -261,7 +262,7 @@ fn conv_dims(d: &Window2d) -> k::conv::Conv2dDims {
     }
 }
 
-fn convt_dims(d: &Window2d) -> k::conv::ConvTranspose2dDims {
+pub(crate) fn convt_dims(d: &Window2d) -> k::conv::ConvTranspose2dDims {
     k::conv::ConvTranspose2dDims {
         n: d.n,
         h: d.h,
@@ -276,7 +277,7 @@ fn convt_dims(d: &Window2d) -> k::conv::ConvTranspose2dDims {
     }
 }
 
-fn dw_dims(d: &Window2d) -> k::conv::DepthwiseConv2dDims {
+pub(crate) fn dw_dims(d: &Window2d) -> k::conv::DepthwiseConv2dDims {
     k::conv::DepthwiseConv2dDims {
         n: d.n,
         h: d.h,
@@ -291,7 +292,7 @@ fn dw_dims(d: &Window2d) -> k::conv::DepthwiseConv2dDims {
     }
 }
 
-fn pool_dims(d: &Window2d) -> std::result::Result<k::pool::Pool2d, k::KernelError> {
+pub(crate) fn pool_dims(d: &Window2d) -> std::result::Result<k::pool::Pool2d, k::KernelError> {
     let p = match d.padding {
         Padding::Same => k::pool::Padding::Same,
         Padding::Valid => k::pool::Padding::Valid,

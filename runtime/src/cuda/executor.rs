@@ -26,13 +26,13 @@ use memwise_kernels::cuda::launch::{
 };
 use memwise_plan::liveness::align_up;
 use memwise_plan::{
-    Activation as Act, DType, Op, Optimizer, Padding, Phase, PlanStep, Reduction, StaticPlan,
-    Window2d, NONE, NO_OFFSET,
+    Activation as Act, DType, Op, Optimizer, Phase, PlanStep, Reduction, StaticPlan, Window2d,
+    NONE, NO_OFFSET,
 };
 
 use crate::device::Device;
 use crate::error::{Result, RuntimeError};
-use crate::executor::{Batch, StepOutput};
+use crate::executor::{conv_dims, convt_dims, dw_dims, Batch, StepOutput};
 use crate::memory::Region;
 use crate::weights::{PersistentState, TrainingCounters};
 
@@ -152,60 +152,7 @@ fn u(n: usize) -> KArg {
 }
 
 fn pool_dims(d: &Window2d) -> Result<k::pool::Pool2d> {
-    let pad = match d.padding {
-        Padding::Same => k::pool::Padding::Same,
-        Padding::Valid => k::pool::Padding::Valid,
-    };
-    k::pool::Pool2d::new(d.n, d.h, d.w, d.c_in, (d.kh, d.kw), (d.sh, d.sw), pad)
-        .map_err(|e| RuntimeError::Memory(e.0))
-}
-fn conv_padding(p: Padding) -> k::conv::Padding {
-    match p {
-        Padding::Same => k::conv::Padding::Same,
-        Padding::Valid => k::conv::Padding::Valid,
-    }
-}
-fn conv_dims(d: &Window2d) -> k::conv::Conv2dDims {
-    k::conv::Conv2dDims {
-        n: d.n,
-        h: d.h,
-        w: d.w,
-        c_in: d.c_in,
-        c_out: d.c_out,
-        kh: d.kh,
-        kw: d.kw,
-        sh: d.sh,
-        sw: d.sw,
-        padding: conv_padding(d.padding),
-    }
-}
-fn convt_dims(d: &Window2d) -> k::conv::ConvTranspose2dDims {
-    k::conv::ConvTranspose2dDims {
-        n: d.n,
-        h: d.h,
-        w: d.w,
-        c_in: d.c_in,
-        c_out: d.c_out,
-        kh: d.kh,
-        kw: d.kw,
-        sh: d.sh,
-        sw: d.sw,
-        padding: conv_padding(d.padding),
-    }
-}
-fn dw_dims(d: &Window2d) -> k::conv::DepthwiseConv2dDims {
-    k::conv::DepthwiseConv2dDims {
-        n: d.n,
-        h: d.h,
-        w: d.w,
-        c: d.c_in,
-        multiplier: d.c_out / d.c_in.max(1),
-        kh: d.kh,
-        kw: d.kw,
-        sh: d.sh,
-        sw: d.sw,
-        padding: conv_padding(d.padding),
-    }
+    crate::executor::pool_dims(d).map_err(|e| RuntimeError::Memory(e.0))
 }
 fn act_code(a: Act) -> i32 {
     use k::activation::Activation as A;
