@@ -20,9 +20,10 @@ use std::time::Instant;
 
 use memwise_plan::generate::{random_chain, random_dag};
 use memwise_plan::spec::{Activation, LayerKind, LossKind, LossTerm, Padding};
-use memwise_plan::{plan, zoo, DType, ModelSpec, Op, Optimizer, StaticPlan};
+use memwise_plan::{plan, zoo, DType, ModelSpec, Optimizer, StaticPlan};
 use memwise_runtime::cuda::device::CudaExecutor;
 use memwise_runtime::data::dataset::{Column, InMemory};
+use memwise_runtime::reference::random_inputs;
 use memwise_runtime::{Batch, Device, Executor, FitOptions, Trainer};
 
 fn env(name: &str, default: usize) -> usize {
@@ -30,58 +31,6 @@ fn env(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-/// Deterministic inputs for every model input: pixels, labels in range, floats in [0, 1).
-fn inputs(plan: &StaticPlan, seed: u64) -> Vec<Vec<u8>> {
-    let mut s = seed | 1;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        s
-    };
-    plan.inputs
-        .iter()
-        .map(|&id| {
-            let t = plan.tensor(id);
-            let n = t.elems();
-            match t.dtype {
-                DType::U8 => (0..n).map(|_| next() as u8).collect(),
-                DType::I32 => {
-                    let range = plan
-                        .steps
-                        .iter()
-                        .filter(|s| s.reads.contains(&id))
-                        .map(|s| match s.op {
-                            Op::Embedding { vocab, .. } => vocab,
-                            Op::SoftmaxCrossEntropy { classes, .. }
-                            | Op::SoftmaxCrossEntropyFromLogits { classes, .. } => classes,
-                            _ => usize::MAX,
-                        })
-                        .min()
-                        .unwrap_or(2)
-                        .max(1);
-                    (0..n)
-                        .flat_map(|_| ((next() % range as u64) as i32).to_le_bytes())
-                        .collect()
-                }
-                DType::F32 => (0..n)
-                    .flat_map(|_| ((next() % 1000) as f32 / 1000.0).to_le_bytes())
-                    .collect(),
-                DType::F16 => (0..n)
-                    .flat_map(|_| {
-                        half::f16::from_f32((next() % 1000) as f32 / 1000.0).to_le_bytes()
-                    })
-                    .collect(),
-                DType::BF16 => (0..n)
-                    .flat_map(|_| {
-                        half::bf16::from_f32((next() % 1000) as f32 / 1000.0).to_le_bytes()
-                    })
-                    .collect(),
-            }
-        })
-        .collect()
 }
 
 fn cast<T>(r: &[u8]) -> &[T] {
@@ -116,7 +65,7 @@ fn one_step(dev: &Device, spec: &ModelSpec) -> Result<(StaticPlan, f64), String>
     let p = plan(spec).map_err(|e| e.to_string())?;
     let mut cpu = Executor::new(p.clone(), &Device::cpu(), 11).map_err(|e| e.to_string())?;
     let mut gpu = CudaExecutor::on_cuda(p.clone(), dev, 11).map_err(|e| e.to_string())?;
-    let raw = inputs(&p, 100);
+    let raw = random_inputs(&p, 100);
     let b = batches(&p, &raw);
     cpu.train_step(&b).map_err(|e| format!("cpu: {e}"))?;
     gpu.train_step(&b).map_err(|e| format!("cuda: {e}"))?;
@@ -196,7 +145,7 @@ fn train(
     let p = plan(spec).map_err(|e| e.to_string())?;
     let mut cpu = Executor::new(p.clone(), &Device::cpu(), 5).map_err(|e| e.to_string())?;
     let mut gpu = CudaExecutor::on_cuda(p.clone(), dev, 5).map_err(|e| e.to_string())?;
-    let data: Vec<Vec<Vec<u8>>> = (0..8).map(|k| inputs(&p, 1000 + k)).collect();
+    let data: Vec<Vec<Vec<u8>>> = (0..8).map(|k| random_inputs(&p, 1000 + k)).collect();
     let (mut losses, mut max_gap) = (Vec::new(), 0f64);
     let t_cpu = Instant::now();
     for step in 0..steps {

@@ -19,10 +19,11 @@ use half::{bf16, f16};
 use memwise_kernels::cublas_map::{self as cm, CublasGemm};
 use memwise_kernels::cuda::{Float, KernelCall};
 use memwise_plan::generate::{random_chain, random_dag};
-use memwise_plan::{plan, zoo, DType, ModelSpec, Op, Precision, StaticPlan};
+use memwise_plan::{plan, zoo, DType, ModelSpec, Precision, StaticPlan};
 use memwise_runtime::cuda::{Backend, GpuExecutor};
 use memwise_runtime::data::dataset::{Column, InMemory};
 use memwise_runtime::monitor::MemoryMonitor;
+use memwise_runtime::reference::random_inputs;
 use memwise_runtime::train::epoch_line;
 use memwise_runtime::{Batch, Device, Engine, Executor, FitOptions, Trainer};
 
@@ -190,54 +191,6 @@ impl Backend for EmuBackend {
     }
 }
 
-/// Deterministic inputs for every model input: pixels, labels in range, floats in [0, 1).
-fn inputs(plan: &StaticPlan, seed: u64) -> Vec<Vec<u8>> {
-    let mut s = seed | 1;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        s
-    };
-    plan.inputs
-        .iter()
-        .map(|&id| {
-            let t = plan.tensor(id);
-            let n = t.elems();
-            match t.dtype {
-                DType::U8 => (0..n).map(|_| next() as u8).collect(),
-                DType::I32 => {
-                    let range = plan
-                        .steps
-                        .iter()
-                        .filter(|s| s.reads.contains(&id))
-                        .map(|s| match s.op {
-                            Op::Embedding { vocab, .. } => vocab,
-                            Op::SoftmaxCrossEntropy { classes, .. }
-                            | Op::SoftmaxCrossEntropyFromLogits { classes, .. } => classes,
-                            _ => usize::MAX,
-                        })
-                        .min()
-                        .unwrap_or(2)
-                        .max(1);
-                    (0..n)
-                        .flat_map(|_| ((next() % range as u64) as i32).to_le_bytes())
-                        .collect()
-                }
-                DType::F32 => (0..n)
-                    .flat_map(|_| ((next() % 1000) as f32 / 1000.0).to_le_bytes())
-                    .collect(),
-                DType::F16 => (0..n)
-                    .flat_map(|_| f16::from_f32((next() % 1000) as f32 / 1000.0).to_le_bytes())
-                    .collect(),
-                DType::BF16 => (0..n)
-                    .flat_map(|_| bf16::from_f32((next() % 1000) as f32 / 1000.0).to_le_bytes())
-                    .collect(),
-            }
-        })
-        .collect()
-}
-
 fn cast<T>(r: &[u8]) -> &[T] {
     assert_eq!(r.as_ptr() as usize % std::mem::align_of::<T>(), 0);
     // SAFETY: plain-old-data, aligned (checked), length in whole elements.
@@ -300,7 +253,7 @@ fn compare(name: &str, spec: &ModelSpec, steps: usize, graph: bool) -> Result<()
         .map_err(|e| format!("{name}: gpu: {e}"))?;
     gpu.set_graph(graph);
     for step in 0..steps {
-        let raw = inputs(&p, 100 + step as u64);
+        let raw = random_inputs(&p, 100 + step as u64);
         let b = batches(&p, &raw);
         let oc = cpu
             .train_step(&b)
@@ -669,7 +622,7 @@ fn checkpoints_move_between_the_emulated_device_and_the_cpu() {
     Engine::load_checkpoint(&mut fresh, &path).unwrap();
     std::fs::remove_file(&path).unwrap();
     assert_eq!(Engine::checkpoint_to_bytes(&fresh).unwrap(), bytes);
-    let raw = inputs(&p, 42);
+    let raw = random_inputs(&p, 42);
     let b = batches(&p, &raw);
     let (og, oc) = (fresh.train_step(&b).unwrap(), cpu.train_step(&b).unwrap());
     assert!(within(
@@ -731,7 +684,7 @@ fn debug_one() {
     let mut cpu = Executor::new(p.clone(), &Device::cpu(), 11).unwrap();
     let mut gpu = GpuExecutor::new(p.clone(), &Device::cpu(), EmuBackend::default(), 11).unwrap();
     gpu.set_graph(false);
-    let raw = inputs(&p, 100);
+    let raw = random_inputs(&p, 100);
     let b = batches(&p, &raw);
     let oc = cpu.train_step(&b).unwrap();
     let og = gpu.train_step(&b).unwrap();

@@ -4,62 +4,10 @@
 //! weights as a plain execution where every tensor has its own bytes and nothing is freed.
 
 use memwise_plan::generate::{random_chain, random_dag};
-use memwise_plan::{plan, DType, Op, StaticPlan};
+use memwise_plan::{plan, DType, StaticPlan};
+use memwise_runtime::reference::random_inputs;
 use memwise_runtime::reference::without_reuse;
 use memwise_runtime::{Batch, Device, Executor};
-
-/// Deterministic inputs for every model input: pixels, labels in range, floats in [0, 1).
-fn inputs(plan: &StaticPlan, seed: u64) -> Vec<Vec<u8>> {
-    let mut s = seed | 1;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        s
-    };
-    plan.inputs
-        .iter()
-        .map(|&id| {
-            let t = plan.tensor(id);
-            let n = t.elems();
-            match t.dtype {
-                DType::U8 => (0..n).map(|_| next() as u8).collect(),
-                DType::I32 => {
-                    // Labels or token ids: the range is what the reading step accepts.
-                    let range = plan
-                        .steps
-                        .iter()
-                        .filter(|s| s.reads.contains(&id))
-                        .map(|s| match s.op {
-                            Op::Embedding { vocab, .. } => vocab,
-                            Op::SoftmaxCrossEntropy { classes, .. }
-                            | Op::SoftmaxCrossEntropyFromLogits { classes, .. } => classes,
-                            _ => usize::MAX,
-                        })
-                        .min()
-                        .unwrap_or(2)
-                        .max(1);
-                    (0..n)
-                        .flat_map(|_| ((next() % range as u64) as i32).to_le_bytes())
-                        .collect()
-                }
-                DType::F32 => (0..n)
-                    .flat_map(|_| ((next() % 1000) as f32 / 1000.0).to_le_bytes())
-                    .collect(),
-                DType::F16 => (0..n)
-                    .flat_map(|_| {
-                        half::f16::from_f32((next() % 1000) as f32 / 1000.0).to_le_bytes()
-                    })
-                    .collect(),
-                DType::BF16 => (0..n)
-                    .flat_map(|_| {
-                        half::bf16::from_f32((next() % 1000) as f32 / 1000.0).to_le_bytes()
-                    })
-                    .collect(),
-            }
-        })
-        .collect()
-}
 
 fn batches<'a>(plan: &StaticPlan, raw: &'a [Vec<u8>]) -> Vec<Batch<'a>> {
     plan.inputs
@@ -106,7 +54,7 @@ fn check(name: &str, spec: &memwise_plan::ModelSpec) -> Result<bool, String> {
     let mut a = Executor::new(planned.clone(), &dev, 7).map_err(|e| format!("{name}: {e}"))?;
     a.enable_poisoning();
     let mut b = Executor::new(plain, &dev, 7).map_err(|e| format!("{name}: {e}"))?;
-    let raw = inputs(&planned, 99);
+    let raw = random_inputs(&planned, 99);
     let oa = a
         .train_step(&batches(&planned, &raw))
         .map_err(|e| format!("{name}: planned: {e}"))?;
