@@ -216,6 +216,22 @@ impl StaticPlan {
         &self.tensors[id as usize]
     }
 
+    /// The exclusive bound on the integers tensor `id` may hold: the classes of the loss or
+    /// the vocabulary of the embedding that reads it (the smallest, when several do); `None`
+    /// when no step reads it as an index.
+    pub fn index_limit(&self, id: u32) -> Option<usize> {
+        self.steps
+            .iter()
+            .filter(|s| s.reads.contains(&id))
+            .filter_map(|s| match s.op {
+                Op::Embedding { vocab, .. } => Some(vocab),
+                Op::SoftmaxCrossEntropy { classes, .. }
+                | Op::SoftmaxCrossEntropyFromLogits { classes, .. } => Some(classes),
+                _ => None,
+            })
+            .min()
+    }
+
     /// The plan as `memwise.plan/1` JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(&self.to_json_value()).unwrap_or_default()

@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 
 use memwise_plan::liveness::align_up;
-use memwise_plan::{DType, Op, StaticPlan, NONE};
+use memwise_plan::{DType, StaticPlan, NONE};
 
 /// `plan` with every tensor at its own offset (no in-place hand-overs, no sharing).
 /// The executor then calls out-of-place kernels everywhere.
@@ -43,19 +43,7 @@ pub fn random_inputs(plan: &StaticPlan, seed: u64) -> Vec<Vec<u8>> {
                 DType::U8 => (0..n).map(|_| next() as u8).collect(),
                 DType::I32 => {
                     // Labels or token ids: the range is what the reading step accepts.
-                    let range = plan
-                        .steps
-                        .iter()
-                        .filter(|s| s.reads.contains(&id))
-                        .map(|s| match s.op {
-                            Op::Embedding { vocab, .. } => vocab,
-                            Op::SoftmaxCrossEntropy { classes, .. }
-                            | Op::SoftmaxCrossEntropyFromLogits { classes, .. } => classes,
-                            _ => usize::MAX,
-                        })
-                        .min()
-                        .unwrap_or(2)
-                        .max(1);
+                    let range = plan.index_limit(id).unwrap_or(2).max(1);
                     (0..n)
                         .flat_map(|_| ((next() % range as u64) as i32).to_le_bytes())
                         .collect()

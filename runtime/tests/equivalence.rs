@@ -37,18 +37,7 @@ fn step(spec: &ModelSpec, raw: &[Vec<f32>]) -> (f32, Vec<(String, Vec<f32>)>) {
         .iter()
         .zip(raw)
         .map(|(&id, v)| {
-            let range = p
-                .steps
-                .iter()
-                .filter(|s| s.reads.contains(&id))
-                .map(|s| match s.op {
-                    Op::Embedding { vocab, .. } => vocab,
-                    Op::SoftmaxCrossEntropy { classes, .. }
-                    | Op::SoftmaxCrossEntropyFromLogits { classes, .. } => classes,
-                    _ => usize::MAX,
-                })
-                .min()
-                .unwrap_or(2);
+            let range = p.index_limit(id).unwrap_or(2);
             v.iter()
                 .map(|x| ((x * 1000.0) as usize % range) as i32)
                 .collect()
