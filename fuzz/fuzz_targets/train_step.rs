@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use libfuzzer_sys::fuzz_target;
 use memwise_fuzz::decode::{self, Bytes};
 use memwise_plan::StaticPlan;
-use memwise_runtime::{Batch, Device, Executor, RuntimeError};
+use memwise_runtime::{Batch, Device, Executor};
 
 fn plans() -> &'static [(StaticPlan, StaticPlan)] {
     static PLANS: OnceLock<Vec<(StaticPlan, StaticPlan)>> = OnceLock::new();

@@ -216,6 +216,24 @@ impl StaticPlan {
         &self.tensors[id as usize]
     }
 
+    /// The byte range `[start, end)` of the persistent region holding every parameter's f32
+    /// gradient (the estimate lays them out contiguously, each slot aligned), which a step
+    /// zeroes before its backward; `(0, 0)` when nothing is trainable.
+    pub fn grads_range(&self) -> (u64, u64) {
+        let slots = self
+            .params
+            .iter()
+            .filter(|p| p.grad_offset != NO_OFFSET)
+            .map(|p| {
+                let end =
+                    p.grad_offset + crate::liveness::align_up(p.elems() as u64 * 4, self.alignment);
+                (p.grad_offset, end)
+            });
+        slots
+            .reduce(|(a0, a1), (b0, b1)| (a0.min(b0), a1.max(b1)))
+            .unwrap_or((0, 0))
+    }
+
     /// The exclusive bound on the integers tensor `id` may hold: the classes of the loss or
     /// the vocabulary of the embedding that reads it (the smallest, when several do); `None`
     /// when no step reads it as an index.

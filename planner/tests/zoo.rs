@@ -44,6 +44,17 @@ fn every_zoo_model_plans_and_validates_at_its_benchmark_batch() {
         assert_eq!(p.batch, want, "{name}");
         assert!(p.lower_bound_bytes <= p.arena_bytes, "{name}");
         assert!(p.steps.iter().any(|s| s.phase == Phase::Backward), "{name}");
+        // The executors zero this range before each backward: it must be exactly the
+        // gradients the report counts, and hold every trainable parameter's gradient.
+        let (g0, g1) = p.grads_range();
+        assert_eq!(g1 - g0, p.memory.grads, "{name}");
+        for q in p.params.iter().filter(|q| q.trainable) {
+            assert!(
+                g0 <= q.grad_offset && q.grad_offset + 4 * q.elems() as u64 <= g1,
+                "{name}: {}",
+                q.name
+            );
+        }
     }
     // The batch sizes.
     assert_eq!(

@@ -6,8 +6,8 @@ use half::{bf16, f16};
 use memwise_kernels as k;
 use memwise_plan::liveness::align_up;
 use memwise_plan::{
-    Activation as Act, DType, Op, Optimizer, Padding, Phase, PlanStep, Reduction, StaticPlan,
-    Window2d, NONE, NO_OFFSET,
+    Activation as Act, DType, Op, Optimizer, Padding, Phase, PlanParam, PlanStep, PlanTensor,
+    Reduction, StaticPlan, Window2d, NONE, NO_OFFSET,
 };
 
 use crate::device::Device;
@@ -362,21 +362,8 @@ impl Executor {
         }
         let persistent = Region::new(plan.persistent_bytes as usize, "persistent region")?;
         let arena = Region::new(plan.arena_bytes as usize, "arena")?;
-        let grads: Vec<(u64, u64)> = plan
-            .params
-            .iter()
-            .filter(|p| p.grad_offset != NO_OFFSET)
-            .map(|p| {
-                (
-                    p.grad_offset,
-                    p.grad_offset + align_up(p.elems() as u64 * 4, plan.alignment),
-                )
-            })
-            .collect();
-        let grads_range = (
-            grads.iter().map(|g| g.0).min().unwrap_or(0) as usize,
-            grads.iter().map(|g| g.1).max().unwrap_or(0) as usize,
-        );
+        let (g0, g1) = plan.grads_range();
+        let grads_range = (g0 as usize, g1 as usize);
         let scaler = if plan.loss_scaling {
             k::optimizer::LossScaler::new()
         } else {
@@ -467,47 +454,22 @@ impl Executor {
 
     /// The f32 values of parameter `name` (`hidden.weight` …).
     pub fn param(&self, name: &str) -> Result<&[f32]> {
-        let p = self
-            .plan
-            .params
-            .iter()
-            .find(|p| p.name == name)
-            .ok_or_else(|| RuntimeError::Input(format!("the model has no parameter `{name}`")))?;
+        let (_, p) = param_named(&self.plan, name)?;
         // SAFETY: shared borrow of self; no mutable views are live.
         unsafe { self.persistent.view::<f32>(p.offset, p.elems()) }
     }
 
     /// The f32 gradient of parameter `name` from the last step.
     pub fn grad(&self, name: &str) -> Result<&[f32]> {
-        let p = self
-            .plan
-            .params
-            .iter()
-            .find(|p| p.name == name && p.grad_offset != NO_OFFSET)
-            .ok_or_else(|| {
-                RuntimeError::Input(format!("the model has no trainable parameter `{name}`"))
-            })?;
+        let p = trainable_param_named(&self.plan, name)?;
         // SAFETY: as above.
         unsafe { self.persistent.view::<f32>(p.grad_offset, p.elems()) }
     }
 
     /// Overwrites parameter `name` with `values` (and its 16-bit copy).
     pub fn set_param(&mut self, name: &str, values: &[f32]) -> Result<()> {
-        let (id, p) = self
-            .plan
-            .params
-            .iter()
-            .enumerate()
-            .find(|(_, p)| p.name == name)
-            .ok_or_else(|| RuntimeError::Input(format!("the model has no parameter `{name}`")))?;
-        if values.len() != p.elems() {
-            return Err(RuntimeError::Input(format!(
-                "parameter `{name}` has {} values ({:?}), got {}",
-                p.elems(),
-                &p.shape[..],
-                values.len()
-            )));
-        }
+        let (id, p) = param_named(&self.plan, name)?;
+        check_param_values(p, values)?;
         // SAFETY: &mut self: no other view is live.
         let dst = unsafe { self.persistent.view_mut::<f32>(p.offset, p.elems())? };
         dst.copy_from_slice(values);
@@ -558,24 +520,7 @@ impl Executor {
 
     /// The prediction tensor's values after the last step (f32 copies into `out`).
     pub fn read_prediction(&self, out: &mut [f32]) -> Result<()> {
-        let id = self.plan.prediction;
-        if id == NONE {
-            return Err(RuntimeError::Input("the model has no prediction".into()));
-        }
-        if self.plan.training {
-            // A training step's later tensors may reuse the prediction's bytes.
-            return Err(RuntimeError::Input(
-                "read_prediction needs an inference plan (plan_inference)".into(),
-            ));
-        }
-        let t = self.plan.tensor(id);
-        if out.len() != t.elems() {
-            return Err(RuntimeError::Input(format!(
-                "prediction has {} values, buffer {}",
-                t.elems(),
-                out.len()
-            )));
-        }
+        let t = readable_prediction(&self.plan, out.len())?;
         // SAFETY: shared view after the step.
         unsafe {
             with_float!(t.dtype, T, {
@@ -1325,13 +1270,7 @@ impl Executor {
                     dropout,
                     key,
                 } => with_float!(self.dtype(wr[0]), T, {
-                    let d = k::attention::AttentionDims {
-                        batch,
-                        seq,
-                        hidden: heads * head_dim,
-                        heads,
-                    };
-                    let scale = 1.0 / (head_dim as f32).sqrt();
+                    let (d, scale) = attention_dims(batch, seq, heads, head_dim);
                     let qkv = self.r::<T>(rd[0])?;
                     let sc = self.ws::<f32>(sc_id)?;
                     {
@@ -1612,13 +1551,7 @@ impl Executor {
                     dropout,
                     ..
                 } => with_float!(self.dtype(rd[0]), T, {
-                    let d = k::attention::AttentionDims {
-                        batch,
-                        seq,
-                        hidden: heads * head_dim,
-                        heads,
-                    };
-                    let scale = 1.0 / (head_dim as f32).sqrt();
+                    let (d, scale) = attention_dims(batch, seq, heads, head_dim);
                     let qkv = self.r::<T>(rd[0])?;
                     let probs = self.r::<T>(rd[1])?;
                     let (used, dctx) = if dropout > 0.0 {
@@ -1982,6 +1915,78 @@ impl Executor {
             })
         }
     }
+}
+
+/// Parameter `name` of `plan` and its index; the error names it. Shared by the CPU and GPU
+/// executors, like the lookups below, so both answer a wrong name in the same words.
+pub(crate) fn param_named<'p>(plan: &'p StaticPlan, name: &str) -> Result<(usize, &'p PlanParam)> {
+    plan.params
+        .iter()
+        .enumerate()
+        .find(|(_, p)| p.name == name)
+        .ok_or_else(|| RuntimeError::Input(format!("the model has no parameter `{name}`")))
+}
+
+/// Trainable parameter `name` of `plan` (one with a gradient).
+pub(crate) fn trainable_param_named<'p>(plan: &'p StaticPlan, name: &str) -> Result<&'p PlanParam> {
+    plan.params
+        .iter()
+        .find(|p| p.name == name && p.grad_offset != NO_OFFSET)
+        .ok_or_else(|| {
+            RuntimeError::Input(format!("the model has no trainable parameter `{name}`"))
+        })
+}
+
+/// Checks that `values` are exactly parameter `p`'s values.
+pub(crate) fn check_param_values(p: &PlanParam, values: &[f32]) -> Result<()> {
+    if values.len() != p.elems() {
+        return Err(RuntimeError::Input(format!(
+            "parameter `{}` has {} values ({:?}), got {}",
+            p.name,
+            p.elems(),
+            &p.shape[..],
+            values.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The prediction tensor of an inference plan, checked against a buffer of `len` values. A
+/// training plan is refused: its later steps may reuse the prediction's bytes, so what is
+/// read there after a step is not the prediction.
+pub(crate) fn readable_prediction(plan: &StaticPlan, len: usize) -> Result<&PlanTensor> {
+    if plan.prediction == NONE {
+        return Err(RuntimeError::Input("the model has no prediction".into()));
+    }
+    if plan.training {
+        return Err(RuntimeError::Input(
+            "read_prediction needs an inference plan (plan_inference)".into(),
+        ));
+    }
+    let t = plan.tensor(plan.prediction);
+    if len != t.elems() {
+        return Err(RuntimeError::Input(format!(
+            "prediction has {} values, buffer {len}",
+            t.elems()
+        )));
+    }
+    Ok(t)
+}
+
+/// An attention step's GEMM geometry and its score scale, 1/√head_dim.
+pub(crate) fn attention_dims(
+    batch: usize,
+    seq: usize,
+    heads: usize,
+    head_dim: usize,
+) -> (k::attention::AttentionDims, f32) {
+    let d = k::attention::AttentionDims {
+        batch,
+        seq,
+        hidden: heads * head_dim,
+        heads,
+    };
+    (d, 1.0 / (head_dim as f32).sqrt())
 }
 
 /// Checks `inputs` against `plan`'s inputs before anything is copied or run: their count,

@@ -293,26 +293,19 @@ fn compare(name: &str, spec: &ModelSpec, steps: usize, graph: bool) -> Result<()
     if !half && steps > 1 {
         compare_weights(name, &p, &cpu, &gpu, 10.0 * tol)?;
     }
-    // The prediction is still in the arena after the step only if no later tensor took its
-    // bytes (otherwise both executors read whatever was written there last).
-    let pred = p.prediction;
-    let intact = pred != memwise_plan::NONE && {
-        let t = p.tensor(pred);
-        p.tensors.iter().all(|o| {
-            o.id == t.id
-                || o.first < t.last
-                || o.offset >= t.offset + t.bytes
-                || o.offset + o.bytes <= t.offset
-        })
-    };
-    if intact {
-        let n = p.tensor(pred).elems();
-        let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
-        gpu.read_prediction(&mut a).unwrap();
-        cpu.read_prediction(&mut b).unwrap();
-        let e = rel(&a, &b);
-        if !within(e, tol) {
-            return Err(format!("{name}: prediction differs by {e:.2e}"));
+    // After a training step the prediction's bytes may already hold a later tensor, so both
+    // executors refuse to read it (predictions are compared through inference plans, in the
+    // Trainer test below).
+    if p.prediction != memwise_plan::NONE {
+        let mut out = vec![0f32; p.tensor(p.prediction).elems()];
+        let (g, c) = (gpu.read_prediction(&mut out), cpu.read_prediction(&mut out));
+        match (g, c) {
+            (Err(g), Err(c)) if g.to_string() == c.to_string() => {}
+            (g, c) => {
+                return Err(format!(
+                    "{name}: reading the prediction of a training plan: gpu {g:?}, cpu {c:?}"
+                ))
+            }
         }
     }
     Ok(())
@@ -651,7 +644,7 @@ fn checkpoints_move_between_the_emulated_device_and_the_cpu() {
 /// Debugging aid: `ONE=chain:7 cargo test -p memwise-runtime --test cuda_emulated debug_one --
 /// --ignored --nocapture` prints a random model's plan and its per-parameter differences.
 #[test]
-#[ignore]
+#[ignore = "a debugging aid, not a check: run it by hand with ONE=chain:7 (see its doc)"]
 fn debug_one() {
     let which = std::env::var("ONE").unwrap();
     let (kind, seed) = which.split_once(':').unwrap();

@@ -32,7 +32,10 @@ use memwise_plan::{
 
 use crate::device::Device;
 use crate::error::{Result, RuntimeError};
-use crate::executor::{conv_dims, convt_dims, dw_dims, Batch, StepOutput};
+use crate::executor::{
+    attention_dims, check_param_values, conv_dims, convt_dims, dw_dims, param_named,
+    readable_prediction, trainable_param_named, Batch, StepOutput,
+};
 use crate::memory::Region;
 use crate::weights::{PersistentState, TrainingCounters};
 
@@ -205,21 +208,7 @@ impl<B: Backend> GpuExecutor<B> {
         let arena = backend.alloc(plan.arena_bytes as usize).map_err(dev)?;
         // SAFETY: the persistent allocation holds persistent_bytes.
         unsafe { backend.upload(host.bytes(), persistent).map_err(dev)? };
-        let grads: Vec<(u64, u64)> = plan
-            .params
-            .iter()
-            .filter(|p| p.grad_offset != NO_OFFSET)
-            .map(|p| {
-                (
-                    p.grad_offset,
-                    p.grad_offset + align_up(p.elems() as u64 * 4, plan.alignment),
-                )
-            })
-            .collect();
-        let grads_range = (
-            grads.iter().map(|g| g.0).min().unwrap_or(0),
-            grads.iter().map(|g| g.1).max().unwrap_or(0),
-        );
+        let grads_range = plan.grads_range();
         let scaler = if plan.loss_scaling {
             k::optimizer::LossScaler::new()
         } else {
@@ -286,45 +275,21 @@ impl<B: Backend> GpuExecutor<B> {
 
     /// The f32 values of parameter `name`.
     pub fn param(&self, name: &str) -> Result<Vec<f32>> {
-        let p = self
-            .plan
-            .params
-            .iter()
-            .find(|p| p.name == name)
-            .ok_or_else(|| RuntimeError::Input(format!("the model has no parameter `{name}`")))?;
+        let (_, p) = param_named(&self.plan, name)?;
         self.download_f32(self.persistent + p.offset, p.elems())
     }
 
     /// The f32 gradient of parameter `name` from the last step.
     pub fn grad(&self, name: &str) -> Result<Vec<f32>> {
-        let p = self
-            .plan
-            .params
-            .iter()
-            .find(|p| p.name == name && p.grad_offset != NO_OFFSET)
-            .ok_or_else(|| {
-                RuntimeError::Input(format!("the model has no trainable parameter `{name}`"))
-            })?;
+        let p = trainable_param_named(&self.plan, name)?;
         self.download_f32(self.persistent + p.grad_offset, p.elems())
     }
 
     /// Overwrites parameter `name` with `values`, and its 16-bit copy when it has one
     /// (rounded on the host as the CPU executor rounds it).
     pub fn set_param(&mut self, name: &str, values: &[f32]) -> Result<()> {
-        let p = self
-            .plan
-            .params
-            .iter()
-            .find(|p| p.name == name)
-            .ok_or_else(|| RuntimeError::Input(format!("the model has no parameter `{name}`")))?;
-        if values.len() != p.elems() {
-            return Err(RuntimeError::Input(format!(
-                "parameter `{name}` has {} values ({:?}), got {}",
-                p.elems(),
-                &p.shape[..],
-                values.len()
-            )));
-        }
+        let (_, p) = param_named(&self.plan, name)?;
+        check_param_values(p, values)?;
         let half: Option<Vec<u8>> = match p.half_copy {
             Some(DType::F16) => {
                 let mut h = vec![f16::ZERO; values.len()];
@@ -354,20 +319,10 @@ impl<B: Backend> GpuExecutor<B> {
         Ok(())
     }
 
-    /// The prediction tensor's values after the last step, as f32.
+    /// The prediction tensor's values after the last step of an inference plan, as f32 (a
+    /// training plan is refused, as on the CPU: later steps may reuse the prediction's bytes).
     pub fn read_prediction(&self, out: &mut [f32]) -> Result<()> {
-        let id = self.plan.prediction;
-        if id == NONE {
-            return Err(RuntimeError::Input("the model has no prediction".into()));
-        }
-        let t = self.plan.tensor(id);
-        if out.len() != t.elems() {
-            return Err(RuntimeError::Input(format!(
-                "prediction has {} values, buffer {}",
-                t.elems(),
-                out.len()
-            )));
-        }
+        let t = readable_prediction(&self.plan, out.len())?;
         let mut raw = vec![0u8; t.elems() * t.dtype.size() as usize];
         // SAFETY: the tensor's bytes are inside the arena.
         unsafe {
@@ -1155,13 +1110,7 @@ impl<B: Backend> GpuExecutor<B> {
                 key,
             } => {
                 let t = self.ft(wr[0])?;
-                let d = k::attention::AttentionDims {
-                    batch,
-                    seq,
-                    hidden: heads * head_dim,
-                    heads,
-                };
-                let scale = 1.0 / (head_dim as f32).sqrt();
+                let (d, scale) = attention_dims(batch, seq, heads, head_dim);
                 let (qkv, probs) = (self.t(rd[0])?, self.t(wr[0])?);
                 let (used, ctx) = if dropout > 0.0 {
                     (self.t(wr[2])?, self.t(wr[3])?)
@@ -1595,13 +1544,7 @@ impl<B: Backend> GpuExecutor<B> {
                 ..
             } => {
                 let t = self.ft(rd[0])?;
-                let d = k::attention::AttentionDims {
-                    batch,
-                    seq,
-                    hidden: heads * head_dim,
-                    heads,
-                };
-                let scale = 1.0 / (head_dim as f32).sqrt();
+                let (d, scale) = attention_dims(batch, seq, heads, head_dim);
                 let (qkv, probs) = (self.t(rd[0])?, self.t(rd[1])?);
                 let (used, dctx) = if dropout > 0.0 {
                     (self.t(rd[3])?, self.t(rd[4])?)
