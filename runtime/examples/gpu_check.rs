@@ -22,8 +22,7 @@ use memwise_plan::generate::{random_chain, random_dag};
 use memwise_plan::spec::{Activation, LayerKind, LossKind, LossTerm, Padding};
 use memwise_plan::{plan, zoo, DType, ModelSpec, Optimizer, StaticPlan};
 use memwise_runtime::cuda::device::CudaExecutor;
-use memwise_runtime::data::dataset::{Column, InMemory};
-use memwise_runtime::reference::random_inputs;
+use memwise_runtime::reference::{random_digits, random_inputs};
 use memwise_runtime::{Batch, Device, Executor, FitOptions, Trainer};
 
 fn env(name: &str, default: usize) -> usize {
@@ -194,36 +193,12 @@ fn train(
     })
 }
 
-/// `n` synthetic MNIST-shaped samples (u8 pixels, labels 0..10).
-fn digits(n: usize, seed: u64) -> InMemory {
-    let mut s = seed | 1;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        s
-    };
-    let pixels: Vec<u8> = (0..n * 784).map(|_| next() as u8).collect();
-    let labels: Vec<i32> = (0..n).map(|_| (next() % 10) as i32).collect();
-    InMemory::new(vec![
-        Column::U8 {
-            data: pixels,
-            per_sample: 784,
-        },
-        Column::I32 {
-            data: labels,
-            per_sample: 1,
-        },
-    ])
-    .expect("equal column lengths")
-}
-
 /// Part 4: `Trainer::build` on the CUDA device next to one on the CPU. Every step's loss,
 /// the validation and evaluation, and the predictions agree; the device peak is measured; a
 /// checkpoint saved from the device loads into the CPU executor bit for bit.
 fn trainer_check(dev: &Device) -> Result<String, String> {
     let spec = zoo::mnist_mlp(64);
-    let (train, held_out) = (digits(640, 3), digits(200, 4));
+    let (train, held_out) = (random_digits(640, 3), random_digits(200, 4));
     let opts = FitOptions {
         epochs: 2,
         seed: 5,

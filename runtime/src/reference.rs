@@ -1,11 +1,25 @@
 //! Reference material for tests and self-checks: a plan's no-reuse twin (every tensor in its
 //! own bytes, nothing ever freed), run beside the planned arena to prove the liveness plan
-//! never frees anything too early; and random valid inputs for any plan.
+//! never frees anything too early; random valid inputs for any plan; and a synthetic
+//! MNIST-shaped dataset for trainer checks that need no files.
 
 use std::borrow::Cow;
 
 use memwise_plan::liveness::align_up;
 use memwise_plan::{DType, StaticPlan, NONE};
+
+use crate::data::dataset::{Column, InMemory};
+
+/// A xorshift64 stream from `seed`: cheap, seeded and the same on every machine.
+fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+    let mut s = seed | 1;
+    move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    }
+}
 
 /// `plan` with every tensor at its own offset (no in-place hand-overs, no sharing).
 /// The executor then calls out-of-place kernels everywhere.
@@ -27,13 +41,7 @@ pub fn without_reuse(plan: &StaticPlan) -> StaticPlan {
 /// with `seed`: pixels of any value, floats in [0, 1), labels and token ids in the range the
 /// step that reads them accepts.
 pub fn random_inputs(plan: &StaticPlan, seed: u64) -> Vec<Vec<u8>> {
-    let mut s = seed | 1;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        s
-    };
+    let mut next = xorshift(seed);
     plan.inputs
         .iter()
         .map(|&id| {
@@ -64,4 +72,23 @@ pub fn random_inputs(plan: &StaticPlan, seed: u64) -> Vec<Vec<u8>> {
             }
         })
         .collect()
+}
+
+/// `n` synthetic MNIST-shaped samples from a xorshift stream seeded with `seed`: 784 pixels
+/// (u8, any value) and a label in 0..10 (i32), the columns of `zoo::mnist_mlp`'s inputs.
+pub fn random_digits(n: usize, seed: u64) -> InMemory {
+    let mut next = xorshift(seed);
+    let pixels: Vec<u8> = (0..n * 784).map(|_| next() as u8).collect();
+    let labels: Vec<i32> = (0..n).map(|_| (next() % 10) as i32).collect();
+    InMemory::new(vec![
+        Column::U8 {
+            data: pixels,
+            per_sample: 784,
+        },
+        Column::I32 {
+            data: labels,
+            per_sample: 1,
+        },
+    ])
+    .expect("two columns of n samples each")
 }

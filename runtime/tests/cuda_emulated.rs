@@ -21,9 +21,8 @@ use memwise_kernels::cuda::{Float, KernelCall};
 use memwise_plan::generate::{random_chain, random_dag};
 use memwise_plan::{plan, zoo, DType, ModelSpec, Precision, StaticPlan};
 use memwise_runtime::cuda::{Backend, GpuExecutor};
-use memwise_runtime::data::dataset::{Column, InMemory};
 use memwise_runtime::monitor::MemoryMonitor;
-use memwise_runtime::reference::random_inputs;
+use memwise_runtime::reference::{random_digits, random_inputs};
 use memwise_runtime::train::epoch_line;
 use memwise_runtime::{Batch, Device, Engine, Executor, FitOptions, Trainer};
 
@@ -422,30 +421,6 @@ fn a_plan_larger_than_the_device_is_refused_before_allocating() {
     assert!(e.to_string().contains("nothing was allocated"), "{e}");
 }
 
-/// `n` synthetic MNIST-shaped samples: 784 pixels (u8) and a label in 0..10 (i32).
-fn digits(n: usize, seed: u64) -> InMemory {
-    let mut s = seed | 1;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        s
-    };
-    let pixels: Vec<u8> = (0..n * 784).map(|_| next() as u8).collect();
-    let labels: Vec<i32> = (0..n).map(|_| (next() % 10) as i32).collect();
-    InMemory::new(vec![
-        Column::U8 {
-            data: pixels,
-            per_sample: 784,
-        },
-        Column::I32 {
-            data: labels,
-            per_sample: 1,
-        },
-    ])
-    .unwrap()
-}
-
 /// The whole `Trainer` — fit with validation, evaluate, predict — over the emulated GPU
 /// engine and over the CPU executor, from the same seed: every step's loss, the evaluation
 /// (over full batches and a final partial one, so two inference engines) and the predictions
@@ -454,7 +429,7 @@ fn digits(n: usize, seed: u64) -> InMemory {
 fn the_trainer_runs_the_same_on_the_emulated_device_and_the_cpu() {
     let spec = zoo::mnist_mlp(8);
     let p = plan(&spec).unwrap();
-    let (train, held_out) = (digits(40, 3), digits(20, 4));
+    let (train, held_out) = (random_digits(40, 3), random_digits(20, 4));
     let opts = FitOptions {
         epochs: 2,
         seed: 5,
@@ -540,7 +515,7 @@ fn the_trainer_runs_mixed_float16_the_same_on_the_emulated_device() {
     spec.precision = Precision::MixedFloat16;
     let p = plan(&spec).unwrap();
     assert!(p.params.iter().any(|q| q.half_copy.is_some()));
-    let (train, held_out) = (digits(24, 5), digits(12, 6));
+    let (train, held_out) = (random_digits(24, 5), random_digits(12, 6));
     let opts = FitOptions {
         epochs: 1,
         seed: 1,
@@ -580,7 +555,7 @@ fn the_trainer_runs_mixed_float16_the_same_on_the_emulated_device() {
 fn checkpoints_move_between_the_emulated_device_and_the_cpu() {
     let spec = zoo::mnist_mlp(8);
     let p = plan(&spec).unwrap();
-    let data = digits(24, 7);
+    let data = random_digits(24, 7);
     let opts = FitOptions {
         epochs: 1,
         seed: 2,
