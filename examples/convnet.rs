@@ -10,7 +10,6 @@ mod common;
 use clap::Parser;
 use common::*;
 use memwise::prelude::*;
-use memwise::runtime::{MemoryCallback, Trainer};
 
 /// Pre-activation residual block: two separable convolutions and a strided max pool, with a
 /// strided 1×1 projection of the block's input added back.
@@ -86,7 +85,7 @@ pub struct ConvNet180 {
 }
 
 #[derive(Parser, Debug)]
-struct Args {
+struct ConvNetFlags {
     #[command(flatten)]
     flags: Flags,
     /// With --summary: the 180×180×3 version.
@@ -95,39 +94,26 @@ struct Args {
 }
 
 fn main() -> Res<()> {
-    let args = Args::parse();
-    let flags = args.flags;
-    if flags.summary && args.large {
-        println!("{}", summary::<ConvNet180>(&flags, &ConvNet180::PLAN));
+    let ConvNetFlags { flags, large } = ConvNetFlags::parse();
+    let args = &flags.memwise;
+    if args.summary && large {
+        println!("{}", args.summary::<ConvNet180>(&ConvNet180::PLAN));
         return Ok(());
     }
-    let (spec, plan) = plan_for(&ConvNet::spec(), ConvNet::PLAN, &flags)?;
-    if flags.summary {
-        println!("{}", summary::<ConvNet>(&flags, &plan));
-        return Ok(());
-    }
-    write_plan(&flags, &plan)?;
-    write_pictures(&flags, &spec, &plan)?;
-    let device = device(&flags)?;
-    let (train, test, what) = mnist(&flags)?;
+    let (train, test, what) = mnist(args)?;
+    dump_batches::<ConvNet>(&flags, &train)?;
+    let Some(mut trainer) = args.build::<ConvNet>()? else {
+        return Ok(()); // --summary
+    };
     eprintln!(
         "ConvNet: {} parameters; one training step at batch {} needs {} (planned at compile time); training on {what}",
         ConvNet::PARAMS,
-        plan.batch,
-        memwise::plan::advice::format_bytes(plan.memory.total)
+        trainer.plan().batch,
+        memwise::plan::advice::format_bytes(trainer.plan().memory.total)
     );
-    dump_batches(&flags, &spec, plan.batch, &train)?;
-    let monitor = memwise::runtime::monitor::MemoryMonitor::start();
-    let mut trainer = rt(Trainer::from_plan(
-        &spec, plan, &device, flags.seed, monitor,
-    ))?;
-    save_initial_weights(&flags, &trainer)?;
-    let opts = fit_options(&flags, 2);
     let mut mem = MemoryCallback::default();
-    let history = rt(trainer.fit(&train, None, &opts, &mut [&mut mem]))?;
-    print_measured_memory(&trainer, &history);
-    save_weights(&flags, &trainer)?;
-    let eval = rt(trainer.evaluate(&test))?;
+    let history = trainer.fit(&train, None, &args.fit_options(2), &mut [&mut mem])?;
+    let eval = trainer.evaluate(&test)?;
     let acc = eval.accuracy.unwrap_or(0.0);
     println!(
         "held-out: loss {:.4}, accuracy {:.2}% on {} samples",
@@ -135,12 +121,7 @@ fn main() -> Res<()> {
         100.0 * acc,
         eval.samples
     );
-    write_report(
-        &flags,
-        &trainer,
-        &device,
-        &history,
-        serde_json::json!({"val_loss": eval.loss, "val_accuracy": acc}),
-    )?;
+    let metrics = memwise::serde_json::json!({"val_loss": eval.loss, "val_accuracy": acc});
+    args.finish(&trainer, &history, metrics)?;
     Ok(())
 }

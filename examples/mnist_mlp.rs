@@ -10,7 +10,6 @@ mod common;
 use clap::Parser;
 use common::*;
 use memwise::prelude::*;
-use memwise::runtime::{MemoryCallback, Trainer};
 
 #[memwise::model(batch = 128, optimizer = rmsprop(lr = 1e-3), loss = sparse_categorical_crossentropy,
                  metrics = [accuracy], budget = "2 GiB")]
@@ -30,36 +29,23 @@ const _: () = assert!(MnistMlp::MEMORY.total < 2 << 30);
 
 fn main() -> Res<()> {
     let flags = Flags::parse();
-    let (spec, plan) = plan_for(&MnistMlp::spec(), MnistMlp::PLAN, &flags)?;
-    if flags.summary {
-        println!("{}", summary::<MnistMlp>(&flags, &plan));
-        return Ok(());
-    }
-    write_plan(&flags, &plan)?;
-    write_pictures(&flags, &spec, &plan)?;
-    let device = device(&flags)?;
-    // Data first, so the memory monitor's baseline (taken when the model is built)
-    // measures the model, not the dataset.
-    let (train, test, what) = mnist(&flags)?;
+    let args = &flags.memwise;
+    // Data first, so the memory baseline (taken when the model is built) measures the model.
+    let (train, test, what) = mnist(args)?;
+    dump_batches::<MnistMlp>(&flags, &train)?;
+    let Some(mut trainer) = args.build::<MnistMlp>()? else {
+        return Ok(()); // --summary
+    };
     eprintln!(
         "MnistMlp: {} parameters; one training step at batch {} needs {} (planned at compile time)",
         MnistMlp::PARAMS,
-        plan.batch,
-        memwise::plan::advice::format_bytes(plan.memory.total)
+        trainer.plan().batch,
+        memwise::plan::advice::format_bytes(trainer.plan().memory.total)
     );
     eprintln!("training on {what}");
-    dump_batches(&flags, &spec, plan.batch, &train)?;
-    let monitor = memwise::runtime::monitor::MemoryMonitor::start();
-    let mut trainer = rt(Trainer::from_plan(
-        &spec, plan, &device, flags.seed, monitor,
-    ))?;
-    save_initial_weights(&flags, &trainer)?;
-    let opts = fit_options(&flags, 5);
     let mut mem = MemoryCallback::default();
-    let history = rt(trainer.fit(&train, None, &opts, &mut [&mut mem]))?;
-    print_measured_memory(&trainer, &history);
-    save_weights(&flags, &trainer)?;
-    let eval = rt(trainer.evaluate(&test))?;
+    let history = trainer.fit(&train, None, &args.fit_options(5), &mut [&mut mem])?;
+    let eval = trainer.evaluate(&test)?;
     let acc = eval.accuracy.unwrap_or(0.0);
     println!(
         "held-out: loss {:.4}, accuracy {:.2}% on {} samples",
@@ -67,12 +53,7 @@ fn main() -> Res<()> {
         100.0 * acc,
         eval.samples
     );
-    write_report(
-        &flags,
-        &trainer,
-        &device,
-        &history,
-        serde_json::json!({"val_loss": eval.loss, "val_accuracy": acc}),
-    )?;
+    let metrics = memwise::serde_json::json!({"val_loss": eval.loss, "val_accuracy": acc});
+    args.finish(&trainer, &history, metrics)?;
     Ok(())
 }

@@ -10,7 +10,6 @@ mod common;
 use clap::Parser;
 use common::*;
 use memwise::prelude::*;
-use memwise::runtime::{FitOptions, MemoryCallback, Trainer};
 
 #[memwise::model(
     batch = 128,
@@ -48,7 +47,7 @@ pub struct ConvVae {
 }
 
 #[derive(Parser, Debug)]
-struct Args {
+struct VaeFlags {
     #[command(flatten)]
     flags: Flags,
     /// The guide's before/after, with numbers: float32, mixed_float16, checkpointed, both, and
@@ -75,11 +74,11 @@ struct Row {
     final_loss: f32,
 }
 
-fn compare(args: &Args) -> Res<()> {
+fn compare(args: &VaeFlags) -> Res<()> {
     use memwise::plan::advice::format_bytes;
     use memwise::plan::{checkpoint, Precision};
     use memwise::runtime::monitor::{reset_peak, MemoryMonitor};
-    let flags = &args.flags;
+    let flags = &args.flags.memwise;
     let base = ConvVae::spec().with_batch(flags.batch.unwrap_or(ConvVae::spec().batch));
     let f32_total = memwise::plan::plan(&base)?.memory.total;
     let budget = match &args.compare_budget {
@@ -117,12 +116,12 @@ fn compare(args: &Args) -> Res<()> {
         ),
     ];
     let (train, _) = mnist_images(flags)?;
-    let device = device(flags)?;
+    let device = flags.device()?;
     let mut rows = Vec::new();
     for (name, spec) in variants {
         let plan = memwise::plan::plan(&spec)?;
         reset_peak();
-        let monitor = MemoryMonitor::start();
+        let monitor = MemoryMonitor::start_on(&device);
         let mut trainer = rt(Trainer::from_plan(
             &spec, plan, &device, flags.seed, monitor,
         ))?;
@@ -239,48 +238,34 @@ fn bar_chart(title: &str, rows: &[(String, u64, u64)], budget: Option<u64>) -> S
 }
 
 fn main() -> Res<()> {
-    let args = Args::parse();
-    if args.compare {
-        return compare(&args);
+    let vae = VaeFlags::parse();
+    if vae.compare {
+        return compare(&vae);
     }
-    let flags = args.flags;
-    let (spec, plan) = plan_for(&ConvVae::spec(), ConvVae::PLAN, &flags)?;
-    if flags.summary {
-        println!("{}", summary::<ConvVae>(&flags, &plan));
-        return Ok(());
-    }
-    write_plan(&flags, &plan)?;
-    write_pictures(&flags, &spec, &plan)?;
-    let device = device(&flags)?;
-    let (train, test) = mnist_images(&flags)?;
+    let flags = vae.flags;
+    let args = &flags.memwise;
+    let (train, test) = mnist_images(args)?;
+    dump_batches::<ConvVae>(&flags, &train)?;
+    let Some(mut trainer) = args.build::<ConvVae>()? else {
+        return Ok(()); // --summary
+    };
     eprintln!(
         "ConvVae: {} parameters; one training step at batch {} needs {} (planned at compile time)",
         ConvVae::PARAMS,
-        plan.batch,
-        memwise::plan::advice::format_bytes(plan.memory.total)
+        trainer.plan().batch,
+        memwise::plan::advice::format_bytes(trainer.plan().memory.total)
     );
-    dump_batches(&flags, &spec, plan.batch, &train)?;
-    let monitor = memwise::runtime::monitor::MemoryMonitor::start();
-    let mut trainer = rt(Trainer::from_plan(
-        &spec, plan, &device, flags.seed, monitor,
-    ))?;
-    save_initial_weights(&flags, &trainer)?;
-    let opts = fit_options(&flags, 5);
     let mut mem = MemoryCallback::default();
-    let history = rt(trainer.fit(&train, None, &opts, &mut [&mut mem]))?;
-    print_measured_memory(&trainer, &history);
-    save_weights(&flags, &trainer)?;
-    let eval = rt(trainer.evaluate(&test))?;
+    let history = trainer.fit(&train, None, &args.fit_options(5), &mut [&mut mem])?;
+    let eval = trainer.evaluate(&test)?;
     let l = &history.step_losses;
     let head = l.iter().take(10).sum::<f32>() / l.len().clamp(1, 10) as f32;
     let tail = l.iter().rev().take(10).sum::<f32>() / l.len().clamp(1, 10) as f32;
     println!("loss (reconstruction + KL): first 10 steps {head:.1}, last 10 steps {tail:.1}; held-out {:.1}", eval.loss);
-    write_report(
-        &flags,
+    args.finish(
         &trainer,
-        &device,
         &history,
-        serde_json::json!({"val_loss": eval.loss}),
+        memwise::serde_json::json!({"val_loss": eval.loss}),
     )?;
     Ok(())
 }

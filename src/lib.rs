@@ -23,12 +23,16 @@
 //!
 //! The DSL is documented on [`model`] (every attribute) and [`block`] (repetition); the
 //! design notes are in `docs/DSL.md`.
+pub mod cli;
 pub mod layers;
 pub mod prelude;
 pub mod summary;
 
 pub use memwise_plan as plan;
 pub use memwise_runtime as runtime;
+/// JSON values for [`cli::Args::finish`]'s metrics and the run report, so a program needs no
+/// dependency besides memwise: `memwise::serde_json::json!({"val_accuracy": acc})`.
+pub use serde_json;
 
 #[doc(hidden)]
 pub use memwise_macros::__model_continue;
@@ -389,6 +393,56 @@ use plan::{MemoryReport, ModelSpec, PlanError, StaticPlan};
 
 /// What `#[memwise::model]` implements for a model struct (the same items are inherent, so
 /// `MyNet::MEMORY` needs no import). The runtime is generic over it.
+///
+/// Training a model of your own, from data in memory to saved weights:
+///
+/// ```
+/// use memwise::prelude::*;
+///
+/// #[memwise::model(batch = 32, optimizer = adam(lr = 1e-2),
+///                  loss = sparse_categorical_crossentropy, metrics = [accuracy])]
+/// struct Quadrants {
+///     #[input(shape = [2])]
+///     point: Input,
+///     #[input(shape = [], dtype = i32)]
+///     quadrant: Input,
+///     #[dense(16, activation = relu, from = point)]
+///     hidden: Dense,
+///     #[dense(4)] // logits: the loss fuses the softmax
+///     logits: Dense,
+/// }
+///
+/// # fn main() -> Result<(), RuntimeError> {
+/// // One column per input, in the order the inputs are declared: `point`, then `quadrant`.
+/// let points: Vec<f32> = (0..640).map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0).collect();
+/// let quadrants: Vec<i32> = points
+///     .chunks(2)
+///     .map(|p| (p[0] > 0.0) as i32 + 2 * (p[1] > 0.0) as i32)
+///     .collect();
+/// let data = InMemory::new(vec![
+///     Column::F32 { data: points, per_sample: 2 },
+///     Column::I32 { data: quadrants, per_sample: 1 },
+/// ])?;
+/// let (train, validation) = data.validation_split(0.25);
+///
+/// let mut model = Quadrants::new(&Device::cpu())?; // the compile-time plan, allocated once
+/// let options = FitOptions { epochs: 3, verbose: false, ..Default::default() };
+/// let history = model.fit(&train, Some(&validation), &options, &mut [])?;
+/// assert_eq!(history.epochs.len(), 3);
+/// let eval = model.evaluate(&validation)?;
+/// assert!((0.0..=1.0).contains(&eval.accuracy.unwrap()));
+/// let logits = model.predict(&validation)?; // 80 samples × 4 logits, row-major
+/// assert_eq!(logits.len(), 80 * 4);
+///
+/// let path = std::env::temp_dir().join("memwise-doctest-quadrants.safetensors");
+/// model.save_weights(&path)?;
+/// let mut restored = Quadrants::new(&Device::cpu())?;
+/// restored.load_weights(&path)?;
+/// assert_eq!(restored.predict(&validation)?, logits);
+/// # std::fs::remove_file(&path).ok();
+/// # Ok(())
+/// # }
+/// ```
 pub trait Model: Sized {
     /// The static plan of one training step.
     const PLAN: StaticPlan;
@@ -438,7 +492,7 @@ pub trait Model: Sized {
         device: &runtime::Device,
     ) -> Result<(runtime::Trainer, runtime::fit_device::DeviceFit), runtime::RuntimeError> {
         let chosen = runtime::fit_device::fit_to_device(&Self::spec(), device)?;
-        let monitor = runtime::monitor::MemoryMonitor::start();
+        let monitor = runtime::monitor::MemoryMonitor::start_on(device);
         let trainer = runtime::Trainer::from_plan(
             &chosen.fit.spec,
             chosen.fit.plan.clone(),
@@ -462,7 +516,7 @@ pub trait Model: Sized {
         device: &runtime::Device,
         seed: u64,
     ) -> Result<runtime::Trainer, runtime::RuntimeError> {
-        let monitor = runtime::monitor::MemoryMonitor::start();
+        let monitor = runtime::monitor::MemoryMonitor::start_on(device);
         runtime::Trainer::from_plan(&Self::spec(), Self::PLAN, device, seed, monitor)
     }
 }

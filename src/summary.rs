@@ -24,7 +24,7 @@ use std::borrow::Cow;
 use std::fmt;
 
 use crate::plan::advice::format_bytes;
-use crate::plan::{DType, MemoryReport, StaticPlan};
+use crate::plan::{DType, StaticPlan};
 
 /// The widest the compact table gets: an 80-column terminal.
 pub const COMPACT_WIDTH: usize = 80;
@@ -95,21 +95,18 @@ fn wrap(text: &str, width: usize) -> String {
     out
 }
 
-/// Share of the forward FLOPs recomputed by checkpointing (every checkpointed layer's
-/// forward runs once more before its backward), in percent.
-pub fn recompute_percent(m: &MemoryReport) -> f64 {
-    let total: u64 = m.layers.iter().map(|l| l.forward_flops).sum();
-    let again: u64 = m
-        .layers
-        .iter()
-        .filter(|l| l.checkpointed)
-        .map(|l| l.forward_flops)
-        .sum();
-    if total == 0 {
-        0.0
-    } else {
-        100.0 * again as f64 / total as f64
-    }
+/// The rows of the summary's totals, by role: they add up to `m.total` (the arena's packing
+/// row holds what packing could not avoid).
+pub fn total_rows(m: &crate::plan::MemoryReport) -> [(&'static str, u64); 7] {
+    [
+        ("parameters", m.params),
+        ("gradients", m.grads),
+        ("optimizer state", m.optimizer),
+        ("activations (peak)", m.activations_peak),
+        ("workspace (peak)", m.workspace_peak),
+        ("inputs (peak)", m.inputs),
+        ("arena packing", m.arena.saturating_sub(m.lower_bound)),
+    ]
 }
 
 /// The GEMM of a layer's forward step, `(m, n, k)` as cuBLAS sees it (`m` rows of the output,
@@ -392,15 +389,7 @@ impl<'a> Summary<'a> {
             "One inference pass"
         };
         writeln!(f, "{what}, planned (binary units: 1 KiB = 1024 B):")?;
-        let items = [
-            ("parameters", m.params),
-            ("gradients", m.grads),
-            ("optimizer state", m.optimizer),
-            ("activations (peak)", m.activations_peak),
-            ("workspace (peak)", m.workspace_peak),
-            ("inputs (peak)", m.inputs),
-        ];
-        for (name, bytes) in items {
+        for (name, bytes) in total_rows(m) {
             writeln!(f, "  {name:<20}{:>12}", format_bytes(bytes))?;
         }
         write!(f, "  {:<20}{:>12}", "total", format_bytes(m.total))?;
@@ -449,7 +438,7 @@ impl<'a> Summary<'a> {
                 f,
                 "Checkpointing: {checkpointed} layer{} recomputed, {:.0} % of forward FLOPs again",
                 if checkpointed == 1 { "" } else { "s" },
-                recompute_percent(m)
+                plan.recompute_percent()
             )?;
         }
         if self.wide {

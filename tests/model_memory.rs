@@ -173,6 +173,21 @@ fn the_summary_shows_checkpointing_and_what_auto_chose() {
     let auto = text[at..].replace("\n  ", " ");
     assert!(auto.contains(Auto::AUTO_CHECKPOINT), "{auto}");
     assert!(auto.contains("recomputes"), "{auto}");
+    // One figure for one choice: the summary's share is the solver's.
+    let share = |s: &str, before: &str| -> String {
+        let end = s.find(before).expect("a share");
+        s[..end]
+            .rsplit(' ')
+            .find(|w| !w.is_empty())
+            .unwrap()
+            .trim_end_matches('%')
+            .to_string()
+    };
+    assert_eq!(
+        share(cp, " % of forward FLOPs"),
+        share(&auto, "% of forward FLOPs"),
+        "{text}"
+    );
     assert!(!Mlp::summary().contains("Checkpointing:"));
 }
 
@@ -269,4 +284,19 @@ fn fit_to_device_keeps_checkpoints_or_lowers_the_batch() {
         Err(e) => e.to_string(),
     };
     assert!(e.contains("even at batch 1"), "{e}");
+}
+
+/// The summary's rows add up to the total it prints, for every zoo model (the examples' MLP
+/// and VAE among them) and this file's models, at their batch and checkpointed.
+#[test]
+fn the_summary_rows_add_up_to_the_total() {
+    use memwise::summary::total_rows;
+    let mut reports = vec![Mlp::MEMORY, Auto::MEMORY, Deep::MEMORY, Half::MEMORY];
+    for (_, spec) in memwise::plan::zoo::all(0.25) {
+        reports.push(memwise::plan::plan(&spec).unwrap().memory);
+    }
+    for m in &reports {
+        let sum: u64 = total_rows(m).iter().map(|r| r.1).sum();
+        assert_eq!(sum, m.total, "{m:?}");
+    }
 }

@@ -18,6 +18,7 @@ pub struct MnistMlp {
 
 const README: &str = include_str!("../README.md");
 const EXAMPLE: &str = include_str!("../examples/mnist_mlp.rs");
+const YOUR_OWN: &str = include_str!("../examples/train_your_own.rs");
 
 /// The fenced block of `lang` that follows the first line containing `after`.
 fn block_after<'a>(text: &'a str, after: &str, lang: &str) -> &'a str {
@@ -52,4 +53,18 @@ fn the_readme_summary_is_what_the_model_prints() {
 fn the_readme_model_is_the_main_example() {
     let shown = block_after(README, "## The model", "rust");
     assert_eq!(model_source(shown), model_source(EXAMPLE));
+}
+
+/// From `use memwise::prelude::*;` to the end of `fn main`.
+fn program_source(text: &str) -> &str {
+    let start = text.find("use memwise::prelude::*;").expect("the imports");
+    let main = start + text[start..].find("fn main()").expect("a main");
+    let end = main + text[main..].find("\n}\n").expect("main's end") + 3;
+    &text[start..end]
+}
+
+#[test]
+fn the_readme_training_walkthrough_is_the_example() {
+    let shown = block_after(README, "## Train your own model", "rust");
+    assert_eq!(program_source(shown), program_source(YOUR_OWN));
 }

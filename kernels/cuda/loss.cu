@@ -1,5 +1,5 @@
 // Losses fused with their gradients (kernels/src/loss.rs): sparse categorical cross-entropy
-// on softmax probabilities, binary cross-entropy (fused with the sigmoid, or on
+// on softmax probabilities, binary cross-entropy (fused with the sigmoid, on logits, or on
 // probabilities), mean squared error, and the VAE's KL divergence to N(0, 1).
 //
 // Each loss is two kernels: the gradient (grid-wide; overwritten, multiplied by the dynamic
@@ -110,22 +110,35 @@ MW_FLOATS(MW_SCCE_VALUE)
 #define MW_LOSS_BCE_SIGMOID 0
 #define MW_LOSS_BCE 1
 #define MW_LOSS_MSE 2
+#define MW_LOSS_BCE_LOGITS 3
 
 // Keras's BCE on a probability (TF backend): clip, then −(t·ln(p + ε) + (1 − t)·ln(1 − p + ε)).
 MW_DEV float mw_bce_value(float p, float t) {
     float pc = mw_clip_prob(p);
     return -(t * logf(pc + MW_EPSILON) + (1.0f - t) * logf(1.0f - pc + MW_EPSILON));
 }
+// BCE of a logit x, without forming σ(x): max(x, 0) − x·t + ln(1 + e^(−|x|)).
+MW_DEV float mw_bce_logits_value(float x, float t) {
+    return fmaxf(x, 0.0f) - x * t + log1pf(expf(-fabsf(x)));
+}
+// σ(x) with neither branch overflowing.
+MW_DEV float mw_sigmoid_stable(float x) {
+    if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
+    float e = expf(x);
+    return e / (1.0f + e);
+}
 MW_DEV float mw_elem_loss(int kind, float p, float t) {
     if (kind == MW_LOSS_MSE) {
         float e = p - t;
         return e * e;
     }
+    if (kind == MW_LOSS_BCE_LOGITS) return mw_bce_logits_value(p, t);
     return mw_bce_value(p, t);
 }
 MW_DEV float mw_elem_loss_grad(int kind, float p, float t) {
     switch (kind) {
     case MW_LOSS_BCE_SIGMOID: return p - t;
+    case MW_LOSS_BCE_LOGITS: return mw_sigmoid_stable(p) - t;
     case MW_LOSS_BCE:
         return (p >= MW_EPSILON && p <= 1.0f - MW_EPSILON)
                    ? -t / (p + MW_EPSILON) + (1.0f - t) / (1.0f - p + MW_EPSILON)

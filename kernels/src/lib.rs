@@ -30,4 +30,8 @@ pub mod cublas_map;
 pub mod cuda;
 
 pub use element::Element;
+
+/// The optimisation level these kernels were compiled at (`"0"` in a debug build, where a
+/// training step runs about 100× slower than at `"3"`).
+pub const OPT_LEVEL: &str = env!("MEMWISE_KERNELS_OPT_LEVEL");
 pub use error::{check_len, KResult, KernelError};

@@ -627,19 +627,42 @@ fn elem_loss_case<P: Ty, Y: Ty>(r: &mut Rng) {
     let (rows, features) = (13usize, 29usize);
     let n = rows * features;
     let (weight, scale) = (0.5f32, 4.0f32);
-    for kind in [l::LOSS_BCE_SIGMOID, l::LOSS_BCE, l::LOSS_MSE] {
+    for kind in [
+        l::LOSS_BCE_SIGMOID,
+        l::LOSS_BCE,
+        l::LOSS_MSE,
+        l::LOSS_BCE_LOGITS,
+    ] {
         for red in [Reduction::Mean, Reduction::SumOverFeaturesMeanOverBatch] {
-            let mut pv = r.vec(n, 0.001, 0.999);
-            pv[0] = 0.0;
-            pv[1] = 1.0;
-            pv[2] = 1e-9;
-            pv[3] = 1.0 - 1e-9;
-            pv[4] = 1e-7;
+            let mut pv = if kind == l::LOSS_BCE_LOGITS {
+                // Logits, with the confident extremes where a naive log(σ(x)) breaks.
+                let mut v = r.vec(n, -12.0, 12.0);
+                v[..5].copy_from_slice(&[-100.0, 100.0, -30.0, 30.0, 0.0]);
+                v
+            } else {
+                r.vec(n, 0.001, 0.999)
+            };
+            if kind != l::LOSS_BCE_LOGITS {
+                pv[0] = 0.0;
+                pv[1] = 1.0;
+                pv[2] = 1e-9;
+                pv[3] = 1.0 - 1e-9;
+                pv[4] = 1e-7;
+            }
             let pr: Vec<P> = pv.iter().map(|&v| P::from_f32(v)).collect();
             let t: Vec<Y> = r.t(n, 0.0, 1.0);
             let mut want = zeros::<P>(n);
             let lv = match kind {
                 l::LOSS_BCE_SIGMOID => k::loss::binary_crossentropy_with_sigmoid(
+                    &pr,
+                    &t,
+                    rows,
+                    features,
+                    red,
+                    weight * scale,
+                    &mut want,
+                ),
+                l::LOSS_BCE_LOGITS => k::loss::binary_crossentropy_from_logits(
                     &pr,
                     &t,
                     rows,

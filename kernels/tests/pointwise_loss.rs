@@ -155,6 +155,70 @@ fn binary_crossentropy_with_sigmoid_value_and_gradient() {
     }
 }
 
+/// BCE of a logit in f64, unclipped: `ln(1 + e^x) − x·t`.
+fn bce_logits_ref(x: f64, t: f64) -> f64 {
+    x.max(0.0) - x * t + (-x.abs()).exp().ln_1p()
+}
+
+#[test]
+fn binary_crossentropy_from_logits_value_gradient_and_extremes() {
+    let mut rng = Rng::new(53);
+    for reduction in [Reduction::Mean, Reduction::SumOverFeaturesMeanOverBatch] {
+        for _ in 0..3 {
+            let (n, f) = (rng.pick(SIZES), rng.pick(SIZES) + 1);
+            let logits = rng.vec(n * f, -6.0, 6.0);
+            let t = rng.vec(n * f, 0.0, 1.0);
+            let mut g = vec![f32::NAN; n * f];
+            let loss =
+                binary_crossentropy_from_logits(&logits, &t, n, f, reduction, 1.0, &mut g).unwrap();
+            let denom = match reduction {
+                Reduction::Mean => (n * f) as f64,
+                Reduction::SumOverFeaturesMeanOverBatch => n as f64,
+            };
+            let want: f64 = logits
+                .iter()
+                .zip(&t)
+                .map(|(&x, &y)| bce_logits_ref(x as f64, y as f64))
+                .sum::<f64>()
+                / denom;
+            assert!(
+                (loss as f64 - want).abs() < 1e-5 * want.max(1.0),
+                "{loss} vs {want}"
+            );
+            let ev = binary_crossentropy_from_logits_eval(&logits, &t, n, f, reduction).unwrap();
+            assert_eq!(ev, loss);
+            let num = numeric_grad(&logits, |lp| {
+                binary_crossentropy_from_logits_eval(lp, &t, n, f, reduction).unwrap() as f64
+            });
+            assert_grad("bce logits", &g, &num, LOSS_ATOL * (1.0 + want), GRAD_RTOL);
+        }
+    }
+    // Confident logits: exact and finite where σ(x) rounds to 0 or 1 in f32 (a clipped
+    // log(σ(x)) would cap the first at 16.1).
+    let x = [-100f32, 100.0, 30.0, -30.0, 0.0];
+    let t = [1f32, 0.0, 1.0, 1.0, 0.5];
+    let mut g = [0f32; 5];
+    let loss = binary_crossentropy_from_logits(&x, &t, 1, 5, Reduction::Mean, 1.0, &mut g).unwrap();
+    let want: f64 = x
+        .iter()
+        .zip(&t)
+        .map(|(&a, &b)| bce_logits_ref(a as f64, b as f64))
+        .sum::<f64>()
+        / 5.0;
+    assert!((loss as f64 - want).abs() < 1e-5 * want, "{loss} vs {want}");
+    assert!(
+        want > 40.0,
+        "the wrong confident logits cost about 100 + 30"
+    );
+    let wg: Vec<f32> = [-1.0, 1.0, 0.0, -1.0, 0.0]
+        .iter()
+        .map(|v| v / 5.0)
+        .collect();
+    for (a, b) in g.iter().zip(&wg) {
+        assert!((a - b).abs() < 1e-6, "{g:?} vs {wg:?}");
+    }
+}
+
 #[test]
 fn binary_crossentropy_on_probabilities_gradient() {
     let mut rng = Rng::new(52);

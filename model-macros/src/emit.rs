@@ -476,6 +476,51 @@ pub fn model_items(
     }
 }
 
+/// What a model whose attributes failed still gets beside its errors: the struct and every
+/// item the macro would have added (an empty plan, zero memory), so that `M::new(&device)`,
+/// `M::MEMORY` and the rest type-check and one mistake reads as one error, not one per use.
+pub fn stub_items(item: &ItemStruct, errors: TokenStream) -> TokenStream {
+    let ident = &item.ident;
+    let (impl_generics, ty_generics, where_clause) = item.generics.split_for_impl();
+    quote! {
+        #item
+        #errors
+
+        #[allow(dead_code)]
+        impl #impl_generics #ident #ty_generics #where_clause {
+            pub const PLAN: ::memwise::plan::StaticPlan = ::memwise::plan::StaticPlan::EMPTY;
+            pub const MEMORY: ::memwise::plan::MemoryReport = Self::PLAN.memory;
+            pub const PARAMS: u64 = 0;
+            pub const MAX_BATCH: usize = 0;
+            pub const AUTO_CHECKPOINT: &'static str = "";
+            pub fn spec() -> ::memwise::plan::ModelSpec {
+                ::core::unreachable!("the model did not compile")
+            }
+            pub fn plan_for_batch(_batch: usize) -> ::core::result::Result<::memwise::plan::StaticPlan, ::memwise::plan::PlanError> {
+                ::core::unreachable!("the model did not compile")
+            }
+            pub fn summary() -> ::std::string::String {
+                ::core::unreachable!("the model did not compile")
+            }
+            pub fn layers() -> Self {
+                ::core::unreachable!("the model did not compile")
+            }
+        }
+
+        impl #impl_generics ::memwise::Model for #ident #ty_generics #where_clause {
+            const PLAN: ::memwise::plan::StaticPlan = ::memwise::plan::StaticPlan::EMPTY;
+            const MEMORY: ::memwise::plan::MemoryReport = ::memwise::plan::StaticPlan::EMPTY.memory;
+            const PARAMS: u64 = 0;
+            fn spec() -> ::memwise::plan::ModelSpec {
+                ::core::unreachable!("the model did not compile")
+            }
+            fn layers() -> Self {
+                ::core::unreachable!("the model did not compile")
+            }
+        }
+    }
+}
+
 /// How to write the checkpoint fix: plain `#[checkpoint]` on every field when no two runs
 /// touch (each run of marked fields is one segment), numbered segments when some do.
 /// Labels are `index:name` (the field's index in the struct), runs in declaration order.

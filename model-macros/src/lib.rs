@@ -150,23 +150,20 @@ fn expand_model(
         .map(|(k, p)| (k.clone(), p.clone()));
     if let Some((key, path)) = missing {
         if !e.is_empty() {
-            let errors = e.to_compile_errors();
-            return quote!(#st #errors);
+            return emit::stub_items(&st, e.to_compile_errors());
         }
         let done = collected.iter().map(|(k, d)| quote!(#k { #d }));
         return quote!(#path! { { #attr } { #item } { #(#done)* } #key });
     }
     if !e.is_empty() {
-        let errors = e.to_compile_errors();
-        return quote!(#st #errors);
+        return emit::stub_items(&st, e.to_compile_errors());
     }
 
     let name = st.ident.to_string();
     let mut lowered = lower::lower(&name, &args, &decls, &blocks, &mut e);
     if !e.is_empty() || lowered.incomplete {
         // An incomplete model uses a block with errors, reported at the block.
-        let errors = e.to_compile_errors();
-        return quote!(#st #errors);
+        return emit::stub_items(&st, e.to_compile_errors());
     }
     // `checkpoint = auto`: the solver chooses the segments that fit the budget with the least
     // recomputation; the model is then exactly as if the user had written them.
@@ -178,8 +175,7 @@ fn expand_model(
                     tokens,
                     "`checkpoint = auto` chooses the checkpoints that fit the budget: add `budget = \"…\"`",
                 );
-                let err = err.to_compile_error();
-                return quote!(#st #err);
+                return emit::stub_items(&st, err.to_compile_error());
             }
             Some((budget, btokens)) => {
                 match memwise_plan::checkpoint::solve(&lowered.spec, *budget) {
@@ -197,8 +193,7 @@ fn expand_model(
                             btokens,
                             format!("`checkpoint = auto`: {}{help}", pe.message),
                         );
-                        let err = err.to_compile_error();
-                        return quote!(#st #err);
+                        return emit::stub_items(&st, err.to_compile_error());
                     }
                 }
             }
@@ -208,8 +203,7 @@ fn expand_model(
         Ok(p) => p,
         Err(pe) => {
             plan_error(&pe, &st, &args, &lowered, &decls, &mut e);
-            let errors = e.to_compile_errors();
-            return quote!(#st #errors);
+            return emit::stub_items(&st, e.to_compile_errors());
         }
     };
     let budget = args.budget.as_ref().map(|(b, _)| *b);

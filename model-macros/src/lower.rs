@@ -52,6 +52,8 @@ struct Inherit {
 
 struct Lowerer<'a> {
     blocks: &'a HashMap<String, BlockDef>,
+    /// Fields the loss names as its targets (`mse(out, target)` → `target`).
+    loss_targets: Vec<String>,
     layers: Vec<LayerSpec>,
     owner: Vec<usize>,
     next_segment: u32,
@@ -76,6 +78,12 @@ pub fn lower(
 ) -> Lowered {
     let mut l = Lowerer {
         blocks,
+        loss_targets: args
+            .loss
+            .iter()
+            .filter(|d| d.term.kind != memwise_plan::LossKind::KlNormal)
+            .filter_map(|d| d.inputs.get(1).map(|r| r.name.clone()))
+            .collect(),
         layers: Vec::new(),
         owner: Vec::new(),
         next_segment: 0,
@@ -135,6 +143,46 @@ pub fn lower(
 }
 
 impl Lowerer<'_> {
+    /// A layer that reads the field above it implicitly, when that field is an integer input
+    /// (labels, token ids: only an embedding reads those), or the loss's target while another
+    /// input above is read by nothing (an autoencoder's input is its target, and is read),
+    /// almost certainly meant another input: say so, and which `from = …` to write.
+    fn check_implicit_input(
+        &mut self,
+        f: &FieldDecl,
+        attr: &str,
+        above: &str,
+        dtype: DType,
+        earlier: &[FieldDecl],
+        read: &[String],
+    ) {
+        let unread = |g: &&FieldDecl| {
+            g.is_input()
+                && g.name != above
+                && !self.loss_targets.contains(&g.name)
+                && !read.contains(&g.name)
+        };
+        let what = if dtype == DType::I32 && attr != "embedding" {
+            "an integer input (labels or token ids, which only an `embedding` reads)"
+        } else if self.loss_targets.iter().any(|t| t == above) && earlier.iter().any(|g| unread(&g))
+        {
+            "the loss's target"
+        } else {
+            return;
+        };
+        let other = earlier.iter().rev().find(unread).map_or_else(
+            || "name the input it reads with `from = …`".to_string(),
+            |g| format!("add `from = {}` (or name another field)", g.name),
+        );
+        self.e.at(
+            &f.anchor,
+            format!(
+                "`{}` reads the field above it, `{above}`, which is {what}: {other}",
+                f.name
+            ),
+        );
+    }
+
     /// Lowers the fields of a model or of one block instance. `input` is the block's input
     /// (None for the model); `owner` the model field everything here belongs to (None: each
     /// model field owns itself). Returns the handles, each field's output layer, and the last.
@@ -153,10 +201,15 @@ impl Lowerer<'_> {
         let mut outputs: Vec<Option<String>> = Vec::new();
         let mut handles = Vec::new();
         let mut prev: Option<String> = input.clone();
+        // The field above, when it is an `#[input]`: its name and dtype.
+        let mut prev_input: Option<(String, DType)> = None;
         let mut run: Option<(RunKey, u32)> = None;
         let mut explicit_used: HashMap<i64, String> = HashMap::new();
 
+        // Names some layer of this scope reads so far.
+        let mut read: Vec<String> = Vec::new();
         for (i, f) in fields.iter().enumerate() {
+            let above_input = prev_input.take();
             let own = owner.unwrap_or(i);
             let dtype = f.dtype.as_ref().map(|d| d.0).or(inherit.dtype);
             let resolve = |me: &mut Self, r: &FieldRef| -> Option<String> {
@@ -202,6 +255,9 @@ impl Lowerer<'_> {
                     let is_input = matches!(decl.kind, LayerKind::Input { .. });
                     let mut inputs: Vec<String> = Vec::new();
                     if decl.inputs.is_empty() && !is_input {
+                        if let Some((above, dt)) = &above_input {
+                            self.check_implicit_input(f, attr, above, *dt, &fields[..i], &read);
+                        }
                         match &prev {
                             Some(p) => inputs.push(p.clone()),
                             None => self.e.at(
@@ -215,6 +271,7 @@ impl Lowerer<'_> {
                             inputs.push(n);
                         }
                     }
+                    read.extend(inputs.iter().cloned());
                     let segment = match (inherit.segment, &f.checkpoint) {
                         (Some(s), _) => Some(s),
                         (None, None) => {
@@ -275,6 +332,10 @@ impl Lowerer<'_> {
                         });
                         prev = Some(name);
                     }
+                    prev_input = match &decl.kind {
+                        LayerKind::Input { dtype, .. } => Some((f.name.clone(), *dtype)),
+                        _ => None,
+                    };
                     outputs.push(prev.clone());
                     handles.push(if f.repeat.is_some() {
                         Handle::Array(elems)
@@ -482,6 +543,7 @@ pub fn check_block(def: &BlockDef, e: &mut Errors) {
     let blocks = HashMap::new();
     let mut l = Lowerer {
         blocks: &blocks,
+        loss_targets: Vec::new(),
         layers: Vec::new(),
         owner: Vec::new(),
         next_segment: 0,

@@ -1285,12 +1285,8 @@ impl Solver {
         };
         let plan = crate::plan(&choice.apply(&self.spec))?;
         choice.total = plan.memory.total;
-        choice.recompute_flops = plan
-            .steps
-            .iter()
-            .filter(|s| s.phase == Phase::Recompute)
-            .map(|s| s.op.forward_flops())
-            .sum();
+        choice.recompute_flops = plan.phase_flops(Phase::Recompute);
+        choice.forward_flops = plan.phase_flops(Phase::Forward);
         choice.unchecked_total = crate::plan(&self.spec)?.memory.total;
         Ok(choice)
     }

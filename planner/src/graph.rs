@@ -1275,6 +1275,18 @@ impl<'a> Builder<'a> {
         Ok(())
     }
 
+    /// The activation op `p` is when it turns logits into probabilities (sigmoid or
+    /// softmax): the one rule by which every loss tells probabilities from logits.
+    fn output_activation(&self, p: usize) -> Option<Activation> {
+        match self.g.ops[p].op {
+            Op::Activation {
+                act: act @ (Activation::Sigmoid | Activation::Softmax),
+                ..
+            } => Some(act),
+            _ => None,
+        }
+    }
+
     fn producer(&self, t: TensorId) -> Option<usize> {
         self.g.ops.iter().position(|o| o.outputs.contains(&t))
     }
@@ -1331,10 +1343,29 @@ impl<'a> Builder<'a> {
                         matches!(spec.layers[j].kind, LayerKind::Input { .. }) && !self.consumed[j]
                     })
                     .collect();
-                if unconsumed.len() != 1 {
+                if unconsumed.is_empty() {
+                    let (decl, example) = match term.kind {
+                        LossKind::SparseCategoricalCrossentropy => {
+                            ("#[input(shape = [], dtype = i32)] labels: Input", "labels")
+                        }
+                        _ => ("#[input(shape = [...])] target: Input", "target"),
+                    };
                     return Err(PlanError::model(format!(
-                        "`{kname}` needs a target: name it, as in {kname}({}, labels)",
+                        "`{kname}` needs a target, and every input is read by a layer: declare one \
+                         (`{decl}`), which the loss then reads (or name both: `{kname}({}, {example})`)",
                         spec.layers[last_layer].name
+                    )));
+                }
+                if unconsumed.len() > 1 {
+                    let names: Vec<&str> = unconsumed
+                        .iter()
+                        .map(|&j| spec.layers[j].name.as_str())
+                        .collect();
+                    return Err(PlanError::model(format!(
+                        "`{kname}` needs a target, and no layer reads {}: name it, as in {kname}({}, {})",
+                        names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(" or "),
+                        spec.layers[last_layer].name,
+                        names[0]
                     )));
                 }
                 vec![
@@ -1432,6 +1463,17 @@ impl<'a> Builder<'a> {
                                 ),
                             ));
                         }
+                        Some(p) if self.output_activation(p) == Some(Activation::Sigmoid) => {
+                            return Err(PlanError::at(
+                                &names[0],
+                                format!(
+                                    "`{kname}` reads `{}`, a sigmoid output: it needs probabilities over the \
+                                     classes (`activation = softmax`) or logits (no activation, the softmax is \
+                                     then fused into the loss)",
+                                    names[0]
+                                ),
+                            ));
+                        }
                         _ => GLoss {
                             op: Op::SoftmaxCrossEntropyFromLogits {
                                 rows,
@@ -1495,8 +1537,21 @@ impl<'a> Builder<'a> {
                                     prediction: ta,
                                 }
                             }
-                            _ => GLoss {
+                            // Probabilities read elsewhere too, or a softmax's: plain BCE.
+                            Some(p) if self.output_activation(p).is_some() => GLoss {
                                 op: Op::BinaryCrossentropy {
+                                    rows,
+                                    features,
+                                    reduction,
+                                    weight,
+                                },
+                                reads: vec![ta, tb],
+                                grad_of: vec![ta],
+                                prediction: ta,
+                            },
+                            // Any other output is logits: the sigmoid is fused, stably.
+                            _ => GLoss {
+                                op: Op::BinaryCrossentropyFromLogits {
                                     rows,
                                     features,
                                     reduction,

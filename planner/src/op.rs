@@ -195,6 +195,15 @@ pub enum Op {
         reduction: Reduction,
         weight: f32,
     },
+    /// BCE on a linear output read as logits, with the sigmoid fused and numerically stable
+    /// (`max(x, 0) − x·t + ln(1 + e^(−|x|))`, gradient `σ(x) − t`; PyTorch's
+    /// `BCEWithLogitsLoss`, Keras's `from_logits=True`). loss `[logits, target] → [loss, dlogits]`.
+    BinaryCrossentropyFromLogits {
+        rows: usize,
+        features: usize,
+        reduction: Reduction,
+        weight: f32,
+    },
     /// BCE on probabilities. loss `[probs, target] → [loss, dprobs]`.
     BinaryCrossentropy {
         rows: usize,
@@ -249,6 +258,7 @@ impl Op {
             Op::SoftmaxCrossEntropy { .. } => "softmax_cross_entropy",
             Op::SoftmaxCrossEntropyFromLogits { .. } => "softmax_cross_entropy_from_logits",
             Op::SigmoidBinaryCrossentropy { .. } => "sigmoid_binary_crossentropy",
+            Op::BinaryCrossentropyFromLogits { .. } => "binary_crossentropy_from_logits",
             Op::BinaryCrossentropy { .. } => "binary_crossentropy",
             Op::MeanSquaredError { .. } => "mse",
             Op::KlNormal { .. } => "kl_normal",
@@ -318,6 +328,7 @@ impl Op {
             Op::SoftmaxCrossEntropy { rows, classes, .. }
             | Op::SoftmaxCrossEntropyFromLogits { rows, classes, .. } => 4 * u(s(rows, classes)),
             Op::SigmoidBinaryCrossentropy { rows, features, .. }
+            | Op::BinaryCrossentropyFromLogits { rows, features, .. }
             | Op::BinaryCrossentropy { rows, features, .. }
             | Op::MeanSquaredError { rows, features, .. }
             | Op::KlNormal { rows, features, .. } => 4 * u(s(rows, features)),

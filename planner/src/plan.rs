@@ -212,8 +212,64 @@ pub struct StaticPlan {
 }
 
 impl StaticPlan {
+    /// A plan of nothing: no steps, no tensors, no memory. The model macro gives it to a
+    /// struct whose attributes failed, so that the struct's uses type-check and one mistake
+    /// reads as one error.
+    pub const EMPTY: StaticPlan = StaticPlan {
+        model: Cow::Borrowed(""),
+        batch: 0,
+        alignment: crate::ALIGNMENT,
+        precision: Precision::Float32,
+        optimizer: Optimizer::RMSPROP,
+        training: true,
+        loss_scaling: false,
+        arena_bytes: 0,
+        lower_bound_bytes: 0,
+        persistent_bytes: 0,
+        params_count: 0,
+        trainable_count: 0,
+        memory: MemoryReport {
+            params: 0,
+            grads: 0,
+            optimizer: 0,
+            activations_peak: 0,
+            workspace_peak: 0,
+            inputs: 0,
+            total: 0,
+            arena: 0,
+            lower_bound: 0,
+            peak_step: 0,
+            layers: Cow::Borrowed(&[]),
+        },
+        tensors: Cow::Borrowed(&[]),
+        steps: Cow::Borrowed(&[]),
+        params: Cow::Borrowed(&[]),
+        inputs: Cow::Borrowed(&[]),
+        losses: Cow::Borrowed(&[]),
+        prediction: NONE,
+    };
+
     pub fn tensor(&self, id: u32) -> &PlanTensor {
         &self.tensors[id as usize]
+    }
+
+    /// Forward FLOPs of the steps in `phase` ([`Op::forward_flops`], saturating).
+    pub fn phase_flops(&self, phase: Phase) -> u64 {
+        self.steps
+            .iter()
+            .filter(|s| s.phase == phase)
+            .fold(0u64, |a, s| a.saturating_add(s.op.forward_flops()))
+    }
+
+    /// What checkpointing costs, the one figure the summary and `checkpoint = auto` report:
+    /// the FLOPs of the recompute steps as a percentage of the forward pass's.
+    pub fn recompute_percent(&self) -> f64 {
+        let forward = self.phase_flops(Phase::Forward);
+        if forward == 0 {
+            0.0
+        } else {
+            100.0 * self.phase_flops(Phase::Recompute) as f64 / forward as f64
+        }
     }
 
     /// The byte range `[start, end)` of the persistent region holding every parameter's f32
@@ -792,6 +848,23 @@ impl ToRust for Op {
                     w,
                     "Op",
                     SigmoidBinaryCrossentropy {
+                        rows,
+                        features,
+                        reduction,
+                        weight
+                    }
+                )
+            }
+            Op::BinaryCrossentropyFromLogits {
+                rows,
+                features,
+                reduction,
+                weight,
+            } => {
+                write_variant!(
+                    w,
+                    "Op",
+                    BinaryCrossentropyFromLogits {
                         rows,
                         features,
                         reduction,

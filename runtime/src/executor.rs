@@ -67,7 +67,8 @@ impl Batch<'_> {
 pub struct StepOutput {
     /// Sum of the weighted loss terms (unscaled).
     pub loss: f32,
-    /// Samples whose arg-max matched the label (classification losses), else 0.
+    /// Predictions (rows of the classification losses: samples, or tokens of a sequence) whose
+    /// arg-max matched the label, else 0.
     pub correct: usize,
     /// Mixed precision found a non-finite gradient: the update was skipped.
     pub skipped: bool,
@@ -1697,6 +1698,24 @@ impl Executor {
                         0,
                     )
                 }),
+                Op::BinaryCrossentropyFromLogits {
+                    rows,
+                    features,
+                    reduction: red,
+                    weight,
+                } => float2!(self.dtype(rd[0]), P, self.dtype(rd[1]), Y, {
+                    (
+                        weight
+                            * k::loss::binary_crossentropy_from_logits_eval::<P, Y>(
+                                self.r::<P>(rd[0])?,
+                                self.r::<Y>(rd[1])?,
+                                rows,
+                                features,
+                                reduction(red),
+                            )?,
+                        0,
+                    )
+                }),
                 Op::MeanSquaredError {
                     rows,
                     features,
@@ -1824,6 +1843,28 @@ impl Executor {
                     float2!(self.dtype(rd[0]), P, self.dtype(rd[1]), Y, {
                         with_float!(self.dtype(g), G, {
                             let l = k::loss::binary_crossentropy_with_sigmoid::<P, Y, G>(
+                                self.r::<P>(rd[0])?,
+                                self.r::<Y>(rd[1])?,
+                                rows,
+                                features,
+                                reduction(red),
+                                weight * scale,
+                                self.w::<G>(g)?,
+                            )?;
+                            (weight * l, 0)
+                        })
+                    })
+                }
+                Op::BinaryCrossentropyFromLogits {
+                    rows,
+                    features,
+                    reduction: red,
+                    weight,
+                } => {
+                    let g = need(wr[1])?;
+                    float2!(self.dtype(rd[0]), P, self.dtype(rd[1]), Y, {
+                        with_float!(self.dtype(g), G, {
+                            let l = k::loss::binary_crossentropy_from_logits::<P, Y, G>(
                                 self.r::<P>(rd[0])?,
                                 self.r::<Y>(rd[1])?,
                                 rows,
@@ -2095,20 +2136,28 @@ fn check_index_ranges(plan: &StaticPlan, inputs: &[Batch<'_>]) -> Result<()> {
         };
         let t = plan.tensor(id);
         let per = (t.elems() / t.shape.first().copied().unwrap_or(1).max(1)).max(1);
-        let (name, kind) = match s.op {
-            Op::Embedding { .. } => ("token id", "embedding"),
-            _ => ("label", "loss"),
+        let (name, range_of) = match s.op {
+            Op::Embedding { .. } => (
+                "token id",
+                format!("the embedding `{}` has {limit} {what}", s.layer),
+            ),
+            _ => {
+                let prediction = s.reads.first().map_or("", |&p| &*plan.tensor(p).layer);
+                (
+                    "label",
+                    format!(
+                        "the sparse categorical cross-entropy on `{prediction}` has {limit} {what}"
+                    ),
+                )
+            }
         };
         return Err(RuntimeError::InputSample {
             input: t.name.to_string(),
             sample: i / per,
             problem: format!(
-                "has {name} {} (element {i} of the batch), expected 0..={} \
-                 for the {} {what} of {kind} `{}`",
+                "has {name} {} (element {i} of the batch), expected 0..={}: {range_of}",
                 x[i],
                 limit as i64 - 1,
-                limit,
-                s.layer
             ),
             context: String::new(),
         });

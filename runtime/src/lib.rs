@@ -13,7 +13,9 @@ pub mod memory;
 pub mod monitor;
 pub mod plot;
 pub mod reference;
+pub mod report;
 pub mod train;
+pub mod warm_up;
 pub mod weights;
 
 pub use device::Device;

@@ -47,6 +47,14 @@ impl MemoryMonitor {
         }
     }
 
+    /// Pays the runtime's one-time costs for `device` first ([`crate::warm_up::warm_up`]:
+    /// thread pools, GEMM slabs, kernel code pages), then takes the baseline: where a model's
+    /// measured growth starts, so that it measures the model and nothing else.
+    pub fn start_on(device: &crate::device::Device) -> MemoryMonitor {
+        crate::warm_up::warm_up(device);
+        MemoryMonitor::start()
+    }
+
     /// Records a sample of the device memory the model holds (device memory in use minus
     /// what was in use before the model was built: `Engine::device_bytes_used`); `None`
     /// (the CPU) records nothing.

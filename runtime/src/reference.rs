@@ -9,6 +9,7 @@ use memwise_plan::liveness::align_up;
 use memwise_plan::{DType, StaticPlan, NONE};
 
 use crate::data::dataset::{Column, InMemory};
+use crate::executor::Batch;
 
 /// A xorshift64 stream from `seed`: cheap, seeded and the same on every machine.
 fn xorshift(seed: u64) -> impl FnMut() -> u64 {
@@ -70,6 +71,31 @@ pub fn random_inputs(plan: &StaticPlan, seed: u64) -> Vec<Vec<u8>> {
                     })
                     .collect(),
             }
+        })
+        .collect()
+}
+
+/// The buffers of [`random_inputs`] as one [`Batch`] per input of `plan`, each in its dtype.
+/// `None` if a buffer is not aligned for its element type (an allocator may in principle
+/// return a `Vec<u8>` aligned to 1; the system allocators this runs on align to 16).
+pub fn batches<'a>(plan: &StaticPlan, raw: &'a [Vec<u8>]) -> Option<Vec<Batch<'a>>> {
+    fn cast<T>(r: &[u8]) -> Option<&[T]> {
+        // SAFETY: the element types are plain old data; `align_to` only hands out the aligned
+        // middle, and an unaligned head (a non-empty prefix) is refused.
+        let (head, body, tail) = unsafe { r.align_to::<T>() };
+        (head.is_empty() && tail.is_empty()).then_some(body)
+    }
+    plan.inputs
+        .iter()
+        .zip(raw)
+        .map(|(&id, r)| {
+            Some(match plan.tensor(id).dtype {
+                DType::U8 => Batch::U8(r),
+                DType::I32 => Batch::I32(cast(r)?),
+                DType::F32 => Batch::F32(cast(r)?),
+                DType::F16 => Batch::F16(cast(r)?),
+                DType::BF16 => Batch::BF16(cast(r)?),
+            })
         })
         .collect()
 }

@@ -50,7 +50,8 @@ pub struct EpochLog {
     pub epoch: usize,
     pub steps: usize,
     pub loss: f32,
-    /// Fraction of correct predictions (classification losses), else `None`.
+    /// Fraction of correct predictions (classification losses): a mean over what is scored,
+    /// one prediction per sample for a class label, one per token for a sequence; else `None`.
     pub accuracy: Option<f32>,
     pub val_loss: Option<f32>,
     pub val_accuracy: Option<f32>,
@@ -61,6 +62,10 @@ pub struct EpochLog {
     /// On a GPU, the device memory the model has held at its peak so far (sampled after every
     /// step; see [`Trainer::device_peak_bytes`]); `None` on the CPU.
     pub device_peak_bytes: Option<u64>,
+    /// What the trainer estimated for this moment ([`Trainer::estimate_bytes`]: the plan and
+    /// the host memory beside it, validation's inference engines included), the figure the
+    /// peak is measured against.
+    pub estimate_bytes: u64,
 }
 
 /// What `fit` returns: every epoch, and every step's loss and time.
@@ -235,11 +240,25 @@ fn splitmix(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The predictions one pass of `p` scores for accuracy: the rows of its classification losses
+/// — one per sample for a class label, one per token for a sequence of labels — so that
+/// accuracy is a mean over what is scored, never over samples.
+fn scored_predictions(p: &StaticPlan) -> usize {
+    p.steps
+        .iter()
+        .map(|s| match s.op {
+            Op::SoftmaxCrossEntropy { rows, .. }
+            | Op::SoftmaxCrossEntropyFromLogits { rows, .. } => rows,
+            _ => 0,
+        })
+        .sum()
+}
+
 impl Trainer {
     /// Plans `spec` and allocates it on `device` (weights initialised from `seed`). The
     /// memory baseline is taken first, so the monitor measures what the model costs.
     pub fn build(spec: &ModelSpec, device: &Device, seed: u64) -> Result<Trainer> {
-        let monitor = MemoryMonitor::start();
+        let monitor = MemoryMonitor::start_on(device);
         let p = plan(spec)?;
         Trainer::from_plan(spec, p, device, seed, monitor)
     }
@@ -318,6 +337,19 @@ impl Trainer {
         &self.device
     }
 
+    /// Writes the model's weights as safetensors, Keras's layouts and PyTorch's names
+    /// (`docs/WEIGHTS.md`); the file is replaced atomically.
+    pub fn save_weights(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        self.train.save_weights(path.as_ref())
+    }
+
+    /// Loads weights written by [`Trainer::save_weights`] (or converted from PyTorch or
+    /// Keras): every name, shape and dtype is checked before anything is replaced.
+    pub fn load_weights(&mut self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        self.mark_inference_stale();
+        self.train.load_weights(path.as_ref())
+    }
+
     /// On a GPU: the device memory the model has held at its peak, in bytes — the most the
     /// device had in use, sampled when the model was built and after every training step,
     /// minus what it had in use before the model was built (`cuMemGetInfo`; the run report's
@@ -368,12 +400,7 @@ impl Trainer {
     }
 
     fn is_classifier(p: &StaticPlan) -> bool {
-        p.steps.iter().any(|s| {
-            matches!(
-                s.op,
-                Op::SoftmaxCrossEntropy { .. } | Op::SoftmaxCrossEntropyFromLogits { .. }
-            )
-        })
+        scored_predictions(p) > 0
     }
 
     /// Checks `data`'s columns against the model's inputs; `needs` says what the caller
@@ -437,6 +464,7 @@ impl Trainer {
             )));
         }
         let classifier = Trainer::is_classifier(self.plan());
+        let scored_per_step = scored_predictions(self.plan());
         let full = train.len() / batch;
         let per_epoch = opts.steps_per_epoch.map_or(full, |s| s.min(full)).max(1);
         let mut remaining = opts.max_steps.unwrap_or(usize::MAX);
@@ -506,7 +534,7 @@ impl Trainer {
                 history.step_losses.push(out.loss);
                 loss_sum += out.loss as f64;
                 correct += out.correct;
-                seen += batch;
+                seen += scored_per_step;
                 bar.inc(1);
                 if classifier {
                     bar.set_message(format!(
@@ -539,6 +567,7 @@ impl Trainer {
                 rss_growth: g.current,
                 peak_rss_growth: g.peak,
                 device_peak_bytes: self.device_peak_bytes(),
+                estimate_bytes: self.estimate_bytes(),
             };
             if opts.verbose {
                 eprintln!("{}", epoch_line(&log, opts.epochs, self.estimate_bytes()));
@@ -580,11 +609,12 @@ impl Trainer {
         self.check_columns(data, "`evaluate` needs at least one sample")?;
         let batch = self.plan().batch;
         let classifier = Trainer::is_classifier(self.plan());
-        let (mut loss, mut correct) = (0f64, 0usize);
+        let (mut loss, mut correct, mut scored) = (0f64, 0usize, 0usize);
         let mut start = 0;
         while start < data.len() {
             let n = batch.min(data.len() - start);
             let k = self.inference(n)?;
+            scored += scored_predictions(self.infer[k].engine.plan());
             let idx: Vec<usize> = (start..start + n).collect();
             let mut bufs: Vec<Column> = data.columns().iter().map(|c| c.buffer(n)).collect();
             data.gather(&idx, &mut bufs)?;
@@ -600,7 +630,7 @@ impl Trainer {
         let samples = data.len();
         Ok(Evaluation {
             loss: (loss / samples as f64) as f32,
-            accuracy: classifier.then_some(correct as f32 / samples as f32),
+            accuracy: classifier.then_some(correct as f32 / scored.max(1) as f32),
             samples,
         })
     }

@@ -195,6 +195,7 @@ fn write_atomic(path: &Path, what: &str, header: &[u8], entries: &[Entry<'_>]) -
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
+    remove_stale_temporaries(&dir, &file_name.to_string_lossy());
     let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
     let tmp = dir.join(format!(
         ".{}.tmp-{}-{n}",
@@ -226,6 +227,34 @@ fn write_atomic(path: &Path, what: &str, header: &[u8], entries: &[Entry<'_>]) -
         return Err(fail("renaming the temporary file over it", e));
     }
     sync_dir(&dir).map_err(|e| fail("fsync of the directory", e))
+}
+
+/// Removes the temporary files (`.NAME.tmp-PID-N`) that saves to `dir/NAME` left behind in
+/// processes that no longer run — killed mid-save; a finished or failed save removes its
+/// own. A temporary of a running process (another save under way) is left alone. Where
+/// processes cannot be looked up (no `/proc`), nothing is removed.
+fn remove_stale_temporaries(dir: &Path, name: &str) {
+    let proc_fs = Path::new("/proc/self");
+    if !proc_fs.exists() {
+        return;
+    }
+    let prefix = format!(".{name}.tmp-");
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let file = entry.file_name();
+        let Some(rest) = file.to_str().and_then(|f| f.strip_prefix(&prefix)) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        let running = pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists();
+        if !running {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
 }
 
 #[cfg(unix)]

@@ -133,15 +133,18 @@ fn checkpoints_survive_sigkill_at_random_points() {
         }
         // … then kill it at a random moment of its train-and-save cycle.
         std::thread::sleep(Duration::from_micros(rng.below(40_000)));
+        let pid = child.id();
         child.kill().unwrap();
         child.wait().unwrap();
 
-        let temps = temporaries(&dir);
-        if !temps.is_empty() {
+        // Its temporaries are left (it was killed mid-save); those of earlier children are
+        // removed by the next save to the path (the saves of this one, if it saved at all).
+        let mine = format!(".tmp-{pid}-");
+        if temporaries(&dir)
+            .iter()
+            .any(|t| t.to_string_lossy().contains(&mine))
+        {
             mid_save += 1;
-        }
-        for t in temps {
-            std::fs::remove_file(t).unwrap();
         }
         let ckpts = checkpoints(&dir);
         let Some((newest, newest_path)) = ckpts.last().cloned() else {
@@ -193,6 +196,29 @@ fn checkpoints_survive_sigkill_at_random_points() {
     assert!(
         mid_save > 0,
         "no kill landed during a save: the test does not test anything"
+    );
+    // Temporaries pile up only until the next save: one more save of every checkpoint name
+    // on disk removes what the killed children left.
+    let left = temporaries(&dir).len();
+    for (_, path) in checkpoints(&dir) {
+        verifier.save_checkpoint(&path).unwrap();
+    }
+    for t in temporaries(&dir) {
+        let name = t.file_name().unwrap().to_string_lossy().to_string();
+        let stem = name
+            .trim_start_matches('.')
+            .split(".tmp-")
+            .next()
+            .unwrap()
+            .to_string();
+        assert!(
+            !dir.join(&stem).exists(),
+            "{name}: a save to `{stem}` leaves the temporaries of dead processes behind"
+        );
+    }
+    eprintln!(
+        "after {mid_save} kills mid-save, {left} temporaries were still on disk (each later \
+         save removes those of dead processes); the final saves left none for their paths"
     );
     assert!(
         final_step > KILLS as u64 / 4,

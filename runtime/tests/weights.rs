@@ -567,3 +567,30 @@ fn a_newer_format_version_is_refused() {
         "{e}"
     );
 }
+
+/// A save removes the temporaries that killed saves to the same path left behind (their
+/// process is gone), and only those: another running process's temporary stays.
+#[test]
+fn a_save_removes_the_temporaries_of_dead_processes() {
+    let dir = tmp_dir("stale_temporaries");
+    let path = dir.join("w.safetensors");
+    // A process id no process has: above every running one.
+    let dead = (1..u32::MAX)
+        .map(|k| 4_000_000 - k)
+        .find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+        .unwrap();
+    let stale = dir.join(format!(".w.safetensors.tmp-{dead}-3"));
+    let running = dir.join(".w.safetensors.tmp-1-0"); // pid 1 always runs
+    let other_path = dir.join(format!(".v.safetensors.tmp-{dead}-0"));
+    for t in [&stale, &running, &other_path] {
+        std::fs::write(t, b"half a file").unwrap();
+    }
+    trained(1).save_weights(&path).unwrap();
+    assert!(!stale.exists(), "the dead process's temporary is removed");
+    assert!(running.exists(), "a running process's temporary stays");
+    assert!(
+        other_path.exists(),
+        "another path's temporaries are not this save's business"
+    );
+    assert!(path.exists());
+}

@@ -389,3 +389,4 @@ pub fn adam_alpha(lr: f32, beta_1: f32, beta_2: f32, step: u64) -> f32 {
 pub const LOSS_BCE_SIGMOID: i32 = 0;
 pub const LOSS_BCE: i32 = 1;
 pub const LOSS_MSE: i32 = 2;
+pub const LOSS_BCE_LOGITS: i32 = 3;

@@ -1708,6 +1708,12 @@ impl<B: Backend> GpuExecutor<B> {
                 reduction: red,
                 weight,
             }
+            | Op::BinaryCrossentropyFromLogits {
+                rows,
+                features,
+                reduction: red,
+                weight,
+            }
             | Op::BinaryCrossentropy {
                 rows,
                 features,
@@ -1722,6 +1728,7 @@ impl<B: Backend> GpuExecutor<B> {
             } => {
                 let kind = match s.op {
                     Op::SigmoidBinaryCrossentropy { .. } => kl::LOSS_BCE_SIGMOID,
+                    Op::BinaryCrossentropyFromLogits { .. } => kl::LOSS_BCE_LOGITS,
                     Op::BinaryCrossentropy { .. } => kl::LOSS_BCE,
                     _ => kl::LOSS_MSE,
                 };

@@ -254,6 +254,50 @@ impl InMemory {
         (InMemory { columns, len: kept }, self.len - kept)
     }
 
+    /// Splits off the last `fraction` of the samples for validation, as Keras's
+    /// `validation_split` does (before any shuffling: shuffle first if the samples are
+    /// ordered by class): `(train, validation)`. The fraction is clamped to `[0, 1]`; both
+    /// parts keep the sample order.
+    pub fn validation_split(&self, fraction: f64) -> (InMemory, InMemory) {
+        let held_out = ((self.len as f64) * fraction.clamp(0.0, 1.0)).round() as usize;
+        let cut = self.len - held_out.min(self.len);
+        (self.slice(0, cut), self.slice(cut, self.len))
+    }
+
+    /// Samples `start..end` (within `0..len`).
+    fn slice(&self, start: usize, end: usize) -> InMemory {
+        fn part<T: Clone>(data: &[T], per: usize, start: usize, end: usize) -> Vec<T> {
+            data.get(start * per..end * per)
+                .unwrap_or_default()
+                .to_vec()
+        }
+        let columns = self
+            .columns
+            .iter()
+            .map(|c| {
+                let per = c.per_sample().max(1);
+                match c {
+                    Column::U8 { data, per_sample } => Column::U8 {
+                        data: part(data, per, start, end),
+                        per_sample: *per_sample,
+                    },
+                    Column::I32 { data, per_sample } => Column::I32 {
+                        data: part(data, per, start, end),
+                        per_sample: *per_sample,
+                    },
+                    Column::F32 { data, per_sample } => Column::F32 {
+                        data: part(data, per, start, end),
+                        per_sample: *per_sample,
+                    },
+                }
+            })
+            .collect();
+        InMemory {
+            columns,
+            len: end - start,
+        }
+    }
+
     /// MNIST images (u8, 784 per sample) and labels (i32).
     pub fn mnist(split: &MnistSplit) -> InMemory {
         InMemory {

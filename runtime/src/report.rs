@@ -1,0 +1,59 @@
+//! The run report (`memwise.report/1`): what a training run was estimated to take and what
+//! it measured, with its losses and metrics, as the JSON other tools read.
+
+use serde_json::{json, Value};
+
+use crate::train::{History, Trainer};
+
+impl Trainer {
+    /// The run report of `history` (what [`Trainer::fit`] returned), with the caller's own
+    /// `metrics` (held-out loss and accuracy, say) beside it:
+    ///
+    /// ```json
+    /// {"schema": "memwise.report/1", "model", "device", "batch", "steps",
+    ///  "estimate": {"params", "grads", "optimizer", "activations_peak", "workspace_peak",
+    ///               "inputs", "plan_total", "host", "total"},
+    ///  "measured": {"peak_rss_growth_bytes", "device_peak_bytes", "step_ms_median",
+    ///               "samples_per_s"},
+    ///  "loss": [per step], "metrics": {…}}
+    /// ```
+    ///
+    /// `measured.peak_rss_growth_bytes` is the peak resident growth at the end of the last
+    /// epoch and `estimate.total` what the trainer estimated for that moment: the plan's
+    /// total plus the host memory beside it ([`Trainer::host_bytes`]: batch staging, the CPU
+    /// GEMM library's buffers, the inference engines validation built). On a GPU
+    /// `device_peak_bytes` is the device memory the model held at its peak; it is null on
+    /// the CPU.
+    pub fn report(&self, history: &History, metrics: Value) -> Value {
+        let plan = self.plan();
+        let m = &plan.memory;
+        let last = history.epochs.last();
+        let peak = match last {
+            Some(e) => Some(e.peak_rss_growth),
+            None => self.monitor().growth().map(|g| g.peak),
+        };
+        let total = last.map_or_else(|| self.estimate_bytes(), |e| e.estimate_bytes);
+        let median = history.step_ms_median();
+        json!({
+            "schema": "memwise.report/1",
+            "model": plan.model,
+            "device": self.device().name(),
+            "batch": plan.batch,
+            "steps": history.step_losses.len(),
+            "estimate": {
+                "params": m.params, "grads": m.grads, "optimizer": m.optimizer,
+                "activations_peak": m.activations_peak, "workspace_peak": m.workspace_peak,
+                "inputs": m.inputs, "plan_total": m.total,
+                "host": total.saturating_sub(m.total), "total": total,
+            },
+            "measured": {
+                "peak_rss_growth_bytes": peak,
+                "device_peak_bytes": self.device_peak_bytes(),
+                "step_ms_median": median,
+                "samples_per_s": if median > 0.0 { plan.batch as f64 / (median / 1e3) } else { 0.0 },
+            },
+            "loss": history.step_losses,
+            "metrics": metrics,
+        })
+    }
+}

@@ -1,0 +1,257 @@
+//! `Args`: the command-line flags every memwise program takes — the examples' and your own —
+//! and the two calls that act on them around `fit`.
+//!
+//! ```no_run
+//! use memwise::prelude::*;
+//! # #[memwise::model(batch = 32, loss = mse(out, y))]
+//! # struct Net {
+//! #     #[input(shape = [4])] x: Input,
+//! #     #[input(shape = [1])] y: Input,
+//! #     #[dense(1, from = x)] out: Dense,
+//! # }
+//! # fn data() -> memwise::runtime::data::dataset::InMemory { unimplemented!() }
+//! fn main() -> Result<(), memwise::runtime::RuntimeError> {
+//!     let args = memwise::cli::Args::parse();
+//!     let train = data(); // load data first: the memory baseline is taken when the model is built
+//!     let Some(mut trainer) = args.build::<Net>()? else { return Ok(()) }; // `--summary` printed
+//!     let history = trainer.fit(&train, None, &args.fit_options(5), &mut [])?;
+//!     args.finish(&trainer, &history, memwise::serde_json::json!({}))?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! To add flags of your own, flatten it into your parser:
+//! `#[derive(clap::Parser)] struct MyArgs { #[command(flatten)] memwise: memwise::cli::Args, … }`.
+
+use std::path::PathBuf;
+
+use crate::plan::{ModelSpec, StaticPlan};
+use crate::runtime::monitor::MemoryMonitor;
+use crate::runtime::{Device, FitOptions, History, RuntimeError, Trainer};
+use crate::summary::Summary;
+use crate::Model;
+
+/// The flags of the architecture's contract (`docs/` and the README list them).
+#[derive(clap::Parser, Debug, Clone, PartialEq)]
+#[command(version, about)]
+pub struct Args {
+    /// Print the model summary (Keras-style) and exit.
+    #[arg(long)]
+    pub summary: bool,
+    /// With --summary: every column (dtype, recomputed bytes, in-place, FLOPs, persistent
+    /// bytes) and full layer names, wider than 80 columns.
+    #[arg(long)]
+    pub wide: bool,
+    /// Choose the batch (or checkpoints) from the memory the device has free, less a safety
+    /// margin, instead of the declared batch: as declared if it fits, else checkpointed,
+    /// else the largest batch that fits.
+    #[arg(long, conflicts_with = "batch")]
+    pub fit_to_device: bool,
+    /// Write the static plan as JSON (memwise.plan/1).
+    #[arg(long, value_name = "PATH")]
+    pub plan_json: Option<PathBuf>,
+    /// Write the run report as JSON (memwise.report/1).
+    #[arg(long, value_name = "PATH")]
+    pub report_json: Option<PathBuf>,
+    /// Write the memory timeline picture (SVG).
+    #[arg(long, value_name = "PATH")]
+    pub timeline_svg: Option<PathBuf>,
+    /// Write the model graph picture (SVG, or DOT when the path ends in .dot).
+    #[arg(long, value_name = "PATH")]
+    pub graph_svg: Option<PathBuf>,
+    /// Where to run: cpu, cuda, cuda:N or auto (CUDA when it works, else the CPU).
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+    /// Batch size (re-plans the model at run time when it differs from the declared one).
+    #[arg(long)]
+    pub batch: Option<usize>,
+    /// Stop after this many training steps.
+    #[arg(long)]
+    pub steps: Option<usize>,
+    /// Number of epochs.
+    #[arg(long)]
+    pub epochs: Option<usize>,
+    /// Where the training data is (what the program reads there is its own: the examples
+    /// read the standard MNIST IDX files).
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
+    /// Seed for weights, shuffling and dropout.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Train on the samples in their stored order (no per-epoch shuffle).
+    #[arg(long)]
+    pub no_shuffle: bool,
+    /// Start from these weights (safetensors, as --save-weights writes them).
+    #[arg(long, value_name = "PATH")]
+    pub load_weights: Option<PathBuf>,
+    /// Write the initial weights (before the first step) as safetensors.
+    #[arg(long, value_name = "PATH")]
+    pub save_initial_weights: Option<PathBuf>,
+    /// Write the trained weights (after the last step) as safetensors.
+    #[arg(long, value_name = "PATH")]
+    pub save_weights: Option<PathBuf>,
+}
+
+fn io(e: std::io::Error, what: &str, path: &std::path::Path) -> RuntimeError {
+    RuntimeError::Io(format!("{what} {}: {e}", path.display()))
+}
+
+impl Args {
+    /// The flags of this process's command line (exits with clap's message on a bad one, and
+    /// prints `--help`).
+    pub fn parse() -> Args {
+        <Args as clap::Parser>::parse()
+    }
+
+    /// The device `--device` names. `auto` says which it picked (and why not CUDA); an
+    /// explicit choice is said here, so every run names its device.
+    pub fn device(&self) -> Result<Device, RuntimeError> {
+        let d = Device::parse(&self.device)?;
+        if self.device != "auto" {
+            eprintln!("memwise: using {}", d.name());
+        }
+        Ok(d)
+    }
+
+    /// `M`'s spec and plan as the flags choose them: the compile-time plan, re-planned for
+    /// `--batch`, or fitted to the device's free memory with `--fit-to-device`.
+    pub fn plan<M: Model>(&self, device: &Device) -> Result<(ModelSpec, StaticPlan), RuntimeError> {
+        let spec = M::spec();
+        if self.fit_to_device {
+            let chosen = crate::runtime::fit_device::fit_to_device(&spec, device)?;
+            eprintln!("fit to device: {chosen}");
+            return Ok((chosen.fit.spec, chosen.fit.plan));
+        }
+        match self.batch {
+            Some(b) if b != spec.batch => {
+                let s = spec.with_batch(b);
+                let p = crate::plan::plan(&s)?;
+                Ok((s, p))
+            }
+            _ => Ok((spec, M::PLAN)),
+        }
+    }
+
+    /// The summary `--summary` prints for `M` planned as `plan` (`--wide`: every column).
+    pub fn summary<M: Model>(&self, plan: &StaticPlan) -> String {
+        Summary::new(plan)
+            .budget(M::BUDGET)
+            .auto_checkpoint(M::AUTO_CHECKPOINT_CHOICE)
+            .with_wide(self.wide)
+            .to_string()
+    }
+
+    /// Writes `--plan-json`, `--timeline-svg` and `--graph-svg` for `plan`.
+    pub fn write_plan_outputs(
+        &self,
+        spec: &ModelSpec,
+        plan: &StaticPlan,
+    ) -> Result<(), RuntimeError> {
+        use crate::runtime::plot;
+        let mut outputs: Vec<(&PathBuf, String, &str)> = Vec::new();
+        if let Some(p) = &self.plan_json {
+            outputs.push((p, plan.to_json(), "plan"));
+        }
+        if let Some(p) = &self.timeline_svg {
+            outputs.push((p, plot::timeline::svg(plan, spec.budget), "memory timeline"));
+        }
+        if let Some(p) = &self.graph_svg {
+            let text = if p.extension().is_some_and(|e| e == "dot") {
+                plot::graph::dot(spec, plan)
+            } else {
+                plot::graph::svg(spec, plan)
+            };
+            outputs.push((p, text, "model graph"));
+        }
+        for (path, text, what) in outputs {
+            std::fs::write(path, text).map_err(|e| io(e, "cannot write", path))?;
+            eprintln!("{what} written to {}", path.display());
+        }
+        Ok(())
+    }
+
+    /// Everything before `fit`: prints `--summary` and returns `None` (the program then
+    /// exits); otherwise writes the plan outputs, opens `--device`, builds `M` on it as
+    /// [`Args::plan`] chooses (the memory baseline is taken here: load data before), loads
+    /// `--load-weights` and writes `--save-initial-weights`.
+    pub fn build<M: Model>(&self) -> Result<Option<Trainer>, RuntimeError> {
+        let device = if self.summary {
+            Device::cpu()
+        } else {
+            self.device()?
+        };
+        let (spec, plan) = self.plan::<M>(&device)?;
+        if self.summary {
+            println!("{}", self.summary::<M>(&plan));
+            return Ok(None);
+        }
+        self.write_plan_outputs(&spec, &plan)?;
+        let monitor = MemoryMonitor::start_on(&device);
+        let mut trainer = Trainer::from_plan(&spec, plan, &device, self.seed, monitor)?;
+        if let Some(p) = &self.load_weights {
+            trainer.engine_mut().load_weights(p)?;
+            eprintln!("weights loaded from {}", p.display());
+        }
+        if let Some(p) = &self.save_initial_weights {
+            trainer.engine().save_weights(p)?;
+            eprintln!("initial weights written to {}", p.display());
+        }
+        Ok(Some(trainer))
+    }
+
+    /// `FitOptions` from `--epochs` (else `default_epochs`), `--steps`, `--seed` and
+    /// `--no-shuffle`.
+    pub fn fit_options(&self, default_epochs: usize) -> FitOptions {
+        FitOptions {
+            epochs: self.epochs.unwrap_or(default_epochs),
+            max_steps: self.steps,
+            seed: self.seed,
+            shuffle: !self.no_shuffle,
+            ..Default::default()
+        }
+    }
+
+    /// Everything after `fit`: prints the measured peak beside the estimate, writes
+    /// `--save-weights` and `--report-json` (with `metrics`, e.g. the held-out accuracy).
+    pub fn finish(
+        &self,
+        trainer: &Trainer,
+        history: &History,
+        metrics: serde_json::Value,
+    ) -> Result<(), RuntimeError> {
+        eprint!("{}", measured_memory(trainer, history));
+        if let Some(p) = &self.save_weights {
+            trainer.engine().save_weights(p)?;
+            eprintln!("weights written to {}", p.display());
+        }
+        if let Some(p) = &self.report_json {
+            let text = serde_json::to_string_pretty(&trainer.report(history, metrics))
+                .map_err(|e| RuntimeError::Io(e.to_string()))?;
+            std::fs::write(p, text).map_err(|e| io(e, "cannot write", p))?;
+            eprintln!("report written to {}", p.display());
+        }
+        Ok(())
+    }
+}
+
+/// The summary's memory block with the peak `fit` measured beside the estimate: on a GPU the
+/// device memory the model held at its peak, on the CPU the resident growth, which also holds
+/// the host memory beside the plan.
+pub fn measured_memory(trainer: &Trainer, history: &History) -> String {
+    let (peak, outside_plan) = match trainer.device_peak_bytes() {
+        Some(device) => (Some(device), 0),
+        None => {
+            let estimate = history
+                .epochs
+                .last()
+                .map_or_else(|| trainer.estimate_bytes(), |e| e.estimate_bytes);
+            (
+                history.epochs.last().map(|e| e.peak_rss_growth),
+                estimate.saturating_sub(trainer.plan().memory.total),
+            )
+        }
+    };
+    Summary::new(trainer.plan())
+        .measured_peak(peak, outside_plan)
+        .totals()
+}
