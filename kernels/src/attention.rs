@@ -14,7 +14,10 @@
 //! each GEMM single-threaded. Half storage converts blocks to f32 in a per-lane workspace
 //! ([`attention_ws_len`]); the number of lanes that fit in `ws` bounds that parallelism.
 
-use crate::gemm::{check_part, for_each_lane, gemm_core, matmul_mixed_ws_len, Mat, MatMut};
+use crate::gemm::{
+    check_part, for_each_lane, gemm_core, lanes_at_once, matmul_mixed_ws_len, Mat, MatMut,
+};
+use crate::gemm_heap::{gemm_core_heap_bytes, Strides};
 use crate::{check_len, Element, KResult, KernelError};
 use gemm::Parallelism;
 
@@ -78,6 +81,77 @@ fn lane_ws_len<T: Element>(d: AttentionDims) -> usize {
 /// `0` for f32. Any `ws` holding at least one lane is accepted; more lanes, more parallelism.
 pub fn attention_ws_len<T: Element>(d: AttentionDims) -> usize {
     lane_ws_len::<T>(d) * d.pairs().min(ATTENTION_LANES)
+}
+
+/// Peak heap bytes the `gemm` crate holds during one call of a kernel here whose GEMMs for one
+/// pair peak at `pair_peak(parallelism)`, given `ws_len` elements of workspace — mirroring
+/// [`run_pairs`]: pairs one after another with threaded GEMMs (one pair's peak), or pairs in
+/// lanes with single-threaded GEMMs, where every lane that can run at once holds its pair's
+/// peak at the same moment in the worst case.
+fn pairs_heap_bytes<T: Element>(
+    d: AttentionDims,
+    ws_len: usize,
+    pair_peak: impl Fn(Parallelism) -> usize,
+) -> usize {
+    let (pairs, per) = (d.pairs(), lane_ws_len::<T>(d));
+    let lanes = ws_len.checked_div(per).unwrap_or(pairs);
+    if pairs >= 2 && lanes >= 2 {
+        lanes_at_once(pairs, per, ws_len) * pair_peak(Parallelism::None)
+    } else if pairs >= 1 {
+        pair_peak(Parallelism::Rayon(0))
+    } else {
+        0
+    }
+}
+
+/// The strides of q, k or v of one pair inside `qkv[b, s, 3h]` (`Qkv::part`).
+fn part_strides(d: AttentionDims) -> Strides {
+    Strides::row_major(3 * d.hidden)
+}
+
+/// Peak heap bytes the `gemm` crate holds during one [`scores_forward`] with a workspace of
+/// `ws_len` elements ([`crate::gemm_heap`]): the GEMM `q·kᵀ` of each pair, times the pairs
+/// running at once ([`attention_ws_len`]'s lanes, bounded by rayon's threads).
+pub fn scores_forward_heap_bytes<T: Element>(d: AttentionDims, ws_len: usize) -> usize {
+    let (s, hd, qk) = (d.seq, d.head_dim(), part_strides(d));
+    pairs_heap_bytes::<T>(d, ws_len, |par| {
+        let scores = Strides::row_major(s);
+        gemm_core_heap_bytes::<T, T, T>(s, s, hd, qk, qk.t(), 0.0, scores, false, par)
+    })
+}
+
+/// Peak heap bytes the `gemm` crate holds during one [`scores_backward`]: per pair the larger of
+/// `dS·k` and `dSᵀ·q`, times the pairs running at once.
+pub fn scores_backward_heap_bytes<T: Element>(d: AttentionDims, ws_len: usize) -> usize {
+    let (s, hd, qk) = (d.seq, d.head_dim(), part_strides(d));
+    pairs_heap_bytes::<T>(d, ws_len, |par| {
+        let ds = Strides::row_major(s);
+        let dq = gemm_core_heap_bytes::<T, T, T>(s, hd, s, ds, qk, 0.0, qk, false, par);
+        let dk = gemm_core_heap_bytes::<T, T, T>(s, hd, s, ds.t(), qk, 0.0, qk, false, par);
+        dq.max(dk)
+    })
+}
+
+/// Peak heap bytes the `gemm` crate holds during one [`context_forward`]: the GEMM `P·v` of each
+/// pair, times the pairs running at once.
+pub fn context_forward_heap_bytes<T: Element>(d: AttentionDims, ws_len: usize) -> usize {
+    let (s, hd, v) = (d.seq, d.head_dim(), part_strides(d));
+    pairs_heap_bytes::<T>(d, ws_len, |par| {
+        let (p, ctx) = (Strides::row_major(s), Strides::row_major(d.hidden));
+        gemm_core_heap_bytes::<T, T, T>(s, hd, s, p, v, 0.0, ctx, false, par)
+    })
+}
+
+/// Peak heap bytes the `gemm` crate holds during one [`context_backward`]: per pair the larger of
+/// `dctx·vᵀ` and `Pᵀ·dctx`, times the pairs running at once.
+pub fn context_backward_heap_bytes<T: Element>(d: AttentionDims, ws_len: usize) -> usize {
+    let (s, hd, v) = (d.seq, d.head_dim(), part_strides(d));
+    pairs_heap_bytes::<T>(d, ws_len, |par| {
+        let (p, dctx) = (Strides::row_major(s), Strides::row_major(d.hidden));
+        let dp = gemm_core_heap_bytes::<T, T, T>(s, s, hd, dctx, v.t(), 0.0, p, false, par);
+        let dv = gemm_core_heap_bytes::<T, T, T>(s, hd, s, p.t(), dctx, 0.0, v, false, par);
+        dp.max(dv)
+    })
 }
 
 /// Runs `f(pair, lane_ws, parallelism)` for every (batch, head) pair: pairs in parallel when

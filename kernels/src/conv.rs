@@ -22,6 +22,7 @@ use crate::dense::add_column_sums;
 use crate::gemm::{
     add_f32, check_part, gemm_core, load_f32, matmul_mixed_ws_len, store_f32, Mat, MatMut,
 };
+use crate::gemm_heap::{gemm_core_heap_bytes, pieces, Strides};
 use crate::{check_len, Element, KResult, KernelError};
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -176,6 +177,60 @@ pub fn conv2d_ws_len<T: Element>(d: Conv2dDims, chunk: usize) -> usize {
     matmul_mixed_ws_len::<T, T, T>(r, d.c_out, k)
         .max(matmul_mixed_ws_len::<T, T, f32>(k, d.c_out, r))
         .max(matmul_mixed_ws_len::<T, T, T>(r, k, d.c_out))
+}
+
+/// The largest `f(cn)` over the distinct sample counts `cn` of the chunks that `n` samples are
+/// processed in, `chunk` at a time (`0` for `chunk == 0`, which the kernels refuse).
+fn max_over_chunks(n: usize, chunk: usize, f: impl Fn(usize) -> usize) -> usize {
+    if chunk == 0 {
+        return 0;
+    }
+    pieces(n, chunk).map(|(cn, _)| f(cn)).max().unwrap_or(0)
+}
+
+/// Peak heap bytes the `gemm` crate holds during one [`conv2d_forward`] with this `chunk`
+/// ([`crate::gemm_heap`]): the largest of its per-chunk GEMMs `col·W` (one GEMM over all pixels
+/// when pointwise), which run one after another. With or without bias alike.
+pub fn conv2d_forward_heap_bytes<T: Element>(d: Conv2dDims, chunk: usize) -> usize {
+    let par = Parallelism::Rayon(0);
+    let kdim = d.kh * d.kw * d.c_in;
+    let (w, y) = (Strides::row_major(d.c_out), Strides::row_major(d.c_out));
+    let gemm = |rows: usize| {
+        let x = Strides::row_major(kdim);
+        gemm_core_heap_bytes::<T, T, T>(rows, d.c_out, kdim, x, w, 0.0, y, false, par)
+    };
+    if d.is_pointwise() {
+        return gemm(d.n * d.h * d.w);
+    }
+    max_over_chunks(d.n, chunk, |cn| gemm(cn * d.out_h() * d.out_w()))
+}
+
+/// Peak heap bytes the `gemm` crate holds during one [`conv2d_backward`] with this `chunk`, with
+/// `dx` computed or not: the largest of its GEMMs `dw += colᵀ·dy` and (with `dx`) `dy·Wᵀ`, per
+/// chunk (over all pixels when pointwise), which run one after another.
+pub fn conv2d_backward_heap_bytes<T: Element>(d: Conv2dDims, chunk: usize, dx: bool) -> usize {
+    let par = Parallelism::Rayon(0);
+    let kdim = d.kh * d.kw * d.c_in;
+    let dy = Strides::row_major(d.c_out);
+    let wt = Strides::dense(d.c_out, kdim, true);
+    let gemms = |rows: usize| {
+        let colt = Strides::dense(kdim, rows, true);
+        let dw_out = Strides::row_major(d.c_out);
+        let dw = gemm_core_heap_bytes::<T, T, f32>(
+            kdim, d.c_out, rows, colt, dy, 1.0, dw_out, false, par,
+        );
+        let dx_out = Strides::row_major(kdim);
+        let dx = if dx {
+            gemm_core_heap_bytes::<T, T, T>(rows, kdim, d.c_out, dy, wt, 0.0, dx_out, false, par)
+        } else {
+            0
+        };
+        dw.max(dx)
+    };
+    if d.is_pointwise() {
+        return gemms(d.n * d.h * d.w);
+    }
+    max_over_chunks(d.n, chunk, |cn| gemms(cn * d.out_h() * d.out_w()))
 }
 
 fn check_conv2d<T: Element>(
@@ -410,6 +465,62 @@ pub fn conv2d_transpose_ws_len<T: Element>(d: ConvTranspose2dDims, chunk: usize)
     matmul_mixed_ws_len::<T, T, T>(r, k, d.c_in)
         .max(matmul_mixed_ws_len::<T, T, f32>(k, d.c_in, r))
         .max(matmul_mixed_ws_len::<T, T, T>(r, d.c_in, k))
+}
+
+/// Peak heap bytes the `gemm` crate holds during one [`conv2d_transpose_forward`] with this
+/// `chunk` ([`crate::gemm_heap`]): the largest of its per-chunk GEMMs `x·Wᵀ` (one GEMM over all
+/// pixels when pointwise). With or without bias alike.
+pub fn conv2d_transpose_forward_heap_bytes<T: Element>(
+    d: ConvTranspose2dDims,
+    chunk: usize,
+) -> usize {
+    let par = Parallelism::Rayon(0);
+    let kdim = d.kh * d.kw * d.c_out;
+    let (x, wt) = (
+        Strides::row_major(d.c_in),
+        Strides::dense(d.c_in, kdim, true),
+    );
+    // Pointwise, the product is y[rows, c_out] (kdim == c_out); else col[rows, kdim].
+    let gemm = |rows: usize| {
+        let out = Strides::row_major(kdim);
+        gemm_core_heap_bytes::<T, T, T>(rows, kdim, d.c_in, x, wt, 0.0, out, false, par)
+    };
+    if d.is_pointwise() {
+        return gemm(d.n * d.h * d.w);
+    }
+    max_over_chunks(d.n, chunk, |cn| gemm(cn * d.h * d.w))
+}
+
+/// Peak heap bytes the `gemm` crate holds during one [`conv2d_transpose_backward`] with this
+/// `chunk`, with `dx` computed or not: the largest of its GEMMs `dw += colᵀ·x` and (with `dx`)
+/// `col·W`, per chunk (over all pixels when pointwise).
+pub fn conv2d_transpose_backward_heap_bytes<T: Element>(
+    d: ConvTranspose2dDims,
+    chunk: usize,
+    dx: bool,
+) -> usize {
+    let par = Parallelism::Rayon(0);
+    let kdim = d.kh * d.kw * d.c_out;
+    let (x, w, out) = (
+        Strides::row_major(d.c_in),
+        Strides::row_major(d.c_in),
+        Strides::row_major(d.c_in),
+    );
+    let gemms = |rows: usize| {
+        let (colt, col) = (Strides::dense(kdim, rows, true), Strides::row_major(kdim));
+        let dw =
+            gemm_core_heap_bytes::<T, T, f32>(kdim, d.c_in, rows, colt, x, 1.0, out, false, par);
+        let dx = if dx {
+            gemm_core_heap_bytes::<T, T, T>(rows, d.c_in, kdim, col, w, 0.0, out, false, par)
+        } else {
+            0
+        };
+        dw.max(dx)
+    };
+    if d.is_pointwise() {
+        return gemms(d.n * d.h * d.w);
+    }
+    max_over_chunks(d.n, chunk, |cn| gemms(cn * d.h * d.w))
 }
 
 fn check_transpose<T: Element>(

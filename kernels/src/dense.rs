@@ -4,6 +4,7 @@
 //! parameter gradients are `f32` (the master copies). Accumulation is always `f32`.
 
 use crate::gemm::{gemm_core, matmul_mixed_ws_len, Mat, MatMut};
+use crate::gemm_heap::{gemm_core_heap_bytes, Strides};
 use crate::{check_len, Element, KResult};
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -40,6 +41,50 @@ pub fn dense_ws_len<T: Element>(d: DenseDims) -> usize {
     matmul_mixed_ws_len::<T, T, T>(b, o, i)
         .max(matmul_mixed_ws_len::<T, T, T>(b, i, o))
         .max(matmul_mixed_ws_len::<T, T, f32>(i, o, b))
+}
+
+/// Peak heap bytes the `gemm` crate holds during one [`dense_forward`] ([`crate::gemm_heap`]):
+/// its one GEMM `x·W`. The same with or without a bias (it changes no allocation).
+pub fn dense_forward_heap_bytes<T: Element>(d: DenseDims) -> usize {
+    let (b, i, o) = (d.batch, d.in_features, d.out_features);
+    gemm_core_heap_bytes::<T, T, T>(
+        b,
+        o,
+        i,
+        Strides::dense(b, i, false),
+        Strides::dense(i, o, false),
+        0.0,
+        Strides::row_major(o),
+        false,
+        Parallelism::Rayon(0),
+    )
+}
+
+/// Peak heap bytes the `gemm` crate holds during one [`dense_backward`], with `dx` computed or
+/// not: the larger of its GEMMs `dw += xᵀ·dy` and (with `dx`) `dx = dy·Wᵀ`, which run one after
+/// the other.
+pub fn dense_backward_heap_bytes<T: Element>(d: DenseDims, dx: bool) -> usize {
+    let (b, i, o) = (d.batch, d.in_features, d.out_features);
+    let par = Parallelism::Rayon(0);
+    let dy = Strides::dense(b, o, false);
+    let dw = gemm_core_heap_bytes::<T, T, f32>(
+        i,
+        o,
+        b,
+        Strides::dense(i, b, true),
+        dy,
+        1.0,
+        Strides::row_major(o),
+        false,
+        par,
+    );
+    let dx = if dx {
+        let wt = Strides::dense(o, i, true);
+        gemm_core_heap_bytes::<T, T, T>(b, i, o, dy, wt, 0.0, Strides::row_major(i), false, par)
+    } else {
+        0
+    };
+    dw.max(dx)
 }
 
 /// Forward: `y = x·W (+ bias)`; `y` is overwritten.

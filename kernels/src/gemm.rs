@@ -19,9 +19,11 @@
 //!
 //! Allocation: these functions allocate nothing themselves. The `gemm` crate does: 1 to 3 heap
 //! blocks inside every call (its packing buffers, sized by its cache blocking, and a few bytes of
-//! bookkeeping), all freed before the call returns. That is outside this crate's control;
-//! `tests/gemm_ops_alloc.rs` pins it down so a change in the crate shows up.
+//! bookkeeping), all freed before the call returns, plus a slab per thread kept for good.
+//! [`crate::gemm_heap`] models both exactly (the `*_heap_bytes` functions here and beside each
+//! kernel's `*_ws_len`); `tests/gemm_heap.rs` measures them.
 
+use crate::gemm_heap::{gemm_core_heap_bytes, Strides};
 use crate::{check_len, Element, KResult, KernelError};
 use gemm::Parallelism;
 use half::slice::HalfFloatSliceExt;
@@ -143,6 +145,41 @@ pub fn matmul_mixed<A: Element, B: Element, C: Element>(
     Ok(())
 }
 
+/// Peak heap bytes the `gemm` crate holds during one [`matmul`] call
+/// ([`matmul_mixed_heap_bytes::<T, T, T>`]).
+pub fn matmul_heap_bytes<T: Element>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a_trans: bool,
+    b_trans: bool,
+) -> usize {
+    matmul_mixed_heap_bytes::<T, T, T>(m, n, k, a_trans, b_trans)
+}
+
+/// Peak heap bytes the `gemm` crate holds during one [`matmul_mixed`] call: its one
+/// `gemm_core` on rayon ([`crate::gemm_heap::gemm_core_heap_bytes`]). The same for every
+/// `alpha` and `beta` (gemm 0.19 allocates alike whether or not it reads `c`).
+pub fn matmul_mixed_heap_bytes<A: Element, B: Element, C: Element>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a_trans: bool,
+    b_trans: bool,
+) -> usize {
+    gemm_core_heap_bytes::<A, B, C>(
+        m,
+        n,
+        k,
+        Strides::dense(m, k, a_trans),
+        Strides::dense(k, n, b_trans),
+        0.0,
+        Strides::row_major(n),
+        false,
+        Parallelism::Rayon(0),
+    )
+}
+
 /// `f32` workspace elements [`matmul_strided_batched`] needs for one item at a time; a
 /// workspace `L` times as long lets `L` items run in parallel. `0` for `f32`.
 pub fn matmul_strided_batched_ws_len<T: Element>(m: usize, n: usize, k: usize) -> usize {
@@ -243,6 +280,44 @@ pub fn matmul_strided_batched<T: Element>(
         }
     }
     Ok(())
+}
+
+/// Peak heap bytes the `gemm` crate holds during one [`matmul_strided_batched`] call given a
+/// workspace of `ws_len` elements: items one after another, each threaded, when they are large
+/// (then one item's heap); small items in parallel lanes, each single-threaded — then as many
+/// item GEMMs as can run at once ([`lanes_at_once`]) are counted live together. Independent of
+/// the strides, `alpha` and `beta`.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_strided_batched_heap_bytes<T: Element>(
+    batch: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    a_trans: bool,
+    b_trans: bool,
+    ws_len: usize,
+) -> usize {
+    let item = |par| {
+        gemm_core_heap_bytes::<T, T, T>(
+            m,
+            n,
+            k,
+            Strides::dense(m, k, a_trans),
+            Strides::dense(k, n, b_trans),
+            0.0,
+            Strides::row_major(n),
+            false,
+            par,
+        )
+    };
+    if batch == 0 {
+        0
+    } else if batch > 1 && m * n * k < gemm::get_threading_threshold() {
+        let per = matmul_strided_batched_ws_len::<T>(m, n, k);
+        lanes_at_once(batch, per, ws_len) * item(Parallelism::None)
+    } else {
+        item(Parallelism::Rayon(0))
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -686,6 +761,17 @@ where
                 f(i, w);
             }
         });
+}
+
+/// How many of [`for_each_lane`]'s items can be running at one moment, with `ws_len` elements
+/// of workspace: its lanes (every item when `per_lane == 0`, else `ws_len / per_lane` clamped
+/// to `1..=count`), at most one per thread of the current rayon pool (an item runs to its end
+/// on one thread: its GEMMs are single-threaded and never wait on rayon).
+pub(crate) fn lanes_at_once(count: usize, per_lane: usize, ws_len: usize) -> usize {
+    let lanes = ws_len
+        .checked_div(per_lane)
+        .map_or(count, |lanes| lanes.clamp(1, count.max(1)));
+    lanes.min(rayon::current_num_threads())
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ pub mod conv;
 pub mod dense;
 pub mod embedding;
 pub mod gemm;
+pub mod gemm_heap;
 // everything else
 pub mod activation;
 pub mod elementwise;
