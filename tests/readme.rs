@@ -68,3 +68,34 @@ fn the_readme_training_walkthrough_is_the_example() {
     let shown = block_after(README, "## Train your own model", "rust");
     assert_eq!(program_source(shown), program_source(YOUR_OWN));
 }
+
+/// The model of `tests/pass/checkpoint_auto.rs`, which the README's budget section quotes.
+#[memwise::model(batch = 1024, loss = mse(out, target), budget = "18 MiB", checkpoint = auto)]
+struct AutoNet {
+    #[input(shape = [512])]
+    x: Input,
+    #[input(shape = [512])]
+    target: Input,
+    #[dense(256, activation = gelu, from = x)]
+    h1: Dense,
+    #[dense(256, activation = gelu)]
+    h2: Dense,
+    #[dense(256, activation = gelu)]
+    h3: Dense,
+    #[dense(256, activation = gelu)]
+    h4: Dense,
+    #[dense(512)]
+    out: Dense,
+}
+
+#[test]
+fn the_readme_quotes_what_checkpoint_auto_chose() {
+    let shown = block_after(README, "## Fitting a budget, or a device", "rust");
+    let start = shown.find("what the solver chose: \"").expect("the quote") + 24;
+    let end = start + shown[start..].find('"').expect("its end");
+    let quoted: Vec<&str> = shown[start..end]
+        .split_whitespace()
+        .filter(|w| *w != "//")
+        .collect();
+    assert_eq!(quoted.join(" "), AutoNet::AUTO_CHECKPOINT);
+}

@@ -517,10 +517,3 @@ impl Op {
         }
     }
 }
-
-/// Bound on the heap bytes the CPU GEMM library (the `gemm` crate) holds at once while one
-/// of memwise's GEMMs runs: its packing buffers, allocated and freed inside each call (one
-/// GEMM runs at a time). A host-side cost of the CPU backend, not of the plan: the runtime
-/// adds it to the CPU estimate. `runtime/tests/allocations.rs` measures it and checks the
-/// bound (MNIST MLP at batch 128: 0.4 MiB).
-pub const GEMM_PACKING_BYTES: u64 = 2 << 20;

@@ -306,7 +306,24 @@ impl StaticPlan {
             .min()
     }
 
-    /// The plan as `memwise.plan/1` JSON.
+    /// The plan as `memwise.plan/1` JSON, the contract other tools read (what `--plan-json`
+    /// writes):
+    ///
+    /// ```json
+    /// {"schema": "memwise.plan/1", "model", "batch", "alignment", "arena_bytes",
+    ///  "lower_bound_bytes",
+    ///  "memory": {"params", "grads", "optimizer", "activations_peak", "workspace_peak",
+    ///             "inputs", "total"},
+    ///  "tensors": [{"id", "name", "layer", "role", "dtype", "shape", "bytes", "offset",
+    ///               "first", "last"}],
+    ///  "steps": [{"index", "phase", "layer", "op", "reads", "writes"}]}
+    /// ```
+    ///
+    /// `role` is `activation`, `activation_grad`, `workspace`, `input` or `recomputed`;
+    /// `phase` is `forward`, `recompute`, `loss`, `backward` or `update`; a tensor lives in the
+    /// arena at `[offset, offset + bytes)` from step `first` to step `last`. The rules a valid
+    /// plan satisfies are checked by [`crate::arena::validate`]. Persistent memory
+    /// (parameters, gradients, optimizer state) is one separate region, counted in `memory`.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(&self.to_json_value()).unwrap_or_default()
     }

@@ -14,7 +14,7 @@ impl Trainer {
     ///  "estimate": {"params", "grads", "optimizer", "activations_peak", "workspace_peak",
     ///               "inputs", "plan_total", "host", "total"},
     ///  "measured": {"peak_rss_growth_bytes", "device_peak_bytes", "step_ms_median",
-    ///               "samples_per_s"},
+    ///               "samples_per_s", "runtime_warm_up_bytes"},
     ///  "loss": [per step], "metrics": {…}}
     /// ```
     ///
@@ -23,7 +23,8 @@ impl Trainer {
     /// total plus the host memory beside it ([`Trainer::host_bytes`]: batch staging, the CPU
     /// GEMM library's buffers, the inference engines validation built). On a GPU
     /// `device_peak_bytes` is the device memory the model held at its peak; it is null on
-    /// the CPU.
+    /// the CPU. `runtime_warm_up_bytes` is what the process paid once, before the first
+    /// model's baseline ([`crate::warm_up`]).
     pub fn report(&self, history: &History, metrics: Value) -> Value {
         let plan = self.plan();
         let m = &plan.memory;
@@ -51,6 +52,8 @@ impl Trainer {
                 "device_peak_bytes": self.device_peak_bytes(),
                 "step_ms_median": median,
                 "samples_per_s": if median > 0.0 { plan.batch as f64 / (median / 1e3) } else { 0.0 },
+                // Paid once per process before the baseline, not by the model.
+                "runtime_warm_up_bytes": crate::warm_up::warm_up_cost().map(|w| w.resident_bytes),
             },
             "loss": history.step_losses,
             "metrics": metrics,

@@ -138,10 +138,10 @@ pub struct HostBytes {
     /// `fit`'s staging buffers: one batch of every input in its stored dtype, gathered from
     /// the dataset before the step copies it into the arena.
     pub staging: u64,
-    /// The CPU GEMM library (the `gemm` crate): a packing slab of the L2 cache's size kept by
-    /// every thread that runs a GEMM (rayon's workers and the caller), plus the packed operands
-    /// one call allocates and frees (`memwise_plan::op::GEMM_PACKING_BYTES`). An upper bound:
-    /// a slab's pages count only once a GEMM large enough has touched them. 0 on CUDA.
+    /// The CPU GEMM library's (the `gemm` crate's) packing buffers at their peak: the most
+    /// heap one GEMM of the plan holds inside its call ([`crate::cpu_heap`], exact for the
+    /// library's rule). Its per-thread cache slabs are claimed once per process by the
+    /// warm-up ([`crate::warm_up`]), not by a model. 0 on CUDA.
     pub gemm: u64,
     /// The inference executors `evaluate` and `predict` have built so far (arena and
     /// persistent region each; on CUDA these live in device memory).
@@ -152,41 +152,6 @@ impl HostBytes {
     pub fn total(&self) -> u64 {
         self.staging + self.gemm + self.inference
     }
-}
-
-/// Threads that may run a GEMM: rayon's workers (`RAYON_NUM_THREADS`, else one per CPU) and
-/// the calling thread (small GEMMs run where they are called).
-fn gemm_threads() -> u64 {
-    let workers = std::env::var("RAYON_NUM_THREADS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u64));
-    workers + 1
-}
-
-/// Per-core L2 cache size (Linux sysfs), the size of the `gemm` crate's per-thread slab;
-/// 1 MiB where it cannot be read.
-fn l2_cache_bytes() -> u64 {
-    let read = || -> Option<u64> {
-        for i in 0..8 {
-            let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{i}");
-            let level = std::fs::read_to_string(format!("{dir}/level")).ok()?;
-            let kind = std::fs::read_to_string(format!("{dir}/type")).unwrap_or_default();
-            if level.trim() == "2" && kind.trim() != "Instruction" {
-                let size = std::fs::read_to_string(format!("{dir}/size")).ok()?;
-                let size = size.trim();
-                let (num, mult) = match size.chars().last()? {
-                    'K' => (&size[..size.len() - 1], 1 << 10),
-                    'M' => (&size[..size.len() - 1], 1 << 20),
-                    _ => (size, 1),
-                };
-                return Some(num.parse::<u64>().ok()? * mult);
-            }
-        }
-        None
-    };
-    read().unwrap_or(1 << 20)
 }
 
 /// A model built on a device: the training engine, and inference engines of the same kind
@@ -386,7 +351,11 @@ impl Trainer {
         let gemm = if self.device.is_cuda() {
             0
         } else {
-            gemm_threads() * l2_cache_bytes() + memwise_plan::op::GEMM_PACKING_BYTES
+            // Evaluation's engines run GEMMs of their own shapes (at most one at a time).
+            self.infer
+                .iter()
+                .map(|e| crate::cpu_heap::gemm_library_heap_bytes(e.engine.plan()))
+                .fold(crate::cpu_heap::gemm_library_heap_bytes(p), u64::max)
         };
         HostBytes {
             staging: staging.sum(),

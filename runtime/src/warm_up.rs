@@ -74,7 +74,10 @@ pub fn warm_up_cost() -> Option<WarmUp> {
 /// each precision. Errors are ignored: a warm-up that cannot run leaves the first model to
 /// pay these costs itself, which only makes its measurement less exact.
 fn warm_cpu() {
-    rayon::broadcast(|_| ());
+    // Every thread that runs GEMMs keeps the library's cache slab for life: rayon's workers
+    // and the calling thread (small GEMMs run where they are called).
+    rayon::broadcast(|_| memwise_kernels::gemm_heap::touch_thread_slab());
+    memwise_kernels::gemm_heap::touch_thread_slab();
     let device = Device::cpu();
     let precisions = [
         (Precision::Float32, Optimizer::RMSPROP),
@@ -211,6 +214,17 @@ fn sequence_model() -> ModelSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The warning appears exactly in unoptimised builds, and says how to fix it.
+    #[test]
+    fn an_unoptimised_build_is_told_how_to_fix_it() {
+        let warning = unoptimised_warning();
+        assert_eq!(warning.is_some(), memwise_kernels::OPT_LEVEL == "0");
+        if let Some(w) = warning {
+            assert!(w.contains("[profile.dev.package.\"*\"]") && w.contains("opt-level = 3"));
+            assert!(w.contains("--release"));
+        }
+    }
 
     /// The coverage models plan, train and infer: a warm-up that silently skipped one would
     /// leave its kernels' first run to the user's first model.

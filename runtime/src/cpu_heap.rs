@@ -1,0 +1,112 @@
+//! The heap the CPU GEMM library (the `gemm` crate) holds inside one call of a plan's steps:
+//! its packing buffers, allocated and freed within the call, planned exactly from each step's
+//! shapes (`memwise_kernels::gemm_heap`) so the host part of the estimate is not a guess.
+
+use memwise_kernels as k;
+use memwise_plan::{DType, Op, Phase, PlanStep, StaticPlan, NONE};
+
+use crate::executor::{attention_dims, conv_dims, convt_dims};
+
+/// The most heap the GEMM library holds at once while `plan`'s steps run on the CPU: the
+/// largest per-call figure over every GEMM-running step (one step runs at a time, and its
+/// calls one after another). Blocks of 1 MiB and more are returned to the system when freed
+/// (`memory::return_large_frees`), smaller ones are reused, so the resident cost is this peak.
+pub fn gemm_library_heap_bytes(plan: &StaticPlan) -> u64 {
+    plan.steps
+        .iter()
+        .map(|s| step_heap(plan, s))
+        .max()
+        .unwrap_or(0) as u64
+}
+
+/// Runs `$body` with `$T` the element type of float dtype `$dt` (0 for other dtypes).
+macro_rules! per_float {
+    ($dt:expr, $T:ident, $body:expr) => {
+        match $dt {
+            DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            DType::U8 | DType::I32 => 0,
+        }
+    };
+}
+
+fn step_heap(plan: &StaticPlan, s: &PlanStep) -> usize {
+    let backward = s.phase == Phase::Backward;
+    // The compute dtype the executor dispatches on: the forward's first output, the
+    // backward's first read (the saved input; dy when nothing is saved).
+    let dtype_of = |id: &u32| (*id != NONE).then(|| plan.tensor(*id).dtype);
+    let first = if backward { &s.reads } else { &s.writes };
+    let Some(dt) = first
+        .first()
+        .and_then(dtype_of)
+        .or_else(|| s.reads.iter().find_map(dtype_of))
+    else {
+        return 0;
+    };
+    let dx = s.writes.first().is_some_and(|&w| w != NONE);
+    match s.op {
+        Op::Dense {
+            rows,
+            in_features,
+            units,
+            ..
+        } => {
+            let d = k::dense::DenseDims {
+                batch: rows,
+                in_features,
+                out_features: units,
+            };
+            per_float!(dt, T, {
+                if backward {
+                    k::dense::dense_backward_heap_bytes::<T>(d, dx)
+                } else {
+                    k::dense::dense_forward_heap_bytes::<T>(d)
+                }
+            })
+        }
+        Op::Conv2d { dims, chunk, .. } => per_float!(dt, T, {
+            if backward {
+                k::conv::conv2d_backward_heap_bytes::<T>(conv_dims(&dims), chunk, dx)
+            } else {
+                k::conv::conv2d_forward_heap_bytes::<T>(conv_dims(&dims), chunk)
+            }
+        }),
+        Op::Conv2dTranspose { dims, chunk, .. } => per_float!(dt, T, {
+            if backward {
+                k::conv::conv2d_transpose_backward_heap_bytes::<T>(convt_dims(&dims), chunk, dx)
+            } else {
+                k::conv::conv2d_transpose_forward_heap_bytes::<T>(convt_dims(&dims), chunk)
+            }
+        }),
+        Op::Attention {
+            batch,
+            seq,
+            heads,
+            head_dim,
+            ..
+        } => {
+            let (d, _) = attention_dims(batch, seq, heads, head_dim);
+            let ws = s.op.scratch_f32_elems(dt);
+            per_float!(dt, T, {
+                if backward {
+                    k::attention::context_backward_heap_bytes::<T>(d, ws)
+                        .max(k::attention::scores_backward_heap_bytes::<T>(d, ws))
+                } else {
+                    k::attention::scores_forward_heap_bytes::<T>(d, ws)
+                        .max(k::attention::context_forward_heap_bytes::<T>(d, ws))
+                }
+            })
+        }
+        _ => 0,
+    }
+}
