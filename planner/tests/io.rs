@@ -1,0 +1,44 @@
+//! Every step of every plan decodes into its op's named tensors: the zoo (training and
+//! inference), random models of every layer kind, and the checkpointed zoo (recompute steps).
+
+use memwise_plan::io::StepIo;
+use memwise_plan::{plan, plan_inference, zoo, StaticPlan};
+
+fn decode_all(p: &StaticPlan) -> usize {
+    for s in p.steps.iter() {
+        StepIo::of(s).unwrap_or_else(|e| panic!("{}: {e}", p.model));
+    }
+    p.steps.len()
+}
+
+#[test]
+fn every_zoo_step_decodes() {
+    let mut steps = 0;
+    for (name, spec) in zoo::all(0.25) {
+        steps += decode_all(&plan(&spec).unwrap());
+        steps += decode_all(&plan_inference(&spec).unwrap());
+        let mut checkpointed = spec.clone();
+        zoo::checkpoint_blocks(&mut checkpointed, |l| l.split('.').next().map(str::to_string));
+        steps += decode_all(&plan(&checkpointed).unwrap_or_else(|e| panic!("{name}: {e}")));
+    }
+    assert!(steps > 1000, "{steps} steps");
+}
+
+#[test]
+fn every_generated_step_decodes() {
+    let mut decoded = 0;
+    for seed in 0..150u64 {
+        for spec in [
+            memwise_plan::generate::random_chain(seed),
+            memwise_plan::generate::random_dag(seed),
+        ] {
+            if let Ok(p) = plan(&spec) {
+                decoded += decode_all(&p);
+            }
+            if let Ok(p) = plan_inference(&spec) {
+                decoded += decode_all(&p);
+            }
+        }
+    }
+    assert!(decoded > 0);
+}
