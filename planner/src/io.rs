@@ -439,9 +439,9 @@ impl LinearBackward {
     /// Reads `[x, dy]`, or `[dy]` when nothing of the layer is trained.
     pub fn of(step: &PlanStep) -> Result<Self, IoError> {
         let l = Lists { step };
-        let (x, dy) = match &step.reads[..] {
-            &[x, dy] => (x, dy),
-            &[dy] => (NONE, dy),
+        let (x, dy) = match step.reads[..] {
+            [x, dy] => (x, dy),
+            [dy] => (NONE, dy),
             _ => return Err(l.err("expected reads [x, dy] or [dy]")),
         };
         let (w, ws, scratch) = l.writes(1)?;
@@ -682,9 +682,9 @@ impl AttentionForward {
 impl AttentionBackward {
     pub fn of(step: &PlanStep) -> Result<Self, IoError> {
         let l = Lists { step };
-        let (qkv, probs, mask, probs_dropped, dctx) = match &step.reads[..] {
-            &[qkv, probs, dctx] => (qkv, probs, NONE, NONE, dctx),
-            &[qkv, probs, mask, dropped, dctx] => (qkv, probs, mask, dropped, dctx),
+        let (qkv, probs, mask, probs_dropped, dctx) = match step.reads[..] {
+            [qkv, probs, dctx] => (qkv, probs, NONE, NONE, dctx),
+            [qkv, probs, mask, dropped, dctx] => (qkv, probs, mask, dropped, dctx),
             _ => return Err(l.err("expected reads [qkv, probs, (mask, probs_dropped,) dctx]")),
         };
         let (w, ws, scratch) = l.writes(1)?;
@@ -836,13 +836,9 @@ impl StepIo {
             (Op::Concat { .. }, false) => StepIo::Concat(ConcatForward::of(step)?),
             (Op::Concat { .. }, true) => StepIo::ConcatBackward(ConcatBackward::of(step)?),
             (Op::Embedding { .. }, false) => StepIo::Embedding(EmbeddingForward::of(step)?),
-            (Op::Embedding { .. }, true) => {
-                StepIo::EmbeddingBackward(EmbeddingBackward::of(step)?)
-            }
+            (Op::Embedding { .. }, true) => StepIo::EmbeddingBackward(EmbeddingBackward::of(step)?),
             (Op::Attention { .. }, false) => StepIo::Attention(AttentionForward::of(step)?),
-            (Op::Attention { .. }, true) => {
-                StepIo::AttentionBackward(AttentionBackward::of(step)?)
-            }
+            (Op::Attention { .. }, true) => StepIo::AttentionBackward(AttentionBackward::of(step)?),
             (Op::SampleNormal { .. }, false) => {
                 StepIo::SampleNormal(SampleNormalForward::of(step)?)
             }

@@ -18,7 +18,9 @@ fn every_zoo_step_decodes() {
         steps += decode_all(&plan(&spec).unwrap());
         steps += decode_all(&plan_inference(&spec).unwrap());
         let mut checkpointed = spec.clone();
-        zoo::checkpoint_blocks(&mut checkpointed, |l| l.split('.').next().map(str::to_string));
+        zoo::checkpoint_blocks(&mut checkpointed, |l| {
+            l.split('.').next().map(str::to_string)
+        });
         steps += decode_all(&plan(&checkpointed).unwrap_or_else(|e| panic!("{name}: {e}")));
     }
     assert!(steps > 1000, "{steps} steps");

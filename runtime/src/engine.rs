@@ -18,6 +18,8 @@ use crate::cuda::{Backend, GpuExecutor};
 use crate::device::Device;
 use crate::error::{Result, RuntimeError};
 use crate::executor::{Batch, Executor, StepOutput};
+use crate::kernels::Kernels;
+use crate::walk::PlanExecutor;
 use crate::weights;
 
 /// An executor of one static plan on one device. Object-safe: the trainer holds a
@@ -140,52 +142,46 @@ pub fn copy_params<E: Engine + ?Sized>(dst: &mut E, src: &dyn Engine) -> Result<
     Ok(())
 }
 
-impl Engine for Executor {
+impl<K: Kernels + 'static> Engine for PlanExecutor<K> {
     fn device_name(&self) -> String {
-        Device::cpu().name()
+        self.kernels().device_name()
     }
     fn plan(&self) -> &StaticPlan {
-        Executor::plan(self)
+        PlanExecutor::plan(self)
     }
     fn seed(&self) -> u64 {
-        Executor::seed(self)
+        PlanExecutor::seed(self)
     }
     fn step_counter(&self) -> u64 {
-        Executor::step_counter(self)
+        PlanExecutor::step_counter(self)
     }
     fn loss_scale(&self) -> f32 {
-        Executor::loss_scale(self)
+        PlanExecutor::loss_scale(self)
     }
     fn train_step(&mut self, inputs: &[Batch<'_>]) -> Result<StepOutput> {
-        Executor::train_step(self, inputs)
+        PlanExecutor::train_step(self, inputs)
     }
     fn evaluate_step(&mut self, inputs: &[Batch<'_>]) -> Result<StepOutput> {
-        Executor::evaluate_step(self, inputs)
+        PlanExecutor::evaluate_step(self, inputs)
     }
     fn read_prediction(&self, out: &mut [f32]) -> Result<()> {
-        Executor::read_prediction(self, out)
+        PlanExecutor::read_prediction(self, out)
     }
     fn param(&self, name: &str) -> Result<Vec<f32>> {
-        Executor::param(self, name).map(<[f32]>::to_vec)
+        PlanExecutor::param(self, name)
     }
     fn grad(&self, name: &str) -> Result<Vec<f32>> {
-        Executor::grad(self, name).map(<[f32]>::to_vec)
+        PlanExecutor::grad(self, name)
     }
     fn set_param(&mut self, name: &str, values: &[f32]) -> Result<()> {
-        Executor::set_param(self, name, values)
-    }
-    fn copy_params_from(&mut self, other: &dyn Engine) -> Result<()> {
-        // Region to region when both are on the CPU.
-        match other.downcast_ref::<Executor>() {
-            Some(cpu) => Executor::copy_params_from(self, cpu),
-            None => copy_params(self, other),
-        }
+        PlanExecutor::set_param(self, name, values)
     }
     fn inference_engine(&self, plan: StaticPlan, device: &Device) -> Result<Box<dyn Engine>> {
-        Ok(Box::new(Executor::new(plan, device, self.seed())?))
+        let k = self.kernels().another(plan, device, self.seed())?;
+        Ok(Box::new(PlanExecutor::from_kernels(k, self.seed())))
     }
     fn device_bytes_used(&self) -> Option<u64> {
-        None
+        PlanExecutor::device_bytes_used(self)
     }
     fn save_weights(&self, path: &Path) -> Result<()> {
         weights::save_weights(self, path)

@@ -1,6 +1,7 @@
 //! The runtime: devices, memory regions, the executor that walks a static plan, weight
 //! initialisation, and datasets.
 
+pub mod cpu;
 pub mod cpu_heap;
 pub mod cuda;
 pub mod data;
@@ -10,12 +11,14 @@ pub mod error;
 pub mod executor;
 pub mod fit_device;
 pub mod init;
+pub mod kernels;
 pub mod memory;
 pub mod monitor;
 pub mod plot;
 pub mod reference;
 pub mod report;
 pub mod train;
+pub mod walk;
 pub mod warm_up;
 pub mod weights;
 

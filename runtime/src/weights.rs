@@ -35,7 +35,8 @@ use safetensors::tensor::{Metadata, TensorInfo, TensorView};
 use safetensors::{Dtype, SafeTensorError, SafeTensors};
 
 use crate::error::{Result, RuntimeError};
-use crate::executor::Executor;
+use crate::kernels::Kernels;
+use crate::walk::PlanExecutor;
 
 /// The memwise file-format version this build writes (`memwise.format_version`) and the
 /// newest it reads.
@@ -507,7 +508,7 @@ pub(crate) fn load_checkpoint<M: PersistentState + ?Sized>(m: &mut M, path: &Pat
     load_checkpoint_labelled(m, &bytes, &format!("checkpoint `{}`", path.display()))
 }
 
-impl Executor {
+impl<K: Kernels> PlanExecutor<K> {
     /// Writes every parameter's f32 values (batch-norm statistics included) to `path` as
     /// safetensors, atomically (see the module docs). Names are the plan's (`hidden.weight`),
     /// shapes the plan's Keras layout.
@@ -563,18 +564,17 @@ impl Executor {
     }
 }
 
-impl PersistentState for Executor {
+impl<K: Kernels> PersistentState for PlanExecutor<K> {
     fn state_plan(&self) -> &StaticPlan {
-        &self.plan
+        self.plan()
     }
 
     fn persistent_image(&self) -> Result<Cow<'_, [u8]>> {
-        Ok(Cow::Borrowed(self.persistent.bytes()))
+        self.k.persistent_image()
     }
 
     fn write_persistent(&mut self, write: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<()> {
-        write(self.persistent.bytes_mut())?;
-        self.refresh_half_copies(None)
+        self.k.write_persistent(write)
     }
 
     fn counters(&self) -> TrainingCounters {

@@ -77,10 +77,10 @@ fn check(name: &str, spec: &memwise_plan::ModelSpec) -> Result<bool, String> {
     );
     for p in planned.params.iter() {
         let (va, vb) = (a.param(&p.name).unwrap(), b.param(&p.name).unwrap());
-        if va.iter().any(|x| x.is_nan()) || !same_bits(va, vb) {
+        if va.iter().any(|x| x.is_nan()) || !same_bits(&va, &vb) {
             let i = va
                 .iter()
-                .zip(vb)
+                .zip(&vb)
                 .position(|(x, y)| x.to_bits() != y.to_bits() || x.is_nan())
                 .unwrap_or(0);
             return Err(format!(
@@ -90,10 +90,10 @@ fn check(name: &str, spec: &memwise_plan::ModelSpec) -> Result<bool, String> {
         }
         if p.trainable {
             let (ga, gb) = (a.grad(&p.name).unwrap(), b.grad(&p.name).unwrap());
-            if !same_bits(ga, gb) {
+            if !same_bits(&ga, &gb) {
                 let i = ga
                     .iter()
-                    .zip(gb)
+                    .zip(&gb)
                     .position(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()))
                     .unwrap_or(0);
                 return Err(format!(

@@ -1,0 +1,280 @@
+//! `Kernels`: what the one walk of a plan ([`crate::walk::PlanExecutor`]) asks of a device —
+//! its memory (the arena, the persistent region, the step's scalars) and one typed method per
+//! op and phase. The CPU ([`crate::cpu::CpuKernels`]) and CUDA (`crate::cuda::CudaKernels`)
+//! implement it; a new op is one method here and one in each, and the walk's exhaustive match
+//! makes an op without a kernel a compile error.
+//!
+//! Every op method reads and writes the tensors its [`memwise_plan::io`] struct names, at their
+//! planned places. Losses write their weighted value into the plan's loss tensor; the step's
+//! flags (a non-finite gradient or loss, correct predictions, a label out of range) live in
+//! the kernels' [`StepScalars`]/[`StepFlags`], on the device where there is one, so that a
+//! whole step can run (or be replayed as a CUDA graph) without the host deciding mid-step.
+
+use memwise_kernels as k;
+use memwise_plan::io::*;
+use memwise_plan::{Activation, Optimizer, PlanStep, Reduction, StaticPlan};
+
+use crate::error::{Result, RuntimeError};
+use crate::executor::Batch;
+
+/// Errors inside an op: a kernel's (the walk adds the step) or the runtime's.
+#[derive(Debug)]
+pub enum OpError {
+    Kernel(k::KernelError),
+    Runtime(RuntimeError),
+}
+
+impl From<k::KernelError> for OpError {
+    fn from(e: k::KernelError) -> Self {
+        OpError::Kernel(e)
+    }
+}
+
+impl From<RuntimeError> for OpError {
+    fn from(e: RuntimeError) -> Self {
+        OpError::Runtime(e)
+    }
+}
+
+/// What an op method returns.
+pub type OpResult = std::result::Result<(), OpError>;
+
+/// The per-step scalars every kernel may read, set by the walk before a step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepScalars {
+    /// Training steps run before this one (keys the dropout and sampling streams).
+    pub step: u64,
+    /// The dynamic loss scale the loss gradients are multiplied by (1 without scaling).
+    pub loss_scale: f32,
+    /// `1 / loss_scale`, applied by the optimizer to the gradients.
+    pub grad_unscale: f32,
+    /// Optimizer updates applied so far, plus one: Adam's bias-correction step.
+    pub update: u64,
+}
+
+/// What a step left in the kernels' flags, read back by the walk after it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepFlags {
+    /// Sum of the weighted loss terms.
+    pub loss: f32,
+    /// Predictions whose arg-max matched the label.
+    pub correct: usize,
+    /// A gradient (with loss scaling) or the loss (without) was not finite: the optimizer
+    /// skipped its updates.
+    pub nonfinite: bool,
+    /// `Some(i)`: element `i` of a label or id input was out of range (found on a device,
+    /// which cannot return an error mid-step).
+    pub bad_index: Option<usize>,
+}
+
+/// Which form of binary cross-entropy a loss step computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BceInput {
+    /// Probabilities of a sigmoid fused into the loss: the gradient is of its input.
+    FusedSigmoid,
+    /// Logits of a linear output, the sigmoid fused stably.
+    Logits,
+    /// Probabilities read as they are.
+    Probabilities,
+}
+
+/// One optimizer update of a layer's parameters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct UpdateStep<'a> {
+    pub optimizer: Optimizer,
+    pub params: &'a [u32],
+}
+
+/// A device's memory and one kernel per op and phase.
+pub trait Kernels {
+    /// The device's name (`cpu`, `cuda:0 (NVIDIA H200)`, `emulated` …).
+    fn device_name(&self) -> String;
+    /// The plan these kernels hold the memory of.
+    fn plan(&self) -> &StaticPlan;
+    /// Device memory in use minus what was in use before these kernels allocated; `None`
+    /// on the CPU.
+    fn device_bytes_used(&self) -> Option<u64>;
+    /// Kernels of the same kind for another plan (an inference plan of the same model) on
+    /// `device`, weights initialised from `seed`.
+    fn another(&self, plan: StaticPlan, device: &crate::device::Device, seed: u64) -> Result<Self>
+    where
+        Self: Sized;
+
+    // ---- a step's frame ----
+
+    /// Copies checked inputs into their tensors.
+    fn load_inputs(&mut self, inputs: &[Batch<'_>]) -> Result<()>;
+    /// Before a step's kernels: sets the scalars, clears the flags, zeroes the gradients.
+    fn begin_step(&mut self, scalars: &StepScalars) -> Result<()>;
+    /// Runs `steps` (the walk's dispatch of every step), or replays what an earlier call
+    /// recorded (CUDA graphs; the CPU always runs it).
+    fn run_steps(&mut self, steps: &mut dyn FnMut(&Self) -> Result<()>) -> Result<()>;
+    /// After a step: its flags and loss.
+    fn end_step(&mut self) -> Result<StepFlags>;
+    /// Whether the running step has been flagged non-finite so far, where the device can
+    /// tell mid-step (the CPU: then a float32 step stops at its loss, before any gradient is
+    /// computed); `None` where it cannot (a GPU learns it when the step ends).
+    fn flagged_now(&self) -> Option<bool>;
+
+    // ---- state ----
+
+    /// The f32 values of parameter `pid` (or its gradient).
+    fn read_param(&self, pid: u32, grad: bool) -> Result<Vec<f32>>;
+    /// Overwrites parameter `pid`'s f32 values and its 16-bit copy.
+    fn write_param(&mut self, pid: u32, values: &[f32]) -> Result<()>;
+    /// Tensor `id` as f32 values (after a step).
+    fn read_tensor(&self, id: u32, out: &mut [f32]) -> Result<()>;
+    /// Whether every value of float tensor `id` is finite (integers always are).
+    fn tensor_finite(&self, id: u32) -> Result<bool>;
+    /// The whole persistent region's bytes (checkpoints, weights files).
+    fn persistent_image(&self) -> Result<std::borrow::Cow<'_, [u8]>>;
+    /// Lets `write` change the persistent region's bytes, then refreshes the 16-bit copies.
+    fn write_persistent(&mut self, write: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<()>;
+    /// Overwrites tensors `ids` with NaN (floats) or a fixed byte (integers): the poisoned
+    /// arena test's hook. `Err` where the device cannot.
+    fn poison(&self, ids: &[u32]) -> Result<()>;
+
+    // ---- forward ----
+
+    fn input_cast(&self, io: &UnaryForward, scale: f32) -> OpResult;
+    fn cast(&self, io: &UnaryForward) -> OpResult;
+    fn dense(&self, io: &LinearForward, d: k::dense::DenseDims) -> OpResult;
+    fn conv2d(&self, io: &LinearForward, d: k::conv::Conv2dDims, chunk: usize) -> OpResult;
+    fn depthwise_conv2d(&self, io: &LinearForward, d: k::conv::DepthwiseConv2dDims) -> OpResult;
+    fn conv2d_transpose(
+        &self,
+        io: &LinearForward,
+        d: k::conv::ConvTranspose2dDims,
+        chunk: usize,
+    ) -> OpResult;
+    fn max_pool2d(&self, io: &MaxPoolForward, d: &k::pool::Pool2d) -> OpResult;
+    fn avg_pool2d(&self, io: &UnaryForward, d: &k::pool::Pool2d) -> OpResult;
+    fn global_avg_pool(&self, io: &UnaryForward, n: usize, hw: usize, c: usize) -> OpResult;
+    /// Training-mode batch norm; `move_running` is false when recomputing (the running
+    /// statistics move once per step).
+    fn batch_norm(
+        &self,
+        io: &BatchNormForward,
+        d: k::norm::NormDims,
+        cfg: k::norm::BatchNormConfig,
+        move_running: bool,
+    ) -> OpResult;
+    fn batch_norm_inference(
+        &self,
+        io: &BatchNormInferenceForward,
+        d: k::norm::NormDims,
+        epsilon: f32,
+    ) -> OpResult;
+    fn layer_norm(&self, io: &LayerNormForward, d: k::norm::NormDims, epsilon: f32) -> OpResult;
+    fn dropout(&self, io: &DropoutForward, rate: f32, key: k::random::RngKey) -> OpResult;
+    /// Element-wise activation, or softmax over rows of `cols`.
+    fn activation(&self, io: &UnaryForward, act: Activation, rows: usize, cols: usize) -> OpResult;
+    fn add(&self, io: &AddForward) -> OpResult;
+    fn concat(&self, io: &ConcatForward, rows: usize, a: usize, b: usize) -> OpResult;
+    fn embedding(&self, io: &EmbeddingForward, d: k::embedding::EmbeddingDims) -> OpResult;
+    fn attention(
+        &self,
+        io: &AttentionForward,
+        d: k::attention::AttentionDims,
+        causal: bool,
+        dropout: f32,
+        key: k::random::RngKey,
+    ) -> OpResult;
+    fn sample_normal(&self, io: &SampleNormalForward, key: k::random::RngKey) -> OpResult;
+
+    // ---- backward ----
+
+    fn cast_backward(&self, io: &UnaryBackward) -> OpResult;
+    fn dense_backward(&self, io: &LinearBackward, d: k::dense::DenseDims) -> OpResult;
+    fn conv2d_backward(
+        &self,
+        io: &LinearBackward,
+        d: k::conv::Conv2dDims,
+        chunk: usize,
+    ) -> OpResult;
+    fn depthwise_conv2d_backward(
+        &self,
+        io: &LinearBackward,
+        d: k::conv::DepthwiseConv2dDims,
+    ) -> OpResult;
+    fn conv2d_transpose_backward(
+        &self,
+        io: &LinearBackward,
+        d: k::conv::ConvTranspose2dDims,
+        chunk: usize,
+    ) -> OpResult;
+    fn max_pool2d_backward(&self, io: &SavedBackward, d: &k::pool::Pool2d) -> OpResult;
+    fn avg_pool2d_backward(&self, io: &UnaryBackward, d: &k::pool::Pool2d) -> OpResult;
+    fn global_avg_pool_backward(
+        &self,
+        io: &UnaryBackward,
+        n: usize,
+        hw: usize,
+        c: usize,
+    ) -> OpResult;
+    fn batch_norm_backward(&self, io: &NormBackward, d: k::norm::NormDims) -> OpResult;
+    fn layer_norm_backward(&self, io: &NormBackward, d: k::norm::NormDims) -> OpResult;
+    fn dropout_backward(&self, io: &SavedBackward, rate: f32) -> OpResult;
+    fn activation_backward(
+        &self,
+        io: &SavedBackward,
+        act: Activation,
+        rows: usize,
+        cols: usize,
+    ) -> OpResult;
+    fn concat_backward(&self, io: &ConcatBackward, rows: usize, a: usize, b: usize) -> OpResult;
+    fn embedding_backward(
+        &self,
+        io: &EmbeddingBackward,
+        d: k::embedding::EmbeddingDims,
+    ) -> OpResult;
+    fn attention_backward(
+        &self,
+        io: &AttentionBackward,
+        d: k::attention::AttentionDims,
+        dropout: f32,
+    ) -> OpResult;
+    fn sample_normal_backward(&self, io: &SampleNormalBackward, key: k::random::RngKey)
+        -> OpResult;
+    fn accumulate(&self, io: &AccumulateIo) -> OpResult;
+
+    // ---- losses (value into the loss tensor, gradient when training) ----
+
+    /// Sparse categorical cross-entropy, the softmax fused (`from_logits`: computed here from
+    /// the logits into the workspace; else the prediction is a fused softmax's output).
+    fn sparse_categorical_crossentropy(
+        &self,
+        io: &LossIo,
+        rows: usize,
+        classes: usize,
+        weight: f32,
+        from_logits: bool,
+    ) -> OpResult;
+    fn binary_crossentropy(
+        &self,
+        io: &LossIo,
+        rows: usize,
+        features: usize,
+        reduction: Reduction,
+        weight: f32,
+        input: BceInput,
+    ) -> OpResult;
+    fn mean_squared_error(
+        &self,
+        io: &LossIo,
+        rows: usize,
+        features: usize,
+        reduction: Reduction,
+        weight: f32,
+    ) -> OpResult;
+    /// KL divergence to N(0, 1); `weight` already divided by the features for a mean.
+    fn kl_normal(&self, io: &KlIo, rows: usize, features: usize, weight: f32) -> OpResult;
+
+    // ---- update ----
+
+    /// With loss scaling: flags the step non-finite when a gradient is.
+    fn check_finite(&self) -> OpResult;
+    /// The optimizer update of one layer's parameters (skipped when the step is flagged
+    /// non-finite) and their 16-bit copies.
+    fn update(&self, step: &PlanStep, u: UpdateStep<'_>) -> OpResult;
+}

@@ -1,0 +1,705 @@
+//! `PlanExecutor<K>`: the one walk of a static plan — phases, recompute, loss scaling,
+//! non-finite checks, counters, parameters by name, profiling and poisoning — over any
+//! [`Kernels`]: the CPU's (`Executor`) or a GPU's (`GpuExecutor`). Each step is decoded into
+//! its op's named tensors ([`memwise_plan::io`]) and handed to one typed kernel method; the
+//! match over ops is exhaustive, so an op without a kernel does not compile.
+
+use memwise_kernels as k;
+use memwise_plan::io::*;
+use memwise_plan::{Op, Phase, PlanStep, Reduction, StaticPlan, NONE};
+
+use crate::error::{Result, RuntimeError};
+use crate::executor::{
+    attention_dims, check_inputs, check_param_values, conv_dims, convt_dims, dw_dims, param_named,
+    pool_dims, readable_prediction, trainable_param_named, Batch, StepOutput,
+};
+use crate::kernels::{BceInput, Kernels, OpError, StepScalars, UpdateStep};
+
+/// Runs training (or inference) steps of one plan over kernels `K`.
+pub struct PlanExecutor<K: Kernels> {
+    pub(crate) k: K,
+    pub(crate) seed: u64,
+    pub(crate) step_counter: u64,
+    /// Optimizer updates applied (Adam's bias correction counts these).
+    pub(crate) updates: u64,
+    pub(crate) scaler: k::optimizer::LossScaler,
+    /// Tensors to poison after each step (the poisoned-arena test), by step.
+    poison_after: Option<Vec<Vec<u32>>>,
+    /// Seconds per step, when profiling.
+    profile: Option<Vec<f64>>,
+    /// Steps run in all (every phase), for tests that count work.
+    pub steps_executed: u64,
+}
+
+fn kerr(step: &PlanStep, e: k::KernelError) -> RuntimeError {
+    RuntimeError::Kernel {
+        step: step.index,
+        op: step.op.name(),
+        layer: step.layer.to_string(),
+        error: e,
+    }
+}
+
+fn io_err(e: IoError) -> OpError {
+    OpError::Runtime(RuntimeError::Memory(e.0))
+}
+
+impl<K: Kernels> PlanExecutor<K> {
+    /// Walks `k`'s plan; the weights in `k` were initialised from `seed`, which also keys
+    /// dropout and sampling.
+    pub fn from_kernels(k: K, seed: u64) -> PlanExecutor<K> {
+        let scaler = if k.plan().loss_scaling {
+            k::optimizer::LossScaler::new()
+        } else {
+            k::optimizer::LossScaler::disabled()
+        };
+        PlanExecutor {
+            k,
+            seed,
+            step_counter: 0,
+            updates: 0,
+            scaler,
+            poison_after: None,
+            profile: None,
+            steps_executed: 0,
+        }
+    }
+
+    pub fn plan(&self) -> &StaticPlan {
+        self.k.plan()
+    }
+
+    /// The device side: its memory and kernels.
+    pub fn kernels(&self) -> &K {
+        &self.k
+    }
+
+    /// [`PlanExecutor::kernels`], to change (a GPU's graph switch …).
+    pub fn kernels_mut(&mut self) -> &mut K {
+        &mut self.k
+    }
+
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Training steps run so far.
+    pub fn step_counter(&self) -> u64 {
+        self.step_counter
+    }
+
+    /// The dynamic loss scale (1.0 when loss scaling is off).
+    pub fn loss_scale(&self) -> f32 {
+        self.scaler.scale()
+    }
+
+    /// Device memory in use minus before the model was built (`None` on the CPU).
+    pub fn device_bytes_used(&self) -> Option<u64> {
+        self.k.device_bytes_used()
+    }
+
+    /// Starts timing every step of the plan (see [`PlanExecutor::profile`]). On a GPU the
+    /// times are those of launching, not of running.
+    pub fn enable_profiling(&mut self) {
+        self.profile = Some(vec![0.0; self.plan().steps.len()]);
+    }
+
+    /// Seconds spent per `(phase, op)` so far, largest first (profiling must be on).
+    pub fn profile(&self) -> Vec<(String, f64)> {
+        let Some(p) = &self.profile else {
+            return Vec::new();
+        };
+        let mut by: Vec<(String, f64)> = Vec::new();
+        for (s, t) in self.plan().steps.iter().zip(p) {
+            let key = format!("{} {}", s.phase.name(), s.op.name());
+            match by.iter_mut().find(|(k, _)| *k == key) {
+                Some(e) => e.1 += t,
+                None => by.push((key, *t)),
+            }
+        }
+        by.sort_by(|a, b| b.1.total_cmp(&a.1));
+        by
+    }
+
+    /// Test hook: after each step, overwrite with NaN every tensor whose life ends there
+    /// (unless another tensor took its bytes over in place). A plan that frees anything too
+    /// early then poisons the result.
+    pub fn enable_poisoning(&mut self) {
+        let plan = self.k.plan();
+        let mut by_step = vec![Vec::new(); plan.steps.len()];
+        let donated: std::collections::HashSet<u32> = plan
+            .tensors
+            .iter()
+            .filter(|t| t.in_place_of != NONE)
+            .map(|t| t.in_place_of)
+            .collect();
+        for t in plan.tensors.iter() {
+            if !donated.contains(&t.id)
+                && (t.last as usize) < by_step.len()
+                && !plan.losses.contains(&t.id)
+            {
+                by_step[t.last as usize].push(t.id);
+            }
+        }
+        self.poison_after = Some(by_step);
+    }
+
+    /// The f32 values of parameter `name` (`hidden.weight` …).
+    pub fn param(&self, name: &str) -> Result<Vec<f32>> {
+        let (id, _) = param_named(self.plan(), name)?;
+        self.k.read_param(id as u32, false)
+    }
+
+    /// The f32 gradient of trainable parameter `name` from the last step.
+    pub fn grad(&self, name: &str) -> Result<Vec<f32>> {
+        let p = trainable_param_named(self.plan(), name)?;
+        self.k.read_param(p.id, true)
+    }
+
+    /// Overwrites parameter `name` with `values` (and its 16-bit copy).
+    pub fn set_param(&mut self, name: &str, values: &[f32]) -> Result<()> {
+        let (id, p) = param_named(self.plan(), name)?;
+        check_param_values(p, values)?;
+        self.k.write_param(id as u32, values)
+    }
+
+    /// The prediction tensor's values after the last step of an inference plan.
+    pub fn read_prediction(&self, out: &mut [f32]) -> Result<()> {
+        let t = readable_prediction(self.plan(), out.len())?;
+        self.k.read_tensor(t.id, out)
+    }
+
+    /// Value of loss term `i` from the last step.
+    pub fn loss_term(&self, i: usize) -> Result<f32> {
+        let id = *self
+            .plan()
+            .losses
+            .get(i)
+            .ok_or_else(|| RuntimeError::Input(format!("no loss term {i}")))?;
+        let mut v = [0f32];
+        self.k.read_tensor(id, &mut v)?;
+        Ok(v[0])
+    }
+
+    /// Runs the plan's forward and loss steps without updating (an inference plan).
+    pub fn evaluate_step(&mut self, inputs: &[Batch<'_>]) -> Result<StepOutput> {
+        if self.plan().training {
+            return Err(RuntimeError::Input(
+                "evaluate_step needs an inference plan (plan_inference)".into(),
+            ));
+        }
+        self.train_step(inputs)
+    }
+
+    /// Runs one training step on `inputs` (one batch per model input, in declaration order).
+    pub fn train_step(&mut self, inputs: &[Batch<'_>]) -> Result<StepOutput> {
+        check_inputs(self.plan(), inputs)?;
+        self.k.load_inputs(inputs)?;
+        let scalars = StepScalars {
+            step: self.step_counter,
+            loss_scale: self.scaler.scale(),
+            grad_unscale: 1.0 / self.scaler.scale(),
+            update: self.updates + 1,
+        };
+        self.k.begin_step(&scalars)?;
+        let seed = self.seed;
+        let (profile, poison) = (&mut self.profile, &self.poison_after);
+        // Without loss scaling a non-finite loss ends the step where the device can tell at
+        // once: no gradient is computed from it (the optimizer would skip it anyway).
+        let stop_on_nonfinite = self.k.plan().training && !self.k.plan().loss_scaling;
+        let mut executed = 0u64;
+        self.k.run_steps(&mut |k: &K| {
+            for (i, s) in k.plan().steps.iter().enumerate() {
+                let t0 = profile.is_some().then(std::time::Instant::now);
+                run_step(k, s, seed, scalars.step)?;
+                executed += 1;
+                if let (Some(t0), Some(p)) = (t0, profile.as_mut()) {
+                    p[i] += t0.elapsed().as_secs_f64();
+                }
+                if let Some(by_step) = poison {
+                    k.poison(&by_step[i])?;
+                }
+                if stop_on_nonfinite && s.phase == Phase::Loss && k.flagged_now() == Some(true) {
+                    break;
+                }
+            }
+            Ok(())
+        })?;
+        self.steps_executed += executed;
+        let flags = self.k.end_step()?;
+        self.finish_step(inputs, flags)
+    }
+
+    /// The walk's decisions after a step: a label out of range found on a device, the loss
+    /// scaler, a non-finite float32 loss (named by its first non-finite forward output),
+    /// the counters.
+    fn finish_step(
+        &mut self,
+        inputs: &[Batch<'_>],
+        flags: crate::kernels::StepFlags,
+    ) -> Result<StepOutput> {
+        if let Some(i) = flags.bad_index {
+            return Err(RuntimeError::Input(format!(
+                "sample or token {i} has a label or id out of range; the weights were not updated"
+            )));
+        }
+        let mut out = StepOutput {
+            loss: flags.loss,
+            correct: flags.correct,
+            skipped: false,
+        };
+        if self.plan().training {
+            if self.plan().loss_scaling {
+                if let k::optimizer::StepDecision::Skip = self.scaler.update(flags.nonfinite) {
+                    out.skipped = true;
+                }
+            } else if flags.nonfinite {
+                // The optimizer skipped its updates: the weights are those before the step.
+                let culprit = self.first_non_finite(inputs)?;
+                return Err(RuntimeError::NonFinite(format!(
+                    "training step {}: the loss is {}; {culprit}. The weights were not updated.",
+                    self.step_counter + 1,
+                    flags.loss
+                )));
+            }
+        }
+        if !out.skipped {
+            self.updates += 1;
+        }
+        self.step_counter += 1;
+        Ok(out)
+    }
+
+    /// Re-runs the forward steps on `inputs`, checking every float output, and names the
+    /// first layer whose output is not finite (the weights are those the step started from).
+    fn first_non_finite(&mut self, inputs: &[Batch<'_>]) -> Result<String> {
+        self.k.load_inputs(inputs)?;
+        let plan = self.k.plan();
+        for (i, &id) in plan.inputs.iter().enumerate() {
+            if !self.k.tensor_finite(id)? {
+                return Ok(format!(
+                    "input {i} (`{}`) holds non-finite values",
+                    plan.tensor(id).name
+                ));
+            }
+        }
+        let (seed, step) = (self.seed, self.step_counter);
+        for s in plan.steps.iter().take_while(|s| s.phase == Phase::Forward) {
+            run_step(&self.k, s, seed, step)?;
+            let n = s.writes.len().saturating_sub(2);
+            for &w in &s.writes[..n] {
+                if w != NONE && !self.k.tensor_finite(w)? {
+                    let t = plan.tensor(w);
+                    return Ok(format!(
+                        "the first non-finite value appears in the output `{}` of layer `{}` ({} at step {})",
+                        t.name, s.layer, s.op.name(), s.index
+                    ));
+                }
+            }
+        }
+        Ok("every forward output is finite: the loss itself overflowed".to_string())
+    }
+}
+
+/// Runs step `s` on `k`: decodes its tensors and calls its op's kernel for its phase.
+pub(crate) fn run_step<K: Kernels>(k: &K, s: &PlanStep, seed: u64, step: u64) -> Result<()> {
+    let r = match s.phase {
+        Phase::Forward | Phase::Recompute => forward(k, s, seed, step),
+        Phase::Backward => backward(k, s, seed, step),
+        Phase::Loss => loss(k, s),
+        Phase::Update => update(k, s),
+    };
+    r.map_err(|e| match e {
+        OpError::Kernel(e) => kerr(s, e),
+        OpError::Runtime(RuntimeError::Memory(m)) => RuntimeError::Memory(format!(
+            "step {} ({} of layer `{}`): {m}",
+            s.index,
+            s.op.name(),
+            s.layer
+        )),
+        OpError::Runtime(e) => e,
+    })
+}
+
+fn key(seed: u64, layer: u32, step: u64) -> k::random::RngKey {
+    k::random::RngKey { seed, layer, step }
+}
+
+fn not_in_phase(s: &PlanStep) -> OpError {
+    OpError::Runtime(RuntimeError::Memory(format!(
+        "{} has no {} step",
+        s.op.name(),
+        s.phase.name()
+    )))
+}
+
+fn forward<K: Kernels>(
+    k: &K,
+    s: &PlanStep,
+    seed: u64,
+    step: u64,
+) -> std::result::Result<(), OpError> {
+    let recompute = s.phase == Phase::Recompute;
+    match s.op {
+        Op::InputCast { scale, .. } => k.input_cast(&UnaryForward::of(s).map_err(io_err)?, scale),
+        Op::Cast { .. } => k.cast(&UnaryForward::of(s).map_err(io_err)?),
+        Op::Dense {
+            rows,
+            in_features,
+            units,
+            ..
+        } => k.dense(
+            &LinearForward::of(s).map_err(io_err)?,
+            k::dense::DenseDims {
+                batch: rows,
+                in_features,
+                out_features: units,
+            },
+        ),
+        Op::Conv2d { dims, chunk, .. } => k.conv2d(
+            &LinearForward::of(s).map_err(io_err)?,
+            conv_dims(&dims),
+            chunk,
+        ),
+        Op::DepthwiseConv2d { dims, .. } => {
+            k.depthwise_conv2d(&LinearForward::of(s).map_err(io_err)?, dw_dims(&dims))
+        }
+        Op::Conv2dTranspose { dims, chunk, .. } => k.conv2d_transpose(
+            &LinearForward::of(s).map_err(io_err)?,
+            convt_dims(&dims),
+            chunk,
+        ),
+        Op::MaxPool2d { dims } => {
+            k.max_pool2d(&MaxPoolForward::of(s).map_err(io_err)?, &pool_dims(&dims)?)
+        }
+        Op::AvgPool2d { dims } => {
+            k.avg_pool2d(&UnaryForward::of(s).map_err(io_err)?, &pool_dims(&dims)?)
+        }
+        Op::GlobalAvgPool { n, hw, c } => {
+            k.global_avg_pool(&UnaryForward::of(s).map_err(io_err)?, n, hw, c)
+        }
+        Op::BatchNorm {
+            rows,
+            channels,
+            momentum,
+            epsilon,
+        } => k.batch_norm(
+            &BatchNormForward::of(s).map_err(io_err)?,
+            k::norm::NormDims { rows, channels },
+            k::norm::BatchNormConfig { epsilon, momentum },
+            !recompute,
+        ),
+        Op::BatchNormInference {
+            rows,
+            channels,
+            epsilon,
+        } => k.batch_norm_inference(
+            &BatchNormInferenceForward::of(s).map_err(io_err)?,
+            k::norm::NormDims { rows, channels },
+            epsilon,
+        ),
+        Op::LayerNorm {
+            rows,
+            features,
+            epsilon,
+        } => k.layer_norm(
+            &LayerNormForward::of(s).map_err(io_err)?,
+            k::norm::NormDims {
+                rows,
+                channels: features,
+            },
+            epsilon,
+        ),
+        Op::Dropout { rate, key: l, .. } => k.dropout(
+            &DropoutForward::of(s).map_err(io_err)?,
+            rate,
+            key(seed, l, step),
+        ),
+        Op::Activation { act, elems, cols } => k.activation(
+            &UnaryForward::of(s).map_err(io_err)?,
+            act,
+            elems / cols.max(1),
+            cols,
+        ),
+        Op::Add { .. } => k.add(&AddForward::of(s).map_err(io_err)?),
+        Op::Concat { rows, a, b } => k.concat(&ConcatForward::of(s).map_err(io_err)?, rows, a, b),
+        Op::Embedding { tokens, vocab, dim } => k.embedding(
+            &EmbeddingForward::of(s).map_err(io_err)?,
+            k::embedding::EmbeddingDims { tokens, vocab, dim },
+        ),
+        Op::Attention {
+            batch,
+            seq,
+            heads,
+            head_dim,
+            causal,
+            dropout,
+            key: l,
+        } => k.attention(
+            &AttentionForward::of(s).map_err(io_err)?,
+            attention_dims(batch, seq, heads, head_dim).0,
+            causal,
+            dropout,
+            key(seed, l, step),
+        ),
+        Op::SampleNormal { key: l, .. } => k.sample_normal(
+            &SampleNormalForward::of(s).map_err(io_err)?,
+            key(seed, l, step),
+        ),
+        Op::Accumulate { .. }
+        | Op::SoftmaxCrossEntropy { .. }
+        | Op::SoftmaxCrossEntropyFromLogits { .. }
+        | Op::SigmoidBinaryCrossentropy { .. }
+        | Op::BinaryCrossentropyFromLogits { .. }
+        | Op::BinaryCrossentropy { .. }
+        | Op::MeanSquaredError { .. }
+        | Op::KlNormal { .. }
+        | Op::CheckFinite
+        | Op::Update => Err(not_in_phase(s)),
+    }
+}
+
+fn backward<K: Kernels>(
+    k: &K,
+    s: &PlanStep,
+    seed: u64,
+    step: u64,
+) -> std::result::Result<(), OpError> {
+    match s.op {
+        Op::Cast { .. } => k.cast_backward(&UnaryBackward::of(s).map_err(io_err)?),
+        Op::Dense {
+            rows,
+            in_features,
+            units,
+            ..
+        } => k.dense_backward(
+            &LinearBackward::of(s).map_err(io_err)?,
+            k::dense::DenseDims {
+                batch: rows,
+                in_features,
+                out_features: units,
+            },
+        ),
+        Op::Conv2d { dims, chunk, .. } => k.conv2d_backward(
+            &LinearBackward::of(s).map_err(io_err)?,
+            conv_dims(&dims),
+            chunk,
+        ),
+        Op::DepthwiseConv2d { dims, .. } => {
+            k.depthwise_conv2d_backward(&LinearBackward::of(s).map_err(io_err)?, dw_dims(&dims))
+        }
+        Op::Conv2dTranspose { dims, chunk, .. } => k.conv2d_transpose_backward(
+            &LinearBackward::of(s).map_err(io_err)?,
+            convt_dims(&dims),
+            chunk,
+        ),
+        Op::MaxPool2d { dims } => {
+            k.max_pool2d_backward(&SavedBackward::of(s).map_err(io_err)?, &pool_dims(&dims)?)
+        }
+        Op::AvgPool2d { dims } => {
+            k.avg_pool2d_backward(&UnaryBackward::of(s).map_err(io_err)?, &pool_dims(&dims)?)
+        }
+        Op::GlobalAvgPool { n, hw, c } => {
+            k.global_avg_pool_backward(&UnaryBackward::of(s).map_err(io_err)?, n, hw, c)
+        }
+        Op::BatchNorm { rows, channels, .. } => k.batch_norm_backward(
+            &NormBackward::of(s).map_err(io_err)?,
+            k::norm::NormDims { rows, channels },
+        ),
+        Op::LayerNorm { rows, features, .. } => k.layer_norm_backward(
+            &NormBackward::of(s).map_err(io_err)?,
+            k::norm::NormDims {
+                rows,
+                channels: features,
+            },
+        ),
+        Op::Dropout { rate, .. } => {
+            k.dropout_backward(&SavedBackward::of(s).map_err(io_err)?, rate)
+        }
+        Op::Activation { act, elems, cols } => k.activation_backward(
+            &SavedBackward::of(s).map_err(io_err)?,
+            act,
+            elems / cols.max(1),
+            cols,
+        ),
+        Op::Concat { rows, a, b } => {
+            k.concat_backward(&ConcatBackward::of(s).map_err(io_err)?, rows, a, b)
+        }
+        Op::Embedding { tokens, vocab, dim } => k.embedding_backward(
+            &EmbeddingBackward::of(s).map_err(io_err)?,
+            k::embedding::EmbeddingDims { tokens, vocab, dim },
+        ),
+        Op::Attention {
+            batch,
+            seq,
+            heads,
+            head_dim,
+            dropout,
+            ..
+        } => k.attention_backward(
+            &AttentionBackward::of(s).map_err(io_err)?,
+            attention_dims(batch, seq, heads, head_dim).0,
+            dropout,
+        ),
+        Op::SampleNormal { key: l, .. } => k.sample_normal_backward(
+            &SampleNormalBackward::of(s).map_err(io_err)?,
+            key(seed, l, step),
+        ),
+        Op::Accumulate { .. } => k.accumulate(&AccumulateIo::of(s).map_err(io_err)?),
+        Op::InputCast { .. }
+        | Op::Add { .. }
+        | Op::BatchNormInference { .. }
+        | Op::SoftmaxCrossEntropy { .. }
+        | Op::SoftmaxCrossEntropyFromLogits { .. }
+        | Op::SigmoidBinaryCrossentropy { .. }
+        | Op::BinaryCrossentropyFromLogits { .. }
+        | Op::BinaryCrossentropy { .. }
+        | Op::MeanSquaredError { .. }
+        | Op::KlNormal { .. }
+        | Op::CheckFinite
+        | Op::Update => Err(not_in_phase(s)),
+    }
+}
+
+fn loss<K: Kernels>(k: &K, s: &PlanStep) -> std::result::Result<(), OpError> {
+    let bce = |input: BceInput, rows, features, reduction, weight| {
+        k.binary_crossentropy(
+            &LossIo::of(s).map_err(io_err)?,
+            rows,
+            features,
+            reduction,
+            weight,
+            input,
+        )
+    };
+    match s.op {
+        Op::SoftmaxCrossEntropy {
+            rows,
+            classes,
+            weight,
+        } => k.sparse_categorical_crossentropy(
+            &LossIo::of(s).map_err(io_err)?,
+            rows,
+            classes,
+            weight,
+            false,
+        ),
+        Op::SoftmaxCrossEntropyFromLogits {
+            rows,
+            classes,
+            weight,
+        } => k.sparse_categorical_crossentropy(
+            &LossIo::of(s).map_err(io_err)?,
+            rows,
+            classes,
+            weight,
+            true,
+        ),
+        Op::SigmoidBinaryCrossentropy {
+            rows,
+            features,
+            reduction,
+            weight,
+        } => bce(BceInput::FusedSigmoid, rows, features, reduction, weight),
+        Op::BinaryCrossentropyFromLogits {
+            rows,
+            features,
+            reduction,
+            weight,
+        } => bce(BceInput::Logits, rows, features, reduction, weight),
+        Op::BinaryCrossentropy {
+            rows,
+            features,
+            reduction,
+            weight,
+        } => bce(BceInput::Probabilities, rows, features, reduction, weight),
+        Op::MeanSquaredError {
+            rows,
+            features,
+            reduction,
+            weight,
+        } => k.mean_squared_error(
+            &LossIo::of(s).map_err(io_err)?,
+            rows,
+            features,
+            reduction,
+            weight,
+        ),
+        Op::KlNormal {
+            rows,
+            features,
+            reduction,
+            weight,
+        } => {
+            // The kernel sums over features; a mean divides by them.
+            let w = if reduction == Reduction::Mean {
+                weight / features as f32
+            } else {
+                weight
+            };
+            k.kl_normal(&KlIo::of(s).map_err(io_err)?, rows, features, w)
+        }
+        Op::InputCast { .. }
+        | Op::Cast { .. }
+        | Op::Dense { .. }
+        | Op::Conv2d { .. }
+        | Op::DepthwiseConv2d { .. }
+        | Op::Conv2dTranspose { .. }
+        | Op::MaxPool2d { .. }
+        | Op::AvgPool2d { .. }
+        | Op::GlobalAvgPool { .. }
+        | Op::BatchNorm { .. }
+        | Op::BatchNormInference { .. }
+        | Op::LayerNorm { .. }
+        | Op::Dropout { .. }
+        | Op::Activation { .. }
+        | Op::Add { .. }
+        | Op::Concat { .. }
+        | Op::Embedding { .. }
+        | Op::Attention { .. }
+        | Op::SampleNormal { .. }
+        | Op::Accumulate { .. }
+        | Op::CheckFinite
+        | Op::Update => Err(not_in_phase(s)),
+    }
+}
+
+fn update<K: Kernels>(k: &K, s: &PlanStep) -> std::result::Result<(), OpError> {
+    match s.op {
+        Op::CheckFinite => k.check_finite(),
+        Op::Update => k.update(
+            s,
+            UpdateStep {
+                optimizer: k.plan().optimizer,
+                params: &s.params,
+            },
+        ),
+        Op::InputCast { .. }
+        | Op::Cast { .. }
+        | Op::Dense { .. }
+        | Op::Conv2d { .. }
+        | Op::DepthwiseConv2d { .. }
+        | Op::Conv2dTranspose { .. }
+        | Op::MaxPool2d { .. }
+        | Op::AvgPool2d { .. }
+        | Op::GlobalAvgPool { .. }
+        | Op::BatchNorm { .. }
+        | Op::BatchNormInference { .. }
+        | Op::LayerNorm { .. }
+        | Op::Dropout { .. }
+        | Op::Activation { .. }
+        | Op::Add { .. }
+        | Op::Concat { .. }
+        | Op::Embedding { .. }
+        | Op::Attention { .. }
+        | Op::SampleNormal { .. }
+        | Op::Accumulate { .. }
+        | Op::SoftmaxCrossEntropy { .. }
+        | Op::SoftmaxCrossEntropyFromLogits { .. }
+        | Op::SigmoidBinaryCrossentropy { .. }
+        | Op::BinaryCrossentropyFromLogits { .. }
+        | Op::BinaryCrossentropy { .. }
+        | Op::MeanSquaredError { .. }
+        | Op::KlNormal { .. } => Err(not_in_phase(s)),
+    }
+}
