@@ -4,8 +4,10 @@
 
 use crate::dtype::DType;
 use crate::error::PlanError;
-use crate::graph::{Graph, TensorId};
+use crate::graph::{GOp, Graph, TensorId};
+use crate::io::*;
 use crate::op::Op;
+use crate::plan::{Phase, PlanStep, NONE};
 use crate::spec::{LayerKind, ModelSpec};
 
 /// How one forward op's backward runs.
@@ -90,71 +92,13 @@ impl StepGraph {
                 (Some(a), Some(b)) => graph.tensors[a].dtype == graph.tensors[b].dtype,
                 _ => false,
             };
-            let (saved, grad_outputs, in_place_bwd, in_place_fwd): (
-                Vec<TensorId>,
-                Vec<TensorId>,
-                bool,
-                Option<usize>,
-            ) = match op.op {
-                Op::InputCast { .. } => (vec![], vec![], false, None),
-                Op::Cast { .. } => (vec![], vec![op.outputs[0]], false, None),
-                Op::Dense { .. }
-                | Op::Conv2d { .. }
-                | Op::DepthwiseConv2d { .. }
-                | Op::Conv2dTranspose { .. } => {
-                    // dW = xᵀ·dy needs x; dx = dy·Wᵀ needs only the (persistent) weights.
-                    let saved = if param_grads {
-                        vec![op.inputs[0]]
-                    } else {
-                        vec![]
-                    };
-                    (saved, vec![op.outputs[0]], false, None)
-                }
-                Op::MaxPool2d { .. } => (vec![op.outputs[1]], vec![op.outputs[0]], false, None),
-                Op::AvgPool2d { .. } | Op::GlobalAvgPool { .. } => {
-                    (vec![], vec![op.outputs[0]], false, None)
-                }
-                Op::BatchNorm { .. } => (
-                    vec![op.outputs[1], op.outputs[3]],
-                    vec![op.outputs[0]],
-                    false,
-                    None,
-                ),
-                Op::LayerNorm { .. } => (
-                    vec![op.outputs[1], op.outputs[2]],
-                    vec![op.outputs[0]],
-                    false,
-                    None,
-                ),
-                Op::Dropout { .. } => (vec![op.outputs[1]], vec![op.outputs[0]], true, Some(0)),
-                Op::Activation { act, .. } => {
-                    let s = if act.backward_reads_output() {
-                        op.outputs[0]
-                    } else {
-                        op.inputs[0]
-                    };
-                    let fwd = (act.backward_reads_output() && same_dtype(x, y)).then_some(0);
-                    (vec![s], vec![op.outputs[0]], same_dtype(x, y), fwd)
-                }
-                Op::Add { .. } => (vec![], vec![op.outputs[0]], false, Some(0)),
-                Op::Concat { .. } => (vec![], vec![op.outputs[0]], false, None),
-                Op::Embedding { .. } => (vec![op.inputs[0]], vec![op.outputs[0]], false, None),
-                Op::Attention { dropout, .. } => {
-                    let mut s = vec![op.inputs[0], op.outputs[0]];
-                    if dropout > 0.0 {
-                        s.push(op.outputs[1]);
-                        s.push(op.outputs[2]);
-                    }
-                    (s, vec![*op.outputs.last().expect("ctx")], false, None)
-                }
-                Op::SampleNormal { .. } => (vec![op.inputs[1]], vec![op.outputs[0]], false, None),
-                other => {
-                    return Err(PlanError::internal(format!(
-                        "{} is not a forward op",
-                        other.name()
-                    )))
-                }
-            };
+            let rule = saved_for_backward(op, param_grads, same_dtype(x, y))?;
+            let (saved, grad_outputs, in_place_bwd, in_place_fwd) = (
+                rule.saved,
+                rule.grad_outputs,
+                rule.in_place_backward,
+                rule.in_place_forward,
+            );
             forward_in_place.push(in_place_fwd);
             backward.push(needed.then_some(BackwardRule {
                 saved,
@@ -215,4 +159,138 @@ pub fn primary_outputs<'a>(op: &Op, outputs: &'a [TensorId]) -> &'a [TensorId] {
         Op::Attention { .. } => &outputs[outputs.len() - 1..],
         _ => &outputs[..1.min(outputs.len())],
     }
+}
+
+/// What one forward op keeps for its backward, by the names of its [`crate::io`] struct.
+struct Saved {
+    saved: Vec<TensorId>,
+    grad_outputs: Vec<TensorId>,
+    /// The backward may overwrite `dy` with `dx`.
+    in_place_backward: bool,
+    /// The forward may write its first output over this input.
+    in_place_forward: Option<usize>,
+}
+
+/// The forward step `op` becomes, decoded by name ([`crate::io`]): the one statement of
+/// where each of its tensors sits, which the planner's graph and the executors share.
+fn forward_step(op: &GOp) -> PlanStep {
+    let ids = |v: &[TensorId]| v.iter().map(|&t| t as u32).collect::<Vec<u32>>();
+    let mut writes = ids(&op.outputs);
+    writes.extend([NONE, NONE]);
+    PlanStep {
+        index: 0,
+        phase: Phase::Forward,
+        layer: std::borrow::Cow::Borrowed(""),
+        op: op.op,
+        reads: ids(&op.inputs).into(),
+        writes: writes.into(),
+        params: op
+            .params
+            .iter()
+            .map(|&p| p as u32)
+            .collect::<Vec<u32>>()
+            .into(),
+    }
+}
+
+/// The backward rule of one forward op: what it saves (by name), which output gradients it
+/// reads, whether its backward and forward may run in place. `same_dtype`: its first input
+/// and output share a dtype.
+fn saved_for_backward(op: &GOp, param_grads: bool, same_dtype: bool) -> Result<Saved, PlanError> {
+    let step = forward_step(op);
+    let bad = |e: crate::io::IoError| PlanError::internal(e.0);
+    let t = |id: u32| id as TensorId;
+    let rule = |saved: Vec<u32>, dy: u32, in_place_backward, in_place_forward| Saved {
+        saved: saved.into_iter().map(t).collect(),
+        grad_outputs: vec![t(dy)],
+        in_place_backward,
+        in_place_forward,
+    };
+    Ok(match op.op {
+        Op::InputCast { .. } => Saved {
+            saved: vec![],
+            grad_outputs: vec![],
+            in_place_backward: false,
+            in_place_forward: None,
+        },
+        Op::Cast { .. } | Op::AvgPool2d { .. } | Op::GlobalAvgPool { .. } => {
+            rule(vec![], UnaryForward::of(&step).map_err(bad)?.y, false, None)
+        }
+        Op::Dense { .. }
+        | Op::Conv2d { .. }
+        | Op::DepthwiseConv2d { .. }
+        | Op::Conv2dTranspose { .. } => {
+            // dW = xᵀ·dy needs x; dx = dy·Wᵀ needs only the (persistent) weights.
+            let io = LinearForward::of(&step).map_err(bad)?;
+            let saved = if param_grads { vec![io.x] } else { vec![] };
+            rule(saved, io.y, false, None)
+        }
+        Op::MaxPool2d { .. } => {
+            let io = MaxPoolForward::of(&step).map_err(bad)?;
+            rule(vec![io.argmax], io.y, false, None)
+        }
+        Op::BatchNorm { .. } => {
+            let io = BatchNormForward::of(&step).map_err(bad)?;
+            rule(vec![io.x_hat, io.inv_std], io.y, false, None)
+        }
+        Op::LayerNorm { .. } => {
+            let io = LayerNormForward::of(&step).map_err(bad)?;
+            rule(vec![io.x_hat, io.rstd], io.y, false, None)
+        }
+        Op::Dropout { .. } => {
+            let io = DropoutForward::of(&step).map_err(bad)?;
+            rule(vec![io.mask], io.y, true, Some(0))
+        }
+        Op::Activation { act, .. } => {
+            let io = UnaryForward::of(&step).map_err(bad)?;
+            let reads_output = act.backward_reads_output();
+            let saved = if reads_output { io.y } else { io.x };
+            let fwd = (reads_output && same_dtype).then_some(0);
+            rule(vec![saved], io.y, same_dtype, fwd)
+        }
+        Op::Add { .. } => rule(
+            vec![],
+            AddForward::of(&step).map_err(bad)?.y,
+            false,
+            Some(0),
+        ),
+        Op::Concat { .. } => rule(
+            vec![],
+            ConcatForward::of(&step).map_err(bad)?.y,
+            false,
+            None,
+        ),
+        Op::Embedding { .. } => {
+            let io = EmbeddingForward::of(&step).map_err(bad)?;
+            rule(vec![io.ids], io.y, false, None)
+        }
+        Op::Attention { dropout, .. } => {
+            let io = AttentionForward::of(&step).map_err(bad)?;
+            let mut saved = vec![io.qkv, io.probs];
+            if dropout > 0.0 {
+                saved.extend([io.mask, io.probs_dropped]);
+            }
+            rule(saved, io.ctx, false, None)
+        }
+        Op::SampleNormal { .. } => {
+            let io = SampleNormalForward::of(&step).map_err(bad)?;
+            rule(vec![io.log_var], io.z, false, None)
+        }
+        Op::BatchNormInference { .. }
+        | Op::Accumulate { .. }
+        | Op::SoftmaxCrossEntropy { .. }
+        | Op::SoftmaxCrossEntropyFromLogits { .. }
+        | Op::SigmoidBinaryCrossentropy { .. }
+        | Op::BinaryCrossentropyFromLogits { .. }
+        | Op::BinaryCrossentropy { .. }
+        | Op::MeanSquaredError { .. }
+        | Op::KlNormal { .. }
+        | Op::CheckFinite
+        | Op::Update => {
+            return Err(PlanError::internal(format!(
+                "{} is not a forward op of a training graph",
+                op.op.name()
+            )))
+        }
+    })
 }
