@@ -174,7 +174,8 @@ impl Ctx<'_> {
 }
 
 impl Schedule {
-    /// Orders the step and creates every tensor it touches.
+    /// Orders the step and creates every tensor it touches: forward, loss, backward (with
+    /// each checkpoint segment's recompute steps just before its first backward step), update.
     pub fn build(graph: &Graph, step: &StepGraph) -> Schedule {
         let mut cx = Ctx {
             graph,
@@ -197,241 +198,12 @@ impl Schedule {
                 shape: t.shape.clone(),
             });
         }
-        let op_dtype = |o: usize| graph.tensors[graph.ops[o].outputs[0]].dtype;
-        let params_of = |o: usize| {
-            graph.ops[o]
-                .params
-                .iter()
-                .map(|&p| p as u32)
-                .collect::<Vec<_>>()
-        };
-
-        // Forward.
-        for (o, op) in graph.ops.iter().enumerate() {
-            let mut writes: Vec<u32> = op.outputs.iter().map(|&t| t as u32).collect();
-            cx.trailing(&mut writes, Some(op.layer), &op.op, false, op_dtype(o), "");
-            let in_place = match step.forward_in_place[o] {
-                Some(k) => vec![(k, 0)],
-                None => vec![],
-            };
-            cx.steps.push(SStep {
-                phase: Phase::Forward,
-                layer: Some(op.layer),
-                op: op.op,
-                reads: op.inputs.iter().map(|&t| t as u32).collect(),
-                writes,
-                params: params_of(o),
-                in_place,
-            });
-        }
-
-        // Loss: each term writes its value and the gradients it starts.
-        let mut losses = Vec::new();
-        for (k, l) in graph.losses.iter().enumerate() {
-            let name = if graph.losses.len() == 1 {
-                "loss".to_string()
-            } else {
-                format!("loss.{k}.{}", l.op.name())
-            };
-            let value = cx.new_tensor(name, None, Role::Activation, DType::F32, vec![1]);
-            losses.push(value);
-            let mut writes = vec![value];
-            let loss_op = l.op;
-            let mut grads = Vec::new();
-            for &t in &l.grad_of {
-                if step.requires_grad[t] {
-                    let g = cx.grad_tensor(t);
-                    writes.push(g);
-                    grads.push((t, g));
-                } else {
-                    writes.push(NONE);
-                }
-            }
-            cx.trailing(&mut writes, None, &loss_op, false, DType::F32, "");
-            cx.steps.push(SStep {
-                phase: Phase::Loss,
-                layer: None,
-                op: l.op,
-                reads: l.reads.iter().map(|&t| t as u32).collect(),
-                writes,
-                params: vec![],
-                in_place: vec![],
-            });
-            for (t, g) in grads {
-                cx.contribute(t, g);
-            }
-        }
+        forward_steps(&mut cx, step);
+        let losses = loss_steps(&mut cx, step);
         let prediction = graph.losses.first().map_or(NONE, |l| l.prediction as u32);
-
-        // Checkpoint segments: maximal runs of consecutive layers with one segment id.
-        let mut seg_of_layer: Vec<Option<usize>> = vec![None; graph.layers.len()];
-        let mut segments: Vec<Vec<usize>> = Vec::new();
-        let mut prev: Option<u32> = None;
-        for (i, l) in graph.layers.iter().enumerate() {
-            match l.checkpoint {
-                Some(id) if prev == Some(id) => {
-                    segments.last_mut().expect("open segment").push(i);
-                    seg_of_layer[i] = Some(segments.len() - 1);
-                }
-                Some(_) => {
-                    segments.push(vec![i]);
-                    seg_of_layer[i] = Some(segments.len() - 1);
-                }
-                None => {}
-            }
-            prev = l.checkpoint;
-        }
-        let seg_of_op = |o: usize| seg_of_layer[graph.ops[o].layer];
-        // Tensors saved by a backward outside their own segment stay alive anyway: reuse them.
-        let mut saved_outside = vec![false; graph.tensors.len()];
-        for (o, rule) in step.backward.iter().enumerate() {
-            if let Some(r) = rule {
-                for &t in &r.saved {
-                    let producer_seg = graph
-                        .ops
-                        .iter()
-                        .position(|p| p.outputs.contains(&t))
-                        .and_then(seg_of_op);
-                    if producer_seg.is_none() || producer_seg != seg_of_op(o) {
-                        saved_outside[t] = true;
-                    }
-                }
-            }
-        }
-        let mut recomputed: HashMap<TensorId, u32> = HashMap::new();
-        let mut seg_done = vec![false; segments.len()];
-
-        // Backward, in reverse.
-        for o in (0..graph.ops.len()).rev() {
-            let op = &graph.ops[o];
-            if matches!(op.op, Op::Add { .. }) {
-                // The sum's gradient is each summand's gradient: shared, no step.
-                if let Some(&g) = cx.grad.get(&op.outputs[0]) {
-                    for &x in &op.inputs {
-                        if step.requires_grad[x] {
-                            cx.contribute(x, g);
-                        }
-                    }
-                }
-                continue;
-            }
-            let Some(rule) = &step.backward[o] else {
-                continue;
-            };
-            let dys: Vec<u32> = rule
-                .grad_outputs
-                .iter()
-                .map(|t| cx.grad.get(t).copied().unwrap_or(NONE))
-                .collect();
-            if dys.iter().all(|&d| d == NONE) {
-                continue; // nothing flows back through this op
-            }
-            if let Some(s) = seg_of_op(o) {
-                if !seg_done[s] {
-                    seg_done[s] = true;
-                    recompute_segment(
-                        &mut cx,
-                        graph,
-                        step,
-                        &segments[s],
-                        &seg_of_layer,
-                        s,
-                        &saved_outside,
-                        &mut recomputed,
-                    );
-                }
-            }
-            let mut reads: Vec<u32> = rule
-                .saved
-                .iter()
-                .map(|t| recomputed.get(t).copied().unwrap_or(*t as u32))
-                .collect();
-            let n_saved = reads.len();
-            reads.extend(&dys);
-            let mut writes = Vec::new();
-            let mut contributions = Vec::new();
-            for (k, &x) in op.inputs.iter().enumerate() {
-                if rule.grad_inputs[k] {
-                    let g = cx.grad_tensor(x);
-                    writes.push(g);
-                    contributions.push((x, g));
-                } else {
-                    writes.push(NONE);
-                }
-            }
-            if matches!(op.op, Op::Embedding { .. }) {
-                writes.clear(); // ids take no gradient
-                contributions.clear();
-            }
-            cx.trailing(
-                &mut writes,
-                Some(op.layer),
-                &op.op,
-                true,
-                op_dtype(o),
-                ".bwd",
-            );
-            let in_place = if rule.in_place {
-                vec![(n_saved, 0)]
-            } else {
-                vec![]
-            };
-            cx.steps.push(SStep {
-                phase: Phase::Backward,
-                layer: Some(op.layer),
-                op: op.op,
-                reads,
-                writes,
-                params: params_of(o),
-                in_place,
-            });
-            for (x, g) in contributions {
-                cx.contribute(x, g);
-            }
-        }
-
-        // Update.
-        // Only parameters some backward step writes a gradient for are updated (a dead
-        // branch, or a layer that only feeds a loss target, learns nothing).
-        let mut has_grad = vec![false; graph.params.len()];
-        for st in cx.steps.iter().filter(|st| st.phase == Phase::Backward) {
-            for &p in &st.params {
-                has_grad[p as usize] |= graph.params[p as usize].trainable;
-            }
-        }
-        let trainable: Vec<u32> = (0..graph.params.len())
-            .filter(|&i| has_grad[i])
-            .map(|i| i as u32)
-            .collect();
-        if step.loss_scaling && !trainable.is_empty() {
-            cx.steps.push(SStep {
-                phase: Phase::Update,
-                layer: None,
-                op: Op::CheckFinite,
-                reads: vec![],
-                writes: vec![],
-                params: trainable.clone(),
-                in_place: vec![],
-            });
-        }
-        for (li, _) in graph.layers.iter().enumerate() {
-            let ps: Vec<u32> = trainable
-                .iter()
-                .copied()
-                .filter(|&p| graph.params[p as usize].layer == li)
-                .collect();
-            if !ps.is_empty() {
-                cx.steps.push(SStep {
-                    phase: Phase::Update,
-                    layer: Some(li),
-                    op: Op::Update,
-                    reads: vec![],
-                    writes: vec![],
-                    params: ps,
-                    in_place: vec![],
-                });
-            }
-        }
+        let (segments, seg_of_layer) = checkpoint_segments(graph);
+        backward_steps(&mut cx, step, &segments, &seg_of_layer);
+        let has_grad = update_steps(&mut cx, step);
         Schedule {
             tensors: cx.tensors,
             steps: cx.steps,
@@ -443,6 +215,297 @@ impl Schedule {
             segments,
         }
     }
+}
+
+/// The dtype op `o` computes in (its first output's).
+fn op_dtype(graph: &Graph, o: usize) -> DType {
+    graph.tensors[graph.ops[o].outputs[0]].dtype
+}
+
+fn params_of(graph: &Graph, o: usize) -> Vec<u32> {
+    graph.ops[o].params.iter().map(|&p| p as u32).collect()
+}
+
+/// One forward step per op: it reads the op's inputs and writes its outputs.
+fn forward_steps(cx: &mut Ctx<'_>, step: &StepGraph) {
+    let graph = cx.graph;
+    for (o, op) in graph.ops.iter().enumerate() {
+        let mut writes: Vec<u32> = op.outputs.iter().map(|&t| t as u32).collect();
+        cx.trailing(
+            &mut writes,
+            Some(op.layer),
+            &op.op,
+            false,
+            op_dtype(graph, o),
+            "",
+        );
+        let in_place = match step.forward_in_place[o] {
+            Some(k) => vec![(k, 0)],
+            None => vec![],
+        };
+        cx.steps.push(SStep {
+            phase: Phase::Forward,
+            layer: Some(op.layer),
+            op: op.op,
+            reads: op.inputs.iter().map(|&t| t as u32).collect(),
+            writes,
+            params: params_of(graph, o),
+            in_place,
+        });
+    }
+}
+
+/// One loss step per term: it writes its value and the gradients it starts. Returns the
+/// value tensors.
+fn loss_steps(cx: &mut Ctx<'_>, step: &StepGraph) -> Vec<u32> {
+    let graph = cx.graph;
+    let mut losses = Vec::new();
+    for (k, l) in graph.losses.iter().enumerate() {
+        let name = if graph.losses.len() == 1 {
+            "loss".to_string()
+        } else {
+            format!("loss.{k}.{}", l.op.name())
+        };
+        let value = cx.new_tensor(name, None, Role::Activation, DType::F32, vec![1]);
+        losses.push(value);
+        let mut writes = vec![value];
+        let mut grads = Vec::new();
+        for &t in &l.grad_of {
+            if step.requires_grad[t] {
+                let g = cx.grad_tensor(t);
+                writes.push(g);
+                grads.push((t, g));
+            } else {
+                writes.push(NONE);
+            }
+        }
+        cx.trailing(&mut writes, None, &l.op, false, DType::F32, "");
+        cx.steps.push(SStep {
+            phase: Phase::Loss,
+            layer: None,
+            op: l.op,
+            reads: l.reads.iter().map(|&t| t as u32).collect(),
+            writes,
+            params: vec![],
+            in_place: vec![],
+        });
+        for (t, g) in grads {
+            cx.contribute(t, g);
+        }
+    }
+    losses
+}
+
+/// Checkpoint segments: maximal runs of consecutive layers with one segment id, and each
+/// layer's segment.
+fn checkpoint_segments(graph: &Graph) -> (Vec<Vec<usize>>, Vec<Option<usize>>) {
+    let mut seg_of_layer: Vec<Option<usize>> = vec![None; graph.layers.len()];
+    let mut segments: Vec<Vec<usize>> = Vec::new();
+    let mut prev: Option<u32> = None;
+    for (i, l) in graph.layers.iter().enumerate() {
+        match l.checkpoint {
+            Some(id) if prev == Some(id) => {
+                segments.last_mut().expect("open segment").push(i);
+                seg_of_layer[i] = Some(segments.len() - 1);
+            }
+            Some(_) => {
+                segments.push(vec![i]);
+                seg_of_layer[i] = Some(segments.len() - 1);
+            }
+            None => {}
+        }
+        prev = l.checkpoint;
+    }
+    (segments, seg_of_layer)
+}
+
+/// Per graph tensor: a backward outside its own segment saves it, so it stays alive anyway
+/// and recomputation reuses it.
+fn saved_outside_their_segment(
+    graph: &Graph,
+    step: &StepGraph,
+    seg_of_layer: &[Option<usize>],
+) -> Vec<bool> {
+    let seg_of_op = |o: usize| seg_of_layer[graph.ops[o].layer];
+    let mut saved_outside = vec![false; graph.tensors.len()];
+    for (o, rule) in step.backward.iter().enumerate() {
+        if let Some(r) = rule {
+            for &t in &r.saved {
+                let producer_seg = graph
+                    .ops
+                    .iter()
+                    .position(|p| p.outputs.contains(&t))
+                    .and_then(seg_of_op);
+                if producer_seg.is_none() || producer_seg != seg_of_op(o) {
+                    saved_outside[t] = true;
+                }
+            }
+        }
+    }
+    saved_outside
+}
+
+/// The backward steps, in reverse op order; a checkpoint segment's recompute steps come just
+/// before its first backward step.
+fn backward_steps(
+    cx: &mut Ctx<'_>,
+    step: &StepGraph,
+    segments: &[Vec<usize>],
+    seg_of_layer: &[Option<usize>],
+) {
+    let graph = cx.graph;
+    let saved_outside = saved_outside_their_segment(graph, step, seg_of_layer);
+    let mut recomputed: HashMap<TensorId, u32> = HashMap::new();
+    let mut seg_done = vec![false; segments.len()];
+    for o in (0..graph.ops.len()).rev() {
+        let op = &graph.ops[o];
+        if matches!(op.op, Op::Add { .. }) {
+            // The sum's gradient is each summand's gradient: shared, no step.
+            if let Some(&g) = cx.grad.get(&op.outputs[0]) {
+                for &x in &op.inputs {
+                    if step.requires_grad[x] {
+                        cx.contribute(x, g);
+                    }
+                }
+            }
+            continue;
+        }
+        let Some(rule) = &step.backward[o] else {
+            continue;
+        };
+        let dys: Vec<u32> = rule
+            .grad_outputs
+            .iter()
+            .map(|t| cx.grad.get(t).copied().unwrap_or(NONE))
+            .collect();
+        if dys.iter().all(|&d| d == NONE) {
+            continue; // nothing flows back through this op
+        }
+        if let Some(s) = seg_of_layer[op.layer] {
+            if !seg_done[s] {
+                seg_done[s] = true;
+                recompute_segment(
+                    cx,
+                    graph,
+                    step,
+                    &segments[s],
+                    seg_of_layer,
+                    s,
+                    &saved_outside,
+                    &mut recomputed,
+                );
+            }
+        }
+        backward_step(cx, o, rule, dys, &recomputed);
+    }
+}
+
+/// Op `o`'s backward step: it reads what the op saved (or its recomputed copy) and the
+/// output gradients, and writes one gradient per input that takes one.
+fn backward_step(
+    cx: &mut Ctx<'_>,
+    o: usize,
+    rule: &crate::autodiff::BackwardRule,
+    dys: Vec<u32>,
+    recomputed: &HashMap<TensorId, u32>,
+) {
+    let graph = cx.graph;
+    let op = &graph.ops[o];
+    let mut reads: Vec<u32> = rule
+        .saved
+        .iter()
+        .map(|t| recomputed.get(t).copied().unwrap_or(*t as u32))
+        .collect();
+    let n_saved = reads.len();
+    reads.extend(&dys);
+    let mut writes = Vec::new();
+    let mut contributions = Vec::new();
+    for (k, &x) in op.inputs.iter().enumerate() {
+        if rule.grad_inputs[k] {
+            let g = cx.grad_tensor(x);
+            writes.push(g);
+            contributions.push((x, g));
+        } else {
+            writes.push(NONE);
+        }
+    }
+    if matches!(op.op, Op::Embedding { .. }) {
+        writes.clear(); // ids take no gradient
+        contributions.clear();
+    }
+    cx.trailing(
+        &mut writes,
+        Some(op.layer),
+        &op.op,
+        true,
+        op_dtype(graph, o),
+        ".bwd",
+    );
+    let in_place = if rule.in_place {
+        vec![(n_saved, 0)]
+    } else {
+        vec![]
+    };
+    cx.steps.push(SStep {
+        phase: Phase::Backward,
+        layer: Some(op.layer),
+        op: op.op,
+        reads,
+        writes,
+        params: params_of(graph, o),
+        in_place,
+    });
+    for (x, g) in contributions {
+        cx.contribute(x, g);
+    }
+}
+
+/// The update steps: the finite check (with loss scaling), then one optimizer step per
+/// layer with trained parameters. Only parameters some backward step writes a gradient for
+/// are updated (a dead branch, or a layer that only feeds a loss target, learns nothing).
+/// Returns which parameters are updated.
+fn update_steps(cx: &mut Ctx<'_>, step: &StepGraph) -> Vec<bool> {
+    let graph = cx.graph;
+    let mut has_grad = vec![false; graph.params.len()];
+    for st in cx.steps.iter().filter(|st| st.phase == Phase::Backward) {
+        for &p in &st.params {
+            has_grad[p as usize] |= graph.params[p as usize].trainable;
+        }
+    }
+    let trainable: Vec<u32> = (0..graph.params.len())
+        .filter(|&i| has_grad[i])
+        .map(|i| i as u32)
+        .collect();
+    if step.loss_scaling && !trainable.is_empty() {
+        cx.steps.push(SStep {
+            phase: Phase::Update,
+            layer: None,
+            op: Op::CheckFinite,
+            reads: vec![],
+            writes: vec![],
+            params: trainable.clone(),
+            in_place: vec![],
+        });
+    }
+    for (li, _) in graph.layers.iter().enumerate() {
+        let ps: Vec<u32> = trainable
+            .iter()
+            .copied()
+            .filter(|&p| graph.params[p as usize].layer == li)
+            .collect();
+        if !ps.is_empty() {
+            cx.steps.push(SStep {
+                phase: Phase::Update,
+                layer: Some(li),
+                op: Op::Update,
+                reads: vec![],
+                writes: vec![],
+                params: ps,
+                in_place: vec![],
+            });
+        }
+    }
+    has_grad
 }
 
 /// Emits the recompute steps of one checkpoint segment: the ops whose outputs the

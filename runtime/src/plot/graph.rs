@@ -383,7 +383,24 @@ fn node_width(n: &Node) -> f64 {
     t.max(l) + 28.0
 }
 
-fn layout(m: &Model) -> Layout {
+/// The layered graph a layout places: real vertices (the model's boxes) and virtual ones on
+/// edges spanning several ranks.
+struct Layered {
+    /// Vertex widths (virtual vertices are [`VIRTUAL_W`] wide).
+    w: Vec<f64>,
+    /// Vertex ranks.
+    vrank: Vec<usize>,
+    /// Per model edge, its vertices from source to target.
+    paths: Vec<Vec<usize>>,
+    ranks: usize,
+    up: Vec<Vec<usize>>,
+    down: Vec<Vec<usize>>,
+}
+
+/// Longest-path ranks (boxes are in declaration order, which is topological: a layer reads
+/// only fields above it; loss terms come last), sources moved down to just above their
+/// first reader, and virtual vertices on long edges.
+fn layered(m: &Model) -> Layered {
     let nn = m.nodes.len();
     let mut preds: Vec<Vec<usize>> = vec![Vec::new(); nn];
     let mut succs: Vec<Vec<usize>> = vec![Vec::new(); nn];
@@ -391,13 +408,10 @@ fn layout(m: &Model) -> Layout {
         preds[b].push(a);
         succs[a].push(b);
     }
-    // Longest-path ranks; boxes are in declaration order, which is topological (a layer
-    // reads only fields above it; loss terms come last).
     let mut rank = vec![0usize; nn];
     for v in 0..nn {
         rank[v] = preds[v].iter().map(|&p| rank[p] + 1).max().unwrap_or(0);
     }
-    // Sources (inputs) move down to just above their first reader.
     for v in 0..nn {
         if preds[v].is_empty() {
             if let Some(r) = succs[v].iter().map(|&s| rank[s]).min() {
@@ -405,7 +419,6 @@ fn layout(m: &Model) -> Layout {
             }
         }
     }
-    // Virtual vertices on long edges.
     let mut w: Vec<f64> = m.nodes.iter().map(node_width).collect();
     let mut vrank = rank.clone();
     let mut paths = Vec::with_capacity(m.edges.len());
@@ -429,50 +442,64 @@ fn layout(m: &Model) -> Layout {
             up[s[1]].push(s[0]);
         }
     }
-    // Initial order: declaration order, virtual vertices next to their edge's source.
-    let key0: Vec<f64> = (0..nv)
+    Layered {
+        w,
+        vrank,
+        paths,
+        ranks,
+        up,
+        down,
+    }
+}
+
+/// Edge crossings between consecutive ranks of `order`.
+fn crossings(g: &Layered, order: &[Vec<usize>]) -> usize {
+    let mut pos = vec![0usize; g.vrank.len()];
+    for o in order {
+        for (i, &v) in o.iter().enumerate() {
+            pos[v] = i;
+        }
+    }
+    let mut total = 0;
+    for o in order.iter() {
+        let segs: Vec<(usize, usize)> = o
+            .iter()
+            .flat_map(|&a| g.down[a].iter().map(move |&b| (a, b)))
+            .map(|(a, b)| (pos[a], pos[b]))
+            .collect();
+        for i in 0..segs.len() {
+            for j in i + 1..segs.len() {
+                let (a, b) = (segs[i], segs[j]);
+                if (a.0 < b.0 && a.1 > b.1) || (a.0 > b.0 && a.1 < b.1) {
+                    total += 1;
+                }
+            }
+        }
+    }
+    total
+}
+
+/// Orders each rank: declaration order first (virtual vertices next to their edge's
+/// source), then barycentre sweeps down and up, keeping the order with fewest crossings.
+fn order_ranks(g: &Layered, nn: usize) -> Vec<Vec<usize>> {
+    let nv = g.vrank.len();
+    let mut key0: Vec<f64> = (0..nv)
         .map(|v| if v < nn { v as f64 } else { f64::NAN })
         .collect();
-    let mut key0 = key0;
-    for p in &paths {
+    for p in &g.paths {
         for &v in &p[1..p.len() - 1] {
             key0[v] = p[0] as f64 + 0.5;
         }
     }
-    let mut order: Vec<Vec<usize>> = vec![Vec::new(); ranks];
+    let mut order: Vec<Vec<usize>> = vec![Vec::new(); g.ranks];
     for v in 0..nv {
-        order[vrank[v]].push(v);
+        order[g.vrank[v]].push(v);
     }
     for o in &mut order {
         o.sort_by(|&a, &b| key0[a].total_cmp(&key0[b]));
     }
-    let crossings = |order: &Vec<Vec<usize>>| -> usize {
-        let mut pos = vec![0usize; nv];
-        for o in order {
-            for (i, &v) in o.iter().enumerate() {
-                pos[v] = i;
-            }
-        }
-        let mut total = 0;
-        for o in order.iter() {
-            let segs: Vec<(usize, usize)> = o
-                .iter()
-                .flat_map(|&a| down[a].iter().map(move |&b| (a, b)))
-                .map(|(a, b)| (pos[a], pos[b]))
-                .collect();
-            for i in 0..segs.len() {
-                for j in i + 1..segs.len() {
-                    let (a, b) = (segs[i], segs[j]);
-                    if (a.0 < b.0 && a.1 > b.1) || (a.0 > b.0 && a.1 < b.1) {
-                        total += 1;
-                    }
-                }
-            }
-        }
-        total
-    };
     let mut best = order.clone();
-    let mut best_c = crossings(&order);
+    let mut best_c = crossings(g, &order);
     for iter in 0..16 {
         let mut pos = vec![0f64; nv];
         for o in &order {
@@ -482,12 +509,12 @@ fn layout(m: &Model) -> Layout {
         }
         let downward = iter % 2 == 0;
         let rs: Vec<usize> = if downward {
-            (1..ranks).collect()
+            (1..g.ranks).collect()
         } else {
-            (0..ranks.saturating_sub(1)).rev().collect()
+            (0..g.ranks.saturating_sub(1)).rev().collect()
         };
         for r in rs {
-            let nb = if downward { &up } else { &down };
+            let nb = if downward { &g.up } else { &g.down };
             let mut keyed: Vec<(f64, usize)> = order[r]
                 .iter()
                 .map(|&v| {
@@ -506,17 +533,21 @@ fn layout(m: &Model) -> Layout {
                 pos[v] = i as f64;
             }
         }
-        let c = crossings(&order);
+        let c = crossings(g, &order);
         if c < best_c {
             best_c = c;
             best = order.clone();
         }
     }
-    let order = best;
+    best
+}
 
-    // x: pack, then pull every vertex towards its neighbours' mean under the separation.
-    let mut x = vec![0f64; nv];
-    for o in &order {
+/// Horizontal placement: pack each rank, then pull every vertex towards its neighbours'
+/// mean under the separation constraints, sweeping down and up.
+fn place_x(g: &Layered, order: &[Vec<usize>]) -> Vec<f64> {
+    let w = &g.w;
+    let mut x = vec![0f64; g.vrank.len()];
+    for o in order {
         let mut cur = 0.0;
         for &v in o {
             x[v] = cur + w[v] / 2.0;
@@ -531,9 +562,9 @@ fn layout(m: &Model) -> Layout {
     for iter in 0..24 {
         let downward = iter % 2 == 0;
         let rs: Vec<usize> = if downward {
-            (0..ranks).collect()
+            (0..g.ranks).collect()
         } else {
-            (0..ranks).rev().collect()
+            (0..g.ranks).rev().collect()
         };
         for r in rs {
             let o = &order[r];
@@ -546,9 +577,9 @@ fn layout(m: &Model) -> Layout {
                     // Both neighbours count, the sweep's side twice: chains straighten
                     // while a box still sits between what it reads and what reads it.
                     let (a, b) = if downward {
-                        (&up[v], &down[v])
+                        (&g.up[v], &g.down[v])
                     } else {
-                        (&down[v], &up[v])
+                        (&g.down[v], &g.up[v])
                     };
                     let (mut s, mut k) = (0.0, 0.0);
                     for &u in a.iter() {
@@ -581,22 +612,28 @@ fn layout(m: &Model) -> Layout {
             }
         }
     }
-    // Straighten long edges: all virtual vertices of an edge on one vertical, where every
-    // rank it crosses leaves room for it, so a skip reads as one line beside the boxes.
-    let mut index_in_rank = vec![0usize; nv];
-    for o in &order {
+    x
+}
+
+/// Straightens long edges: all virtual vertices of an edge on one vertical, where every
+/// rank it crosses leaves room for it, so a skip reads as one line beside the boxes.
+fn straighten(g: &Layered, order: &[Vec<usize>], x: &mut [f64]) {
+    let w = &g.w;
+    let sep = |a: usize, b: usize| (w[a] + w[b]) / 2.0 + NODE_GAP;
+    let mut index_in_rank = vec![0usize; g.vrank.len()];
+    for o in order {
         for (i, &v) in o.iter().enumerate() {
             index_in_rank[v] = i;
         }
     }
-    for p in &paths {
+    for p in &g.paths {
         let inner = &p[1..p.len() - 1];
         if inner.is_empty() {
             continue;
         }
         let (mut lo, mut hi) = (f64::NEG_INFINITY, f64::INFINITY);
         for &v in inner {
-            let o = &order[vrank[v]];
+            let o = &order[g.vrank[v]];
             let i = index_in_rank[v];
             if i > 0 {
                 lo = lo.max(x[o[i - 1]] + sep(o[i - 1], v));
@@ -612,18 +649,26 @@ fn layout(m: &Model) -> Layout {
             }
         }
     }
-    let min_x = (0..nv)
-        .map(|v| x[v] - w[v] / 2.0)
+}
+
+/// A layered layout of the model (Sugiyama's steps: ranks, order, placement).
+fn layout(m: &Model) -> Layout {
+    let g = layered(m);
+    let order = order_ranks(&g, m.nodes.len());
+    let mut x = place_x(&g, &order);
+    straighten(&g, &order, &mut x);
+    let min_x = (0..x.len())
+        .map(|v| x[v] - g.w[v] / 2.0)
         .fold(f64::INFINITY, f64::min);
     for xv in &mut x {
         *xv += MARGIN - min_x;
     }
     Layout {
-        rank: vrank,
+        rank: g.vrank,
         x,
-        w,
-        paths,
-        ranks,
+        w: g.w,
+        paths: g.paths,
+        ranks: g.ranks,
     }
 }
 
@@ -633,7 +678,6 @@ fn rank_top(r: usize) -> f64 {
 
 fn render(m: &Model) -> String {
     let lay = layout(m);
-    let nn = m.nodes.len();
     let mut width = (0..lay.x.len())
         .map(|v| lay.x[v] + lay.w[v] / 2.0)
         .fold(0.0, f64::max)
@@ -647,7 +691,17 @@ fn render(m: &Model) -> String {
     svg.def(
         r##"<marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" orient="auto"><path d="M0 0 L10 5 L0 10 Z" fill="#555555"/></marker><marker id="arrow-skip" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" orient="auto"><path d="M0 0 L10 5 L0 10 Z" fill="#d95f02"/></marker>"##,
     );
-    svg.text(MARGIN, 28.0, Font::new(17.0).bold(), &title);
+    draw_header(&mut svg, m, &title);
+    draw_segments(&mut svg, m, &lay);
+    let (in_port, out_port) = ports(m, &lay);
+    draw_edges(&mut svg, m, &lay, &in_port, &out_port);
+    draw_nodes(&mut svg, m, &lay);
+    svg.finish(width, height, &title)
+}
+
+/// The title, the subtitle and the key.
+fn draw_header(svg: &mut Svg, m: &Model, title: &str) {
+    svg.text(MARGIN, 28.0, Font::new(17.0).bold(), title);
     svg.text(MARGIN, 48.0, Font::new(12.0).fill("#444"), &m.subtitle);
     let mut key_x = MARGIN;
     let key_y = 60.0;
@@ -677,9 +731,12 @@ fn render(m: &Model) -> String {
             "checkpoint segment: dropped after forward, recomputed before its backward",
         );
     }
+}
 
+/// Checkpoint segments: one rounded background per segment, behind everything.
+fn draw_segments(svg: &mut Svg, m: &Model, lay: &Layout) {
+    let nn = m.nodes.len();
     let top_of = |v: usize| rank_top(lay.rank[v]);
-    // Checkpoint segments: one rounded background per segment, behind everything.
     let mut segments: Vec<u32> = m.nodes.iter().filter_map(|n| n.checkpoint).collect();
     segments.sort_unstable();
     segments.dedup();
@@ -720,9 +777,16 @@ fn render(m: &Model) -> String {
         );
         svg.raw("</g>");
     }
+}
 
-    // Ports: a box's incoming edges spread over its top edge in the order of where they come
-    // from, its outgoing ones over its bottom edge in the order of where they go.
+/// Where each edge meets its boxes, as offsets from the box's centre: `(in, out)` by
+/// `(box, edge)`.
+type Ports = HashMap<(usize, usize), f64>;
+
+/// A box's incoming edges spread over its top edge in the order of where they come from,
+/// its outgoing ones over its bottom edge in the order of where they go.
+fn ports(m: &Model, lay: &Layout) -> (Ports, Ports) {
+    let nn = m.nodes.len();
     let mut in_port: HashMap<(usize, usize), f64> = HashMap::new();
     let mut out_port: HashMap<(usize, usize), f64> = HashMap::new();
     for v in 0..nn {
@@ -759,6 +823,11 @@ fn render(m: &Model) -> String {
             out_port.insert((v, e), off);
         }
     }
+    (in_port, out_port)
+}
+
+fn draw_edges(svg: &mut Svg, m: &Model, lay: &Layout, in_port: &Ports, out_port: &Ports) {
+    let top_of = |v: usize| rank_top(lay.rank[v]);
     svg.raw(r#"<g id="edges">"#);
     for (e, p) in lay.paths.iter().enumerate() {
         let (a, b) = (p[0], p[p.len() - 1]);
@@ -799,7 +868,10 @@ fn render(m: &Model) -> String {
         ));
     }
     svg.raw("</g>");
+}
 
+fn draw_nodes(svg: &mut Svg, m: &Model, lay: &Layout) {
+    let top_of = |v: usize| rank_top(lay.rank[v]);
     svg.raw(r#"<g id="nodes">"#);
     for (v, n) in m.nodes.iter().enumerate() {
         let (x, y, w) = (lay.x[v] - lay.w[v] / 2.0, top_of(v), lay.w[v]);
@@ -861,5 +933,4 @@ fn render(m: &Model) -> String {
         svg.raw("</g>");
     }
     svg.raw("</g>");
-    svg.finish(width, height, &title)
 }

@@ -801,10 +801,36 @@ fn phase_key(svg: &mut Svg, plan: &StaticPlan, mut x: f64, y: f64) {
 pub fn svg(plan: &StaticPlan, budget: Option<u64>) -> String {
     let live = live_memory(plan);
     let colours = layer_colours(plan);
-    let ts = &plan.tensors;
-    const TOP_N: usize = 5;
+    let (rows, peak_rank) = callout_rows(plan, &live, &colours);
+    let f = Frame::new(plan, &live, budget, rows.len());
+    let mut svg = Svg::new();
+    role_patterns(&mut svg);
+    f.header(&mut svg, "arena timeline");
+    f.phases(&mut svg);
+    f.axes(&mut svg, "arena offset");
+    draw_bands(&mut svg, &f, plan, &colours);
+    f.lines(&mut svg);
+    f.peak(&mut svg, &rows);
+    draw_peak_markers(&mut svg, &f, plan, &peak_rank);
+    let y = draw_legends(&mut svg, &f, plan, &colours);
+    svg.finish(
+        WIDTH,
+        y,
+        &format!("{}: memory timeline of one training step", plan.model),
+    )
+}
 
-    // Callout rows: what is alive at the peak, biggest first.
+/// How many of the buffers alive at the peak the callout names, biggest first.
+const TOP_N: usize = 5;
+
+/// The callout's rows (what is alive at the peak, biggest first) and the markers' numbers
+/// by tensor.
+fn callout_rows(
+    plan: &StaticPlan,
+    live: &LiveMemory,
+    colours: &HashMap<&str, String>,
+) -> (Vec<Row>, HashMap<u32, usize>) {
+    let ts = &plan.tensors;
     let mut rows = vec![Row::Head(format!(
         "peak {} at step {} ({}) — {} buffers alive:",
         format_bytes(live.peak_bytes),
@@ -819,7 +845,6 @@ pub fn svg(plan: &StaticPlan, budget: Option<u64>) -> String {
         .enumerate()
         .map(|(i, &id)| (id, i + 1))
         .collect();
-    let chain_list = chains(plan);
     let root = roots(ts);
     let buffer_bytes = buffer_bytes(plan);
     for (k, &id) in live.at_peak.iter().take(TOP_N).enumerate() {
@@ -827,7 +852,7 @@ pub fn svg(plan: &StaticPlan, budget: Option<u64>) -> String {
         let bb = buffer_bytes[&root[id as usize]];
         rows.push(Row::Item {
             marker: Some(k + 1),
-            swatch: colour_of(&colours, &t.layer).to_string(),
+            swatch: colour_of(colours, &t.layer).to_string(),
             name: t.name.to_string(),
             bytes: format_bytes(bb),
             note: format!(
@@ -851,17 +876,14 @@ pub fn svg(plan: &StaticPlan, budget: Option<u64>) -> String {
             format_bytes(rest)
         )));
     }
+    (rows, peak_rank)
+}
 
-    let f = Frame::new(plan, &live, budget, rows.len());
-    let mut svg = Svg::new();
-    role_patterns(&mut svg);
-    f.header(&mut svg, "arena timeline");
-    f.phases(&mut svg);
-    f.axes(&mut svg, "arena offset");
-
-    // Bands, one group per in-place chain so that a hand-over reads as one continuous band.
+/// The bands, one group per in-place chain so that a hand-over reads as one continuous band.
+fn draw_bands(svg: &mut Svg, f: &Frame<'_>, plan: &StaticPlan, colours: &HashMap<&str, String>) {
+    let ts = &plan.tensors;
     svg.raw(r#"<g id="bands">"#);
-    for chain in &chain_list {
+    for chain in &chains(plan) {
         let maxb = chain.iter().map(|&i| ts[i].bytes).max().unwrap_or(0);
         let t0 = &ts[chain[0]];
         let last = chain.iter().map(|&i| ts[i].last).max().unwrap_or(t0.last);
@@ -882,7 +904,7 @@ pub fn svg(plan: &StaticPlan, budget: Option<u64>) -> String {
             let y0 = f.y((t.offset + t.bytes) as f64);
             // Tiny tensors (a loss value in a GiB arena) stay visible as hairlines.
             let h = (y1 - y0).max(1.0);
-            let colour = colour_of(&colours, &t.layer);
+            let colour = colour_of(colours, &t.layer);
             let (op, pat) = role_style(t.role);
             let mut title = format!(
                 "{}\nlayer {} · {} · {} {}\n{} ({} bytes) at offset {}\nsteps [{}, {}]",
@@ -942,10 +964,18 @@ pub fn svg(plan: &StaticPlan, budget: Option<u64>) -> String {
         );
     }
     svg.raw("</g>");
+}
 
-    f.lines(&mut svg);
-    f.peak(&mut svg, &rows);
-    // Number the biggest buffers where the peak line crosses them.
+/// Numbers the biggest buffers where the peak line crosses them.
+fn draw_peak_markers(
+    svg: &mut Svg,
+    f: &Frame<'_>,
+    plan: &StaticPlan,
+    peak_rank: &HashMap<u32, usize>,
+) {
+    let ts = &plan.tensors;
+    let root = roots(ts);
+    let buffer_bytes = buffer_bytes(plan);
     let px = f.peak_x();
     // In rank order, so the SVG is the same bytes on every run.
     let mut ranked: Vec<(u32, usize)> = peak_rank.iter().map(|(&id, &n)| (id, n)).collect();
@@ -955,11 +985,20 @@ pub fn svg(plan: &StaticPlan, budget: Option<u64>) -> String {
         let bb = buffer_bytes[&root[id as usize]];
         let c = f.y(t.offset as f64 + bb as f64 / 2.0);
         if f.y(t.offset as f64) - f.y((t.offset + bb) as f64) >= 12.0 {
-            marker_at(&mut svg, px, c, n);
+            marker_at(svg, px, c, n);
         }
     }
+}
 
-    // Legends: layers (every layer with a live tensor, in model order), then roles/phases.
+/// The legends: layers (every layer with a live tensor, in model order), then roles and
+/// phases. Returns the height drawn to.
+fn draw_legends(
+    svg: &mut Svg,
+    f: &Frame<'_>,
+    plan: &StaticPlan,
+    colours: &HashMap<&str, String>,
+) -> f64 {
+    let ts = &plan.tensors;
     let mut y = f.bottom_of_axes() + 8.0;
     svg.text(
         16.0,
@@ -984,8 +1023,8 @@ pub fn svg(plan: &StaticPlan, budget: Option<u64>) -> String {
     layers.sort();
     let labels: Vec<String> = layers.iter().map(|(_, n)| n.clone()).collect();
     svg.raw(r#"<g id="legend">"#);
-    y = legend_grid(&mut svg, y, &labels, |svg, i, x, yy| {
-        let c = colour_of(&colours, &labels[i]).to_string();
+    y = legend_grid(svg, y, &labels, |svg, i, x, yy| {
+        let c = colour_of(colours, &labels[i]).to_string();
         svg.rect(
             x,
             yy,
@@ -999,7 +1038,7 @@ pub fn svg(plan: &StaticPlan, budget: Option<u64>) -> String {
     svg.text(16.0, y + 10.0, Font::new(11.0).bold(), "roles:");
     let mut x = 62.0;
     for role in ROLES {
-        role_swatch(&mut svg, x, y, role, "#5b7fa8");
+        role_swatch(svg, x, y, role, "#5b7fa8");
         svg.text(x + 26.0, y + 10.0, Font::new(11.0), role_label(role));
         x += 26.0 + text_width(role_label(role), 11.0, false) + 16.0;
     }
@@ -1012,13 +1051,9 @@ pub fn svg(plan: &StaticPlan, budget: Option<u64>) -> String {
     );
     svg.text(x + 10.0, y + 10.0, Font::new(11.0), "in-place hand-over");
     y += 20.0;
-    phase_key(&mut svg, plan, 16.0, y);
+    phase_key(svg, plan, 16.0, y);
     y += 26.0;
-    svg.finish(
-        WIDTH,
-        y,
-        &format!("{}: memory timeline of one training step", plan.model),
-    )
+    y
 }
 
 /// The stacked view: bytes live per step by role ([`ROLES`]: inputs, activations,
