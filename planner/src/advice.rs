@@ -3,9 +3,10 @@
 //! each one verified by planning it, never guessed.
 //!
 //! The `#[memwise::model]` macro uses this for its budget error at compile time; the runtime
-//! uses it for a budget read from the device. Every search here calls [`crate::plan`], so
+//! uses it for a budget read from the device. Every search here calls [`crate::plan()`], so
 //! every number it returns is a planned total.
 
+use crate::checkpoint::{max_batch_with, Policy};
 use crate::dtype::Precision;
 use crate::spec::{LayerKind, ModelSpec};
 
@@ -84,35 +85,6 @@ pub fn format_bytes(bytes: u64) -> String {
 /// The planned total of one training step, or `None` when the model cannot be planned.
 pub fn total(spec: &ModelSpec) -> Option<u64> {
     crate::plan(spec).ok().map(|p| p.memory.total)
-}
-
-/// The largest batch whose planned total fits `budget`, or `None` when not even batch 1
-/// fits (or the model cannot be planned). Assumes memory grows with the batch, which holds
-/// for every op the planner knows (every transient tensor scales with it).
-pub fn max_batch(spec: &ModelSpec, budget: u64) -> Option<usize> {
-    const LIMIT: usize = 1 << 24;
-    let fits = |b: usize| total(&spec.with_batch(b)).is_some_and(|t| t <= budget);
-    if !fits(1) {
-        return None;
-    }
-    // Exponential search for a batch that does not fit, then bisect between.
-    let (mut lo, mut hi) = (1usize, 2usize);
-    while hi <= LIMIT && fits(hi) {
-        lo = hi;
-        hi *= 2;
-    }
-    if hi > LIMIT {
-        return Some(lo);
-    }
-    while hi - lo > 1 {
-        let mid = lo + (hi - lo) / 2;
-        if fits(mid) {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    Some(lo)
 }
 
 /// Something the user can checkpoint with one annotation (a layer, a field, a block), and
@@ -221,7 +193,7 @@ pub fn fixes_with(
     apply: &dyn Fn(&[Vec<usize>]) -> ModelSpec,
 ) -> Fixes {
     let needed = total(spec).unwrap_or(u64::MAX);
-    let largest = max_batch(spec, budget)
+    let largest = max_batch_with(spec, budget, Policy::Plain)
         .filter(|&b| b < spec.batch)
         .and_then(|b| total(&spec.with_batch(b)).map(|t| (b, t)));
     let precision = match spec.precision {
@@ -236,7 +208,7 @@ pub fn fixes_with(
         total(&s).map(|t| PrecisionFix {
             precision: p,
             total: t,
-            max_batch: max_batch(&s, budget),
+            max_batch: max_batch_with(spec, budget, Policy::Fp16),
         })
     });
     let (checkpoint, checkpoint_best) = checkpoint_search(budget, units, apply);
@@ -391,7 +363,7 @@ mod tests {
         assert_eq!(f.needed, needed);
         let (b, t) = f.max_batch.expect("a smaller batch fits");
         assert!(t <= budget && total(&spec.with_batch(b + 1)).unwrap() > budget);
-        assert_eq!(max_batch(&spec, budget), Some(b));
+        assert_eq!(max_batch_with(&spec, budget, Policy::Plain), Some(b));
         if let Some(p) = &f.precision {
             let s = ModelSpec {
                 precision: p.precision,
@@ -414,7 +386,7 @@ mod tests {
             assert!(c.total <= budget);
         }
         assert!(f.any());
-        assert_eq!(max_batch(&spec, 1), None);
+        assert_eq!(max_batch_with(&spec, 1, Policy::Plain), None);
     }
 
     #[test]

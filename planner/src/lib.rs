@@ -12,13 +12,18 @@ pub mod checkpoint;
 pub mod dtype;
 pub mod error;
 pub mod estimate;
+// The test models, random (`generate`) and the benchmark graphs (`zoo`), are behind the
+// `test-models` feature: the `#[memwise::model]` macro does not compile them.
+#[cfg(feature = "test-models")]
 pub mod generate;
 pub mod graph;
 pub mod liveness;
 pub mod op;
 pub mod plan;
+pub mod rng;
 pub mod schedule;
 pub mod spec;
+#[cfg(feature = "test-models")]
 pub mod zoo;
 
 pub use dtype::{DType, Precision};
@@ -38,7 +43,7 @@ pub const ALIGNMENT: u64 = 256;
 
 /// Plans one inference pass of `spec` (for evaluate and predict): the forward pass and the
 /// loss values, batch norm from its running statistics, no dropout, nothing kept for a
-/// backward pass. Its parameters are laid out exactly as in [`plan`]'s persistent region.
+/// backward pass. Its parameters are laid out exactly as in [`plan()`]'s persistent region.
 pub fn plan_inference(spec: &ModelSpec) -> Result<StaticPlan, PlanError> {
     let graph = graph::Graph::build_inference(spec)?;
     let step = autodiff::StepGraph::inference(&graph);
