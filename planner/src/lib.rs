@@ -9,6 +9,7 @@ pub mod advice;
 pub mod arena;
 pub mod autodiff;
 pub mod checkpoint;
+pub mod compile;
 pub mod dtype;
 pub mod error;
 pub mod estimate;
@@ -26,6 +27,9 @@ pub mod spec;
 #[cfg(feature = "test-models")]
 pub mod zoo;
 
+pub use compile::{
+    compile, BudgetVerdict, CompileError, CompileOptions, Compiled, OverBudget, DEFAULT_BATCH,
+};
 pub use dtype::{DType, Precision};
 pub use error::PlanError;
 pub use op::{Op, Window2d};
