@@ -520,25 +520,3 @@ pub trait Model: Sized {
         runtime::Trainer::from_plan(&Self::spec(), Self::PLAN, device, seed, monitor)
     }
 }
-
-#[doc(hidden)]
-pub mod __private {
-    //! Helpers for generated code (not a public API).
-    use crate::plan::{DType, LayerKind, LayerSpec};
-
-    pub fn layer(
-        name: &str,
-        kind: LayerKind,
-        inputs: &[&str],
-        dtype: Option<DType>,
-        checkpoint: Option<u32>,
-    ) -> LayerSpec {
-        LayerSpec {
-            name: name.to_string(),
-            kind,
-            inputs: inputs.iter().map(|s| s.to_string()).collect(),
-            dtype,
-            checkpoint,
-        }
-    }
-}

@@ -1,349 +1,15 @@
-//! Code generation: the model's consts and functions, the runtime form of its spec, the
-//! `layers()` handles, and the text of the budget error.
+//! Code generation: the model's consts and functions (the plan and the spec are the
+//! planner's own Rust writer's output) and the `layers()` handles.
 use std::collections::HashMap;
 
-use memwise_plan::advice::{format_bytes, Fixes};
-use memwise_plan::{
-    Activation, DType, LayerKind, LossKind, Metric, ModelSpec, Optimizer, Padding, Precision,
-    Reduction, StaticPlan,
-};
-use proc_macro2::{Literal, TokenStream};
-use quote::{format_ident, quote};
+use memwise_plan::advice::format_bytes;
+use memwise_plan::checkpoint::Policy;
+use memwise_plan::{Compiled, StaticPlan};
+use proc_macro2::TokenStream;
+use quote::{format_ident, quote, ToTokens};
 use syn::ItemStruct;
 
-use crate::lower::{Handle, Lowered};
-
-fn f32_tokens(x: f32) -> TokenStream {
-    if x.is_finite() {
-        let lit = Literal::f32_suffixed(x);
-        quote!(#lit)
-    } else if x.is_nan() {
-        quote!(f32::NAN)
-    } else if x > 0.0 {
-        quote!(f32::INFINITY)
-    } else {
-        quote!(f32::NEG_INFINITY)
-    }
-}
-
-fn usize_tokens(x: usize) -> TokenStream {
-    let lit = Literal::usize_unsuffixed(x);
-    quote!(#lit)
-}
-
-fn pair_tokens(p: [usize; 2]) -> TokenStream {
-    let (a, b) = (usize_tokens(p[0]), usize_tokens(p[1]));
-    quote!([#a, #b])
-}
-
-fn dtype_tokens(d: DType) -> TokenStream {
-    let v = format_ident!("{}", format!("{d:?}"));
-    quote!(::memwise::plan::DType::#v)
-}
-
-fn activation_tokens(a: Activation) -> TokenStream {
-    let v = format_ident!("{}", format!("{a:?}"));
-    quote!(::memwise::plan::Activation::#v)
-}
-
-fn padding_tokens(p: Padding) -> TokenStream {
-    let v = format_ident!("{}", format!("{p:?}"));
-    quote!(::memwise::plan::Padding::#v)
-}
-
-fn kind_tokens(k: &LayerKind) -> TokenStream {
-    let p = quote!(::memwise::plan::LayerKind);
-    match k {
-        LayerKind::Input {
-            shape,
-            dtype,
-            scale,
-        } => {
-            let (shape, dtype, scale) = (
-                shape.iter().map(|&d| usize_tokens(d)),
-                dtype_tokens(*dtype),
-                f32_tokens(*scale),
-            );
-            quote!(#p::Input { shape: ::std::vec![#(#shape),*], dtype: #dtype, scale: #scale })
-        }
-        LayerKind::Dense {
-            units,
-            activation,
-            use_bias,
-        } => {
-            let (u, a) = (usize_tokens(*units), activation_tokens(*activation));
-            quote!(#p::Dense { units: #u, activation: #a, use_bias: #use_bias })
-        }
-        LayerKind::Conv2d {
-            filters,
-            kernel,
-            strides,
-            padding,
-            activation,
-            use_bias,
-        }
-        | LayerKind::Conv2dTranspose {
-            filters,
-            kernel,
-            strides,
-            padding,
-            activation,
-            use_bias,
-        } => {
-            let v = if matches!(k, LayerKind::Conv2d { .. }) {
-                quote!(Conv2d)
-            } else {
-                quote!(Conv2dTranspose)
-            };
-            let (f, kk, s, pd, a) = (
-                usize_tokens(*filters),
-                pair_tokens(*kernel),
-                pair_tokens(*strides),
-                padding_tokens(*padding),
-                activation_tokens(*activation),
-            );
-            quote!(#p::#v { filters: #f, kernel: #kk, strides: #s, padding: #pd, activation: #a, use_bias: #use_bias })
-        }
-        LayerKind::SeparableConv2d {
-            filters,
-            kernel,
-            strides,
-            padding,
-            multiplier,
-            activation,
-            use_bias,
-        } => {
-            let (f, kk, s, pd, m, a) = (
-                usize_tokens(*filters),
-                pair_tokens(*kernel),
-                pair_tokens(*strides),
-                padding_tokens(*padding),
-                usize_tokens(*multiplier),
-                activation_tokens(*activation),
-            );
-            quote!(#p::SeparableConv2d { filters: #f, kernel: #kk, strides: #s, padding: #pd, multiplier: #m, activation: #a, use_bias: #use_bias })
-        }
-        LayerKind::DepthwiseConv2d {
-            kernel,
-            strides,
-            padding,
-            multiplier,
-            activation,
-            use_bias,
-        } => {
-            let (kk, s, pd, m, a) = (
-                pair_tokens(*kernel),
-                pair_tokens(*strides),
-                padding_tokens(*padding),
-                usize_tokens(*multiplier),
-                activation_tokens(*activation),
-            );
-            quote!(#p::DepthwiseConv2d { kernel: #kk, strides: #s, padding: #pd, multiplier: #m, activation: #a, use_bias: #use_bias })
-        }
-        LayerKind::MaxPool2d {
-            pool,
-            strides,
-            padding,
-        }
-        | LayerKind::AvgPool2d {
-            pool,
-            strides,
-            padding,
-        } => {
-            let v = if matches!(k, LayerKind::MaxPool2d { .. }) {
-                quote!(MaxPool2d)
-            } else {
-                quote!(AvgPool2d)
-            };
-            let (pl, s, pd) = (
-                pair_tokens(*pool),
-                pair_tokens(*strides),
-                padding_tokens(*padding),
-            );
-            quote!(#p::#v { pool: #pl, strides: #s, padding: #pd })
-        }
-        LayerKind::GlobalAvgPool => quote!(#p::GlobalAvgPool),
-        LayerKind::BatchNorm { momentum, epsilon } => {
-            let (m, e) = (f32_tokens(*momentum), f32_tokens(*epsilon));
-            quote!(#p::BatchNorm { momentum: #m, epsilon: #e })
-        }
-        LayerKind::LayerNorm { epsilon } => {
-            let e = f32_tokens(*epsilon);
-            quote!(#p::LayerNorm { epsilon: #e })
-        }
-        LayerKind::Dropout { rate } => {
-            let r = f32_tokens(*rate);
-            quote!(#p::Dropout { rate: #r })
-        }
-        LayerKind::Flatten => quote!(#p::Flatten),
-        LayerKind::Reshape { shape } => {
-            let shape = shape.iter().map(|&d| usize_tokens(d));
-            quote!(#p::Reshape { shape: ::std::vec![#(#shape),*] })
-        }
-        LayerKind::Add { activation } => {
-            let a = activation_tokens(*activation);
-            quote!(#p::Add { activation: #a })
-        }
-        LayerKind::Concat => quote!(#p::Concat),
-        LayerKind::Embedding { vocab, dim } => {
-            let (v, d) = (usize_tokens(*vocab), usize_tokens(*dim));
-            quote!(#p::Embedding { vocab: #v, dim: #d })
-        }
-        LayerKind::Attention {
-            heads,
-            causal,
-            dropout,
-        } => {
-            let (h, d) = (usize_tokens(*heads), f32_tokens(*dropout));
-            quote!(#p::Attention { heads: #h, causal: #causal, dropout: #d })
-        }
-        LayerKind::Activation(a) => {
-            let a = activation_tokens(*a);
-            quote!(#p::Activation(#a))
-        }
-        LayerKind::SampleNormal => quote!(#p::SampleNormal),
-    }
-}
-
-fn optimizer_tokens(o: &Optimizer) -> TokenStream {
-    let p = quote!(::memwise::plan::Optimizer);
-    match *o {
-        Optimizer::Sgd { lr } => {
-            let lr = f32_tokens(lr);
-            quote!(#p::Sgd { lr: #lr })
-        }
-        Optimizer::Momentum {
-            lr,
-            momentum,
-            nesterov,
-        } => {
-            let (lr, m) = (f32_tokens(lr), f32_tokens(momentum));
-            quote!(#p::Momentum { lr: #lr, momentum: #m, nesterov: #nesterov })
-        }
-        Optimizer::RmsProp {
-            lr,
-            rho,
-            epsilon,
-            momentum,
-            centered,
-        } => {
-            let (lr, r, e, m) = (
-                f32_tokens(lr),
-                f32_tokens(rho),
-                f32_tokens(epsilon),
-                f32_tokens(momentum),
-            );
-            quote!(#p::RmsProp { lr: #lr, rho: #r, epsilon: #e, momentum: #m, centered: #centered })
-        }
-        Optimizer::Adam {
-            lr,
-            beta_1,
-            beta_2,
-            epsilon,
-        } => {
-            let (lr, b1, b2, e) = (
-                f32_tokens(lr),
-                f32_tokens(beta_1),
-                f32_tokens(beta_2),
-                f32_tokens(epsilon),
-            );
-            quote!(#p::Adam { lr: #lr, beta_1: #b1, beta_2: #b2, epsilon: #e })
-        }
-        Optimizer::AdamW {
-            lr,
-            beta_1,
-            beta_2,
-            epsilon,
-            weight_decay,
-        } => {
-            let (lr, b1, b2, e, w) = (
-                f32_tokens(lr),
-                f32_tokens(beta_1),
-                f32_tokens(beta_2),
-                f32_tokens(epsilon),
-                f32_tokens(weight_decay),
-            );
-            quote!(#p::AdamW { lr: #lr, beta_1: #b1, beta_2: #b2, epsilon: #e, weight_decay: #w })
-        }
-    }
-}
-
-fn precision_tokens(p: Precision) -> TokenStream {
-    let v = format_ident!("{}", format!("{p:?}"));
-    quote!(::memwise::plan::Precision::#v)
-}
-
-fn spec_tokens(spec: &ModelSpec) -> TokenStream {
-    let (name, batch) = (&spec.name, usize_tokens(spec.batch));
-    let precision = precision_tokens(spec.precision);
-    let optimizer = optimizer_tokens(&spec.optimizer);
-    let loss = spec.loss.iter().map(|t| {
-        let kind = format_ident!(
-            "{}",
-            match t.kind {
-                LossKind::SparseCategoricalCrossentropy => "SparseCategoricalCrossentropy",
-                LossKind::BinaryCrossentropy => "BinaryCrossentropy",
-                LossKind::MeanSquaredError => "MeanSquaredError",
-                LossKind::KlNormal => "KlNormal",
-            }
-        );
-        let red = format_ident!(
-            "{}",
-            if t.reduction == Reduction::Mean {
-                "Mean"
-            } else {
-                "SumOverFeatures"
-            }
-        );
-        let (w, inputs) = (f32_tokens(t.weight), &t.inputs);
-        quote!(::memwise::plan::LossTerm {
-            kind: ::memwise::plan::LossKind::#kind,
-            inputs: ::std::vec![#(::std::string::String::from(#inputs)),*],
-            weight: #w,
-            reduction: ::memwise::plan::Reduction::#red,
-        })
-    });
-    let metrics = spec.metrics.iter().map(|m| {
-        let v = format_ident!(
-            "{}",
-            match m {
-                Metric::Accuracy => "Accuracy",
-                Metric::BinaryAccuracy => "BinaryAccuracy",
-                Metric::MeanSquaredError => "MeanSquaredError",
-            }
-        );
-        quote!(::memwise::plan::Metric::#v)
-    });
-    let layers = spec.layers.iter().map(|l| {
-        let (name, kind, inputs) = (&l.name, kind_tokens(&l.kind), &l.inputs);
-        let dtype = match l.dtype {
-            Some(d) => {
-                let d = dtype_tokens(d);
-                quote!(::core::option::Option::Some(#d))
-            }
-            None => quote!(::core::option::Option::None),
-        };
-        let checkpoint = match l.checkpoint {
-            Some(s) => quote!(::core::option::Option::Some(#s)),
-            None => quote!(::core::option::Option::None),
-        };
-        quote!(::memwise::__private::layer(#name, #kind, &[#(#inputs),*], #dtype, #checkpoint))
-    });
-    let budget = match spec.budget {
-        Some(b) => quote!(::core::option::Option::Some(#b)),
-        None => quote!(::core::option::Option::None),
-    };
-    quote! {
-        let mut spec = ::memwise::plan::ModelSpec::new(#name, #batch);
-        spec.precision = #precision;
-        spec.optimizer = #optimizer;
-        spec.loss = ::std::vec![#(#loss),*];
-        spec.metrics = ::std::vec![#(#metrics),*];
-        spec.layers = ::std::vec![#(#layers),*];
-        spec.budget = #budget;
-        spec
-    }
-}
+use crate::lower::Handle;
 
 fn handle_tokens(h: &Handle, params: &HashMap<&str, Vec<(u32, &str)>>) -> TokenStream {
     match h {
@@ -368,27 +34,29 @@ fn handle_tokens(h: &Handle, params: &HashMap<&str, Vec<(u32, &str)>>) -> TokenS
     }
 }
 
+/// Parses Rust source the planner wrote.
+fn planner_rust(source: String) -> TokenStream {
+    source.parse().expect("the planner writes valid Rust")
+}
+
+/// `Some(value)` or `None`, as tokens.
+fn option_tokens<T: ToTokens>(x: Option<T>) -> TokenStream {
+    match x {
+        Some(x) => quote!(::core::option::Option::Some(#x)),
+        None => quote!(::core::option::Option::None),
+    }
+}
+
 /// The struct, its inherent consts and functions, and its `memwise::Model` impl.
-pub fn model_items(
-    item: &ItemStruct,
-    lowered: &Lowered,
-    plan: &StaticPlan,
-    budget: Option<u64>,
-    auto_choice: Option<&str>,
-) -> TokenStream {
+pub fn model_items(item: &ItemStruct, handles: &[Handle], compiled: &Compiled) -> TokenStream {
     let ident = &item.ident;
-    let budget_ts = match budget {
-        Some(b) => quote!(::core::option::Option::Some(#b)),
-        None => quote!(::core::option::Option::None),
-    };
-    let choice_ts = match auto_choice {
-        Some(c) => quote!(::core::option::Option::Some(#c)),
-        None => quote!(::core::option::Option::None),
-    };
-    // `field:` followed by `::path` must not lex as `field::` `:path`.
-    let plan_src = plan.to_rust("::memwise::plan");
-    let plan_ts: TokenStream = plan_src.parse().expect("the planner writes valid Rust");
-    let spec = spec_tokens(&lowered.spec);
+    let plan = &compiled.plan;
+    let budget = compiled.budget.as_ref();
+    let auto_text = compiled.auto_checkpoint.as_ref().map(|c| c.to_string());
+    let budget_ts = option_tokens(budget.map(|v| v.budget));
+    let choice_ts = option_tokens(auto_text.as_deref());
+    let plan_ts = planner_rust(plan.to_rust("::memwise::plan"));
+    let spec_ts = planner_rust(compiled.spec.to_rust("::memwise::plan"));
     let params_count = plan.params_count;
     let mut params: HashMap<&str, Vec<(u32, &str)>> = HashMap::new();
     for p in plan.params.iter() {
@@ -401,25 +69,33 @@ pub fn model_items(
         syn::Fields::Named(n) => n.named.iter().filter_map(|f| f.ident.as_ref()).collect(),
         _ => Vec::new(),
     };
-    let handles = lowered.handles.iter().map(|h| handle_tokens(h, &params));
-    let m = &plan.memory;
-    let mem_doc = format!(
-        " Memory of one training step at batch {}: {} total — params {}, grads {}, optimizer {}, activations {}, workspace {}, inputs {}.",
-        plan.batch,
-        format_bytes(m.total),
-        format_bytes(m.params),
-        format_bytes(m.grads),
-        format_bytes(m.optimizer),
-        format_bytes(m.activations_peak),
-        format_bytes(m.workspace_peak),
-        format_bytes(m.inputs)
-    );
-    let plan_doc = format!(
-        " The static plan of one training step ({} steps, {} arena tensors in {}), computed by the `#[memwise::model]` macro.",
-        plan.steps.len(),
-        plan.tensors.len(),
-        format_bytes(plan.arena_bytes)
-    );
+    let handles = handles.iter().map(|h| handle_tokens(h, &params));
+    let (plan_doc, mem_doc) = plan_docs(plan);
+    let auto_const = auto_text.map(|text| {
+        quote! {
+            impl #ident {
+                /// What `checkpoint = auto` chose, and what it costs.
+                pub const AUTO_CHECKPOINT: &'static str = #text;
+            }
+        }
+    });
+    let max_batch_const = budget.map(|v| {
+        let doc = format!(
+            " The largest batch whose training step fits the declared budget ({}), with {} (0: not even batch 1).",
+            format_bytes(v.budget),
+            match v.policy {
+                Policy::AutoCheckpoint => "the checkpoints `checkpoint = auto` chooses at each batch",
+                _ => "the model as declared",
+            }
+        );
+        let max = v.max_batch.unwrap_or(0);
+        quote! {
+            impl #ident {
+                #[doc = #doc]
+                pub const MAX_BATCH: usize = #max;
+            }
+        }
+    });
     quote! {
         #item
 
@@ -433,7 +109,7 @@ pub fn model_items(
 
             /// The model as declared, built at run time.
             pub fn spec() -> ::memwise::plan::ModelSpec {
-                #spec
+                #spec_ts
             }
 
             /// Plans the same model at another batch size.
@@ -473,7 +149,33 @@ pub fn model_items(
                 <#ident>::layers()
             }
         }
+
+        #auto_const
+        #max_batch_const
     }
+}
+
+/// The doc lines of `PLAN` and `MEMORY`.
+fn plan_docs(plan: &StaticPlan) -> (String, String) {
+    let m = &plan.memory;
+    let plan_doc = format!(
+        " The static plan of one training step ({} steps, {} arena tensors in {}), computed by the `#[memwise::model]` macro.",
+        plan.steps.len(),
+        plan.tensors.len(),
+        format_bytes(plan.arena_bytes)
+    );
+    let mem_doc = format!(
+        " Memory of one training step at batch {}: {} total — params {}, grads {}, optimizer {}, activations {}, workspace {}, inputs {}.",
+        plan.batch,
+        format_bytes(m.total),
+        format_bytes(m.params),
+        format_bytes(m.grads),
+        format_bytes(m.optimizer),
+        format_bytes(m.activations_peak),
+        format_bytes(m.workspace_peak),
+        format_bytes(m.inputs)
+    );
+    (plan_doc, mem_doc)
 }
 
 /// What a model whose attributes failed still gets beside its errors: the struct and every
@@ -519,161 +221,4 @@ pub fn stub_items(item: &ItemStruct, errors: TokenStream) -> TokenStream {
             }
         }
     }
-}
-
-/// How to write the checkpoint fix: plain `#[checkpoint]` on every field when no two runs
-/// touch (each run of marked fields is one segment), numbered segments when some do.
-/// Labels are `index:name` (the field's index in the struct), runs in declaration order.
-fn checkpoint_advice(runs: &[Vec<String>], first_segment: i64) -> String {
-    let parse = |u: &String| {
-        u.split_once(':')
-            .and_then(|(i, n)| Some((i.parse::<usize>().ok()?, n.to_string())))
-    };
-    let runs: Vec<Vec<(usize, String)>> = runs
-        .iter()
-        .map(|r| r.iter().filter_map(parse).collect())
-        .collect();
-    let touch = runs.windows(2).any(|w| match (w[0].last(), w[1].first()) {
-        (Some(a), Some(b)) => b.0 == a.0 + 1,
-        _ => false,
-    });
-    let names = |run: &[(usize, String)]| {
-        let n: Vec<String> = run.iter().map(|(_, n)| format!("`{n}`")).collect();
-        if n.len() > 8 {
-            format!(
-                "{}, … {} (all {} fields)",
-                n[..3].join(", "),
-                n[n.len() - 1],
-                n.len()
-            )
-        } else {
-            n.join(", ")
-        }
-    };
-    if touch {
-        runs.iter()
-            .enumerate()
-            .map(|(r, run)| {
-                format!(
-                    "`#[checkpoint(segment = {})]` on {}",
-                    first_segment + r as i64,
-                    names(run)
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("; ")
-    } else {
-        let all: Vec<(usize, String)> = runs.into_iter().flatten().collect();
-        format!("`#[checkpoint]` on {}", names(&all))
-    }
-}
-
-/// The budget error's text: the headline, the breakdown, and the planned fixes.
-pub fn budget_message(
-    spec: &ModelSpec,
-    plan: &StaticPlan,
-    fixes: &Fixes,
-    batch_one: Option<u64>,
-    first_segment: i64,
-) -> String {
-    let m = &plan.memory;
-    let (need, budget) = (m.total, fixes.budget);
-    let mut s = format!(
-        "model `{}` needs {} but the budget is {} ({} over)",
-        spec.name,
-        format_bytes(need),
-        format_bytes(budget),
-        format_bytes(need - budget)
-    );
-    let packing = m
-        .arena
-        .saturating_sub(m.activations_peak + m.workspace_peak + m.inputs);
-    let packing = if packing > 0 {
-        format!(" + arena packing {}", format_bytes(packing))
-    } else {
-        String::new()
-    };
-    s += &format!(
-        "\n= note: at batch {}, {}: params {} + grads {} + optimizer {} + activations {} + workspace {} + inputs {}{packing} = {} total, budget {}",
-        spec.batch,
-        spec.precision.name(),
-        format_bytes(m.params),
-        format_bytes(m.grads),
-        format_bytes(m.optimizer),
-        format_bytes(m.activations_peak),
-        format_bytes(m.workspace_peak),
-        format_bytes(m.inputs),
-        format_bytes(need),
-        format_bytes(budget),
-    );
-    let mut fits = Vec::new();
-    let mut not = Vec::new();
-    match fixes.max_batch {
-        Some((b, t)) => fits.push(format!(
-            "`batch = {b}` (the largest batch that fits): {}",
-            format_bytes(t)
-        )),
-        None => not.push(match batch_one {
-            Some(t) => format!(
-                "a smaller batch: even `batch = 1` needs {}",
-                format_bytes(t)
-            ),
-            None => "a smaller batch: no batch size fits".to_string(),
-        }),
-    }
-    if let Some(p) = &fixes.precision {
-        let name = p.precision.name();
-        if p.total <= budget {
-            fits.push(format!("`precision = {name}`: {}", format_bytes(p.total)));
-        } else {
-            let with = match p.max_batch {
-                Some(b) => format!(" (with it, `batch = {b}` fits)"),
-                None => String::new(),
-            };
-            not.push(format!(
-                "`precision = {name}` still needs {}{with}",
-                format_bytes(p.total)
-            ));
-        }
-    }
-    let forward: u64 = m.layers.iter().map(|l| l.forward_flops).sum();
-    match (&fixes.checkpoint, fixes.checkpoint_best) {
-        (Some(c), _) => {
-            let share = if forward > 0 {
-                format!(
-                    ", recomputing {:.0}% of the forward pass",
-                    100.0 * c.recompute_flops as f64 / forward as f64
-                )
-            } else {
-                String::new()
-            };
-            fits.push(format!(
-                "{}: {}{share}",
-                checkpoint_advice(&c.runs, first_segment),
-                format_bytes(c.total)
-            ))
-        }
-        (None, Some(t)) => not.push(format!(
-            "checkpointing: the best placement tried still needs {}",
-            format_bytes(t)
-        )),
-        (None, None) => {}
-    }
-    if !fits.is_empty() {
-        s += "\n= help: each of these fits (planned):";
-        for f in &fits {
-            s += &format!("\n        - {f}");
-        }
-    }
-    if !not.is_empty() {
-        s += if fits.is_empty() {
-            "\n= help: no single change fits:"
-        } else {
-            "\n= note: these do not fit alone:"
-        };
-        for f in &not {
-            s += &format!("\n        - {f}");
-        }
-    }
-    s
 }

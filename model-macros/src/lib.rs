@@ -28,6 +28,8 @@ use syn::ItemStruct;
 use diag::Errors;
 use fields::{FieldDecl, FieldKind};
 use lower::BlockDef;
+use memwise_plan::advice::{Annotation, CheckpointUnit, UserCheckpoints};
+use memwise_plan::{CompileError, CompileOptions};
 
 /// Declares a model: see the `memwise` crate's documentation of `model`.
 #[proc_macro_attribute]
@@ -72,6 +74,12 @@ fn item_name_span(item: &TokenStream2) -> Span {
         _ => None,
     };
     ident.map_or_else(Span::call_site, |i| i.span())
+}
+
+/// The struct a model or block attribute is on, or the error `message` on the item's name.
+fn parse_struct(item: &TokenStream2, message: &str) -> Result<ItemStruct, TokenStream2> {
+    syn::parse2(item.clone())
+        .map_err(|_| syn::Error::new(item_name_span(item), message).to_compile_error())
 }
 
 fn unquote(s: &str) -> String {
@@ -123,17 +131,14 @@ fn expand_model(
     item: TokenStream2,
     collected: Vec<(String, TokenStream2)>,
 ) -> TokenStream2 {
-    let mut e = Errors::default();
-    let mut st: ItemStruct = match syn::parse2(item.clone()) {
-        Ok(s) => s,
-        Err(_) => {
-            e.push(syn::Error::new(
-                item_name_span(&item),
-                "`#[memwise::model]` goes on a struct with named fields, one per layer: `struct Net { #[dense(10)] logits: Dense }`",
-            ));
-            return e.to_compile_errors();
-        }
+    let mut st = match parse_struct(
+        &item,
+        "`#[memwise::model]` goes on a struct with named fields, one per layer: `struct Net { #[dense(10)] logits: Dense }`",
+    ) {
+        Ok(st) => st,
+        Err(errors) => return errors,
     };
+    let mut e = Errors::default();
     let args = model_args::parse(attr.clone(), &mut e);
     let decls = fields::read_struct(&mut st, "model", &mut e);
 
@@ -159,91 +164,65 @@ fn expand_model(
         return emit::stub_items(&st, e.to_compile_errors());
     }
 
+    compile_model(&st, &args, &decls, &blocks)
+}
+
+/// Lowers a model whose attributes parsed, compiles it with the planner, and emits its items
+/// with the planner's errors on their spans.
+fn compile_model(
+    st: &ItemStruct,
+    args: &model_args::ModelArgs,
+    decls: &[FieldDecl],
+    blocks: &HashMap<String, BlockDef>,
+) -> TokenStream2 {
+    let mut e = Errors::default();
     let name = st.ident.to_string();
-    let mut lowered = lower::lower(&name, &args, &decls, &blocks, &mut e);
+    let lowered = lower::lower(&name, args, decls, blocks, &mut e);
     if !e.is_empty() || lowered.incomplete {
         // An incomplete model uses a block with errors, reported at the block.
-        return emit::stub_items(&st, e.to_compile_errors());
+        return emit::stub_items(st, e.to_compile_errors());
     }
-    // `checkpoint = auto`: the solver chooses the segments that fit the budget with the least
-    // recomputation; the model is then exactly as if the user had written them.
-    let mut auto_choice = None;
-    if let Some(tokens) = &args.checkpoint_auto {
-        match &args.budget {
-            None => {
-                let err = syn::Error::new_spanned(
-                    tokens,
-                    "`checkpoint = auto` chooses the checkpoints that fit the budget: add `budget = \"…\"`",
-                );
-                return emit::stub_items(&st, err.to_compile_error());
-            }
-            Some((budget, btokens)) => {
-                match memwise_plan::checkpoint::solve(&lowered.spec, *budget) {
-                    Ok(choice) => {
-                        lowered.spec = choice.apply(&lowered.spec);
-                        auto_choice = Some(choice.to_string());
-                    }
-                    Err(pe) => {
-                        use memwise_plan::checkpoint::{max_batch_with, Policy};
-                        let help = match max_batch_with(&lowered.spec, *budget, Policy::AutoCheckpoint) {
-                            Some(b) => format!("\n= help: `batch = {b}` fits with `checkpoint = auto` (the largest batch that does)"),
-                            None => "\n= note: not even batch 1 fits with `checkpoint = auto`".to_string(),
-                        };
-                        let err = syn::Error::new_spanned(
-                            btokens,
-                            format!("`checkpoint = auto`: {}{help}", pe.message),
-                        );
-                        return emit::stub_items(&st, err.to_compile_error());
-                    }
-                }
-            }
-        }
-    }
-    let plan = match memwise_plan::plan(&lowered.spec) {
-        Ok(p) => p,
-        Err(pe) => {
-            plan_error(&pe, &st, &args, &lowered, &decls, &mut e);
-            return emit::stub_items(&st, e.to_compile_errors());
-        }
+    // The budget error's checkpoint fix is written on fields: the spec it plans is the one
+    // these fields lower to with the annotations the fix tells the user to write.
+    let relower =
+        |d: &[FieldDecl]| lower::lower(&name, args, d, blocks, &mut Errors::default()).spec;
+    let apply =
+        |runs: &[Vec<usize>], annotation: Annotation| annotate(decls, runs, annotation, &relower);
+    let checkpoints = user_checkpoints(decls, &lowered, &apply);
+    let options = CompileOptions {
+        budget: args.budget.as_ref().map(|(b, _)| *b),
+        auto_checkpoint: args.checkpoint_auto.is_some(),
+        checkpoints: Some(&checkpoints),
     };
-    let budget = args.budget.as_ref().map(|(b, _)| *b);
-    let mut out = emit::model_items(&st, &lowered, &plan, budget, auto_choice.as_deref());
-    if let Some(text) = &auto_choice {
-        let ident = &st.ident;
-        out.extend(quote! {
-            impl #ident {
-                /// What `checkpoint = auto` chose, and what it costs.
-                pub const AUTO_CHECKPOINT: &'static str = #text;
+    match memwise_plan::compile(&lowered.spec, &options) {
+        Ok(compiled) => {
+            let mut out = emit::model_items(st, &lowered.handles, &compiled);
+            let over = compiled.budget.as_ref().and_then(|v| v.over.as_ref());
+            if let (Some(over), Some((_, tokens))) = (over, &args.budget) {
+                out.extend(syn::Error::new_spanned(tokens, &over.message).to_compile_error());
             }
-        });
-    }
-    if let Some((budget, tokens)) = &args.budget {
-        // The largest batch that fits the budget with the model's own policy, a const.
-        let policy = if auto_choice.is_some() {
-            memwise_plan::checkpoint::Policy::AutoCheckpoint
-        } else {
-            memwise_plan::checkpoint::Policy::Plain
-        };
-        let max =
-            memwise_plan::checkpoint::max_batch_with(&lowered.spec, *budget, policy).unwrap_or(0);
-        let ident = &st.ident;
-        let doc = format!(
-            " The largest batch whose training step fits the declared budget ({}), with {} (0: not even batch 1).",
-            memwise_plan::advice::format_bytes(*budget),
-            if auto_choice.is_some() { "the checkpoints `checkpoint = auto` chooses at each batch" } else { "the model as declared" }
-        );
-        out.extend(quote! {
-            impl #ident {
-                #[doc = #doc]
-                pub const MAX_BATCH: usize = #max;
-            }
-        });
-        if plan.memory.total > *budget {
-            let message = budget_error(&name, &args, &decls, &blocks, &lowered, &plan, *budget);
-            out.extend(syn::Error::new_spanned(tokens, message).to_compile_error());
+            out
+        }
+        Err(err) => {
+            let at = |tokens: Option<&TokenStream2>| {
+                let tokens = tokens
+                    .cloned()
+                    .unwrap_or_else(|| st.ident.to_token_stream());
+                syn::Error::new_spanned(tokens, err.to_string()).to_compile_error()
+            };
+            let errors = match &err {
+                CompileError::Plan(pe) => {
+                    plan_error(pe, st, args, &lowered, decls, &mut e);
+                    e.to_compile_errors()
+                }
+                CompileError::AutoCheckpointWithoutBudget => at(args.checkpoint_auto.as_ref()),
+                CompileError::AutoCheckpointOverBudget { .. } => {
+                    at(args.budget.as_ref().map(|(_, t)| t))
+                }
+            };
+            emit::stub_items(st, errors)
         }
     }
-    out
 }
 
 /// Puts a planner error on the field it names (the layer attribute, or the `#[block]` of
@@ -285,92 +264,80 @@ fn plan_error(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn budget_error(
-    name: &str,
-    args: &model_args::ModelArgs,
+/// The fields a user can checkpoint with one annotation: every non-input field not already
+/// checkpointed (a checkpointed block: one segment per instance), with the spec layers it
+/// lowers to, at its place among the fields.
+fn user_checkpoints<'a>(
     decls: &[FieldDecl],
-    blocks: &HashMap<String, BlockDef>,
     lowered: &lower::Lowered,
-    plan: &memwise_plan::StaticPlan,
-    budget: u64,
-) -> String {
-    use memwise_plan::advice::{fixes_with, total, CheckpointUnit};
-    // Checkpoint units are the fields a user can annotate: every non-input field, each as its
-    // own segment (a checkpointed block: one segment per instance). Labels carry the field's
-    // index so the advice can tell adjacent fields apart.
-    let candidates: Vec<usize> = (0..decls.len())
-        .filter(|&i| !decls[i].is_input() && decls[i].checkpoint.is_none())
-        .collect();
-    let units: Vec<CheckpointUnit> = candidates
-        .iter()
-        .map(|&i| CheckpointUnit {
-            label: format!("{i}:{}", decls[i].name),
-            saved_bytes: plan
-                .memory
+    apply: &'a dyn Fn(&[Vec<usize>], Annotation) -> memwise_plan::ModelSpec,
+) -> UserCheckpoints<'a> {
+    let units = candidates(decls)
+        .map(|i| CheckpointUnit {
+            label: decls[i].name.clone(),
+            position: i,
+            layers: lowered
+                .spec
                 .layers
                 .iter()
-                .filter(|l| {
-                    lowered
-                        .spec
-                        .layers
-                        .iter()
-                        .position(|x| x.name == l.name)
-                        .is_some_and(|k| lowered.owner[k] == i)
-                })
-                .map(|l| l.saved_bytes)
-                .sum(),
+                .zip(&lowered.owner)
+                .filter(|&(_, &owner)| owner == i)
+                .map(|(l, _)| l.name.clone())
+                .collect(),
         })
         .collect();
-    // Re-lowered exactly as the advice will tell the user to write it: plain `#[checkpoint]`
-    // when the runs are apart (a run of marked fields is one segment), numbered segments
-    // when two runs touch.
-    let base = decls
+    // Numbered segments go above any the user wrote.
+    let first_segment = decls
         .iter()
         .filter_map(|f| f.checkpoint.as_ref()?.segment)
         .max()
         .unwrap_or(0)
         + 1;
-    let apply = |runs: &[Vec<usize>]| {
-        let mut d = decls.to_vec();
-        let adjacent = runs_touch(runs, &candidates);
-        for (r, run) in runs.iter().enumerate() {
-            for &u in run {
-                let segment = adjacent.then_some(base + r as i64);
-                d[candidates[u]].checkpoint = Some(fields::Checkpoint {
-                    segment,
-                    tokens: TokenStream2::new(),
-                });
-            }
-        }
-        lower::lower(name, args, &d, blocks, &mut Errors::default()).spec
-    };
-    let fixes = fixes_with(&lowered.spec, budget, &units, &apply);
-    let batch_one = total(&lowered.spec.with_batch(1));
-    emit::budget_message(&lowered.spec, plan, &fixes, batch_one, base)
+    UserCheckpoints {
+        units,
+        first_segment,
+        apply,
+    }
 }
 
-/// Two runs of checkpointed fields are adjacent (plain `#[checkpoint]` would merge them).
-/// `runs` hold indices into `fields`; labels of the advice carry the same field indices.
-fn runs_touch(runs: &[Vec<usize>], fields: &[usize]) -> bool {
-    runs.windows(2).any(|w| match (w[0].last(), w[1].first()) {
-        (Some(&a), Some(&b)) => fields[b] == fields[a] + 1,
-        _ => false,
-    })
+/// Indices of the fields a checkpoint fix may annotate.
+fn candidates(decls: &[FieldDecl]) -> impl Iterator<Item = usize> + '_ {
+    (0..decls.len()).filter(|&i| !decls[i].is_input() && decls[i].checkpoint.is_none())
+}
+
+/// The spec of the model with `runs` of [`candidates`] annotated as the fix writes them.
+fn annotate(
+    decls: &[FieldDecl],
+    runs: &[Vec<usize>],
+    annotation: Annotation,
+    relower: &dyn Fn(&[FieldDecl]) -> memwise_plan::ModelSpec,
+) -> memwise_plan::ModelSpec {
+    let fields: Vec<usize> = candidates(decls).collect();
+    let mut d = decls.to_vec();
+    for (r, run) in runs.iter().enumerate() {
+        let segment = match annotation {
+            Annotation::Plain => None,
+            Annotation::Numbered { first } => Some(first + r as i64),
+        };
+        for &u in run {
+            d[fields[u]].checkpoint = Some(fields::Checkpoint {
+                segment,
+                tokens: TokenStream2::new(),
+            });
+        }
+    }
+    relower(&d)
 }
 
 fn expand_block(attr: TokenStream2, item: TokenStream2) -> TokenStream2 {
-    let mut e = Errors::default();
-    let mut st: ItemStruct = match syn::parse2(item.clone()) {
-        Ok(s) => s,
-        Err(_) => {
-            e.push(syn::Error::new(
-                item_name_span(&item),
-                "`#[memwise::block]` goes on a struct with named fields, one per layer",
-            ));
-            return e.to_compile_errors();
-        }
+    let mut st = match parse_struct(
+        &item,
+        "`#[memwise::block]` goes on a struct with named fields, one per layer",
+    ) {
+        Ok(st) => st,
+        Err(errors) => return errors,
     };
+    let mut e = Errors::default();
     let params = fields::read_block_params(attr.clone(), &mut e);
     let decls = fields::read_struct(&mut st, "block", &mut e);
     let def = BlockDef {

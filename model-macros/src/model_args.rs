@@ -1,7 +1,9 @@
 //! The model attribute's arguments: `batch`, `optimizer`, `loss`, `metrics`, `budget`,
 //! `precision`, `checkpoint`.
 use memwise_plan::advice::parse_bytes;
-use memwise_plan::{LossKind, LossTerm, Metric, Optimizer, Precision, Reduction};
+use memwise_plan::{
+    LossKind, LossTerm, Metric, ModelSpec, Optimizer, Precision, Reduction, DEFAULT_BATCH,
+};
 use proc_macro2::TokenStream;
 use quote::ToTokens;
 use syn::{BinOp, Expr};
@@ -65,14 +67,14 @@ const METRICS: [&str; 5] = [
     "mean_squared_error",
 ];
 const PRECISIONS: [&str; 3] = ["float32", "mixed_float16", "mixed_bfloat16"];
-/// Keras's default batch size in `fit`.
-pub const DEFAULT_BATCH: usize = 32;
 
 pub fn parse(attr: TokenStream, e: &mut Errors) -> ModelArgs {
+    // What an attribute that says nothing gets: the planner's defaults.
+    let defaults = ModelSpec::new("", DEFAULT_BATCH);
     let mut out = ModelArgs {
-        batch: DEFAULT_BATCH,
-        precision: Precision::Float32,
-        optimizer: Optimizer::RMSPROP,
+        batch: defaults.batch,
+        precision: defaults.precision,
+        optimizer: defaults.optimizer,
         loss: Vec::new(),
         loss_tokens: None,
         metrics: Vec::new(),
@@ -242,97 +244,83 @@ fn optimizer(arg: &Arg, e: &mut Errors) -> Option<Optimizer> {
     }
     let env = Env::new();
     let mut o = Opts::new(format!("optimizer `{name}`"), arg.value.clone(), args, &env);
-    let lr_names: &[&str] = &["learning_rate"];
-    // Defaults are the planner's Keras constants, destructured.
-    let opt = match name.as_str() {
-        "sgd" | "momentum" => {
-            let Optimizer::Momentum {
-                lr,
-                momentum: m,
-                nesterov: n,
-            } = Optimizer::MOMENTUM
-            else {
-                unreachable!()
-            };
-            let lr = o.read("lr", lr_names, Some(0), lr, e, float);
-            let momentum = o.read(
-                "momentum",
-                &[],
-                None,
-                if name == "momentum" { m } else { 0.0 },
-                e,
-                float,
-            );
-            let nesterov = o.read("nesterov", &[], None, n, e, boolean);
-            // Keras's SGD(momentum=0.9) is the momentum optimizer.
-            if momentum > 0.0 || nesterov {
-                Optimizer::Momentum {
-                    lr,
-                    momentum,
-                    nesterov,
-                }
-            } else {
-                Optimizer::Sgd { lr }
-            }
-        }
-        "rmsprop" => {
-            let Optimizer::RmsProp {
-                lr,
-                rho,
-                epsilon,
-                momentum,
-                centered,
-            } = Optimizer::RMSPROP
-            else {
-                unreachable!()
-            };
-            Optimizer::RmsProp {
-                lr: o.read("lr", lr_names, Some(0), lr, e, float),
-                rho: o.read("rho", &[], None, rho, e, float),
-                epsilon: o.read("epsilon", &[], None, epsilon, e, float),
-                momentum: o.read("momentum", &[], None, momentum, e, float),
-                centered: o.read("centered", &[], None, centered, e, boolean),
-            }
-        }
-        "adam" => {
-            let Optimizer::Adam {
-                lr,
-                beta_1,
-                beta_2,
-                epsilon,
-            } = Optimizer::ADAM
-            else {
-                unreachable!()
-            };
-            Optimizer::Adam {
-                lr: o.read("lr", lr_names, Some(0), lr, e, float),
-                beta_1: o.read("beta_1", &[], None, beta_1, e, float),
-                beta_2: o.read("beta_2", &[], None, beta_2, e, float),
-                epsilon: o.read("epsilon", &[], None, epsilon, e, float),
-            }
-        }
-        _ => {
-            let Optimizer::AdamW {
-                lr,
-                beta_1,
-                beta_2,
-                epsilon,
-                weight_decay,
-            } = Optimizer::ADAMW
-            else {
-                unreachable!()
-            };
-            Optimizer::AdamW {
-                lr: o.read("lr", lr_names, Some(0), lr, e, float),
-                beta_1: o.read("beta_1", &[], None, beta_1, e, float),
-                beta_2: o.read("beta_2", &[], None, beta_2, e, float),
-                epsilon: o.read("epsilon", &[], None, epsilon, e, float),
-                weight_decay: o.read("weight_decay", &[], None, weight_decay, e, float),
-            }
-        }
+    // Defaults are the planner's Keras constants; each option read overrides one field.
+    let mut opt = match name.as_str() {
+        "sgd" | "momentum" => Optimizer::MOMENTUM,
+        "rmsprop" => Optimizer::RMSPROP,
+        "adam" => Optimizer::ADAM,
+        _ => Optimizer::ADAMW,
     };
+    // `lr` (alias `learning_rate`) is also the first positional argument.
+    fn num(o: &mut Opts, e: &mut Errors, key: &'static str, x: &mut f32) {
+        let (aliases, pos): (&[&'static str], _) = match key {
+            "lr" => (&["learning_rate"], Some(0)),
+            _ => (&[], None),
+        };
+        *x = o.read(key, aliases, pos, *x, e, float);
+    }
+    fn flag(o: &mut Opts, e: &mut Errors, key: &'static str, x: &mut bool) {
+        *x = o.read(key, &[], None, *x, e, boolean);
+    }
+    match &mut opt {
+        Optimizer::Momentum {
+            lr,
+            momentum,
+            nesterov,
+        } => {
+            if name == "sgd" {
+                *momentum = 0.0;
+            }
+            num(&mut o, e, "lr", lr);
+            num(&mut o, e, "momentum", momentum);
+            flag(&mut o, e, "nesterov", nesterov);
+        }
+        Optimizer::RmsProp {
+            lr,
+            rho,
+            epsilon,
+            momentum,
+            centered,
+        } => {
+            num(&mut o, e, "lr", lr);
+            num(&mut o, e, "rho", rho);
+            num(&mut o, e, "epsilon", epsilon);
+            num(&mut o, e, "momentum", momentum);
+            flag(&mut o, e, "centered", centered);
+        }
+        Optimizer::Adam {
+            lr,
+            beta_1,
+            beta_2,
+            epsilon,
+        }
+        | Optimizer::AdamW {
+            lr,
+            beta_1,
+            beta_2,
+            epsilon,
+            ..
+        } => {
+            num(&mut o, e, "lr", lr);
+            num(&mut o, e, "beta_1", beta_1);
+            num(&mut o, e, "beta_2", beta_2);
+            num(&mut o, e, "epsilon", epsilon);
+        }
+        Optimizer::Sgd { .. } => {}
+    }
+    if let Optimizer::AdamW { weight_decay, .. } = &mut opt {
+        num(&mut o, e, "weight_decay", weight_decay);
+    }
     o.finish(e);
-    Some(opt)
+    // Keras's SGD(momentum=0.9) is the momentum optimizer.
+    Some(match opt {
+        Optimizer::Momentum {
+            lr,
+            momentum,
+            nesterov,
+        } if !(momentum > 0.0 || nesterov) => Optimizer::Sgd { lr },
+        other => other,
+    })
 }
 
 const LOSS_HELP: &str = "expected a loss like `sparse_categorical_crossentropy`, or a sum of terms like `binary_crossentropy(decoded, pixels, reduction = sum) + kl_normal(z_mean, z_log_var)`";
@@ -394,7 +382,7 @@ fn loss(expr: &Expr, weight: f32, out: &mut Vec<LossDecl>, e: &mut Errors) {
                     }
                 })
             });
-            term.weight = weight * o.read("weight", &[], None, 1.0, e, float);
+            term.weight = weight * o.read("weight", &[], None, term.weight, e, float);
             let mut inputs = Vec::new();
             for a in o.rest_positional(0, "fields") {
                 if let Some(v) = e.ok(eval(&a.value, &env)) {

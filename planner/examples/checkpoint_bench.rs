@@ -14,7 +14,7 @@
 use std::time::Instant;
 
 use memwise_plan::advice::format_bytes;
-use memwise_plan::checkpoint::{max_batch_with, Policy, Solver};
+use memwise_plan::checkpoint::{max_batch_with, with_segments, Policy, Solver};
 use memwise_plan::{plan, zoo, ModelSpec, Phase};
 
 /// Budgets per sweep, from the unchecked total down to the smallest feasible.
@@ -22,18 +22,6 @@ const SWEEP: usize = 8;
 
 fn bytes(b: u64) -> String {
     format_bytes(b)
-}
-
-/// `spec` with exactly `segments` (layer names) checkpointed.
-fn with_segments(spec: &ModelSpec, segments: &[Vec<String>]) -> ModelSpec {
-    let mut s = spec.clone();
-    for l in s.layers.iter_mut() {
-        l.checkpoint = segments
-            .iter()
-            .position(|seg| seg.contains(&l.name))
-            .map(|k| k as u32);
-    }
-    s
 }
 
 /// Planned total and recompute FLOPs of `spec`.

@@ -3,10 +3,12 @@
 //! each one verified by planning it, never guessed.
 //!
 //! The `#[memwise::model]` macro uses this for its budget error at compile time; the runtime
-//! uses it for a budget read from the device. Every search here calls [`crate::plan`], so
+//! uses it for a budget read from the device. Every search here calls [`crate::plan()`], so
 //! every number it returns is a planned total.
 
+use crate::checkpoint::{max_batch_with, Policy};
 use crate::dtype::Precision;
+use crate::plan::StaticPlan;
 use crate::spec::{LayerKind, ModelSpec};
 
 /// Parses a byte size: a number and an optional unit, binary (`KiB`, `MiB`, `GiB`, `TiB`,
@@ -86,41 +88,54 @@ pub fn total(spec: &ModelSpec) -> Option<u64> {
     crate::plan(spec).ok().map(|p| p.memory.total)
 }
 
-/// The largest batch whose planned total fits `budget`, or `None` when not even batch 1
-/// fits (or the model cannot be planned). Assumes memory grows with the batch, which holds
-/// for every op the planner knows (every transient tensor scales with it).
-pub fn max_batch(spec: &ModelSpec, budget: u64) -> Option<usize> {
-    const LIMIT: usize = 1 << 24;
-    let fits = |b: usize| total(&spec.with_batch(b)).is_some_and(|t| t <= budget);
-    if !fits(1) {
-        return None;
-    }
-    // Exponential search for a batch that does not fit, then bisect between.
-    let (mut lo, mut hi) = (1usize, 2usize);
-    while hi <= LIMIT && fits(hi) {
-        lo = hi;
-        hi *= 2;
-    }
-    if hi > LIMIT {
-        return Some(lo);
-    }
-    while hi - lo > 1 {
-        let mid = lo + (hi - lo) / 2;
-        if fits(mid) {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    Some(lo)
-}
-
-/// Something the user can checkpoint with one annotation (a layer, a field, a block), and
-/// how many bytes of saved activations it holds in the unconstrained plan (the greedy order).
+/// Something the user can checkpoint with one annotation (a layer, a field, a block).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CheckpointUnit {
+    /// How the user names it: a field, or a layer.
     pub label: String,
-    pub saved_bytes: u64,
+    /// Its place in declaration order. Units at consecutive positions are adjacent: two
+    /// checkpointed runs that touch need numbered segments to stay two segments.
+    pub position: usize,
+    /// The spec layers it holds (its saved bytes are theirs).
+    pub layers: Vec<String>,
+}
+
+/// How a checkpoint fix is written in the model: plain `#[checkpoint]` on every unit when no
+/// two runs touch (a run of marked fields is one segment), numbered segments when some do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Annotation {
+    /// `#[checkpoint]` on every unit of every run.
+    Plain,
+    /// `#[checkpoint(segment = first + r)]` on the units of run `r`.
+    Numbered { first: i64 },
+}
+
+/// The units a user checkpoints with one annotation each, and the spec they get by writing a
+/// fix: `apply(runs, annotation)` returns the spec with each run (unit indices, consecutive,
+/// ascending) checkpointed as `annotation` writes it — exactly as the user would, so every
+/// figure of the fix is the plan the user would get.
+pub struct UserCheckpoints<'a> {
+    pub units: Vec<CheckpointUnit>,
+    /// The first segment number above any the model already uses (for [`Annotation::Numbered`]).
+    pub first_segment: i64,
+    pub apply: &'a dyn Fn(&[Vec<usize>], Annotation) -> ModelSpec,
+}
+
+impl UserCheckpoints<'_> {
+    /// How `runs` (unit indices) are written: numbered when two of them touch.
+    pub fn annotation(&self, runs: &[Vec<usize>]) -> Annotation {
+        let touch = runs.windows(2).any(|w| match (w[0].last(), w[1].first()) {
+            (Some(&a), Some(&b)) => self.units[b].position == self.units[a].position + 1,
+            _ => false,
+        });
+        if touch {
+            Annotation::Numbered {
+                first: self.first_segment,
+            }
+        } else {
+            Annotation::Plain
+        }
+    }
 }
 
 /// Checkpoint segments which make the model fit: each run is a list of consecutive units
@@ -129,6 +144,8 @@ pub struct CheckpointUnit {
 pub struct CheckpointFix {
     /// Labels of the units of each segment, in declaration order.
     pub runs: Vec<Vec<String>>,
+    /// How the runs are written.
+    pub annotation: Annotation,
     /// Planned total with them checkpointed.
     pub total: u64,
     /// Forward FLOPs recomputed per step.
@@ -176,23 +193,24 @@ impl Fixes {
 /// Fixes for `spec` under `budget`, with every non-input layer a checkpoint unit. Callers
 /// that know a coarser structure (the macro's fields and blocks) use [`fixes_with`].
 pub fn fixes(spec: &ModelSpec, budget: u64) -> Fixes {
-    let saved = saved_by_layer(spec);
-    let layers: Vec<&str> = spec
+    let layers: Vec<(usize, &str)> = spec
         .layers
         .iter()
-        .filter(|l| !matches!(l.kind, LayerKind::Input { .. }))
-        .map(|l| l.name.as_str())
+        .enumerate()
+        .filter(|(_, l)| !matches!(l.kind, LayerKind::Input { .. }))
+        .map(|(i, l)| (i, l.name.as_str()))
         .collect();
     let units: Vec<CheckpointUnit> = layers
         .iter()
-        .map(|name| CheckpointUnit {
+        .map(|&(position, name)| CheckpointUnit {
             label: name.to_string(),
-            saved_bytes: saved(name),
+            position,
+            layers: vec![name.to_string()],
         })
         .collect();
-    let apply = |runs: &[Vec<usize>]| {
+    // Each run its own segment id, above any the model already uses.
+    let apply = |runs: &[Vec<usize>], _: Annotation| {
         let mut s = spec.clone();
-        // Segment ids above any the model already uses.
         let first = s
             .layers
             .iter()
@@ -201,27 +219,37 @@ pub fn fixes(spec: &ModelSpec, budget: u64) -> Fixes {
             .map_or(0, |m| m + 1);
         for (id, run) in (first..).zip(runs) {
             for &i in run {
-                if let Some(l) = s.layers.iter_mut().find(|l| l.name == layers[i]) {
+                if let Some(l) = s.layers.iter_mut().find(|l| l.name == layers[i].1) {
                     l.checkpoint = Some(id);
                 }
             }
         }
         s
     };
-    fixes_with(spec, budget, &units, &apply)
+    let checkpoints = UserCheckpoints {
+        units,
+        first_segment: 0,
+        apply: &apply,
+    };
+    fixes_with(spec, budget, &checkpoints)
 }
 
-/// Fixes for `spec` under `budget`, checkpointing runs of `units`; `apply(runs)` returns the
-/// spec with each run (unit indices, consecutive, ascending) checkpointed as one segment —
-/// exactly as the user would write it, so every figure is the plan the user would get.
-pub fn fixes_with(
+/// Fixes for `spec` under `budget`, checkpointing runs of the user's units.
+pub fn fixes_with(spec: &ModelSpec, budget: u64, checkpoints: &UserCheckpoints<'_>) -> Fixes {
+    let plan = crate::plan(spec).ok();
+    let largest = max_batch_with(spec, budget, Policy::Plain);
+    fixes_planned(spec, plan.as_ref(), budget, largest, checkpoints)
+}
+
+/// [`fixes_with`] given the plan of `spec` and its largest batch under `budget`.
+pub(crate) fn fixes_planned(
     spec: &ModelSpec,
+    plan: Option<&StaticPlan>,
     budget: u64,
-    units: &[CheckpointUnit],
-    apply: &dyn Fn(&[Vec<usize>]) -> ModelSpec,
+    largest: Option<usize>,
+    checkpoints: &UserCheckpoints<'_>,
 ) -> Fixes {
-    let needed = total(spec).unwrap_or(u64::MAX);
-    let largest = max_batch(spec, budget)
+    let largest = largest
         .filter(|&b| b < spec.batch)
         .and_then(|b| total(&spec.with_batch(b)).map(|t| (b, t)));
     let precision = match spec.precision {
@@ -236,13 +264,13 @@ pub fn fixes_with(
         total(&s).map(|t| PrecisionFix {
             precision: p,
             total: t,
-            max_batch: max_batch(&s, budget),
+            max_batch: max_batch_with(spec, budget, Policy::Fp16),
         })
     });
-    let (checkpoint, checkpoint_best) = checkpoint_search(budget, units, apply);
+    let (checkpoint, checkpoint_best) = checkpoint_search(plan, budget, checkpoints);
     Fixes {
         budget,
-        needed,
+        needed: plan.map_or(u64::MAX, |p| p.memory.total),
         max_batch: largest,
         precision,
         checkpoint,
@@ -253,21 +281,22 @@ pub fn fixes_with(
 /// Tries a family of checkpointings, plans each, and keeps the fitting one that recomputes
 /// the fewest forward FLOPs:
 ///
-/// - single units, largest saved bytes first: the fewest that fit (bisection on how many;
-///   a unit that is a block is one segment per instance, which saves its insides);
+/// - single units, largest saved bytes (in `plan`) first: the fewest that fit (bisection on
+///   how many; a unit that is a block is one segment per instance, which saves its insides);
 /// - contiguous runs: the units split into k runs of equal length, k = 1 … 12, with and
 ///   without the last unit (whose recomputation, next to the loss, saves nothing) — a run
 ///   frees every activation inside it, which single layers cannot (their output is the
 ///   next layer's input and stays alive).
 ///
 /// Returns the best fit, and the lowest total seen (for the message when nothing fits).
-/// Issue 7's solver replaces this with an optimal choice; this one is only ever exact
-/// about what it proposes, never optimal.
-pub fn checkpoint_search(
+/// This one is only ever exact about what it proposes, never optimal: the optimal choice
+/// is `checkpoint = auto`'s solver.
+fn checkpoint_search(
+    plan: Option<&StaticPlan>,
     budget: u64,
-    units: &[CheckpointUnit],
-    apply: &dyn Fn(&[Vec<usize>]) -> ModelSpec,
+    checkpoints: &UserCheckpoints<'_>,
 ) -> (Option<CheckpointFix>, Option<u64>) {
+    let units = &checkpoints.units;
     let n = units.len();
     if n == 0 {
         return (None, None);
@@ -275,7 +304,8 @@ pub fn checkpoint_search(
     let mut best: Option<(u64, u64, Vec<Vec<usize>>)> = None; // (flops, total, runs)
     let mut lowest: Option<u64> = None;
     let mut evaluate = |runs: Vec<Vec<usize>>| -> bool {
-        let Ok(plan) = crate::plan(&apply(&runs)) else {
+        let spec = (checkpoints.apply)(&runs, checkpoints.annotation(&runs));
+        let Ok(plan) = crate::plan(&spec) else {
             return false;
         };
         let t = plan.memory.total;
@@ -300,8 +330,9 @@ pub fn checkpoint_search(
     };
 
     // Single units by saved bytes.
+    let saved = |u: &CheckpointUnit| -> u64 { u.layers.iter().map(|l| saved_bytes(plan, l)).sum() };
     let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by_key(|&i| (std::cmp::Reverse(units[i].saved_bytes), i));
+    order.sort_by_key(|&i| (std::cmp::Reverse(saved(&units[i])), i));
     let singles = |k: usize| {
         let mut chosen = order[..k].to_vec();
         chosen.sort_unstable();
@@ -321,9 +352,6 @@ pub fn checkpoint_search(
 
     // Contiguous runs.
     for span in [n, n.saturating_sub(1)] {
-        if span == 0 {
-            continue;
-        }
         for k in 1..=span.min(12) {
             let runs: Vec<Vec<usize>> = (0..k)
                 .map(|r| (r * span / k..(r + 1) * span / k).collect::<Vec<_>>())
@@ -334,6 +362,7 @@ pub fn checkpoint_search(
     }
 
     let fix = best.map(|(flops, total, runs)| CheckpointFix {
+        annotation: checkpoints.annotation(&runs),
         runs: runs
             .iter()
             .map(|r| r.iter().map(|&i| units[i].label.clone()).collect())
@@ -344,13 +373,161 @@ pub fn checkpoint_search(
     (fix, lowest)
 }
 
-/// Saved activation bytes of each layer in the unconstrained plan (0 when it cannot be planned).
-pub fn saved_by_layer(spec: &ModelSpec) -> impl Fn(&str) -> u64 {
-    let plan = crate::plan(spec).ok();
-    move |name: &str| {
-        plan.as_ref()
-            .and_then(|p| p.memory.layers.iter().find(|l| l.name == name))
-            .map_or(0, |l| l.saved_bytes + l.recomputed_bytes)
+/// Saved activation bytes of a layer in `plan` (0 when there is no plan).
+fn saved_bytes(plan: Option<&StaticPlan>, layer: &str) -> u64 {
+    plan.and_then(|p| p.memory.layers.iter().find(|l| l.name == layer))
+        .map_or(0, |l| l.saved_bytes + l.recomputed_bytes)
+}
+
+// ---- The budget error's text ----
+
+/// The budget error's text: the headline, the breakdown, and the planned fixes, as rustc
+/// writes a diagnostic (`= note:`, `= help:`).
+pub fn budget_message(spec: &ModelSpec, plan: &StaticPlan, fixes: &Fixes) -> String {
+    let m = &plan.memory;
+    let (need, budget) = (m.total, fixes.budget);
+    let mut s = format!(
+        "model `{}` needs {} but the budget is {} ({} over)",
+        spec.name,
+        format_bytes(need),
+        format_bytes(budget),
+        format_bytes(need - budget)
+    );
+    let packing = m
+        .arena
+        .saturating_sub(m.activations_peak + m.workspace_peak + m.inputs);
+    let packing = if packing > 0 {
+        format!(" + arena packing {}", format_bytes(packing))
+    } else {
+        String::new()
+    };
+    s += &format!(
+        "\n= note: at batch {}, {}: params {} + grads {} + optimizer {} + activations {} + workspace {} + inputs {}{packing} = {} total, budget {}",
+        spec.batch,
+        spec.precision.name(),
+        format_bytes(m.params),
+        format_bytes(m.grads),
+        format_bytes(m.optimizer),
+        format_bytes(m.activations_peak),
+        format_bytes(m.workspace_peak),
+        format_bytes(m.inputs),
+        format_bytes(need),
+        format_bytes(budget),
+    );
+    let (fits, not) = fix_lines(spec, plan, fixes);
+    if !fits.is_empty() {
+        s += "\n= help: each of these fits (planned):";
+        for f in &fits {
+            s += &format!("\n        - {f}");
+        }
+    }
+    if !not.is_empty() {
+        s += if fits.is_empty() {
+            "\n= help: no single change fits:"
+        } else {
+            "\n= note: these do not fit alone:"
+        };
+        for f in &not {
+            s += &format!("\n        - {f}");
+        }
+    }
+    s
+}
+
+/// The fixes that fit and those that do not, one line each.
+fn fix_lines(spec: &ModelSpec, plan: &StaticPlan, fixes: &Fixes) -> (Vec<String>, Vec<String>) {
+    let budget = fixes.budget;
+    let mut fits = Vec::new();
+    let mut not = Vec::new();
+    match fixes.max_batch {
+        Some((b, t)) => fits.push(format!(
+            "`batch = {b}` (the largest batch that fits): {}",
+            format_bytes(t)
+        )),
+        None => not.push(match total(&spec.with_batch(1)) {
+            Some(t) => format!(
+                "a smaller batch: even `batch = 1` needs {}",
+                format_bytes(t)
+            ),
+            None => "a smaller batch: no batch size fits".to_string(),
+        }),
+    }
+    if let Some(p) = &fixes.precision {
+        let name = p.precision.name();
+        if p.total <= budget {
+            fits.push(format!("`precision = {name}`: {}", format_bytes(p.total)));
+        } else {
+            let with = match p.max_batch {
+                Some(b) => format!(" (with it, `batch = {b}` fits)"),
+                None => String::new(),
+            };
+            not.push(format!(
+                "`precision = {name}` still needs {}{with}",
+                format_bytes(p.total)
+            ));
+        }
+    }
+    let forward: u64 = plan.memory.layers.iter().map(|l| l.forward_flops).sum();
+    match (&fixes.checkpoint, fixes.checkpoint_best) {
+        (Some(c), _) => {
+            let share = if forward > 0 {
+                format!(
+                    ", recomputing {:.0}% of the forward pass",
+                    100.0 * c.recompute_flops as f64 / forward as f64
+                )
+            } else {
+                String::new()
+            };
+            fits.push(format!(
+                "{}: {}{share}",
+                checkpoint_advice(c),
+                format_bytes(c.total)
+            ))
+        }
+        (None, Some(t)) => not.push(format!(
+            "checkpointing: the best placement tried still needs {}",
+            format_bytes(t)
+        )),
+        (None, None) => {}
+    }
+    (fits, not)
+}
+
+/// The checkpoint fix as the user writes it: `` `#[checkpoint]` on `a`, `b` `` or
+/// `` `#[checkpoint(segment = 1)]` on `a`; `#[checkpoint(segment = 2)]` on `b` ``.
+fn checkpoint_advice(fix: &CheckpointFix) -> String {
+    let names = |run: &[&String]| {
+        let n: Vec<String> = run.iter().map(|n| format!("`{n}`")).collect();
+        if n.len() > 8 {
+            format!(
+                "{}, … {} (all {} fields)",
+                n[..3].join(", "),
+                n[n.len() - 1],
+                n.len()
+            )
+        } else {
+            n.join(", ")
+        }
+    };
+    match fix.annotation {
+        Annotation::Numbered { first } => fix
+            .runs
+            .iter()
+            .enumerate()
+            .map(|(r, run)| {
+                let run: Vec<&String> = run.iter().collect();
+                format!(
+                    "`#[checkpoint(segment = {})]` on {}",
+                    first + r as i64,
+                    names(&run)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+        Annotation::Plain => {
+            let all: Vec<&String> = fix.runs.iter().flatten().collect();
+            format!("`#[checkpoint]` on {}", names(&all))
+        }
     }
 }
 
@@ -391,7 +568,7 @@ mod tests {
         assert_eq!(f.needed, needed);
         let (b, t) = f.max_batch.expect("a smaller batch fits");
         assert!(t <= budget && total(&spec.with_batch(b + 1)).unwrap() > budget);
-        assert_eq!(max_batch(&spec, budget), Some(b));
+        assert_eq!(max_batch_with(&spec, budget, Policy::Plain), Some(b));
         if let Some(p) = &f.precision {
             let s = ModelSpec {
                 precision: p.precision,
@@ -414,7 +591,7 @@ mod tests {
             assert!(c.total <= budget);
         }
         assert!(f.any());
-        assert_eq!(max_batch(&spec, 1), None);
+        assert_eq!(max_batch_with(&spec, 1, Policy::Plain), None);
     }
 
     #[test]

@@ -64,6 +64,8 @@
 //!   run its own segment (adjacent runs included), or (10 % of those) every layer its own
 //!   segment, or (10 %) one segment over all of them.
 
+pub use crate::rng::SplitMix64;
+
 use crate::dtype::{DType, Precision};
 use crate::op::{out_len, transpose_out_len};
 use crate::spec::{
@@ -75,59 +77,6 @@ pub const MAX_ELEMS: usize = 100_000;
 
 /// The batch sizes the generators draw from.
 pub const BATCHES: [usize; 12] = [1, 2, 3, 5, 7, 8, 11, 13, 16, 17, 23, 32];
-
-/// Vigna's SplitMix64: a tiny, fast, well-mixed 64-bit generator. Deterministic from its seed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SplitMix64 {
-    state: u64,
-}
-
-impl SplitMix64 {
-    pub fn new(seed: u64) -> Self {
-        SplitMix64 { state: seed }
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (`n >= 1`), by Lemire's multiply-shift.
-    pub fn below(&mut self, n: usize) -> usize {
-        ((u128::from(self.next_u64()) * n as u128) >> 64) as usize
-    }
-
-    /// Uniform in `lo..=hi`.
-    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + self.below(hi - lo + 1)
-    }
-
-    /// True with probability `p`.
-    pub fn chance(&mut self, p: f64) -> bool {
-        ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < p
-    }
-
-    /// A uniform element of a non-empty slice.
-    pub fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-        xs[self.below(xs.len())]
-    }
-
-    /// An element drawn with the given integer weights.
-    pub fn weighted<T: Copy>(&mut self, xs: &[(u32, T)]) -> T {
-        let total: u32 = xs.iter().map(|x| x.0).sum();
-        let mut r = self.below(total as usize) as u32;
-        for &(w, x) in xs {
-            if r < w {
-                return x;
-            }
-            r -= w;
-        }
-        xs[xs.len() - 1].1
-    }
-}
 
 /// A value's shape without the batch dimension.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -450,131 +399,10 @@ impl Gen {
             self.rng.below(12)
         };
         match pick {
-            0 => {
-                // conv2d
-                let (f, k, s, pad) = if preserve {
-                    (c, self.kernel(&[1, 3]), 1, Padding::Same)
-                } else {
-                    (
-                        self.rng.range(1, 12),
-                        self.kernel(&[1, 3, 5]),
-                        self.rng.pick(&[1, 1, 2]),
-                        self.padding(),
-                    )
-                };
-                if pad == Padding::Valid && (k[0] > h || k[1] > w) {
-                    return None;
-                }
-                let (oh, ow) = (out_len(h, k[0], s, pad), out_len(w, k[1], s, pad));
-                if !self.fits(oh * ow * f) || !self.fits(oh * ow * k[0] * k[1] * c) {
-                    return None;
-                }
-                let kind = LayerKind::Conv2d {
-                    filters: f,
-                    kernel: k,
-                    strides: [s; 2],
-                    padding: pad,
-                    activation: self.act(),
-                    use_bias: self.bias(),
-                };
-                Some((kind, Shape::Image(oh, ow, f)))
-            }
-            1 | 2 => {
-                // depthwise (1) or separable (2)
-                let separable = pick == 2;
-                let (mult, k, s, pad) = if preserve {
-                    (1, self.kernel(&[1, 3]), 1, Padding::Same)
-                } else {
-                    (
-                        self.rng.range(1, 2),
-                        self.kernel(&[1, 3, 5]),
-                        self.rng.pick(&[1, 1, 2]),
-                        self.padding(),
-                    )
-                };
-                if pad == Padding::Valid && (k[0] > h || k[1] > w) {
-                    return None;
-                }
-                let (oh, ow) = (out_len(h, k[0], s, pad), out_len(w, k[1], s, pad));
-                if !self.fits(oh * ow * c * mult) {
-                    return None;
-                }
-                let (activation, use_bias) = (self.act(), self.bias());
-                if separable {
-                    let f = if preserve { c } else { self.rng.range(1, 12) };
-                    if !self.fits(oh * ow * f) {
-                        return None;
-                    }
-                    let kind = LayerKind::SeparableConv2d {
-                        filters: f,
-                        kernel: k,
-                        strides: [s; 2],
-                        padding: pad,
-                        multiplier: mult,
-                        activation,
-                        use_bias,
-                    };
-                    Some((kind, Shape::Image(oh, ow, f)))
-                } else {
-                    let kind = LayerKind::DepthwiseConv2d {
-                        kernel: k,
-                        strides: [s; 2],
-                        padding: pad,
-                        multiplier: mult,
-                        activation,
-                        use_bias,
-                    };
-                    Some((kind, Shape::Image(oh, ow, c * mult)))
-                }
-            }
-            3 => {
-                // conv2d_transpose
-                let (f, k, s, pad) = if preserve {
-                    (c, self.kernel(&[1, 3]), 1, Padding::Same)
-                } else {
-                    (
-                        self.rng.range(1, 8),
-                        self.kernel(&[1, 2, 3]),
-                        self.rng.pick(&[1, 2]),
-                        self.padding(),
-                    )
-                };
-                let (oh, ow) = (
-                    transpose_out_len(h, k[0], s, pad),
-                    transpose_out_len(w, k[1], s, pad),
-                );
-                if !self.fits(oh * ow * f) || !self.fits(h * w * k[0] * k[1] * f) {
-                    return None;
-                }
-                let kind = LayerKind::Conv2dTranspose {
-                    filters: f,
-                    kernel: k,
-                    strides: [s; 2],
-                    padding: pad,
-                    activation: self.act(),
-                    use_bias: self.bias(),
-                };
-                Some((kind, Shape::Image(oh, ow, f)))
-            }
-            4 => {
-                // pooling
-                let pool = self.rng.pick(&[2, 3]);
-                let (s, pad) = if preserve {
-                    (1, Padding::Same)
-                } else {
-                    (self.rng.pick(&[1, 2, pool]), self.padding())
-                };
-                if pad == Padding::Valid && (pool > h || pool > w) {
-                    return None;
-                }
-                let (oh, ow) = (out_len(h, pool, s, pad), out_len(w, pool, s, pad));
-                let kind = if self.rng.chance(0.5) {
-                    LayerKind::max_pool2d(pool, s, pad)
-                } else {
-                    LayerKind::avg_pool2d(pool, s, pad)
-                };
-                Some((kind, Shape::Image(oh, ow, c)))
-            }
+            0 => self.conv_layer((h, w, c), preserve, false),
+            1 | 2 => self.depthwise_layer((h, w, c), preserve, pick == 2),
+            3 => self.conv_layer((h, w, c), preserve, true),
+            4 => self.pool_layer((h, w, c), preserve),
             5 => Some((LayerKind::GlobalAvgPool, Shape::Flat(c))),
             6 => {
                 let units = self.rng.range(1, 16);
@@ -594,6 +422,155 @@ impl Gen {
             }
             _ => Some(self.same_shape_layer(Shape::Image(h, w, c))),
         }
+    }
+
+    /// A convolution's first size (filters or multiplier), kernel, stride and padding:
+    /// `keep`, a small kernel, stride 1 and `same` when `preserve` (the shape is kept), else
+    /// drawn from `range`, `kernels`, `strides` and either padding.
+    fn window(
+        &mut self,
+        preserve: bool,
+        keep: usize,
+        range: (usize, usize),
+        kernels: &[usize],
+        strides: &[usize],
+    ) -> (usize, [usize; 2], usize, Padding) {
+        if preserve {
+            (keep, self.kernel(&[1, 3]), 1, Padding::Same)
+        } else {
+            (
+                self.rng.range(range.0, range.1),
+                self.kernel(kernels),
+                self.rng.pick(strides),
+                self.padding(),
+            )
+        }
+    }
+
+    /// A conv2d or (`transpose`) conv2d_transpose over an `h × w × c` image (`preserve`:
+    /// keeping its shape).
+    fn conv_layer(
+        &mut self,
+        (h, w, c): (usize, usize, usize),
+        preserve: bool,
+        transpose: bool,
+    ) -> Option<(LayerKind, Shape)> {
+        let (f, k, s, pad) = if transpose {
+            self.window(preserve, c, (1, 8), &[1, 2, 3], &[1, 2])
+        } else {
+            self.window(preserve, c, (1, 12), &[1, 3, 5], &[1, 1, 2])
+        };
+        // The output, and the im2col (or col2im) scratch, must fit.
+        let (oh, ow, scratch) = if transpose {
+            let (oh, ow) = (
+                transpose_out_len(h, k[0], s, pad),
+                transpose_out_len(w, k[1], s, pad),
+            );
+            (oh, ow, h * w * k[0] * k[1] * f)
+        } else {
+            let (oh, ow) = self.window_out(h, w, k, s, pad)?;
+            (oh, ow, oh * ow * k[0] * k[1] * c)
+        };
+        if !self.fits(oh * ow * f) || !self.fits(scratch) {
+            return None;
+        }
+        let kind = if transpose {
+            LayerKind::Conv2dTranspose {
+                filters: f,
+                kernel: k,
+                strides: [s; 2],
+                padding: pad,
+                activation: self.act(),
+                use_bias: self.bias(),
+            }
+        } else {
+            LayerKind::Conv2d {
+                filters: f,
+                kernel: k,
+                strides: [s; 2],
+                padding: pad,
+                activation: self.act(),
+                use_bias: self.bias(),
+            }
+        };
+        Some((kind, Shape::Image(oh, ow, f)))
+    }
+
+    /// The output size of a window over `h × w`; `None` when a `valid` window is larger.
+    fn window_out(
+        &self,
+        h: usize,
+        w: usize,
+        k: [usize; 2],
+        s: usize,
+        pad: Padding,
+    ) -> Option<(usize, usize)> {
+        if pad == Padding::Valid && (k[0] > h || k[1] > w) {
+            return None;
+        }
+        Some((out_len(h, k[0], s, pad), out_len(w, k[1], s, pad)))
+    }
+
+    /// A depthwise or (`separable`) separable conv2d over an `h × w × c` image.
+    fn depthwise_layer(
+        &mut self,
+        (h, w, c): (usize, usize, usize),
+        preserve: bool,
+        separable: bool,
+    ) -> Option<(LayerKind, Shape)> {
+        let (mult, k, s, pad) = self.window(preserve, 1, (1, 2), &[1, 3, 5], &[1, 1, 2]);
+        let (oh, ow) = self.window_out(h, w, k, s, pad)?;
+        if !self.fits(oh * ow * c * mult) {
+            return None;
+        }
+        let (activation, use_bias) = (self.act(), self.bias());
+        if separable {
+            let f = if preserve { c } else { self.rng.range(1, 12) };
+            if !self.fits(oh * ow * f) {
+                return None;
+            }
+            let kind = LayerKind::SeparableConv2d {
+                filters: f,
+                kernel: k,
+                strides: [s; 2],
+                padding: pad,
+                multiplier: mult,
+                activation,
+                use_bias,
+            };
+            Some((kind, Shape::Image(oh, ow, f)))
+        } else {
+            let kind = LayerKind::DepthwiseConv2d {
+                kernel: k,
+                strides: [s; 2],
+                padding: pad,
+                multiplier: mult,
+                activation,
+                use_bias,
+            };
+            Some((kind, Shape::Image(oh, ow, c * mult)))
+        }
+    }
+
+    /// A max or average pool over an `h × w × c` image.
+    fn pool_layer(
+        &mut self,
+        (h, w, c): (usize, usize, usize),
+        preserve: bool,
+    ) -> Option<(LayerKind, Shape)> {
+        let pool = self.rng.pick(&[2, 3]);
+        let (s, pad) = if preserve {
+            (1, Padding::Same)
+        } else {
+            (self.rng.pick(&[1, 2, pool]), self.padding())
+        };
+        let (oh, ow) = self.window_out(h, w, [pool; 2], s, pad)?;
+        let kind = if self.rng.chance(0.5) {
+            LayerKind::max_pool2d(pool, s, pad)
+        } else {
+            LayerKind::avg_pool2d(pool, s, pad)
+        };
+        Some((kind, Shape::Image(oh, ow, c)))
     }
 
     fn seq_layer(&mut self, s: usize, d: usize, preserve: bool) -> Option<(LayerKind, Shape)> {

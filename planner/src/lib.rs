@@ -9,19 +9,28 @@ pub mod advice;
 pub mod arena;
 pub mod autodiff;
 pub mod checkpoint;
+pub mod compile;
 pub mod dtype;
 pub mod error;
 pub mod estimate;
+// The test models, random (`generate`) and the benchmark graphs (`zoo`), are behind the
+// `test-models` feature: the `#[memwise::model]` macro does not compile them.
+#[cfg(feature = "test-models")]
 pub mod generate;
 pub mod graph;
 pub mod io;
 pub mod liveness;
 pub mod op;
 pub mod plan;
+pub mod rng;
 pub mod schedule;
 pub mod spec;
+#[cfg(feature = "test-models")]
 pub mod zoo;
 
+pub use compile::{
+    compile, BudgetVerdict, CompileError, CompileOptions, Compiled, OverBudget, DEFAULT_BATCH,
+};
 pub use dtype::{DType, Precision};
 pub use error::PlanError;
 pub use op::{Op, Window2d};
@@ -39,7 +48,7 @@ pub const ALIGNMENT: u64 = 256;
 
 /// Plans one inference pass of `spec` (for evaluate and predict): the forward pass and the
 /// loss values, batch norm from its running statistics, no dropout, nothing kept for a
-/// backward pass. Its parameters are laid out exactly as in [`plan`]'s persistent region.
+/// backward pass. Its parameters are laid out exactly as in [`plan()`]'s persistent region.
 pub fn plan_inference(spec: &ModelSpec) -> Result<StaticPlan, PlanError> {
     let graph = graph::Graph::build_inference(spec)?;
     let step = autodiff::StepGraph::inference(&graph);

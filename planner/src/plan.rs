@@ -7,7 +7,10 @@ use std::fmt::Write as _;
 
 use crate::dtype::{DType, Precision};
 use crate::op::{Op, Window2d};
-use crate::spec::{Activation, Optimizer, Padding, Reduction};
+use crate::spec::{
+    Activation, LayerKind, LayerSpec, LossKind, LossTerm, Metric, ModelSpec, Optimizer, Padding,
+    Reduction,
+};
 
 /// A string that is `&'static str` in a const plan and `String` in a run-time one.
 pub type Text = Cow<'static, str>;
@@ -359,30 +362,28 @@ impl StaticPlan {
     /// The plan as a Rust expression of type `StaticPlan`, usable in a `const` item.
     /// `krate` is the path of this crate as the generated code sees it (`::memwise::plan`).
     pub fn to_rust(&self, krate: &str) -> String {
-        let mut out = String::with_capacity(64 * (self.tensors.len() + self.steps.len()) + 4096);
-        let mut w = RustWriter {
-            out: &mut out,
-            krate,
-        };
-        self.write_rust(&mut w);
-        out
+        rust_source(self, krate)
     }
 }
 
 impl MemoryReport {
     /// The report as a Rust expression of type `MemoryReport`, usable in a `const` item.
     pub fn to_rust(&self, krate: &str) -> String {
-        let mut out = String::new();
-        let mut w = RustWriter {
-            out: &mut out,
-            krate,
-        };
-        self.write_rust(&mut w);
-        out
+        rust_source(self, krate)
     }
 }
 
 // ---- Rust-literal emission (for the proc macro) ----
+
+/// `value` as Rust source, its paths prefixed with `krate`.
+pub fn rust_source(value: &impl ToRust, krate: &str) -> String {
+    let mut out = String::new();
+    value.write_rust(&mut RustWriter {
+        out: &mut out,
+        krate,
+    });
+    out
+}
 
 /// Writes values as Rust source. Paths are prefixed with `krate`.
 pub struct RustWriter<'a> {
@@ -441,16 +442,26 @@ impl ToRust for Text {
     }
 }
 
+/// Writes `open`, the items separated by commas, and `close`.
+fn write_items<'t, T: ToRust + 't>(
+    w: &mut RustWriter<'_>,
+    open: &str,
+    items: impl IntoIterator<Item = &'t T>,
+    close: &str,
+) {
+    w.s(open);
+    for (i, x) in items.into_iter().enumerate() {
+        if i > 0 {
+            w.s(",");
+        }
+        x.write_rust(w);
+    }
+    w.s(close);
+}
+
 impl<T: ToRust + Clone> ToRust for List<T> {
     fn write_rust(&self, w: &mut RustWriter<'_>) {
-        w.s("::std::borrow::Cow::Borrowed(&[");
-        for (i, x) in self.iter().enumerate() {
-            if i > 0 {
-                w.s(",");
-            }
-            x.write_rust(w);
-        }
-        w.s("])");
+        write_items(w, "::std::borrow::Cow::Borrowed(&[", self.iter(), "])");
     }
 }
 
@@ -620,328 +631,185 @@ struct_to_rust!(
     ]
 );
 
-/// Writes `Path::Variant { field: value, … }` for enums with named fields.
-macro_rules! write_variant {
-    ($w:expr, $path:literal, $v:ident { $($f:ident),* }) => {{
-        $w.path(concat!($path, "::", stringify!($v)));
-        $w.s("{");
-        $( $w.s(concat!(stringify!($f), ": ")); $f.write_rust($w); $w.s(","); )*
-        $w.s("}");
-    }};
-}
-
-impl ToRust for Optimizer {
-    fn write_rust(&self, w: &mut RustWriter<'_>) {
-        match self {
-            Optimizer::Sgd { lr } => write_variant!(w, "Optimizer", Sgd { lr }),
-            Optimizer::Momentum {
-                lr,
-                momentum,
-                nesterov,
-            } => {
-                write_variant!(
-                    w,
-                    "Optimizer",
-                    Momentum {
-                        lr,
-                        momentum,
-                        nesterov
-                    }
-                )
-            }
-            Optimizer::RmsProp {
-                lr,
-                rho,
-                epsilon,
-                momentum,
-                centered,
-            } => {
-                write_variant!(
-                    w,
-                    "Optimizer",
-                    RmsProp {
-                        lr,
-                        rho,
-                        epsilon,
-                        momentum,
-                        centered
-                    }
-                )
-            }
-            Optimizer::Adam {
-                lr,
-                beta_1,
-                beta_2,
-                epsilon,
-            } => {
-                write_variant!(
-                    w,
-                    "Optimizer",
-                    Adam {
-                        lr,
-                        beta_1,
-                        beta_2,
-                        epsilon
-                    }
-                )
-            }
-            Optimizer::AdamW {
-                lr,
-                beta_1,
-                beta_2,
-                epsilon,
-                weight_decay,
-            } => {
-                write_variant!(
-                    w,
-                    "Optimizer",
-                    AdamW {
-                        lr,
-                        beta_1,
-                        beta_2,
-                        epsilon,
-                        weight_decay
-                    }
-                )
+/// Writes an enum as `Path::Variant`, `Path::Variant { field: value, … }` or
+/// `Path::Variant(value, …)`; every variant is listed with its fields, so a new variant
+/// that is not listed here does not compile.
+macro_rules! enum_to_rust {
+    ($ty:ident, $path:literal, [$($v:ident $({ $($f:ident),* })? $(( $($t:ident),* ))?),* $(,)?]) => {
+        impl ToRust for $ty {
+            fn write_rust(&self, w: &mut RustWriter<'_>) {
+                match self {
+                    $($ty::$v $({ $($f),* })? $(( $($t),* ))? => {
+                        w.path(concat!($path, "::", stringify!($v)));
+                        $(
+                            w.s("{");
+                            $( w.s(concat!(stringify!($f), ": ")); $f.write_rust(w); w.s(","); )*
+                            w.s("}");
+                        )?
+                        $(
+                            w.s("(");
+                            $( $t.write_rust(w); w.s(","); )*
+                            w.s(")");
+                        )?
+                    })*
+                }
             }
         }
+    };
+}
+
+enum_to_rust! {
+    Optimizer, "Optimizer", [
+        Sgd { lr },
+        Momentum { lr, momentum, nesterov },
+        RmsProp { lr, rho, epsilon, momentum, centered },
+        Adam { lr, beta_1, beta_2, epsilon },
+        AdamW { lr, beta_1, beta_2, epsilon, weight_decay },
+    ]
+}
+
+enum_to_rust! {
+    Op, "Op", [
+        InputCast { elems, scale },
+        Cast { elems },
+        Dense { rows, in_features, units, bias },
+        Conv2d { dims, bias, chunk },
+        DepthwiseConv2d { dims, bias },
+        Conv2dTranspose { dims, bias, chunk },
+        MaxPool2d { dims },
+        AvgPool2d { dims },
+        GlobalAvgPool { n, hw, c },
+        BatchNorm { rows, channels, momentum, epsilon },
+        BatchNormInference { rows, channels, epsilon },
+        LayerNorm { rows, features, epsilon },
+        Dropout { elems, rate, key },
+        Activation { act, elems, cols },
+        Add { elems, arity },
+        Concat { rows, a, b },
+        Embedding { tokens, vocab, dim },
+        Attention { batch, seq, heads, head_dim, causal, dropout, key },
+        SampleNormal { elems, key },
+        Accumulate { elems },
+        SoftmaxCrossEntropy { rows, classes, weight },
+        SoftmaxCrossEntropyFromLogits { rows, classes, weight },
+        SigmoidBinaryCrossentropy { rows, features, reduction, weight },
+        BinaryCrossentropyFromLogits { rows, features, reduction, weight },
+        BinaryCrossentropy { rows, features, reduction, weight },
+        MeanSquaredError { rows, features, reduction, weight },
+        KlNormal { rows, features, reduction, weight },
+        CheckFinite,
+        Update,
+    ]
+}
+
+// ---- The model spec as Rust (the macro's `fn spec()`): owned values, built at run time ----
+
+impl ToRust for String {
+    fn write_rust(&self, w: &mut RustWriter<'_>) {
+        let _ = write!(w.out, "::std::string::String::from({:?})", self.as_str());
     }
 }
 
-impl ToRust for Op {
+impl<T: ToRust> ToRust for Vec<T> {
     fn write_rust(&self, w: &mut RustWriter<'_>) {
-        match self {
-            Op::InputCast { elems, scale } => write_variant!(w, "Op", InputCast { elems, scale }),
-            Op::Cast { elems } => write_variant!(w, "Op", Cast { elems }),
-            Op::Dense {
-                rows,
-                in_features,
-                units,
-                bias,
-            } => {
-                write_variant!(
-                    w,
-                    "Op",
-                    Dense {
-                        rows,
-                        in_features,
-                        units,
-                        bias
-                    }
-                )
-            }
-            Op::Conv2d { dims, bias, chunk } => {
-                write_variant!(w, "Op", Conv2d { dims, bias, chunk })
-            }
-            Op::DepthwiseConv2d { dims, bias } => {
-                write_variant!(w, "Op", DepthwiseConv2d { dims, bias })
-            }
-            Op::Conv2dTranspose { dims, bias, chunk } => {
-                write_variant!(w, "Op", Conv2dTranspose { dims, bias, chunk })
-            }
-            Op::MaxPool2d { dims } => write_variant!(w, "Op", MaxPool2d { dims }),
-            Op::AvgPool2d { dims } => write_variant!(w, "Op", AvgPool2d { dims }),
-            Op::GlobalAvgPool { n, hw, c } => write_variant!(w, "Op", GlobalAvgPool { n, hw, c }),
-            Op::BatchNorm {
-                rows,
-                channels,
-                momentum,
-                epsilon,
-            } => {
-                write_variant!(
-                    w,
-                    "Op",
-                    BatchNorm {
-                        rows,
-                        channels,
-                        momentum,
-                        epsilon
-                    }
-                )
-            }
-            Op::BatchNormInference {
-                rows,
-                channels,
-                epsilon,
-            } => {
-                write_variant!(
-                    w,
-                    "Op",
-                    BatchNormInference {
-                        rows,
-                        channels,
-                        epsilon
-                    }
-                )
-            }
-            Op::LayerNorm {
-                rows,
-                features,
-                epsilon,
-            } => {
-                write_variant!(
-                    w,
-                    "Op",
-                    LayerNorm {
-                        rows,
-                        features,
-                        epsilon
-                    }
-                )
-            }
-            Op::Dropout { elems, rate, key } => {
-                write_variant!(w, "Op", Dropout { elems, rate, key })
-            }
-            Op::Activation { act, elems, cols } => {
-                write_variant!(w, "Op", Activation { act, elems, cols })
-            }
-            Op::Add { elems, arity } => write_variant!(w, "Op", Add { elems, arity }),
-            Op::Concat { rows, a, b } => write_variant!(w, "Op", Concat { rows, a, b }),
-            Op::Embedding { tokens, vocab, dim } => {
-                write_variant!(w, "Op", Embedding { tokens, vocab, dim })
-            }
-            Op::Attention {
-                batch,
-                seq,
-                heads,
-                head_dim,
-                causal,
-                dropout,
-                key,
-            } => {
-                write_variant!(
-                    w,
-                    "Op",
-                    Attention {
-                        batch,
-                        seq,
-                        heads,
-                        head_dim,
-                        causal,
-                        dropout,
-                        key
-                    }
-                )
-            }
-            Op::SampleNormal { elems, key } => write_variant!(w, "Op", SampleNormal { elems, key }),
-            Op::Accumulate { elems } => write_variant!(w, "Op", Accumulate { elems }),
-            Op::SoftmaxCrossEntropy {
-                rows,
-                classes,
-                weight,
-            } => {
-                write_variant!(
-                    w,
-                    "Op",
-                    SoftmaxCrossEntropy {
-                        rows,
-                        classes,
-                        weight
-                    }
-                )
-            }
-            Op::SoftmaxCrossEntropyFromLogits {
-                rows,
-                classes,
-                weight,
-            } => {
-                write_variant!(
-                    w,
-                    "Op",
-                    SoftmaxCrossEntropyFromLogits {
-                        rows,
-                        classes,
-                        weight
-                    }
-                )
-            }
-            Op::SigmoidBinaryCrossentropy {
-                rows,
-                features,
-                reduction,
-                weight,
-            } => {
-                write_variant!(
-                    w,
-                    "Op",
-                    SigmoidBinaryCrossentropy {
-                        rows,
-                        features,
-                        reduction,
-                        weight
-                    }
-                )
-            }
-            Op::BinaryCrossentropyFromLogits {
-                rows,
-                features,
-                reduction,
-                weight,
-            } => {
-                write_variant!(
-                    w,
-                    "Op",
-                    BinaryCrossentropyFromLogits {
-                        rows,
-                        features,
-                        reduction,
-                        weight
-                    }
-                )
-            }
-            Op::BinaryCrossentropy {
-                rows,
-                features,
-                reduction,
-                weight,
-            } => {
-                write_variant!(
-                    w,
-                    "Op",
-                    BinaryCrossentropy {
-                        rows,
-                        features,
-                        reduction,
-                        weight
-                    }
-                )
-            }
-            Op::MeanSquaredError {
-                rows,
-                features,
-                reduction,
-                weight,
-            } => {
-                write_variant!(
-                    w,
-                    "Op",
-                    MeanSquaredError {
-                        rows,
-                        features,
-                        reduction,
-                        weight
-                    }
-                )
-            }
-            Op::KlNormal {
-                rows,
-                features,
-                reduction,
-                weight,
-            } => {
-                write_variant!(
-                    w,
-                    "Op",
-                    KlNormal {
-                        rows,
-                        features,
-                        reduction,
-                        weight
-                    }
-                )
-            }
-            Op::CheckFinite => w.path("Op::CheckFinite"),
-            Op::Update => w.path("Op::Update"),
+        write_items(w, "::std::vec![", self, "]");
+    }
+}
+
+impl<T: ToRust, const N: usize> ToRust for [T; N] {
+    fn write_rust(&self, w: &mut RustWriter<'_>) {
+        write_items(w, "[", self, "]");
+    }
+}
+
+unit_enum_to_rust!(
+    LossKind,
+    "LossKind",
+    [
+        SparseCategoricalCrossentropy,
+        BinaryCrossentropy,
+        MeanSquaredError,
+        KlNormal
+    ]
+);
+unit_enum_to_rust!(
+    Metric,
+    "Metric",
+    [Accuracy, BinaryAccuracy, MeanSquaredError]
+);
+
+enum_to_rust! {
+    LayerKind, "LayerKind", [
+        Input { shape, dtype, scale },
+        Dense { units, activation, use_bias },
+        Conv2d { filters, kernel, strides, padding, activation, use_bias },
+        DepthwiseConv2d { kernel, strides, padding, multiplier, activation, use_bias },
+        SeparableConv2d { filters, kernel, strides, padding, multiplier, activation, use_bias },
+        Conv2dTranspose { filters, kernel, strides, padding, activation, use_bias },
+        MaxPool2d { pool, strides, padding },
+        AvgPool2d { pool, strides, padding },
+        GlobalAvgPool,
+        BatchNorm { momentum, epsilon },
+        LayerNorm { epsilon },
+        Dropout { rate },
+        Flatten,
+        Reshape { shape },
+        Add { activation },
+        Concat,
+        Embedding { vocab, dim },
+        Attention { heads, causal, dropout },
+        Activation(activation),
+        SampleNormal,
+    ]
+}
+
+struct_to_rust!(LossTerm, "LossTerm", [kind, inputs, weight, reduction]);
+struct_to_rust!(
+    LayerSpec,
+    "LayerSpec",
+    [name, kind, inputs, dtype, checkpoint]
+);
+struct_to_rust!(
+    ModelSpec,
+    "ModelSpec",
+    [name, batch, precision, optimizer, loss, metrics, layers, budget]
+);
+
+impl ModelSpec {
+    /// The spec as a Rust expression of type `ModelSpec` (owned strings and vectors: built
+    /// at run time). `krate` is the path of this crate as the generated code sees it.
+    pub fn to_rust(&self, krate: &str) -> String {
+        rust_source(self, krate)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spec_is_written_as_owned_rust() {
+        let mut spec = crate::zoo::conv_vae(4);
+        spec.add("act", LayerKind::Activation(Activation::Gelu), &[]);
+        let src = spec.to_rust("::m");
+        assert!(
+            src.starts_with(
+                "::m::ModelSpec{name: ::std::string::String::from(\"ConvVae\"),batch: 4usize,"
+            ),
+            "{src}"
+        );
+        for part in [
+            "optimizer: ::m::Optimizer::Adam{lr: 0.001f32,",
+            "kind: ::m::LayerKind::Activation(::m::Activation::Gelu,)",
+            "kernel: [3usize,3usize]",
+            "inputs: ::std::vec![::std::string::String::from(\"z_mean\"),",
+            "kind: ::m::LossKind::KlNormal,",
+        ] {
+            assert!(src.contains(part), "{part} in {src}");
         }
+        assert!(
+            src.ends_with("budget: ::core::option::Option::None,}"),
+            "{src}"
+        );
     }
 }

@@ -33,6 +33,38 @@ fn bn_torch() -> LayerKind {
     }
 }
 
+fn relu() -> LayerKind {
+    LayerKind::Activation(Activation::Relu)
+}
+
+/// `{prefix}_bn` (`bn`) and `{prefix}_relu` after the layer before.
+fn bn_relu(m: &mut ModelSpec, prefix: &str, bn: LayerKind) {
+    m.add(&format!("{prefix}_bn"), bn, &[]);
+    m.add(&format!("{prefix}_relu"), relu(), &[]);
+}
+
+/// An ImageNet classifier's start: 224×224×3 u8 pixels (scaled by 1/255) and i32 labels.
+fn imagenet(name: &str, batch: usize, optimizer: Optimizer) -> ModelSpec {
+    let mut m = ModelSpec::new(name, batch);
+    m.optimizer = optimizer;
+    m.input("pixels", &[224, 224, 3], DType::U8, 1.0 / 255.0);
+    m.input("labels", &[], DType::I32, 1.0);
+    m
+}
+
+/// An ImageNet classifier's end: dense 1000 softmax → sparse categorical cross-entropy.
+fn classify(mut m: ModelSpec) -> ModelSpec {
+    m.add(
+        "predictions",
+        LayerKind::dense(1000, Activation::Softmax),
+        &[],
+    );
+    m.loss.push(
+        LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["predictions", "labels"]),
+    );
+    m
+}
+
 /// ResNet-50 (He et al., *Deep Residual Learning for Image Recognition*, CVPR 2016, table 1),
 /// the bottleneck v1 network as torchvision's `resnet50` and Keras's `ResNet50` define it:
 ///
@@ -54,13 +86,9 @@ fn bn_torch() -> LayerKind {
 /// 25,636,712 (`tests/zoo.rs` checks both). Keras pads explicitly (`ZeroPadding2D`) and
 /// convolves with `valid`; `same` padding here gives the same shapes.
 pub fn resnet50(batch: usize) -> ModelSpec {
-    let mut m = ModelSpec::new("ResNet50", batch);
-    m.optimizer = Optimizer::MOMENTUM;
-    m.input("pixels", &[224, 224, 3], DType::U8, 1.0 / 255.0);
-    m.input("labels", &[], DType::I32, 1.0);
+    let mut m = imagenet("ResNet50", batch, Optimizer::MOMENTUM);
     m.add("conv1_conv", conv_nobias(64, 7, 2), &["pixels"]);
-    m.add("conv1_bn", bn_torch(), &[]);
-    m.add("conv1_relu", LayerKind::Activation(Activation::Relu), &[]);
+    bn_relu(&mut m, "conv1", bn_torch());
     let mut x = m.add(
         "pool1_pool",
         LayerKind::max_pool2d(3, 2, Padding::Same),
@@ -89,19 +117,9 @@ pub fn resnet50(batch: usize) -> ModelSpec {
                 conv_nobias(filters, 1, stride),
                 &[&x],
             );
-            m.add(&format!("{p}_1_bn"), bn_torch(), &[]);
-            m.add(
-                &format!("{p}_1_relu"),
-                LayerKind::Activation(Activation::Relu),
-                &[],
-            );
+            bn_relu(&mut m, &format!("{p}_1"), bn_torch());
             m.add(&format!("{p}_2_conv"), conv_nobias(filters, 3, 1), &[]);
-            m.add(&format!("{p}_2_bn"), bn_torch(), &[]);
-            m.add(
-                &format!("{p}_2_relu"),
-                LayerKind::Activation(Activation::Relu),
-                &[],
-            );
+            bn_relu(&mut m, &format!("{p}_2"), bn_torch());
             m.add(&format!("{p}_3_conv"), conv_nobias(4 * filters, 1, 1), &[]);
             let main = m.add(&format!("{p}_3_bn"), bn_torch(), &[]);
             x = m.add(
@@ -114,15 +132,7 @@ pub fn resnet50(batch: usize) -> ModelSpec {
         }
     }
     m.add("avg_pool", LayerKind::GlobalAvgPool, &[&x]);
-    m.add(
-        "predictions",
-        LayerKind::dense(1000, Activation::Softmax),
-        &[],
-    );
-    m.loss.push(
-        LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["predictions", "labels"]),
-    );
-    m
+    classify(m)
 }
 
 /// VGG19 (Simonyan & Zisserman, *Very Deep Convolutional Networks for Large-Scale Image
@@ -139,10 +149,7 @@ pub fn resnet50(batch: usize) -> ModelSpec {
 /// omits them, torchvision keeps them). They hold no parameters: the count is the published
 /// **143,667,240**.
 pub fn vgg19(batch: usize) -> ModelSpec {
-    let mut m = ModelSpec::new("VGG19", batch);
-    m.optimizer = Optimizer::MOMENTUM;
-    m.input("pixels", &[224, 224, 3], DType::U8, 1.0 / 255.0);
-    m.input("labels", &[], DType::I32, 1.0);
+    let mut m = imagenet("VGG19", batch, Optimizer::MOMENTUM);
     let mut prev = "pixels".to_string();
     for (block, (convs, filters)) in [(2, 64), (2, 128), (4, 256), (4, 512), (4, 512)]
         .into_iter()
@@ -167,15 +174,7 @@ pub fn vgg19(batch: usize) -> ModelSpec {
     m.add("fc1_dropout", LayerKind::Dropout { rate: 0.5 }, &[]);
     m.add("fc2", LayerKind::dense(4096, Activation::Relu), &[]);
     m.add("fc2_dropout", LayerKind::Dropout { rate: 0.5 }, &[]);
-    m.add(
-        "predictions",
-        LayerKind::dense(1000, Activation::Softmax),
-        &[],
-    );
-    m.loss.push(
-        LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["predictions", "labels"]),
-    );
-    m
+    classify(m)
 }
 
 /// MobileNet v1 (Howard et al., *MobileNets: Efficient Convolutional Neural Networks for
@@ -196,13 +195,9 @@ pub fn vgg19(batch: usize) -> ModelSpec {
 /// its output). With the batch norms' running statistics the count is Keras's published
 /// **4,253,864** (4,231,976 trainable).
 pub fn mobilenet_v1(batch: usize) -> ModelSpec {
-    let mut m = ModelSpec::new("MobileNetV1", batch);
-    m.optimizer = Optimizer::RMSPROP;
-    m.input("pixels", &[224, 224, 3], DType::U8, 1.0 / 255.0);
-    m.input("labels", &[], DType::I32, 1.0);
+    let mut m = imagenet("MobileNetV1", batch, Optimizer::RMSPROP);
     m.add("conv1", conv_nobias(32, 3, 2), &["pixels"]);
-    m.add("conv1_bn", LayerKind::batch_norm(), &[]);
-    m.add("conv1_relu", LayerKind::Activation(Activation::Relu), &[]);
+    bn_relu(&mut m, "conv1", LayerKind::batch_norm());
     let blocks: [(usize, usize); 13] = [
         (64, 1),
         (128, 2),
@@ -232,31 +227,13 @@ pub fn mobilenet_v1(batch: usize) -> ModelSpec {
             },
             &[],
         );
-        m.add(&format!("conv_dw_{b}_bn"), LayerKind::batch_norm(), &[]);
-        m.add(
-            &format!("conv_dw_{b}_relu"),
-            LayerKind::Activation(Activation::Relu),
-            &[],
-        );
+        bn_relu(&mut m, &format!("conv_dw_{b}"), LayerKind::batch_norm());
         m.add(&format!("conv_pw_{b}"), conv_nobias(filters, 1, 1), &[]);
-        m.add(&format!("conv_pw_{b}_bn"), LayerKind::batch_norm(), &[]);
-        m.add(
-            &format!("conv_pw_{b}_relu"),
-            LayerKind::Activation(Activation::Relu),
-            &[],
-        );
+        bn_relu(&mut m, &format!("conv_pw_{b}"), LayerKind::batch_norm());
     }
     m.add("global_average_pooling2d", LayerKind::GlobalAvgPool, &[]);
     m.add("dropout", LayerKind::Dropout { rate: 1e-3 }, &[]);
-    m.add(
-        "predictions",
-        LayerKind::dense(1000, Activation::Softmax),
-        &[],
-    );
-    m.loss.push(
-        LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["predictions", "labels"]),
-    );
-    m
+    classify(m)
 }
 
 /// U-Net (Ronneberger, Fischer & Brox, *U-Net: Convolutional Networks for Biomedical Image
@@ -477,7 +454,7 @@ pub fn conv_vae(batch: usize) -> ModelSpec {
 }
 
 /// The seed's MNIST multilayer perceptron (the Keras "MNIST MLP" of the guide): u8 pixels
-/// [784] scaled by 1/255 → dense 512 relu → dense 10 softmax → sparse categorical
+/// `[784]` scaled by 1/255 → dense 512 relu → dense 10 softmax → sparse categorical
 /// cross-entropy against i32 labels; RMSprop, float32. 407,050 parameters.
 pub fn mnist_mlp(batch: usize) -> ModelSpec {
     let mut m = ModelSpec::new("MnistMlp", batch);

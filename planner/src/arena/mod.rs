@@ -21,15 +21,7 @@ pub struct ArenaPlan {
 impl ArenaPlan {
     /// Places the buffers of `lifetimes` in one arena.
     pub fn build(_schedule: &Schedule, lifetimes: &Lifetimes, alignment: u64) -> ArenaPlan {
-        let requests: Vec<BufferRequest> = lifetimes
-            .buffers
-            .iter()
-            .map(|&(bytes, first, last)| BufferRequest {
-                bytes,
-                first: first as usize,
-                last: last as usize,
-            })
-            .collect();
+        let requests = requests(lifetimes);
         let packing = packing::pack(&requests, alignment);
         let greedy_bytes = packing::greedy_by_size(&requests, alignment).arena_bytes;
         let lower_bound = packing::lower_bound(&requests);
@@ -46,6 +38,19 @@ impl ArenaPlan {
     pub fn offset(&self, b: usize) -> u64 {
         self.packing.offsets[b]
     }
+}
+
+/// The buffers of `lifetimes` as packing requests.
+pub fn requests(lifetimes: &Lifetimes) -> Vec<BufferRequest> {
+    lifetimes
+        .buffers
+        .iter()
+        .map(|&(bytes, first, last)| BufferRequest {
+            bytes,
+            first: first as usize,
+            last: last as usize,
+        })
+        .collect()
 }
 
 /// Checks the plan contract's four rules; the error says which rule and which tensors.

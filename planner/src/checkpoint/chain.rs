@@ -1,0 +1,510 @@
+//! The chain dynamic program: each block's memory terms read off real schedules ("probes"),
+//! and the program over segmentations of whole blocks that minimises recomputation within
+//! an arena budget (or the peak) — exact on chains (`docs/CHECKPOINTING.md`).
+
+use std::collections::HashMap;
+
+use super::solver::Solver;
+use crate::graph::TensorId;
+use crate::liveness::Lifetimes;
+use crate::op::Op;
+use crate::plan::{Phase, Role, NONE};
+use crate::schedule::Schedule;
+use crate::ALIGNMENT;
+
+/// A run of units `start..=end` (1-based unit indices), checkpointed as one segment or, for
+/// a single unit, stored (not checkpointed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) struct Block {
+    pub(super) start: usize,
+    pub(super) end: usize,
+    pub(super) ckpt: bool,
+}
+
+impl Block {
+    /// Each segment of units `(start, end)` as a checkpointed block.
+    pub(super) fn segments(segments: &[(usize, usize)]) -> Vec<Block> {
+        segments
+            .iter()
+            .map(|&(start, end)| Block {
+                start,
+                end,
+                ckpt: true,
+            })
+            .collect()
+    }
+}
+
+/// What one block contributes to the live bytes, given whether the block before it is
+/// checkpointed (see `docs/CHECKPOINTING.md`, "Why a chain decomposes").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Term {
+    /// Most live bytes at a step of the block's region, less what earlier blocks keep there.
+    peak: u64,
+    /// Bytes born in the block's forward steps (its output aside) that are still live when
+    /// the backward pass starts: kept across every later block.
+    keep: u64,
+    /// Bytes of the tensors crossing into the block that are still live when the backward
+    /// pass starts.
+    bkeep: u64,
+    /// Forward FLOPs of its recompute steps.
+    cost: u64,
+}
+
+/// Probe results: every block's [`Term`] in each context.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Terms {
+    unit0: Term,
+    /// `stored[u][tau]`: unit `u` not checkpointed; `tau` = the block before is checkpointed.
+    stored: Vec<[Option<Term>; 2]>,
+    /// `ckpt[(i, j)][tau]`.
+    ckpt: HashMap<(usize, usize), [Option<Term>; 2]>,
+    /// Some block measured twice differed (the decomposition did not hold).
+    pub(super) inconsistent: bool,
+    pub(super) probes: usize,
+}
+
+impl Solver {
+    /// Model memory of a segmentation given as blocks covering units `1..=m`: what the
+    /// dynamic program believes. Equal to [`Solver::evaluate_units`]'s total on chains.
+    pub fn model_total(&self, segments: &[(usize, usize)]) -> Option<u64> {
+        self.model(segments).map(|(total, _)| total)
+    }
+
+    /// The program's total and recompute FLOPs of a segmentation.
+    pub(super) fn model(&self, segments: &[(usize, usize)]) -> Option<(u64, u64)> {
+        let blocks = self.cover(segments);
+        let (mut k, mut peak) = (self.terms.unit0.keep, self.terms.unit0.peak);
+        let (mut tau, mut cost) = (0usize, 0u64);
+        for b in &blocks {
+            let t = self.term(b, tau)?;
+            peak = peak.max(k + t.peak);
+            k += t.keep + t.bkeep;
+            cost += t.cost;
+            tau = b.ckpt as usize;
+        }
+        Some((self.persistent + peak, cost))
+    }
+
+    /// Blocks covering every unit: the given segments checkpointed, every other unit stored.
+    fn cover(&self, segments: &[(usize, usize)]) -> Vec<Block> {
+        let mut blocks = Vec::new();
+        let mut u = 1;
+        let mut segs: Vec<(usize, usize)> = segments.to_vec();
+        segs.sort_unstable();
+        for (s, e) in segs {
+            while u < s {
+                blocks.push(Block {
+                    start: u,
+                    end: u,
+                    ckpt: false,
+                });
+                u += 1;
+            }
+            blocks.push(Block {
+                start: s,
+                end: e,
+                ckpt: true,
+            });
+            u = e + 1;
+        }
+        while u <= self.unit_count() {
+            blocks.push(Block {
+                start: u,
+                end: u,
+                ckpt: false,
+            });
+            u += 1;
+        }
+        blocks
+    }
+
+    fn term(&self, b: &Block, tau: usize) -> Option<Term> {
+        if b.ckpt {
+            self.terms.ckpt.get(&(b.start, b.end)).and_then(|t| t[tau])
+        } else {
+            self.terms.stored.get(b.start).and_then(|t| t[tau])
+        }
+    }
+}
+
+// ---- Probes: reading each block's terms off real schedules ----
+
+impl Solver {
+    /// Builds probes (segmentations) until every block has been seen in every context, and
+    /// records the terms each probe shows.
+    pub(super) fn probe_all(&mut self) {
+        let m = self.unit_count();
+        let mut terms = Terms {
+            stored: vec![[None, None]; m + 1],
+            ..Terms::default()
+        };
+        // What is still to be seen: (start, end, ckpt, tau).
+        let allowed = |i: usize, tau: usize| i > 1 || tau == 0;
+        let mut todo_ckpt: Vec<Vec<[bool; 2]>> = vec![Vec::new(); m + 2];
+        for (i, row) in todo_ckpt.iter_mut().enumerate().take(m + 1).skip(1) {
+            *row = (i..=m).map(|_| [allowed(i, 0), allowed(i, 1)]).collect();
+        }
+        let mut todo_stored: Vec<[bool; 2]> = (0..=m)
+            .map(|i| [i >= 1 && allowed(i, 0), i >= 1 && allowed(i, 1)])
+            .collect();
+        let open_at = |todo_ckpt: &Vec<Vec<[bool; 2]>>,
+                       todo_stored: &Vec<[bool; 2]>,
+                       i: usize,
+                       tau: usize| {
+            if i > m {
+                return 0;
+            }
+            todo_ckpt[i].iter().filter(|x| x[tau]).count() + todo_stored[i][tau] as usize
+        };
+        loop {
+            let remaining: usize = (1..=m)
+                .map(|i| {
+                    open_at(&todo_ckpt, &todo_stored, i, 0)
+                        + open_at(&todo_ckpt, &todo_stored, i, 1)
+                })
+                .sum();
+            if remaining == 0 {
+                break;
+            }
+            // One probe, left to right: at each unit take the longest block not yet seen in
+            // the current context; when there is none, a filler whose context suits the
+            // next unit best.
+            let mut blocks = Vec::new();
+            let (mut p, mut tau) = (1usize, 0usize);
+            while p <= m {
+                let pick = todo_ckpt[p]
+                    .iter()
+                    .rposition(|x| x[tau])
+                    .map(|k| (p + k, true))
+                    .or_else(|| todo_stored[p][tau].then_some((p, false)));
+                let (end, ckpt) = pick.unwrap_or_else(|| {
+                    let ck = open_at(&todo_ckpt, &todo_stored, p + 1, 1)
+                        > open_at(&todo_ckpt, &todo_stored, p + 1, 0);
+                    (p, ck)
+                });
+                if ckpt {
+                    todo_ckpt[p][end - p][tau] = false;
+                } else {
+                    todo_stored[p][tau] = false;
+                }
+                blocks.push(Block {
+                    start: p,
+                    end,
+                    ckpt,
+                });
+                tau = ckpt as usize;
+                p = end + 1;
+            }
+            self.probe(&blocks, &mut terms);
+        }
+        if m == 0 {
+            self.probe(&[], &mut terms);
+        }
+        self.terms = terms;
+    }
+
+    /// Runs one probe and records the terms of its blocks.
+    fn probe(&self, blocks: &[Block], terms: &mut Terms) {
+        let s = self.schedule(blocks);
+        let life = Lifetimes::compute(&s, ALIGNMENT);
+        let measured = self.measure(blocks, &s, &life);
+        terms.probes += 1;
+        terms.unit0 = measured[0];
+        for (k, b) in blocks.iter().enumerate() {
+            let tau = if k == 0 {
+                0
+            } else {
+                blocks[k - 1].ckpt as usize
+            };
+            let t = measured[k + 1];
+            let slot = if b.ckpt {
+                &mut terms.ckpt.entry((b.start, b.end)).or_insert([None, None])[tau]
+            } else {
+                &mut terms.stored[b.start][tau]
+            };
+            match slot {
+                Some(old) if *old != t => {
+                    terms.inconsistent = true;
+                    // Keep the larger memory: the safer of two readings.
+                    old.peak = old.peak.max(t.peak);
+                    old.keep = old.keep.max(t.keep);
+                    old.bkeep = old.bkeep.max(t.bkeep);
+                }
+                Some(_) => {}
+                None => *slot = Some(t),
+            }
+        }
+    }
+
+    /// The terms of every block of a probe (index 0: unit 0, then `blocks` in order).
+    ///
+    /// Each step belongs to a region: a block's forward steps, its recompute steps, its
+    /// backward steps (with the accumulations they trigger), the loss steps (the last
+    /// block's) and the update steps (unit 0's). Each tensor is live from its first step to
+    /// its last, except that a tensor handing its bytes over in place ends the step before,
+    /// so that live bytes per step equal the lifetimes' buffers exactly. A tensor is born
+    /// in the region of its first step (inputs: unit 0).
+    fn measure(&self, blocks: &[Block], s: &Schedule, life: &Lifetimes) -> Vec<Term> {
+        let nb = blocks.len() + 1;
+        let mut block_of_unit = vec![0usize; self.units.len()];
+        for (k, b) in blocks.iter().enumerate() {
+            block_of_unit[b.start..=b.end].fill(k + 1);
+        }
+        let of_layer = |l: Option<usize>| l.map(|l| block_of_unit[self.unit_of_layer[l]]);
+        let last_block = nb - 1;
+        let n = s.steps.len();
+        let mut region = vec![0usize; n];
+        let mut current: Option<usize> = None;
+        let mut last_loss: Option<usize> = None;
+        // An input layer declared late (a loss target) casts where it is declared: its step
+        // belongs to the block running then.
+        let mut forward_block = 0usize;
+        for (i, st) in s.steps.iter().enumerate() {
+            region[i] = match st.phase {
+                Phase::Forward => {
+                    let b = of_layer(st.layer).unwrap_or(0);
+                    if b != 0 {
+                        forward_block = b;
+                    }
+                    forward_block
+                }
+                Phase::Loss => {
+                    last_loss = Some(i);
+                    last_block
+                }
+                Phase::Recompute => of_layer(st.layer).unwrap_or(last_block),
+                Phase::Backward if matches!(st.op, Op::Accumulate { .. }) => {
+                    current.unwrap_or(last_block)
+                }
+                Phase::Backward => {
+                    let b = of_layer(st.layer).unwrap_or(last_block);
+                    current = Some(b);
+                    b
+                }
+                Phase::Update => 0,
+            };
+        }
+        // The first step of the backward pass: what is live there is kept across it.
+        let lambda = last_loss.map_or(n, |l| l + 1);
+        let nt = s.tensors.len();
+        let mut donates = vec![false; nt];
+        for &d in &life.in_place_of {
+            if d != NONE {
+                donates[d as usize] = true;
+            }
+        }
+        let mut delta = vec![0i128; n + 1];
+        // Bytes live at `lambda`, by birth block; and of those, born in forward steps.
+        let mut kept_by_birth = vec![0u64; nb];
+        let mut fwd_kept_by_birth = vec![0u64; nb];
+        let mut span = vec![None; nt];
+        let mut born = vec![0usize; nt];
+        for t in 0..nt {
+            let first = life.first[t] as usize;
+            let mut last = life.last[t] as usize;
+            if donates[t] {
+                if last == first {
+                    continue;
+                }
+                last -= 1;
+            }
+            let bytes = life.buffers[life.buffer_of[t]].0;
+            delta[first.min(n)] += bytes as i128;
+            delta[(last + 1).min(n)] -= bytes as i128;
+            born[t] = if s.tensors[t].role == Role::Input || n == 0 {
+                0
+            } else {
+                region[first.min(n - 1)]
+            };
+            span[t] = Some((first, last, bytes));
+            if first <= lambda && lambda <= last {
+                kept_by_birth[born[t]] += bytes;
+                let forward = s.tensors[t].role == Role::Input
+                    || s.steps
+                        .get(first)
+                        .is_some_and(|st| st.phase == Phase::Forward);
+                if forward {
+                    fwd_kept_by_birth[born[t]] += bytes;
+                }
+            }
+        }
+        let kept_at_lambda = |t: TensorId| -> u64 {
+            match span.get(t).copied().flatten() {
+                Some((first, last, bytes)) if first <= lambda && lambda <= last => bytes,
+                _ => 0,
+            }
+        };
+        let mut live = vec![0i128; n];
+        let mut cur = 0i128;
+        for (i, d) in delta.iter().take(n).enumerate() {
+            cur += d;
+            live[i] = cur;
+        }
+        let mut peak = vec![i128::MIN; nb];
+        let mut cost = vec![0u64; nb];
+        for i in 0..n {
+            peak[region[i]] = peak[region[i]].max(live[i]);
+            if s.steps[i].phase == Phase::Recompute {
+                cost[region[i]] += s.steps[i].op.forward_flops();
+            }
+        }
+        let first_unit = |k: usize| if k == 0 { 0 } else { blocks[k - 1].start };
+        let after = |k: usize| if k == 0 { 1 } else { blocks[k - 1].end + 1 };
+        let mut out = Vec::with_capacity(nb);
+        let mut older = 0u64; // kept bytes born in blocks before k
+        for k in 0..nb {
+            let into: &[TensorId] = if k == 0 {
+                &[]
+            } else {
+                &self.cross[first_unit(k)]
+            };
+            let bkeep: u64 = into
+                .iter()
+                .filter(|&&t| born[t] < k)
+                .map(|&t| kept_at_lambda(t))
+                .sum();
+            let base = older - bkeep.min(older);
+            let outgoing: u64 = self.cross.get(after(k)).map_or(0, |ts| {
+                ts.iter()
+                    .filter(|&&t| born[t] == k)
+                    .map(|&t| kept_at_lambda(t))
+                    .sum()
+            });
+            let p = if peak[k] == i128::MIN {
+                0
+            } else {
+                (peak[k] - base as i128).max(0) as u64
+            };
+            out.push(Term {
+                peak: p,
+                keep: fwd_kept_by_birth[k].saturating_sub(outgoing),
+                bkeep,
+                cost: cost[k],
+            });
+            older += kept_by_birth[k];
+        }
+        out
+    }
+}
+
+// ---- The dynamic program over blocks ----
+
+/// What the program minimises.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Objective {
+    /// Recompute FLOPs, subject to the peak fitting the arena budget.
+    Cost,
+    /// The peak, whatever the cost.
+    Peak,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    k: u64,
+    cost: u64,
+    peak: u64,
+    node: u32,
+}
+
+impl Solver {
+    /// Runs the program: the blocks of the best segmentation, its model peak (arena bytes)
+    /// and its cost, or `None` when no segmentation's peak fits `arena_budget`.
+    pub(super) fn program(
+        &self,
+        arena_budget: u64,
+        objective: Objective,
+    ) -> Option<(Vec<Block>, u64, u64)> {
+        let m = self.unit_count();
+        let t0 = self.terms.unit0;
+        if t0.peak > arena_budget {
+            return None;
+        }
+        let mut nodes: Vec<(u32, Block)> = Vec::new();
+        let mut states: Vec<[Vec<Entry>; 2]> =
+            (0..=m + 1).map(|_| [Vec::new(), Vec::new()]).collect();
+        states[1][0].push(Entry {
+            k: t0.keep,
+            cost: 0,
+            peak: t0.peak,
+            node: u32::MAX,
+        });
+        for i in 1..=m {
+            for tau in 0..2 {
+                let front = prune(std::mem::take(&mut states[i][tau]), objective);
+                for e in front {
+                    let mut push = |b: Block, t: Term, states: &mut Vec<[Vec<Entry>; 2]>| {
+                        let at = e.k + t.peak;
+                        if at > arena_budget {
+                            return;
+                        }
+                        nodes.push((e.node, b));
+                        states[b.end + 1][b.ckpt as usize].push(Entry {
+                            k: e.k + t.keep + t.bkeep,
+                            cost: e.cost + t.cost,
+                            peak: e.peak.max(at),
+                            node: (nodes.len() - 1) as u32,
+                        });
+                    };
+                    // Block `i` stored, or a run `[i..j]` checkpointed.
+                    let stored = Block {
+                        start: i,
+                        end: i,
+                        ckpt: false,
+                    };
+                    let runs = (i..=m).map(|end| Block {
+                        start: i,
+                        end,
+                        ckpt: true,
+                    });
+                    for b in std::iter::once(stored).chain(runs) {
+                        if let Some(t) = self.term(&b, tau) {
+                            push(b, t, &mut states);
+                        }
+                    }
+                }
+            }
+        }
+        let finals: Vec<Entry> = states[m + 1].iter().flatten().copied().collect();
+        let best = finals.into_iter().min_by_key(|e| match objective {
+            Objective::Cost => (e.cost, e.peak, 0),
+            Objective::Peak => (e.peak, e.cost, 0),
+        })?;
+        let mut blocks = Vec::new();
+        let mut node = best.node;
+        while node != u32::MAX {
+            let (parent, b) = nodes[node as usize];
+            blocks.push(b);
+            node = parent;
+        }
+        blocks.reverse();
+        Some((blocks, best.peak, best.cost))
+    }
+}
+
+/// Drops entries another entry dominates: no more kept bytes and no worse objective.
+fn prune(mut front: Vec<Entry>, objective: Objective) -> Vec<Entry> {
+    let key = |e: &Entry| match objective {
+        Objective::Cost => (e.k, e.cost, e.peak),
+        Objective::Peak => (e.k, e.peak, e.cost),
+    };
+    front.sort_by_key(key);
+    let mut out: Vec<Entry> = Vec::with_capacity(front.len());
+    let mut best = u64::MAX;
+    for e in front {
+        let v = key(&e).1;
+        if v < best {
+            best = v;
+            out.push(e);
+        }
+    }
+    out
+}
+
+pub(super) fn blocks_to_segments(blocks: &[Block]) -> Vec<(usize, usize)> {
+    blocks
+        .iter()
+        .filter(|b| b.ckpt)
+        .map(|b| (b.start, b.end))
+        .collect()
+}
