@@ -4,8 +4,7 @@ use std::collections::HashMap;
 
 use memwise_plan::advice::{format_bytes, Fixes};
 use memwise_plan::{
-    Activation, DType, LayerKind, LossKind, Metric, ModelSpec, Optimizer, Padding, Precision,
-    Reduction, StaticPlan,
+    DType, LayerKind, LossKind, Metric, ModelSpec, Optimizer, Precision, Reduction, StaticPlan,
 };
 use proc_macro2::{Literal, TokenStream};
 use quote::{format_ident, quote};
@@ -31,178 +30,16 @@ fn usize_tokens(x: usize) -> TokenStream {
     quote!(#lit)
 }
 
-fn pair_tokens(p: [usize; 2]) -> TokenStream {
-    let (a, b) = (usize_tokens(p[0]), usize_tokens(p[1]));
-    quote!([#a, #b])
-}
-
 fn dtype_tokens(d: DType) -> TokenStream {
     let v = format_ident!("{}", format!("{d:?}"));
     quote!(::memwise::plan::DType::#v)
 }
 
-fn activation_tokens(a: Activation) -> TokenStream {
-    let v = format_ident!("{}", format!("{a:?}"));
-    quote!(::memwise::plan::Activation::#v)
-}
-
-fn padding_tokens(p: Padding) -> TokenStream {
-    let v = format_ident!("{}", format!("{p:?}"));
-    quote!(::memwise::plan::Padding::#v)
-}
-
+/// The kind as the catalogue writes it (`memwise_plan::layers`), so no layer is named here.
 fn kind_tokens(k: &LayerKind) -> TokenStream {
-    let p = quote!(::memwise::plan::LayerKind);
-    match k {
-        LayerKind::Input {
-            shape,
-            dtype,
-            scale,
-        } => {
-            let (shape, dtype, scale) = (
-                shape.iter().map(|&d| usize_tokens(d)),
-                dtype_tokens(*dtype),
-                f32_tokens(*scale),
-            );
-            quote!(#p::Input { shape: ::std::vec![#(#shape),*], dtype: #dtype, scale: #scale })
-        }
-        LayerKind::Dense {
-            units,
-            activation,
-            use_bias,
-        } => {
-            let (u, a) = (usize_tokens(*units), activation_tokens(*activation));
-            quote!(#p::Dense { units: #u, activation: #a, use_bias: #use_bias })
-        }
-        LayerKind::Conv2d {
-            filters,
-            kernel,
-            strides,
-            padding,
-            activation,
-            use_bias,
-        }
-        | LayerKind::Conv2dTranspose {
-            filters,
-            kernel,
-            strides,
-            padding,
-            activation,
-            use_bias,
-        } => {
-            let v = if matches!(k, LayerKind::Conv2d { .. }) {
-                quote!(Conv2d)
-            } else {
-                quote!(Conv2dTranspose)
-            };
-            let (f, kk, s, pd, a) = (
-                usize_tokens(*filters),
-                pair_tokens(*kernel),
-                pair_tokens(*strides),
-                padding_tokens(*padding),
-                activation_tokens(*activation),
-            );
-            quote!(#p::#v { filters: #f, kernel: #kk, strides: #s, padding: #pd, activation: #a, use_bias: #use_bias })
-        }
-        LayerKind::SeparableConv2d {
-            filters,
-            kernel,
-            strides,
-            padding,
-            multiplier,
-            activation,
-            use_bias,
-        } => {
-            let (f, kk, s, pd, m, a) = (
-                usize_tokens(*filters),
-                pair_tokens(*kernel),
-                pair_tokens(*strides),
-                padding_tokens(*padding),
-                usize_tokens(*multiplier),
-                activation_tokens(*activation),
-            );
-            quote!(#p::SeparableConv2d { filters: #f, kernel: #kk, strides: #s, padding: #pd, multiplier: #m, activation: #a, use_bias: #use_bias })
-        }
-        LayerKind::DepthwiseConv2d {
-            kernel,
-            strides,
-            padding,
-            multiplier,
-            activation,
-            use_bias,
-        } => {
-            let (kk, s, pd, m, a) = (
-                pair_tokens(*kernel),
-                pair_tokens(*strides),
-                padding_tokens(*padding),
-                usize_tokens(*multiplier),
-                activation_tokens(*activation),
-            );
-            quote!(#p::DepthwiseConv2d { kernel: #kk, strides: #s, padding: #pd, multiplier: #m, activation: #a, use_bias: #use_bias })
-        }
-        LayerKind::MaxPool2d {
-            pool,
-            strides,
-            padding,
-        }
-        | LayerKind::AvgPool2d {
-            pool,
-            strides,
-            padding,
-        } => {
-            let v = if matches!(k, LayerKind::MaxPool2d { .. }) {
-                quote!(MaxPool2d)
-            } else {
-                quote!(AvgPool2d)
-            };
-            let (pl, s, pd) = (
-                pair_tokens(*pool),
-                pair_tokens(*strides),
-                padding_tokens(*padding),
-            );
-            quote!(#p::#v { pool: #pl, strides: #s, padding: #pd })
-        }
-        LayerKind::GlobalAvgPool => quote!(#p::GlobalAvgPool),
-        LayerKind::BatchNorm { momentum, epsilon } => {
-            let (m, e) = (f32_tokens(*momentum), f32_tokens(*epsilon));
-            quote!(#p::BatchNorm { momentum: #m, epsilon: #e })
-        }
-        LayerKind::LayerNorm { epsilon } => {
-            let e = f32_tokens(*epsilon);
-            quote!(#p::LayerNorm { epsilon: #e })
-        }
-        LayerKind::Dropout { rate } => {
-            let r = f32_tokens(*rate);
-            quote!(#p::Dropout { rate: #r })
-        }
-        LayerKind::Flatten => quote!(#p::Flatten),
-        LayerKind::Reshape { shape } => {
-            let shape = shape.iter().map(|&d| usize_tokens(d));
-            quote!(#p::Reshape { shape: ::std::vec![#(#shape),*] })
-        }
-        LayerKind::Add { activation } => {
-            let a = activation_tokens(*activation);
-            quote!(#p::Add { activation: #a })
-        }
-        LayerKind::Concat => quote!(#p::Concat),
-        LayerKind::Embedding { vocab, dim } => {
-            let (v, d) = (usize_tokens(*vocab), usize_tokens(*dim));
-            quote!(#p::Embedding { vocab: #v, dim: #d })
-        }
-        LayerKind::Attention {
-            heads,
-            causal,
-            dropout,
-        } => {
-            let (h, d) = (usize_tokens(*heads), f32_tokens(*dropout));
-            quote!(#p::Attention { heads: #h, causal: #causal, dropout: #d })
-        }
-        LayerKind::Activation(a) => {
-            let a = activation_tokens(*a);
-            quote!(#p::Activation(#a))
-        }
-        LayerKind::SampleNormal => quote!(#p::SampleNormal),
-    }
+    k.to_rust("::memwise::plan")
+        .parse()
+        .expect("the layer catalogue writes valid Rust")
 }
 
 fn optimizer_tokens(o: &Optimizer) -> TokenStream {

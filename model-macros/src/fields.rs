@@ -1,12 +1,13 @@
 //! The struct's fields: which layer or block each one is, its modifiers (`#[checkpoint]`,
 //! `#[fp16]` …), its repeat count (`[Dense; 3]`), and the check that its type fits.
+use memwise_plan::layers::CATALOGUE;
 use memwise_plan::DType;
 use proc_macro2::TokenStream;
 use quote::ToTokens;
 use syn::{Expr, Fields, ItemStruct, Lit, Meta, Type};
 
 use crate::diag::{closest, Errors};
-use crate::layer::{self, attribute_names, LAYERS};
+use crate::layer::{self, attribute_names};
 use crate::value::{eval, split_args, Env, Val, V};
 
 #[derive(Clone)]
@@ -290,9 +291,9 @@ fn modifier_name(d: DType) -> &'static str {
 }
 
 fn layer_list() -> String {
-    LAYERS
+    CATALOGUE
         .iter()
-        .map(|l| format!("`{}`", l.attr))
+        .map(|l| format!("`{}`", l.name))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -403,12 +404,12 @@ fn block_kind(ty: &Type, args: TokenStream, e: &mut Errors) -> Option<FieldKind>
         .last()
         .map(|s| s.ident.to_string())
         .unwrap_or_default();
-    if let Some(l) = LAYERS.iter().find(|l| l.handle == last) {
+    if let Some(l) = CATALOGUE.iter().find(|l| l.handle == last) {
         e.at(
             ty,
             format!(
                 "`{last}` is a layer, not a block: use `#[{}(…)]` on this field",
-                l.attr
+                l.name
             ),
         );
         return None;

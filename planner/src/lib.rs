@@ -14,6 +14,7 @@ pub mod error;
 pub mod estimate;
 pub mod generate;
 pub mod graph;
+pub mod layers;
 pub mod liveness;
 pub mod op;
 pub mod plan;

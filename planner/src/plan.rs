@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use crate::dtype::{DType, Precision};
 use crate::op::{Op, Window2d};
-use crate::spec::{Activation, Optimizer, Padding, Reduction};
+use crate::spec::{Optimizer, Padding, Reduction};
 
 /// A string that is `&'static str` in a const plan and `String` in a run-time one.
 pub type Text = Cow<'static, str>;
@@ -373,11 +373,15 @@ pub struct RustWriter<'a> {
     krate: &'a str,
 }
 
-impl RustWriter<'_> {
-    fn s(&mut self, s: &str) {
+impl<'a> RustWriter<'a> {
+    /// A writer appending to `out`, with paths under `krate`.
+    pub fn new(out: &'a mut String, krate: &'a str) -> Self {
+        RustWriter { out, krate }
+    }
+    pub fn s(&mut self, s: &str) {
         self.out.push_str(s);
     }
-    fn path(&mut self, p: &str) {
+    pub fn path(&mut self, p: &str) {
         let _ = write!(self.out, "{}::{}", self.krate, p);
     }
 }
@@ -492,11 +496,6 @@ unit_enum_to_rust!(
     [Activation, ActivationGrad, Workspace, Input, Recomputed]
 );
 unit_enum_to_rust!(Phase, "Phase", [Forward, Recompute, Loss, Backward, Update]);
-unit_enum_to_rust!(
-    Activation,
-    "Activation",
-    [Linear, Relu, Sigmoid, Tanh, Gelu, Silu, Softmax]
-);
 unit_enum_to_rust!(Padding, "Padding", [Same, Valid]);
 unit_enum_to_rust!(Reduction, "Reduction", [Mean, SumOverFeatures]);
 
