@@ -211,7 +211,7 @@ fn read_field(field: &mut syn::Field, in_block: bool, e: &mut Errors) -> Option<
             }
         }
     }
-    let Some((kind, anchor, attr_name)) = kind else {
+    let Some((kind, anchor, _)) = kind else {
         if broken {
             // Already reported (an attribute we could not read).
         } else if let Some(first) = foreign.first() {
@@ -245,9 +245,16 @@ fn read_field(field: &mut syn::Field, in_block: bool, e: &mut Errors) -> Option<
         ty: field.ty.clone(),
     };
 
-    // Field-level rules that need the whole picture.
+    check_field(&decl, &ident, in_block, e);
+    Some(decl)
+}
+
+/// The field-level rules that need the whole field: its type fits its layer, and what an
+/// input (or a field named `input` in a block) may not be.
+fn check_field(decl: &FieldDecl, ident: &syn::Ident, in_block: bool, e: &mut Errors) {
+    let name = &decl.name;
     if let FieldKind::Layer { attr, .. } = &decl.kind {
-        check_type(&decl, attr, e);
+        check_type(decl, attr, e);
     }
     if decl.is_input() {
         if in_block {
@@ -274,12 +281,10 @@ fn read_field(field: &mut syn::Field, in_block: bool, e: &mut Errors) -> Option<
     }
     if in_block && name == "input" {
         e.at(
-            &ident,
+            ident,
             "`input` names the block's input; call this field something else",
         );
     }
-    let _ = attr_name;
-    Some(decl)
 }
 
 fn modifier_name(d: DType) -> &'static str {

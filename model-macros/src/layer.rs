@@ -231,3 +231,125 @@ pub fn docs_table() -> TokenStream {
     let lit = Literal::string(&text);
     quote!(#lit)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::value::split_args;
+
+    /// A value of `ty` as the DSL writes it, and as it is read.
+    fn sample(ty: OptionType) -> (&'static str, OptValue) {
+        match ty {
+            OptionType::Positive => ("3", OptValue::Usize(3)),
+            OptionType::Pair => ("[3, 5]", OptValue::Pair([3, 5])),
+            OptionType::Float => ("0.5", OptValue::Float(0.5)),
+            OptionType::Rate => ("0.25", OptValue::Float(0.25)),
+            OptionType::Bool => ("false", OptValue::Bool(false)),
+            OptionType::Shape => ("[4, 2]", OptValue::Shape(vec![4, 2])),
+            OptionType::Activation => ("tanh", OptValue::Activation(Activation::Tanh)),
+            OptionType::Padding => ("same", OptValue::Padding(Padding::Same)),
+            OptionType::DType => ("i32", OptValue::DType(DType::I32)),
+            OptionType::LastAxis => ("-1", OptValue::Int(-1)),
+        }
+    }
+
+    fn read(def: &LayerDef, args: &str) -> (LayerDecl, String) {
+        let mut e = Errors::default();
+        let tokens: TokenStream = args.parse().expect("tokens");
+        let args = split_args(tokens, &mut e);
+        let decl = lower_layer(def.name, quote!(#[x]), args, &Env::new(), &mut e);
+        (decl, e.to_compile_errors().to_string())
+    }
+
+    /// `#[attr(fields…, option = value, …)]` with every option spelt by `spell`, and the
+    /// kind it must read as.
+    fn every_option(def: &LayerDef, spell: impl Fn(&OptionDef) -> &str) -> (String, LayerKind) {
+        let mut args: Vec<String> = Vec::new();
+        if matches!(def.inputs, Inputs::Fields { .. }) {
+            args.extend(["a".to_string(), "b".to_string()]);
+        }
+        let mut values = OptionValues::defaults(def);
+        for o in def.options {
+            let (text, v) = sample(o.ty);
+            args.push(format!("{} = {text}", spell(o)));
+            values.set(o.name, v);
+        }
+        (args.join(", "), (def.build)(&values))
+    }
+
+    #[test]
+    fn every_catalogue_layer_reads_its_options_by_name_and_by_alias() {
+        for def in CATALOGUE {
+            let (args, want) = every_option(def, |o| o.name);
+            let (decl, errors) = read(def, &args);
+            assert_eq!(errors, "", "#[{}({args})]", def.name);
+            assert_eq!(decl.kind, want, "#[{}({args})]", def.name);
+            let fields = usize::from(matches!(def.inputs, Inputs::Fields { .. })) * 2;
+            assert_eq!(decl.inputs.len(), fields);
+
+            let (args, want) = every_option(def, |o| o.aliases.first().unwrap_or(&o.name));
+            let (decl, errors) = read(def, &args);
+            assert_eq!(errors, "", "#[{}({args})]", def.name);
+            assert_eq!(decl.kind, want, "#[{}({args})]", def.name);
+        }
+    }
+
+    #[test]
+    fn every_catalogue_layer_reads_its_positional_options_in_order() {
+        for def in CATALOGUE {
+            let mut positional: Vec<&OptionDef> = def
+                .options
+                .iter()
+                .filter(|o| o.position.is_some())
+                .collect();
+            positional.sort_by_key(|o| o.position);
+            let args: Vec<&str> = positional.iter().map(|o| sample(o.ty).0).collect();
+            let args = args.join(", ");
+            // The others at their defaults, which may follow the given ones (pool strides).
+            let mut values = OptionValues::default();
+            for o in def.options {
+                let v = match o.position {
+                    Some(_) => sample(o.ty).1,
+                    None => o.fallback(&values),
+                };
+                values.set(o.name, v);
+            }
+            let (decl, errors) = read(def, &args);
+            if matches!(def.inputs, Inputs::Fields { .. }) {
+                continue; // their positional arguments are fields
+            }
+            assert_eq!(errors, "", "#[{}({args})]", def.name);
+            assert_eq!(decl.kind, (def.build)(&values), "#[{}({args})]", def.name);
+        }
+    }
+
+    #[test]
+    fn a_missing_required_option_or_field_is_an_error_naming_it() {
+        for def in CATALOGUE {
+            let (decl, errors) = read(def, "");
+            for o in def.options {
+                let needs = format!("`#[{}]` needs `{}`", def.name, o.name);
+                let required = matches!(o.default, OptionDefault::Required { .. });
+                assert_eq!(errors.contains(&needs), required, "{errors}");
+            }
+            if let Inputs::Fields { what, .. } = def.inputs {
+                assert!(
+                    errors.contains(&format!("reads {what}, found 0")),
+                    "{errors}"
+                );
+            }
+            // The placeholders stand in, so the rest of the model can still be checked.
+            assert_eq!(decl.kind, def.with_defaults());
+        }
+    }
+
+    #[test]
+    fn the_handle_types_and_docs_come_from_every_entry() {
+        let handles = handle_types(quote!(handles)).to_string();
+        for def in CATALOGUE {
+            assert!(handles.contains(&format!("{} = \"{}\"", def.handle, def.name)));
+        }
+        let docs = docs_table().to_string();
+        assert_eq!(docs.matches("(layers::").count(), CATALOGUE.len());
+    }
+}

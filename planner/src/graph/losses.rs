@@ -34,6 +34,16 @@ impl TermInputs<'_> {
     }
 }
 
+/// A term reading `(prediction, target)` that takes the gradient of `grad_of`.
+fn loss_of(op: Op, prediction: TensorId, target: TensorId, grad_of: TensorId) -> GLoss {
+    GLoss {
+        op,
+        reads: vec![prediction, target],
+        grad_of: vec![grad_of],
+        prediction,
+    }
+}
+
 fn is_softmax(op: &Op) -> bool {
     matches!(
         op,
@@ -236,16 +246,12 @@ impl Builder<'_> {
             {
                 self.g.ops[p].fused_into_loss = true;
                 let logits = self.g.ops[p].inputs[0];
-                Ok(GLoss {
-                    op: Op::SoftmaxCrossEntropy {
-                        rows,
-                        classes,
-                        weight,
-                    },
-                    reads: vec![ta, tb],
-                    grad_of: vec![logits],
-                    prediction: ta,
-                })
+                let op = Op::SoftmaxCrossEntropy {
+                    rows,
+                    classes,
+                    weight,
+                };
+                Ok(loss_of(op, ta, tb, logits))
             }
             Some(p) if is_softmax(&self.g.ops[p].op) => Err(PlanError::at(
                 &names[0],
@@ -267,16 +273,14 @@ impl Builder<'_> {
                     ),
                 ))
             }
-            _ => Ok(GLoss {
-                op: Op::SoftmaxCrossEntropyFromLogits {
+            _ => {
+                let op = Op::SoftmaxCrossEntropyFromLogits {
                     rows,
                     classes,
                     weight,
-                },
-                reads: vec![ta, tb],
-                grad_of: vec![ta],
-                prediction: ta,
-            }),
+                };
+                Ok(loss_of(op, ta, tb, ta))
+            }
         }
     }
 
@@ -299,12 +303,7 @@ impl Builder<'_> {
         let features = prod(&a.shape[1..]);
         let rows = a.shape[0];
         let (weight, reduction) = (term.weight, term.reduction);
-        let plain = |op: Op| GLoss {
-            op,
-            reads: vec![ta, tb],
-            grad_of: vec![ta],
-            prediction: ta,
-        };
+        let plain = |op: Op| loss_of(op, ta, tb, ta);
         if term.kind == LossKind::MeanSquaredError {
             return Ok(plain(Op::MeanSquaredError {
                 rows,
@@ -319,17 +318,13 @@ impl Builder<'_> {
             {
                 self.g.ops[p].fused_into_loss = true;
                 let logits = self.g.ops[p].inputs[0];
-                GLoss {
-                    op: Op::SigmoidBinaryCrossentropy {
-                        rows,
-                        features,
-                        reduction,
-                        weight,
-                    },
-                    reads: vec![ta, tb],
-                    grad_of: vec![logits],
-                    prediction: ta,
-                }
+                let op = Op::SigmoidBinaryCrossentropy {
+                    rows,
+                    features,
+                    reduction,
+                    weight,
+                };
+                loss_of(op, ta, tb, logits)
             }
             // Probabilities read elsewhere too, or a softmax's: plain BCE.
             Some(p) if self.output_activation(p).is_some() => plain(Op::BinaryCrossentropy {

@@ -22,9 +22,7 @@ pub(super) static DEF: LayerDef = LayerDef {
 
 impl LayerKind {
     pub fn add() -> Self {
-        LayerKind::Add {
-            activation: Activation::Linear,
-        }
+        DEF.with_defaults()
     }
 }
 

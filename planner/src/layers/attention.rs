@@ -18,7 +18,7 @@ pub(super) static DEF: LayerDef = LayerDef {
             "num_heads",
             OptionType::Positive,
             "#[attention(num_heads = 12, causal = true)]",
-            "attention heads; they divide the hidden size",
+            "attention heads, a divisor of the hidden size",
         )
         .alias(&["heads"])
         .at(0),

@@ -1,6 +1,6 @@
 //! `avg_pool2d`: the mean over each window (with `same` padding, over the pixels inside
 //! the image).
-use super::common::{pool, POOL_OPTIONS};
+use super::common::{pool, square_pool, POOL_OPTIONS};
 use super::prelude::*;
 
 pub(super) static DEF: LayerDef = LayerDef {
@@ -18,12 +18,9 @@ pub(super) static DEF: LayerDef = LayerDef {
 };
 
 impl LayerKind {
+    /// Square-window avg_pool2d.
     pub fn avg_pool2d(pool: usize, stride: usize, padding: Padding) -> Self {
-        LayerKind::AvgPool2d {
-            pool: [pool; 2],
-            strides: [stride; 2],
-            padding,
-        }
+        DEF.build_with(&square_pool(pool, stride, padding))
     }
 }
 

@@ -1,15 +1,16 @@
 //! `batch_norm`: batch normalisation over the last axis — batch statistics (and running
 //! ones updated) in training, the running statistics in inference.
+use super::common::{BIAS, SCALE};
 use super::prelude::*;
 
 /// Keras's `BatchNormalization` defaults.
-pub const MOMENTUM: f32 = 0.99;
-pub const EPSILON: f32 = 1e-3;
+const MOMENTUM: f32 = 0.99;
+const EPSILON: f32 = 1e-3;
 
 /// Scale γ and shift β, and the running statistics.
 const PARAMS: &[ParamDef] = &[
-    ParamDef::trainable("weight", Init::Ones),
-    ParamDef::trainable("bias", Init::Zeros),
+    SCALE,
+    BIAS,
     ParamDef::statistic("running_mean", Init::Zeros),
     ParamDef::statistic("running_var", Init::Ones),
 ];
@@ -43,10 +44,7 @@ pub(super) static DEF: LayerDef = LayerDef {
 impl LayerKind {
     /// Keras defaults: momentum 0.99, epsilon 1e-3.
     pub fn batch_norm() -> Self {
-        LayerKind::BatchNorm {
-            momentum: MOMENTUM,
-            epsilon: EPSILON,
-        }
+        DEF.with_defaults()
     }
 }
 

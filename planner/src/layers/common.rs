@@ -2,8 +2,9 @@
 //! weight and bias parameters, and the "op with weights, then activation" lowering.
 
 use super::{Init, OptValue, OptionDef, OptionType, ParamDef};
+use crate::error::PlanError;
 use crate::graph::{LayerCx, Value};
-use crate::op::Op;
+use crate::op::{Op, Window2d};
 use crate::spec::{Activation, Padding};
 
 pub(super) const ACTIVATION: OptionDef = OptionDef::new(
@@ -65,7 +66,37 @@ pub(super) const DEPTH_MULTIPLIER: OptionDef = OptionDef::new(
 
 /// A kernel: Glorot uniform, with a 16-bit copy in half-precision layers.
 pub(super) const WEIGHT: ParamDef = ParamDef::trainable("weight", Init::GlorotUniform).gemm();
+/// A bias, or a normalisation's shift β: zeros.
 pub(super) const BIAS: ParamDef = ParamDef::trainable("bias", Init::Zeros);
+/// A normalisation's scale γ: ones.
+pub(super) const SCALE: ParamDef = ParamDef::trainable("weight", Init::Ones);
+
+/// The options of `conv2d` and `conv2d_transpose`, in Keras's order.
+pub(super) const CONV_OPTIONS: &[OptionDef] = &[
+    FILTERS,
+    kernel_size(1),
+    STRIDES,
+    PADDING,
+    ACTIVATION,
+    USE_BIAS,
+];
+
+/// The window of a depthwise convolution over the layer's input (`multiplier` output
+/// channels per input channel), and the input in the layer's dtype.
+pub(super) fn depthwise_window(
+    cx: &mut LayerCx<'_, '_>,
+    kernel: [usize; 2],
+    strides: [usize; 2],
+    padding: Padding,
+    multiplier: usize,
+) -> Result<(Window2d, Value), PlanError> {
+    let (v, from) = cx.input(0);
+    let c = v.shape.last().copied().unwrap_or(0);
+    let c_out = c.saturating_mul(multiplier);
+    let d = cx.window(&v, from, c_out, kernel, strides, padding, "kernel")?;
+    let x = cx.cast(&v)?;
+    Ok((d, x))
+}
 
 /// A layer's main op with its weight and optional bias, then its activation.
 pub(super) struct Weighted {
@@ -103,6 +134,38 @@ pub(super) fn weighted(cx: &mut LayerCx<'_, '_>, w: Weighted) -> Value {
     )
 }
 
+/// The options of a square-kernel convolution: `filters` (unless depthwise), kernel and
+/// strides on both axes, padding and activation (the others at their defaults).
+pub(super) fn square_conv(
+    filters: Option<usize>,
+    kernel: usize,
+    stride: usize,
+    padding: Padding,
+    activation: Activation,
+) -> Vec<(&'static str, OptValue)> {
+    let mut given = vec![
+        ("kernel_size", OptValue::Pair([kernel; 2])),
+        ("strides", OptValue::Pair([stride; 2])),
+        ("padding", OptValue::Padding(padding)),
+        ("activation", OptValue::Activation(activation)),
+    ];
+    given.extend(filters.map(|f| ("filters", OptValue::Usize(f))));
+    given
+}
+
+/// The options of a square pooling window.
+pub(super) fn square_pool(
+    pool: usize,
+    stride: usize,
+    padding: Padding,
+) -> [(&'static str, OptValue); 3] {
+    [
+        ("pool_size", OptValue::Pair([pool; 2])),
+        ("strides", OptValue::Pair([stride; 2])),
+        ("padding", OptValue::Padding(padding)),
+    ]
+}
+
 /// Pooling options: Keras's `pool_size = 2` and strides defaulting to the pool size.
 pub(super) const POOL_OPTIONS: &[OptionDef] = &[
     OptionDef::new(
@@ -129,7 +192,7 @@ pub(super) fn pool(
     pool: [usize; 2],
     strides: [usize; 2],
     padding: Padding,
-) -> Result<(crate::op::Window2d, usize, Value), crate::error::PlanError> {
+) -> Result<(Window2d, usize, Value), PlanError> {
     let (v, from) = cx.input(0);
     let c = v.shape.last().copied().unwrap_or(0);
     let d = cx.window(&v, from, c, pool, strides, padding, "pool window")?;

@@ -1,9 +1,7 @@
 //! `conv2d`: a 2-D convolution over NHWC images (im2col in chunks, then a GEMM), then its
 //! activation.
 use super::common::{
-    kernel_size, weighted, Weighted, ACTIVATION, BIAS, FILTERS, PADDING, STRIDES, USE_BIAS,
-    WEIGHT,
-};
+    square_conv,weighted, Weighted, BIAS, CONV_OPTIONS, WEIGHT};
 use super::prelude::*;
 
 pub(super) static DEF: LayerDef = LayerDef {
@@ -11,14 +9,7 @@ pub(super) static DEF: LayerDef = LayerDef {
     handle: "Conv2d",
     doc: "A 2-D convolution.",
     inputs: Inputs::One,
-    options: &[
-        FILTERS,
-        kernel_size(1),
-        STRIDES,
-        PADDING,
-        ACTIVATION,
-        USE_BIAS,
-    ],
+    options: CONV_OPTIONS,
     params: &[WEIGHT, BIAS],
     build: |o| LayerKind::Conv2d {
         filters: o.positive("filters"),
@@ -39,14 +30,7 @@ impl LayerKind {
         padding: Padding,
         activation: Activation,
     ) -> Self {
-        LayerKind::Conv2d {
-            filters,
-            kernel: [kernel; 2],
-            strides: [stride; 2],
-            padding,
-            activation,
-            use_bias: true,
-        }
+        DEF.build_with(&square_conv(Some(filters), kernel, stride, padding, activation))
     }
 }
 

@@ -1,9 +1,7 @@
 //! `conv2d_transpose`: the transposed 2-D convolution (a GEMM then col2im, in chunks), with
 //! Keras's output size, then its activation.
 use super::common::{
-    kernel_size, weighted, Weighted, ACTIVATION, BIAS, FILTERS, PADDING, STRIDES, USE_BIAS,
-    WEIGHT,
-};
+    square_conv,weighted, Weighted, BIAS, CONV_OPTIONS, WEIGHT};
 use super::prelude::*;
 use crate::op::transpose_out_len;
 
@@ -12,14 +10,7 @@ pub(super) static DEF: LayerDef = LayerDef {
     handle: "Conv2dTranspose",
     doc: "A transposed 2-D convolution.",
     inputs: Inputs::One,
-    options: &[
-        FILTERS,
-        kernel_size(1),
-        STRIDES,
-        PADDING,
-        ACTIVATION,
-        USE_BIAS,
-    ],
+    options: CONV_OPTIONS,
     params: &[WEIGHT, BIAS],
     build: |o| LayerKind::Conv2dTranspose {
         filters: o.positive("filters"),
@@ -40,14 +31,7 @@ impl LayerKind {
         padding: Padding,
         activation: Activation,
     ) -> Self {
-        LayerKind::Conv2dTranspose {
-            filters,
-            kernel: [kernel; 2],
-            strides: [stride; 2],
-            padding,
-            activation,
-            use_bias: true,
-        }
+        DEF.build_with(&square_conv(Some(filters), kernel, stride, padding, activation))
     }
 }
 

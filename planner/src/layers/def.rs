@@ -38,7 +38,28 @@ impl LayerDef {
 
     /// The kind with every option at its default (required ones at their placeholder).
     pub fn with_defaults(&self) -> LayerKind {
-        (self.build)(&OptionValues::defaults(self))
+        self.build_with(&[])
+    }
+
+    /// The kind with the options `given` and every other at its default. Panics on an
+    /// option the layer does not have.
+    pub fn build_with(&self, given: &[(&str, OptValue)]) -> LayerKind {
+        for (name, _) in given {
+            assert!(
+                self.option(name).is_some(),
+                "`{}` has no option `{name}`",
+                self.name
+            );
+        }
+        let mut values = OptionValues::default();
+        for o in self.options {
+            let v = match given.iter().find(|(n, _)| *n == o.name) {
+                Some((_, v)) => v.clone(),
+                None => o.fallback(&values),
+            };
+            values.set(o.name, v);
+        }
+        (self.build)(&values)
     }
 }
 
@@ -80,11 +101,10 @@ pub struct OptionDef {
 }
 
 impl OptionDef {
-    /// An optional option, `name = default`.
-    pub const fn new(
+    const fn with(
         name: &'static str,
         ty: OptionType,
-        default: OptValue,
+        default: OptionDefault,
         doc: &'static str,
     ) -> Self {
         OptionDef {
@@ -92,9 +112,19 @@ impl OptionDef {
             aliases: &[],
             position: None,
             ty,
-            default: OptionDefault::Value(default),
+            default,
             doc,
         }
+    }
+
+    /// An optional option, `name = default`.
+    pub const fn new(
+        name: &'static str,
+        ty: OptionType,
+        default: OptValue,
+        doc: &'static str,
+    ) -> Self {
+        OptionDef::with(name, ty, OptionDefault::Value(default), doc)
     }
 
     /// A required option; `example` shows how to write it.
@@ -104,14 +134,17 @@ impl OptionDef {
         example: &'static str,
         doc: &'static str,
     ) -> Self {
-        OptionDef {
-            name,
-            aliases: &[],
-            position: None,
-            ty,
-            default: OptionDefault::Required { example },
-            doc,
-        }
+        OptionDef::with(name, ty, OptionDefault::Required { example }, doc)
+    }
+
+    /// An option whose default is the value of option `other` of the same layer.
+    pub const fn same_as(
+        name: &'static str,
+        ty: OptionType,
+        other: &'static str,
+        doc: &'static str,
+    ) -> Self {
+        OptionDef::with(name, ty, OptionDefault::SameAs(other), doc)
     }
 
     /// The same option, also accepted without a name at `position`.
@@ -124,23 +157,6 @@ impl OptionDef {
     pub const fn alias(mut self, aliases: &'static [&'static str]) -> Self {
         self.aliases = aliases;
         self
-    }
-
-    /// An option whose default is the value of option `other` of the same layer.
-    pub const fn same_as(
-        name: &'static str,
-        ty: OptionType,
-        other: &'static str,
-        doc: &'static str,
-    ) -> Self {
-        OptionDef {
-            name,
-            aliases: &[],
-            position: None,
-            ty,
-            default: OptionDefault::SameAs(other),
-            doc,
-        }
     }
 
     /// Its value when absent, or when what was written is wrong (an error is reported

@@ -1,7 +1,8 @@
 //! `depthwise_conv2d`: each input channel convolved on its own into `depth_multiplier`
 //! output channels, then the activation.
 use super::common::{
-    kernel_size, weighted, Weighted, ACTIVATION, BIAS, DEPTH_MULTIPLIER, PADDING, STRIDES,
+    square_conv,
+    depthwise_window, kernel_size, weighted, Weighted, ACTIVATION, BIAS, DEPTH_MULTIPLIER, PADDING, STRIDES,
     USE_BIAS, WEIGHT,
 };
 use super::prelude::*;
@@ -31,21 +32,14 @@ pub(super) static DEF: LayerDef = LayerDef {
 };
 
 impl LayerKind {
-    /// Square-kernel depthwise conv2d (multiplier 1).
+    /// Square-kernel depthwise conv2d (multiplier 1) with bias.
     pub fn depthwise_conv2d(
         kernel: usize,
         stride: usize,
         padding: Padding,
         activation: Activation,
     ) -> Self {
-        LayerKind::DepthwiseConv2d {
-            kernel: [kernel; 2],
-            strides: [stride; 2],
-            padding,
-            multiplier: 1,
-            activation,
-            use_bias: true,
-        }
+        DEF.build_with(&square_conv(None, kernel, stride, padding, activation))
     }
 }
 
@@ -61,18 +55,7 @@ pub(super) fn lower(cx: &mut LayerCx<'_, '_>, kind: &LayerKind) -> Result<Value,
     else {
         unreachable!("depthwise_conv2d lowers depthwise_conv2d layers")
     };
-    let (v, from) = cx.input(0);
-    let c = v.shape.last().copied().unwrap_or(0);
-    let d = cx.window(
-        &v,
-        from,
-        c.saturating_mul(multiplier),
-        kernel,
-        strides,
-        padding,
-        "kernel",
-    )?;
-    let x = cx.cast(&v)?;
+    let (d, x) = depthwise_window(cx, kernel, strides, padding, multiplier)?;
     Ok(weighted(
         cx,
         Weighted {

@@ -34,7 +34,8 @@ fn positional(def: &LayerDef) -> String {
         .join(", ")
 }
 
-/// The "options" cell: each option with its default (or "required") and its doc line.
+/// The "options" cell: each option with its default (or "required") and its doc line,
+/// one per line.
 fn options(def: &LayerDef) -> String {
     def.options
         .iter()
@@ -47,7 +48,7 @@ fn options(def: &LayerDef) -> String {
             format!("{head}: {}", o.doc)
         })
         .collect::<Vec<_>>()
-        .join("; ")
+        .join("<br>")
 }
 
 /// The "parameters" cell: each parameter with its initialiser.

@@ -12,7 +12,7 @@ pub(super) static DEF: LayerDef = LayerDef {
             "shape",
             OptionType::Shape,
             "shape = [784]",
-            "without the batch dimension; `[]` for one value per sample",
+            "without the batch dimension (`[]`: one value per sample)",
         )
         .at(0),
         OptionDef::new(

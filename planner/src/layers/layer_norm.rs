@@ -1,15 +1,13 @@
 //! `layer_norm`: layer normalisation over the last axis, with a learned scale and shift.
+use super::common::{BIAS, SCALE};
 use super::prelude::*;
 
 /// Keras's `LayerNormalization` default (PyTorch uses 1e-5; say `epsilon = 1e-5` for
 /// parity).
-pub const EPSILON: f32 = 1e-3;
+const EPSILON: f32 = 1e-3;
 
 /// Scale γ and shift β.
-const PARAMS: &[ParamDef] = &[
-    ParamDef::trainable("weight", Init::Ones),
-    ParamDef::trainable("bias", Init::Zeros),
-];
+const PARAMS: &[ParamDef] = &[SCALE, BIAS];
 
 pub(super) static DEF: LayerDef = LayerDef {
     name: "layer_norm",
@@ -31,7 +29,7 @@ pub(super) static DEF: LayerDef = LayerDef {
 impl LayerKind {
     /// Keras default epsilon 1e-3 (PyTorch uses 1e-5; say `epsilon = 1e-5` for parity).
     pub fn layer_norm() -> Self {
-        LayerKind::LayerNorm { epsilon: EPSILON }
+        DEF.with_defaults()
     }
 }
 

@@ -1,6 +1,6 @@
 //! `max_pool2d`: the maximum over each window, keeping the argmax (one byte) for the
 //! backward pass.
-use super::common::{pool, POOL_OPTIONS};
+use super::common::{pool, square_pool, POOL_OPTIONS};
 use super::prelude::*;
 
 pub(super) static DEF: LayerDef = LayerDef {
@@ -18,12 +18,9 @@ pub(super) static DEF: LayerDef = LayerDef {
 };
 
 impl LayerKind {
+    /// Square-window max_pool2d.
     pub fn max_pool2d(pool: usize, stride: usize, padding: Padding) -> Self {
-        LayerKind::MaxPool2d {
-            pool: [pool; 2],
-            strides: [stride; 2],
-            padding,
-        }
+        DEF.build_with(&square_pool(pool, stride, padding))
     }
 }
 

@@ -1,7 +1,8 @@
 //! `separable_conv2d`: a depthwise convolution (no bias) then a 1×1 pointwise one, then
 //! the activation.
 use super::common::{
-    kernel_size, weighted, Weighted, ACTIVATION, BIAS, DEPTH_MULTIPLIER, FILTERS, PADDING,
+    square_conv,
+    depthwise_window, kernel_size, weighted, Weighted, ACTIVATION, BIAS, DEPTH_MULTIPLIER, FILTERS, PADDING,
     STRIDES, USE_BIAS,
 };
 use super::prelude::*;
@@ -46,15 +47,7 @@ impl LayerKind {
         padding: Padding,
         activation: Activation,
     ) -> Self {
-        LayerKind::SeparableConv2d {
-            filters,
-            kernel: [kernel; 2],
-            strides: [stride; 2],
-            padding,
-            multiplier: 1,
-            activation,
-            use_bias: true,
-        }
+        DEF.build_with(&square_conv(Some(filters), kernel, stride, padding, activation))
     }
 }
 
@@ -71,18 +64,7 @@ pub(super) fn lower(cx: &mut LayerCx<'_, '_>, kind: &LayerKind) -> Result<Value,
     else {
         unreachable!("separable_conv2d lowers separable_conv2d layers")
     };
-    let (v, from) = cx.input(0);
-    let c = v.shape.last().copied().unwrap_or(0);
-    let d = cx.window(
-        &v,
-        from,
-        c.saturating_mul(multiplier),
-        kernel,
-        strides,
-        padding,
-        "kernel",
-    )?;
-    let x = cx.cast(&v)?;
+    let (d, x) = depthwise_window(cx, kernel, strides, padding, multiplier)?;
     let mid = vec![d.n, d.out_h(), d.out_w(), d.c_out];
     let t = cx.tensor("depthwise", mid, cx.dtype);
     let dw = cx.param(&DEPTHWISE_WEIGHT, vec![d.kh, d.kw, d.c_in, multiplier]);
