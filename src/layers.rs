@@ -1,6 +1,7 @@
-//! Layer handles: the field types of a `#[memwise::model]` struct. Each holds its layer's
-//! name in the plan and the ids and names of its parameters, so a model struct is an
-//! ordinary value (`MyNet::layers()`) that the runtime uses to find weights.
+//! Layer handles: the field types of a `#[memwise::model]` struct, one per layer of the
+//! planner's catalogue (`memwise::plan::layers`). Each holds its layer's name in the plan
+//! and the ids and names of its parameters, so a model struct is an ordinary value
+//! (`MyNet::layers()`) that the runtime uses to find weights.
 
 /// One parameter of a layer: its id in `StaticPlan::params` and its name (`hidden.weight`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -66,45 +67,6 @@ macro_rules! handles {
     )*};
 }
 
-handles! {
-    /// A model input (u8 pixels, i32 labels or ids, or floats).
-    Input = "input";
-    /// A fully connected layer.
-    Dense = "dense";
-    /// A 2-D convolution.
-    Conv2d = "conv2d";
-    /// A depthwise 2-D convolution.
-    DepthwiseConv2d = "depthwise_conv2d";
-    /// A depthwise-separable 2-D convolution.
-    SeparableConv2d = "separable_conv2d";
-    /// A transposed 2-D convolution.
-    Conv2dTranspose = "conv2d_transpose";
-    /// 2-D max pooling.
-    MaxPool2d = "max_pool2d";
-    /// 2-D average pooling.
-    AvgPool2d = "avg_pool2d";
-    /// Global average pooling over height and width.
-    GlobalAvgPool = "global_avg_pool";
-    /// Batch normalisation.
-    BatchNorm = "batch_norm";
-    /// Layer normalisation.
-    LayerNorm = "layer_norm";
-    /// Dropout.
-    Dropout = "dropout";
-    /// A flattening view.
-    Flatten = "flatten";
-    /// A reshaping view.
-    Reshape = "reshape";
-    /// An element-wise sum of fields.
-    Add = "add";
-    /// A concatenation of fields along the last axis.
-    Concat = "concat";
-    /// A token-id embedding table.
-    Embedding = "embedding";
-    /// Multi-head self-attention.
-    Attention = "attention";
-    /// A standalone activation.
-    Activation = "activation";
-    /// The VAE's reparameterised sample.
-    SampleNormal = "sample_normal";
-}
+// One handle type per layer of the planner's catalogue (`memwise::plan::layers`), with its
+// doc line from there.
+memwise_macros::__layer_handles!(handles);

@@ -125,32 +125,9 @@ pub use memwise_macros::__model_continue;
 /// (`relu`, `same`), or lists (`[3, 3]`); `kernel_size`, `strides` and `pool_size` take one
 /// number or two.
 ///
-/// | attribute | type | positional | options (default) |
-/// |---|---|---|---|
-/// | `input` | [`Input`](layers::Input) | `shape` | `shape` (required; without batch, `[]` for a scalar), `dtype = f32` (`u8`, `i32`, `f16`, `bf16`), `scale = 1.0` |
-/// | `dense` | [`Dense`](layers::Dense) | `units` | `activation = linear`, `use_bias = true` |
-/// | `conv2d` | [`Conv2d`](layers::Conv2d) | `filters`, `kernel_size` | `strides = 1`, `padding = valid`, `activation = linear`, `use_bias = true` |
-/// | `conv2d_transpose` | [`Conv2dTranspose`](layers::Conv2dTranspose) | `filters`, `kernel_size` | as `conv2d` |
-/// | `separable_conv2d` | [`SeparableConv2d`](layers::SeparableConv2d) | `filters`, `kernel_size` | as `conv2d`, `depth_multiplier = 1` |
-/// | `depthwise_conv2d` | [`DepthwiseConv2d`](layers::DepthwiseConv2d) | `kernel_size` | `strides`, `padding`, `depth_multiplier = 1`, `activation`, `use_bias` |
-/// | `max_pool2d`, `avg_pool2d` | [`MaxPool2d`](layers::MaxPool2d), [`AvgPool2d`](layers::AvgPool2d) | `pool_size` | `pool_size = 2`, `strides = pool_size`, `padding = valid` |
-/// | `global_avg_pool` | [`GlobalAvgPool`](layers::GlobalAvgPool) | | |
-/// | `batch_norm` | [`BatchNorm`](layers::BatchNorm) | | `momentum = 0.99`, `epsilon = 1e-3` |
-/// | `layer_norm` | [`LayerNorm`](layers::LayerNorm) | | `epsilon = 1e-3` |
-/// | `dropout` | [`Dropout`](layers::Dropout) | `rate` | |
-/// | `flatten` | [`Flatten`](layers::Flatten) | | |
-/// | `reshape` | [`Reshape`](layers::Reshape) | `target_shape` | |
-/// | `activation` | [`Activation`](layers::Activation) | `activation` | |
-/// | `embedding` | [`Embedding`](layers::Embedding) | `input_dim`, `output_dim` | |
-/// | `attention` | [`Attention`](layers::Attention) | `num_heads` | `causal = false`, `dropout = 0.0` |
-/// | `add` | [`Add`](layers::Add) | the fields to sum | `activation = linear` |
-/// | `concat` | [`Concat`](layers::Concat) | the fields to join | `axis = -1` (the only one) |
-/// | `sample_normal` | [`SampleNormal`](layers::SampleNormal) | `mean`, `log_var` | |
-///
-/// Activations: `linear`, `relu`, `sigmoid`, `tanh`, `gelu`, `silu`, `softmax`. Aliases:
-/// `kernel` for `kernel_size`, `pool` for `pool_size`, `stride` for `strides`,
-/// `multiplier` for `depth_multiplier`, `shape` for `target_shape`, `vocab`/`dim` for
-/// `input_dim`/`output_dim`, `heads` for `num_heads`, `use_causal_mask` for `causal`.
+// The table, the activations and the aliases are written from the planner's layer
+// catalogue (`memwise::plan::layers`), so they list every layer with its real defaults.
+#[doc = memwise_macros::__layer_docs!()]
 ///
 /// ```
 /// use memwise::prelude::*;

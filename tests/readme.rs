@@ -99,3 +99,22 @@ fn the_readme_quotes_what_checkpoint_auto_chose() {
         .collect();
     assert_eq!(quoted.join(" "), AutoNet::AUTO_CHECKPOINT);
 }
+
+#[test]
+fn the_readme_lists_every_layer_of_the_catalogue() {
+    let start = README.find("\nLayers: ").expect("a list of layers") + "\nLayers: ".len();
+    let end = start + README[start..].find("; modifiers").expect("the list's end");
+    let listed: Vec<String> = README[start..end]
+        .split(',')
+        .map(|w| w.trim().trim_matches('`').to_string())
+        .collect();
+    let catalogue: Vec<String> = memwise::plan::layers::CATALOGUE
+        .iter()
+        .filter(|d| d.inputs != memwise::plan::layers::Inputs::None)
+        .map(|d| d.name.to_string())
+        .collect();
+    assert_eq!(
+        listed, catalogue,
+        "README.md's \"Layers:\" list is not the layer catalogue's (planner/src/layers/)"
+    );
+}

@@ -1,12 +1,13 @@
 //! The struct's fields: which layer or block each one is, its modifiers (`#[checkpoint]`,
 //! `#[fp16]` …), its repeat count (`[Dense; 3]`), and the check that its type fits.
+use memwise_plan::layers::CATALOGUE;
 use memwise_plan::DType;
 use proc_macro2::TokenStream;
 use quote::ToTokens;
 use syn::{Expr, Fields, ItemStruct, Lit, Meta, Type};
 
 use crate::diag::{closest, Errors};
-use crate::layer::{self, attribute_names, LAYERS};
+use crate::layer::{self, attribute_names};
 use crate::value::{eval, split_args, Env, Val, V};
 
 #[derive(Clone)]
@@ -210,7 +211,7 @@ fn read_field(field: &mut syn::Field, in_block: bool, e: &mut Errors) -> Option<
             }
         }
     }
-    let Some((kind, anchor, attr_name)) = kind else {
+    let Some((kind, anchor, _)) = kind else {
         if broken {
             // Already reported (an attribute we could not read).
         } else if let Some(first) = foreign.first() {
@@ -244,9 +245,16 @@ fn read_field(field: &mut syn::Field, in_block: bool, e: &mut Errors) -> Option<
         ty: field.ty.clone(),
     };
 
-    // Field-level rules that need the whole picture.
+    check_field(&decl, &ident, in_block, e);
+    Some(decl)
+}
+
+/// The field-level rules that need the whole field: its type fits its layer, and what an
+/// input (or a field named `input` in a block) may not be.
+fn check_field(decl: &FieldDecl, ident: &syn::Ident, in_block: bool, e: &mut Errors) {
+    let name = &decl.name;
     if let FieldKind::Layer { attr, .. } = &decl.kind {
-        check_type(&decl, attr, e);
+        check_type(decl, attr, e);
     }
     if decl.is_input() {
         if in_block {
@@ -273,12 +281,10 @@ fn read_field(field: &mut syn::Field, in_block: bool, e: &mut Errors) -> Option<
     }
     if in_block && name == "input" {
         e.at(
-            &ident,
+            ident,
             "`input` names the block's input; call this field something else",
         );
     }
-    let _ = attr_name;
-    Some(decl)
 }
 
 fn modifier_name(d: DType) -> &'static str {
@@ -290,9 +296,9 @@ fn modifier_name(d: DType) -> &'static str {
 }
 
 fn layer_list() -> String {
-    LAYERS
+    CATALOGUE
         .iter()
-        .map(|l| format!("`{}`", l.attr))
+        .map(|l| format!("`{}`", l.name))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -403,12 +409,12 @@ fn block_kind(ty: &Type, args: TokenStream, e: &mut Errors) -> Option<FieldKind>
         .last()
         .map(|s| s.ident.to_string())
         .unwrap_or_default();
-    if let Some(l) = LAYERS.iter().find(|l| l.handle == last) {
+    if let Some(l) = CATALOGUE.iter().find(|l| l.handle == last) {
         e.at(
             ty,
             format!(
                 "`{last}` is a layer, not a block: use `#[{}(…)]` on this field",
-                l.attr
+                l.name
             ),
         );
         return None;

@@ -1,60 +1,34 @@
-//! The layer attributes: their names, their handle types, and their options with Keras's
-//! names and defaults, read into a planner `LayerKind`.
+//! The layer attributes, read into a planner `LayerKind` through the planner's layer
+//! catalogue (`memwise_plan::layers`): the attribute names, handle types, options with
+//! their aliases, positions and defaults, and what each layer reads all come from there,
+//! so this file names no layer. It also writes the facade's handle types and docs table
+//! from the catalogue.
+use memwise_plan::layers::{
+    self, aliases_doc, layer_table, Inputs, LayerDef, OptValue, OptionDef, OptionDefault,
+    OptionType, OptionValues, CATALOGUE,
+};
 use memwise_plan::{Activation, DType, LayerKind, Padding};
-use proc_macro2::TokenStream;
+use proc_macro2::{Literal, TokenStream};
+use quote::{format_ident, quote};
 
 use crate::diag::Errors;
 use crate::value::{
     boolean, float, pair, positive, refs, shape, word, Arg, Env, FieldRef, Opts, Val, V,
 };
 
-/// A layer attribute and the field type (in `memwise::layers`) that goes with it.
-pub struct LayerInfo {
-    pub attr: &'static str,
-    pub handle: &'static str,
-}
-
-macro_rules! layers {
-    ($($attr:literal => $handle:literal),* $(,)?) => {
-        pub const LAYERS: &[LayerInfo] = &[$(LayerInfo { attr: $attr, handle: $handle }),*];
-    };
-}
-
-layers! {
-    "input" => "Input",
-    "dense" => "Dense",
-    "conv2d" => "Conv2d",
-    "depthwise_conv2d" => "DepthwiseConv2d",
-    "separable_conv2d" => "SeparableConv2d",
-    "conv2d_transpose" => "Conv2dTranspose",
-    "max_pool2d" => "MaxPool2d",
-    "avg_pool2d" => "AvgPool2d",
-    "global_avg_pool" => "GlobalAvgPool",
-    "batch_norm" => "BatchNorm",
-    "layer_norm" => "LayerNorm",
-    "dropout" => "Dropout",
-    "flatten" => "Flatten",
-    "reshape" => "Reshape",
-    "add" => "Add",
-    "concat" => "Concat",
-    "embedding" => "Embedding",
-    "attention" => "Attention",
-    "activation" => "Activation",
-    "sample_normal" => "SampleNormal",
-}
-
 /// Field attributes that are not layers.
 pub const MODIFIERS: &[&str] = &["checkpoint", "fp16", "bf16", "f32", "block"];
 
-pub fn info(attr: &str) -> Option<&'static LayerInfo> {
-    LAYERS.iter().find(|l| l.attr == attr)
+/// The catalogue entry of layer attribute `attr`.
+pub fn info(attr: &str) -> Option<&'static LayerDef> {
+    layers::find(attr)
 }
 
 /// Every attribute name a field may carry (for "did you mean").
 pub fn attribute_names() -> impl Iterator<Item = &'static str> {
-    LAYERS
+    CATALOGUE
         .iter()
-        .map(|l| l.attr)
+        .map(|l| l.name)
         .chain(MODIFIERS.iter().copied())
 }
 
@@ -64,31 +38,22 @@ pub struct LayerDecl {
     pub inputs: Vec<FieldRef>,
 }
 
-const ACTIVATIONS: [&str; 7] = {
-    let mut names = [""; 7];
-    let mut i = 0;
-    while i < 7 {
-        names[i] = Activation::ALL[i].name();
-        i += 1;
-    }
-    names
-};
-const PADDINGS: [&str; 2] = ["valid", "same"];
 const DTYPES: [&str; 10] = [
     "f32", "f16", "bf16", "u8", "i32", "float32", "float16", "bfloat16", "uint8", "int32",
 ];
 
 fn activation(v: &Val, what: &str) -> syn::Result<Activation> {
-    word(v, what, &ACTIVATIONS).map(|w| Activation::parse(w).expect("listed"))
+    let names = Activation::ALL.map(Activation::name);
+    word(v, what, &names).map(|w| Activation::parse(w).expect("listed"))
 }
 
 fn padding(v: &Val, what: &str) -> syn::Result<Padding> {
-    word(v, what, &PADDINGS).map(|w| {
-        if w == "same" {
-            Padding::Same
-        } else {
-            Padding::Valid
-        }
+    let names = Padding::ALL.map(Padding::name);
+    word(v, what, &names).map(|w| {
+        Padding::ALL
+            .into_iter()
+            .find(|p| p.name() == w)
+            .expect("listed")
     })
 }
 
@@ -115,12 +80,52 @@ fn rate(v: &Val, what: &str) -> syn::Result<f32> {
     Ok(r)
 }
 
-fn use_bias(o: &mut Opts, e: &mut Errors) -> bool {
-    o.read("use_bias", &[], None, true, e, boolean)
+/// Reads `v` as an option of type `ty` of layer `attr`.
+fn value(attr: &str, ty: OptionType, v: &Val, what: &str) -> syn::Result<OptValue> {
+    Ok(match ty {
+        OptionType::Positive => OptValue::Usize(positive(v, what)?),
+        OptionType::Pair => OptValue::Pair(pair(v, what)?),
+        OptionType::Float => OptValue::Float(float(v, what)?),
+        OptionType::Rate => OptValue::Float(rate(v, what)?),
+        OptionType::Bool => OptValue::Bool(boolean(v, what)?),
+        OptionType::Shape => OptValue::Shape(shape(v, what)?),
+        OptionType::Activation => OptValue::Activation(activation(v, what)?),
+        OptionType::Padding => OptValue::Padding(padding(v, what)?),
+        OptionType::DType => OptValue::DType(dtype(v, what)?),
+        OptionType::LastAxis => {
+            if !matches!(v.v, V::Int(-1) | V::Unknown) {
+                return Err(v.err(format!(
+                    "`#[{attr}]` joins along the last axis only: drop `{what}` or write `{what} = -1`"
+                )));
+            }
+            OptValue::Int(-1)
+        }
+    })
 }
 
-fn act(o: &mut Opts, e: &mut Errors) -> Activation {
-    o.read("activation", &[], None, Activation::Linear, e, activation)
+/// Reads one option as its catalogue entry declares it: by name, alias or position, its
+/// default when absent, an error when required and absent or when the value is wrong.
+fn option(
+    attr: &str,
+    def: &'static OptionDef,
+    values: &OptionValues,
+    o: &mut Opts,
+    e: &mut Errors,
+) -> OptValue {
+    let fallback = def.fallback(values);
+    let read = |v: &Val, what: &str| value(attr, def.ty, v, what);
+    match &def.default {
+        OptionDefault::Required { example } => o.require(
+            def.name,
+            def.aliases,
+            def.position,
+            fallback,
+            example,
+            e,
+            read,
+        ),
+        _ => o.read(def.name, def.aliases, def.position, fallback, e, read),
+    }
 }
 
 /// Reads one layer attribute. `anchor` is the whole attribute (for "missing option" errors).
@@ -131,41 +136,24 @@ pub fn lower_layer(
     env: &Env,
     e: &mut Errors,
 ) -> LayerDecl {
+    let def = info(attr).expect("lower_layer is called with known layer names only");
     let mut opts = Opts::new(format!("`#[{attr}]`"), anchor.clone(), args, env);
-    let decl = read_layer(attr, &anchor, &mut opts, env, e);
+    let decl = read_layer(def, &anchor, &mut opts, env, e);
     opts.finish(e);
     decl
 }
 
 fn read_layer(
-    attr: &str,
+    def: &'static LayerDef,
     anchor: &TokenStream,
     o: &mut Opts,
     env: &Env,
     e: &mut Errors,
 ) -> LayerDecl {
-    let kernel = |o: &mut Opts, pos, e: &mut Errors| {
-        o.require(
-            "kernel_size",
-            &["kernel"],
-            Some(pos),
-            [1, 1],
-            "kernel_size = 3",
-            e,
-            pair,
-        )
-    };
-    let strides =
-        |o: &mut Opts, e: &mut Errors| o.read("strides", &["stride"], None, [1, 1], e, pair);
-    let pad =
-        |o: &mut Opts, e: &mut Errors| o.read("padding", &[], None, Padding::Valid, e, padding);
-    let multiplier = |o: &mut Opts, e: &mut Errors| {
-        o.read("depth_multiplier", &["multiplier"], None, 1, e, positive)
-    };
-
+    let attr = def.name;
     // Layers that combine fields take them as arguments; the others may name one with `from`.
     let mut inputs = Vec::new();
-    let combine = matches!(attr, "add" | "concat" | "sample_normal");
+    let combine = matches!(def.inputs, Inputs::Fields { .. });
     let positional = if combine {
         o.rest_positional(0, "fields")
     } else {
@@ -177,182 +165,14 @@ fn read_layer(
         }
     }
 
-    let kind = match attr {
-        "input" => {
-            let shape = o.require("shape", &[], Some(0), vec![1], "shape = [784]", e, shape);
-            let dtype = o.read("dtype", &[], None, DType::F32, e, dtype);
-            let scale = o.read("scale", &[], None, 1.0, e, float);
-            LayerKind::Input {
-                shape,
-                dtype,
-                scale,
-            }
-        }
-        "dense" => {
-            let units = o.require("units", &[], Some(0), 1, "#[dense(64)]", e, positive);
-            LayerKind::Dense {
-                units,
-                activation: act(o, e),
-                use_bias: use_bias(o, e),
-            }
-        }
-        "conv2d" | "conv2d_transpose" | "separable_conv2d" => {
-            let filters = o.require("filters", &[], Some(0), 1, "filters = 32", e, positive);
-            let kernel = kernel(o, 1, e);
-            let (strides, padding) = (strides(o, e), pad(o, e));
-            let multiplier = if attr == "separable_conv2d" {
-                multiplier(o, e)
-            } else {
-                1
-            };
-            let (activation, use_bias) = (act(o, e), use_bias(o, e));
-            match attr {
-                "conv2d" => LayerKind::Conv2d {
-                    filters,
-                    kernel,
-                    strides,
-                    padding,
-                    activation,
-                    use_bias,
-                },
-                "conv2d_transpose" => LayerKind::Conv2dTranspose {
-                    filters,
-                    kernel,
-                    strides,
-                    padding,
-                    activation,
-                    use_bias,
-                },
-                _ => LayerKind::SeparableConv2d {
-                    filters,
-                    kernel,
-                    strides,
-                    padding,
-                    multiplier,
-                    activation,
-                    use_bias,
-                },
-            }
-        }
-        "depthwise_conv2d" => {
-            let kernel = kernel(o, 0, e);
-            let (strides, padding, multiplier) = (strides(o, e), pad(o, e), multiplier(o, e));
-            LayerKind::DepthwiseConv2d {
-                kernel,
-                strides,
-                padding,
-                multiplier,
-                activation: act(o, e),
-                use_bias: use_bias(o, e),
-            }
-        }
-        "max_pool2d" | "avg_pool2d" => {
-            let pool = o.read("pool_size", &["pool"], Some(0), [2, 2], e, pair);
-            // Keras: strides default to the pool size.
-            let strides = o.read("strides", &["stride"], None, pool, e, pair);
-            let padding = pad(o, e);
-            if attr == "max_pool2d" {
-                LayerKind::MaxPool2d {
-                    pool,
-                    strides,
-                    padding,
-                }
-            } else {
-                LayerKind::AvgPool2d {
-                    pool,
-                    strides,
-                    padding,
-                }
-            }
-        }
-        "global_avg_pool" => LayerKind::GlobalAvgPool,
-        "batch_norm" => {
-            let momentum = o.read("momentum", &[], None, 0.99, e, rate);
-            let epsilon = o.read("epsilon", &[], None, 1e-3, e, float);
-            LayerKind::BatchNorm { momentum, epsilon }
-        }
-        "layer_norm" => LayerKind::LayerNorm {
-            epsilon: o.read("epsilon", &[], None, 1e-3, e, float),
-        },
-        "dropout" => LayerKind::Dropout {
-            rate: o.require("rate", &[], Some(0), 0.0, "#[dropout(0.5)]", e, rate),
-        },
-        "flatten" => LayerKind::Flatten,
-        "reshape" => LayerKind::Reshape {
-            shape: o.require(
-                "target_shape",
-                &["shape"],
-                Some(0),
-                vec![1],
-                "#[reshape([7, 7, 64])]",
-                e,
-                shape,
-            ),
-        },
-        "add" => LayerKind::Add {
-            activation: act(o, e),
-        },
-        "concat" => {
-            if let Some(v) = o.get("axis", &[], None, e) {
-                if !matches!(v.v, V::Int(-1) | V::Unknown) {
-                    e.at(&v.tokens, "`#[concat]` joins along the last axis only: drop `axis` or write `axis = -1`");
-                }
-            }
-            LayerKind::Concat
-        }
-        "embedding" => {
-            let vocab = o.require(
-                "input_dim",
-                &["vocab"],
-                Some(0),
-                1,
-                "#[embedding(input_dim = 50257, output_dim = 768)]",
-                e,
-                positive,
-            );
-            let dim = o.require(
-                "output_dim",
-                &["dim"],
-                Some(1),
-                1,
-                "#[embedding(input_dim = 50257, output_dim = 768)]",
-                e,
-                positive,
-            );
-            LayerKind::Embedding { vocab, dim }
-        }
-        "attention" => {
-            let heads = o.require(
-                "num_heads",
-                &["heads"],
-                Some(0),
-                1,
-                "#[attention(num_heads = 12, causal = true)]",
-                e,
-                positive,
-            );
-            let causal = o.read("causal", &["use_causal_mask"], None, false, e, boolean);
-            let dropout = o.read("dropout", &[], None, 0.0, e, rate);
-            LayerKind::Attention {
-                heads,
-                causal,
-                dropout,
-            }
-        }
-        "activation" => LayerKind::Activation(o.require(
-            "activation",
-            &[],
-            Some(0),
-            Activation::Linear,
-            "#[activation(relu)]",
-            e,
-            activation,
-        )),
-        "sample_normal" => LayerKind::SampleNormal,
-        _ => unreachable!("lower_layer is called with known layer names only"),
-    };
+    let mut values = OptionValues::default();
+    for opt in def.options {
+        let v = option(attr, opt, &values, o, e);
+        values.set(opt.name, v);
+    }
+    let kind = (def.build)(&values);
 
-    if attr != "input" {
+    if def.inputs != Inputs::None {
         if let Some(v) = o.get("from", &[], None, e) {
             if !positional.is_empty() {
                 e.at(
@@ -373,18 +193,15 @@ fn read_layer(
         }
     }
 
-    let needed = match attr {
-        "add" | "concat" => Some((2, usize::MAX, "#[add(block1, stem)]")),
-        "sample_normal" => Some((2, 2, "#[sample_normal(z_mean, z_log_var)]")),
-        _ => None,
-    };
-    if let Some((min, max, example)) = needed {
-        if inputs.len() < min || inputs.len() > max {
-            let what = if attr == "sample_normal" {
-                "exactly two fields, `(mean, log_var)`"
-            } else {
-                "two or more fields"
-            };
+    if let Inputs::Fields {
+        min,
+        max,
+        what,
+        example,
+        ..
+    } = def.inputs
+    {
+        if inputs.len() < min || max.is_some_and(|m| inputs.len() > m) {
             e.at(
                 anchor,
                 format!(
@@ -395,4 +212,144 @@ fn read_layer(
         }
     }
     LayerDecl { kind, inputs }
+}
+
+/// `callback! { #[doc = "…"] Dense = "dense"; … }`, one line per catalogue entry: the
+/// facade's handle types (`memwise::layers`), declared by its `callback` macro.
+pub fn handle_types(callback: TokenStream) -> TokenStream {
+    let entries = CATALOGUE.iter().map(|d| {
+        let (ty, kind, doc) = (format_ident!("{}", d.handle), d.name, d.doc);
+        quote!(#[doc = #doc] #ty = #kind;)
+    });
+    quote!(#callback! { #(#entries)* })
+}
+
+/// The reference of the layer attributes, as a string literal for `#[doc = …]`: the
+/// table of every catalogue entry, then the activations and the aliases.
+pub fn docs_table() -> TokenStream {
+    let text = format!("{}\n{}", layer_table(), aliases_doc());
+    let lit = Literal::string(&text);
+    quote!(#lit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::value::split_args;
+
+    /// A value of `ty` as the DSL writes it, and as it is read.
+    fn sample(ty: OptionType) -> (&'static str, OptValue) {
+        match ty {
+            OptionType::Positive => ("3", OptValue::Usize(3)),
+            OptionType::Pair => ("[3, 5]", OptValue::Pair([3, 5])),
+            OptionType::Float => ("0.5", OptValue::Float(0.5)),
+            OptionType::Rate => ("0.25", OptValue::Float(0.25)),
+            OptionType::Bool => ("false", OptValue::Bool(false)),
+            OptionType::Shape => ("[4, 2]", OptValue::Shape(vec![4, 2])),
+            OptionType::Activation => ("tanh", OptValue::Activation(Activation::Tanh)),
+            OptionType::Padding => ("same", OptValue::Padding(Padding::Same)),
+            OptionType::DType => ("i32", OptValue::DType(DType::I32)),
+            OptionType::LastAxis => ("-1", OptValue::Int(-1)),
+        }
+    }
+
+    fn read(def: &LayerDef, args: &str) -> (LayerDecl, String) {
+        let mut e = Errors::default();
+        let tokens: TokenStream = args.parse().expect("tokens");
+        let args = split_args(tokens, &mut e);
+        let decl = lower_layer(def.name, quote!(#[x]), args, &Env::new(), &mut e);
+        (decl, e.to_compile_errors().to_string())
+    }
+
+    /// `#[attr(fields…, option = value, …)]` with every option spelt by `spell`, and the
+    /// kind it must read as.
+    fn every_option(def: &LayerDef, spell: impl Fn(&OptionDef) -> &str) -> (String, LayerKind) {
+        let mut args: Vec<String> = Vec::new();
+        if matches!(def.inputs, Inputs::Fields { .. }) {
+            args.extend(["a".to_string(), "b".to_string()]);
+        }
+        let mut values = OptionValues::defaults(def);
+        for o in def.options {
+            let (text, v) = sample(o.ty);
+            args.push(format!("{} = {text}", spell(o)));
+            values.set(o.name, v);
+        }
+        (args.join(", "), (def.build)(&values))
+    }
+
+    #[test]
+    fn every_catalogue_layer_reads_its_options_by_name_and_by_alias() {
+        for def in CATALOGUE {
+            let (args, want) = every_option(def, |o| o.name);
+            let (decl, errors) = read(def, &args);
+            assert_eq!(errors, "", "#[{}({args})]", def.name);
+            assert_eq!(decl.kind, want, "#[{}({args})]", def.name);
+            let fields = usize::from(matches!(def.inputs, Inputs::Fields { .. })) * 2;
+            assert_eq!(decl.inputs.len(), fields);
+
+            let (args, want) = every_option(def, |o| o.aliases.first().unwrap_or(&o.name));
+            let (decl, errors) = read(def, &args);
+            assert_eq!(errors, "", "#[{}({args})]", def.name);
+            assert_eq!(decl.kind, want, "#[{}({args})]", def.name);
+        }
+    }
+
+    #[test]
+    fn every_catalogue_layer_reads_its_positional_options_in_order() {
+        for def in CATALOGUE {
+            let mut positional: Vec<&OptionDef> = def
+                .options
+                .iter()
+                .filter(|o| o.position.is_some())
+                .collect();
+            positional.sort_by_key(|o| o.position);
+            let args: Vec<&str> = positional.iter().map(|o| sample(o.ty).0).collect();
+            let args = args.join(", ");
+            // The others at their defaults, which may follow the given ones (pool strides).
+            let mut values = OptionValues::default();
+            for o in def.options {
+                let v = match o.position {
+                    Some(_) => sample(o.ty).1,
+                    None => o.fallback(&values),
+                };
+                values.set(o.name, v);
+            }
+            let (decl, errors) = read(def, &args);
+            if matches!(def.inputs, Inputs::Fields { .. }) {
+                continue; // their positional arguments are fields
+            }
+            assert_eq!(errors, "", "#[{}({args})]", def.name);
+            assert_eq!(decl.kind, (def.build)(&values), "#[{}({args})]", def.name);
+        }
+    }
+
+    #[test]
+    fn a_missing_required_option_or_field_is_an_error_naming_it() {
+        for def in CATALOGUE {
+            let (decl, errors) = read(def, "");
+            for o in def.options {
+                let needs = format!("`#[{}]` needs `{}`", def.name, o.name);
+                let required = matches!(o.default, OptionDefault::Required { .. });
+                assert_eq!(errors.contains(&needs), required, "{errors}");
+            }
+            if let Inputs::Fields { what, .. } = def.inputs {
+                assert!(
+                    errors.contains(&format!("reads {what}, found 0")),
+                    "{errors}"
+                );
+            }
+            // The placeholders stand in, so the rest of the model can still be checked.
+            assert_eq!(decl.kind, def.with_defaults());
+        }
+    }
+
+    #[test]
+    fn the_handle_types_and_docs_come_from_every_entry() {
+        let handles = handle_types(quote!(handles)).to_string();
+        for def in CATALOGUE {
+            assert!(handles.contains(&format!("{} = \"{}\"", def.handle, def.name)));
+        }
+        let docs = docs_table().to_string();
+        assert_eq!(docs.matches("(layers::").count(), CATALOGUE.len());
+    }
 }

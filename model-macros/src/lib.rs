@@ -43,6 +43,22 @@ pub fn block(attr: TokenStream, item: TokenStream) -> TokenStream {
     expand_block(attr.into(), item.into()).into()
 }
 
+/// The facade's layer handle types, from the planner's layer catalogue:
+/// `__layer_handles!(callback)` expands to `callback! { #[doc = "…"] Dense = "dense"; … }`.
+#[doc(hidden)]
+#[proc_macro]
+pub fn __layer_handles(input: TokenStream) -> TokenStream {
+    layer::handle_types(input.into()).into()
+}
+
+/// The reference table of the layer attributes, from the layer catalogue, as a string
+/// literal (for `#[doc = …]`).
+#[doc(hidden)]
+#[proc_macro]
+pub fn __layer_docs(_: TokenStream) -> TokenStream {
+    layer::docs_table().into()
+}
+
 /// The model macro's continuation after a block's `macro_rules!` handed over its definition.
 /// Input: `{attr} {item} {("key" {def})*} "key" {def}`.
 #[doc(hidden)]

@@ -19,6 +19,7 @@ pub mod estimate;
 pub mod generate;
 pub mod graph;
 pub mod io;
+pub mod layers;
 pub mod liveness;
 pub mod op;
 pub mod plan;

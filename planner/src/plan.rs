@@ -7,10 +7,7 @@ use std::fmt::Write as _;
 
 use crate::dtype::{DType, Precision};
 use crate::op::{Op, Window2d};
-use crate::spec::{
-    Activation, LayerKind, LayerSpec, LossKind, LossTerm, Metric, ModelSpec, Optimizer, Padding,
-    Reduction,
-};
+use crate::spec::{LayerSpec, LossKind, LossTerm, Metric, ModelSpec, Optimizer, Padding, Reduction};
 
 /// A string that is `&'static str` in a const plan and `String` in a run-time one.
 pub type Text = Cow<'static, str>;
@@ -391,11 +388,15 @@ pub struct RustWriter<'a> {
     krate: &'a str,
 }
 
-impl RustWriter<'_> {
-    fn s(&mut self, s: &str) {
+impl<'a> RustWriter<'a> {
+    /// A writer appending to `out`, with paths under `krate`.
+    pub fn new(out: &'a mut String, krate: &'a str) -> Self {
+        RustWriter { out, krate }
+    }
+    pub fn s(&mut self, s: &str) {
         self.out.push_str(s);
     }
-    fn path(&mut self, p: &str) {
+    pub fn path(&mut self, p: &str) {
         let _ = write!(self.out, "{}::{}", self.krate, p);
     }
 }
@@ -520,11 +521,6 @@ unit_enum_to_rust!(
     [Activation, ActivationGrad, Workspace, Input, Recomputed]
 );
 unit_enum_to_rust!(Phase, "Phase", [Forward, Recompute, Loss, Backward, Update]);
-unit_enum_to_rust!(
-    Activation,
-    "Activation",
-    [Linear, Relu, Sigmoid, Tanh, Gelu, Silu, Softmax]
-);
 unit_enum_to_rust!(Padding, "Padding", [Same, Valid]);
 unit_enum_to_rust!(Reduction, "Reduction", [Mean, SumOverFeatures]);
 
@@ -738,30 +734,7 @@ unit_enum_to_rust!(
     [Accuracy, BinaryAccuracy, MeanSquaredError]
 );
 
-enum_to_rust! {
-    LayerKind, "LayerKind", [
-        Input { shape, dtype, scale },
-        Dense { units, activation, use_bias },
-        Conv2d { filters, kernel, strides, padding, activation, use_bias },
-        DepthwiseConv2d { kernel, strides, padding, multiplier, activation, use_bias },
-        SeparableConv2d { filters, kernel, strides, padding, multiplier, activation, use_bias },
-        Conv2dTranspose { filters, kernel, strides, padding, activation, use_bias },
-        MaxPool2d { pool, strides, padding },
-        AvgPool2d { pool, strides, padding },
-        GlobalAvgPool,
-        BatchNorm { momentum, epsilon },
-        LayerNorm { epsilon },
-        Dropout { rate },
-        Flatten,
-        Reshape { shape },
-        Add { activation },
-        Concat,
-        Embedding { vocab, dim },
-        Attention { heads, causal, dropout },
-        Activation(activation),
-        SampleNormal,
-    ]
-}
+// `LayerKind`'s writer is generated with the layer catalogue (`crate::layers`).
 
 struct_to_rust!(LossTerm, "LossTerm", [kind, inputs, weight, reduction]);
 struct_to_rust!(
@@ -785,7 +758,7 @@ impl ModelSpec {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::{Activation, LayerKind};
 
     #[test]
     fn a_spec_is_written_as_owned_rust() {
@@ -800,7 +773,7 @@ mod tests {
         );
         for part in [
             "optimizer: ::m::Optimizer::Adam{lr: 0.001f32,",
-            "kind: ::m::LayerKind::Activation(::m::Activation::Gelu,)",
+            "kind: ::m::LayerKind::Activation(::m::Activation::Gelu)",
             "kernel: [3usize,3usize]",
             "inputs: ::std::vec![::std::string::String::from(\"z_mean\"),",
             "kind: ::m::LossKind::KlNormal,",

@@ -4,52 +4,74 @@
 
 use crate::dtype::{DType, Precision};
 
-/// Activation applied after a layer (Keras's `activation=`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Activation {
-    Linear,
-    Relu,
-    Sigmoid,
-    Tanh,
-    Gelu,
-    Silu,
-    Softmax,
+/// Declares the activations: the enum, [`Activation::ALL`], each one's DSL name and what
+/// its backward pass reads. A new activation is one line here (and its kernels).
+macro_rules! activations {
+    ($($(#[$doc:meta])* $v:ident = $name:literal, backward reads $reads:ident;)*) => {
+        /// Activation applied after a layer (Keras's `activation=`).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Activation {
+            $($(#[$doc])* $v,)*
+        }
+
+        impl Activation {
+            /// Every activation, in declaration order (the order the DSL lists them).
+            pub const ALL: [Activation; [$(Activation::$v),*].len()] = [$(Activation::$v),*];
+
+            /// The DSL name (`relu`).
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Activation::$v => $name,)*
+                }
+            }
+
+            /// True when the backward pass needs the activation's output (relu, sigmoid,
+            /// tanh, softmax); false when it needs the input (gelu, silu) or nothing.
+            pub const fn backward_reads_output(self) -> bool {
+                match self {
+                    $(Activation::$v => matches!(Reads::$reads, Reads::Output),)*
+                }
+            }
+
+            /// The variant's name in Rust source (`Relu`).
+            pub const fn variant(self) -> &'static str {
+                match self {
+                    $(Activation::$v => stringify!($v),)*
+                }
+            }
+        }
+    };
+}
+
+/// What an activation's backward pass reads.
+enum Reads {
+    Nothing,
+    Input,
+    Output,
+}
+
+activations! {
+    /// The identity: no op.
+    Linear = "linear", backward reads Nothing;
+    Relu = "relu", backward reads Output;
+    Sigmoid = "sigmoid", backward reads Output;
+    Tanh = "tanh", backward reads Output;
+    Gelu = "gelu", backward reads Input;
+    Silu = "silu", backward reads Input;
+    /// Over the last axis.
+    Softmax = "softmax", backward reads Output;
 }
 
 impl Activation {
-    pub const ALL: [Activation; 7] = [
-        Activation::Linear,
-        Activation::Relu,
-        Activation::Sigmoid,
-        Activation::Tanh,
-        Activation::Gelu,
-        Activation::Silu,
-        Activation::Softmax,
-    ];
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            Activation::Linear => "linear",
-            Activation::Relu => "relu",
-            Activation::Sigmoid => "sigmoid",
-            Activation::Tanh => "tanh",
-            Activation::Gelu => "gelu",
-            Activation::Silu => "silu",
-            Activation::Softmax => "softmax",
-        }
-    }
-
     pub fn parse(s: &str) -> Option<Activation> {
         Activation::ALL.into_iter().find(|a| a.name() == s)
     }
+}
 
-    /// True when the backward pass needs the activation's output (relu, sigmoid, tanh,
-    /// softmax); false when it needs the input (gelu, silu).
-    pub const fn backward_reads_output(self) -> bool {
-        matches!(
-            self,
-            Activation::Relu | Activation::Sigmoid | Activation::Tanh | Activation::Softmax
-        )
+impl crate::plan::ToRust for Activation {
+    fn write_rust(&self, w: &mut crate::plan::RustWriter<'_>) {
+        w.path("Activation::");
+        w.s(self.variant());
     }
 }
 
@@ -63,6 +85,9 @@ pub enum Padding {
 }
 
 impl Padding {
+    /// Both paddings, in the order the DSL lists them.
+    pub const ALL: [Padding; 2] = [Padding::Valid, Padding::Same];
+
     pub const fn name(self) -> &'static str {
         match self {
             Padding::Same => "same",
@@ -71,249 +96,7 @@ impl Padding {
     }
 }
 
-/// One layer's kind and options. Shapes exclude the batch dimension.
-#[derive(Clone, Debug, PartialEq)]
-pub enum LayerKind {
-    /// A model input. `dtype` is how it is stored (u8 pixels, i32 labels/ids, or a float);
-    /// u8 inputs are scaled by `scale` into the compute dtype inside the step.
-    Input {
-        shape: Vec<usize>,
-        dtype: DType,
-        scale: f32,
-    },
-    Dense {
-        units: usize,
-        activation: Activation,
-        use_bias: bool,
-    },
-    Conv2d {
-        filters: usize,
-        kernel: [usize; 2],
-        strides: [usize; 2],
-        padding: Padding,
-        activation: Activation,
-        use_bias: bool,
-    },
-    DepthwiseConv2d {
-        kernel: [usize; 2],
-        strides: [usize; 2],
-        padding: Padding,
-        multiplier: usize,
-        activation: Activation,
-        use_bias: bool,
-    },
-    SeparableConv2d {
-        filters: usize,
-        kernel: [usize; 2],
-        strides: [usize; 2],
-        padding: Padding,
-        multiplier: usize,
-        activation: Activation,
-        use_bias: bool,
-    },
-    Conv2dTranspose {
-        filters: usize,
-        kernel: [usize; 2],
-        strides: [usize; 2],
-        padding: Padding,
-        activation: Activation,
-        use_bias: bool,
-    },
-    MaxPool2d {
-        pool: [usize; 2],
-        strides: [usize; 2],
-        padding: Padding,
-    },
-    AvgPool2d {
-        pool: [usize; 2],
-        strides: [usize; 2],
-        padding: Padding,
-    },
-    GlobalAvgPool,
-    /// Batch normalisation in training mode over the last axis (Keras defaults 0.99, 1e-3).
-    BatchNorm {
-        momentum: f32,
-        epsilon: f32,
-    },
-    LayerNorm {
-        epsilon: f32,
-    },
-    Dropout {
-        rate: f32,
-    },
-    /// A view: no op, no new bytes.
-    Flatten,
-    /// A view to `shape` (without batch): no op, no new bytes.
-    Reshape {
-        shape: Vec<usize>,
-    },
-    /// Element-wise sum of two or more inputs of the same shape, then `activation`.
-    Add {
-        activation: Activation,
-    },
-    /// Concatenation along the last axis.
-    Concat,
-    /// Token ids (i32) → vectors.
-    Embedding {
-        vocab: usize,
-        dim: usize,
-    },
-    /// Multi-head self-attention over `[seq, hidden]`: fused QKV projection, scaled
-    /// dot-product attention (optionally causal, with dropout on the probabilities) and an
-    /// output projection.
-    Attention {
-        heads: usize,
-        causal: bool,
-        dropout: f32,
-    },
-    Activation(Activation),
-    /// The VAE's reparameterisation: inputs `(mean, log_var)`, output `mean + exp(log_var/2)·ε`.
-    SampleNormal,
-}
-
-impl LayerKind {
-    /// The attribute name the DSL uses for this layer.
-    pub fn name(&self) -> &'static str {
-        match self {
-            LayerKind::Input { .. } => "input",
-            LayerKind::Dense { .. } => "dense",
-            LayerKind::Conv2d { .. } => "conv2d",
-            LayerKind::DepthwiseConv2d { .. } => "depthwise_conv2d",
-            LayerKind::SeparableConv2d { .. } => "separable_conv2d",
-            LayerKind::Conv2dTranspose { .. } => "conv2d_transpose",
-            LayerKind::MaxPool2d { .. } => "max_pool2d",
-            LayerKind::AvgPool2d { .. } => "avg_pool2d",
-            LayerKind::GlobalAvgPool => "global_avg_pool",
-            LayerKind::BatchNorm { .. } => "batch_norm",
-            LayerKind::LayerNorm { .. } => "layer_norm",
-            LayerKind::Dropout { .. } => "dropout",
-            LayerKind::Flatten => "flatten",
-            LayerKind::Reshape { .. } => "reshape",
-            LayerKind::Add { .. } => "add",
-            LayerKind::Concat => "concat",
-            LayerKind::Embedding { .. } => "embedding",
-            LayerKind::Attention { .. } => "attention",
-            LayerKind::Activation(_) => "activation",
-            LayerKind::SampleNormal => "sample_normal",
-        }
-    }
-
-    /// Dense layer with bias.
-    pub fn dense(units: usize, activation: Activation) -> Self {
-        LayerKind::Dense {
-            units,
-            activation,
-            use_bias: true,
-        }
-    }
-
-    /// Square-kernel conv2d with bias.
-    pub fn conv2d(
-        filters: usize,
-        kernel: usize,
-        stride: usize,
-        padding: Padding,
-        activation: Activation,
-    ) -> Self {
-        LayerKind::Conv2d {
-            filters,
-            kernel: [kernel; 2],
-            strides: [stride; 2],
-            padding,
-            activation,
-            use_bias: true,
-        }
-    }
-
-    /// Square-kernel separable conv2d (depth multiplier 1) with bias.
-    pub fn separable_conv2d(
-        filters: usize,
-        kernel: usize,
-        stride: usize,
-        padding: Padding,
-        activation: Activation,
-    ) -> Self {
-        LayerKind::SeparableConv2d {
-            filters,
-            kernel: [kernel; 2],
-            strides: [stride; 2],
-            padding,
-            multiplier: 1,
-            activation,
-            use_bias: true,
-        }
-    }
-
-    /// Square-kernel depthwise conv2d (multiplier 1).
-    pub fn depthwise_conv2d(
-        kernel: usize,
-        stride: usize,
-        padding: Padding,
-        activation: Activation,
-    ) -> Self {
-        LayerKind::DepthwiseConv2d {
-            kernel: [kernel; 2],
-            strides: [stride; 2],
-            padding,
-            multiplier: 1,
-            activation,
-            use_bias: true,
-        }
-    }
-
-    /// Square-kernel transposed conv2d with bias.
-    pub fn conv2d_transpose(
-        filters: usize,
-        kernel: usize,
-        stride: usize,
-        padding: Padding,
-        activation: Activation,
-    ) -> Self {
-        LayerKind::Conv2dTranspose {
-            filters,
-            kernel: [kernel; 2],
-            strides: [stride; 2],
-            padding,
-            activation,
-            use_bias: true,
-        }
-    }
-
-    pub fn max_pool2d(pool: usize, stride: usize, padding: Padding) -> Self {
-        LayerKind::MaxPool2d {
-            pool: [pool; 2],
-            strides: [stride; 2],
-            padding,
-        }
-    }
-
-    pub fn avg_pool2d(pool: usize, stride: usize, padding: Padding) -> Self {
-        LayerKind::AvgPool2d {
-            pool: [pool; 2],
-            strides: [stride; 2],
-            padding,
-        }
-    }
-
-    /// Keras defaults: momentum 0.99, epsilon 1e-3.
-    pub fn batch_norm() -> Self {
-        LayerKind::BatchNorm {
-            momentum: 0.99,
-            epsilon: 1e-3,
-        }
-    }
-
-    /// Keras default epsilon 1e-3 (PyTorch uses 1e-5; say `epsilon = 1e-5` for parity).
-    pub fn layer_norm() -> Self {
-        LayerKind::LayerNorm { epsilon: 1e-3 }
-    }
-
-    pub fn add() -> Self {
-        LayerKind::Add {
-            activation: Activation::Linear,
-        }
-    }
-}
+pub use crate::layers::LayerKind;
 
 /// The optimizer and its hyper-parameters (Keras names and defaults).
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -1,0 +1,115 @@
+//! `attention`: multi-head self-attention over `[seq, hidden]` — a fused QKV projection,
+//! scaled dot-product attention (optionally causal, with dropout on the probabilities),
+//! and an output projection.
+use super::prelude::*;
+
+const QKV_WEIGHT: ParamDef = ParamDef::trainable("qkv.weight", Init::GlorotUniform).gemm();
+const QKV_BIAS: ParamDef = ParamDef::trainable("qkv.bias", Init::Zeros);
+const OUT_WEIGHT: ParamDef = ParamDef::trainable("out.weight", Init::GlorotUniform).gemm();
+const OUT_BIAS: ParamDef = ParamDef::trainable("out.bias", Init::Zeros);
+
+pub(super) static DEF: LayerDef = LayerDef {
+    name: "attention",
+    handle: "Attention",
+    doc: "Multi-head self-attention.",
+    inputs: Inputs::One,
+    options: &[
+        OptionDef::required(
+            "num_heads",
+            OptionType::Positive,
+            "#[attention(num_heads = 12, causal = true)]",
+            "attention heads, a divisor of the hidden size",
+        )
+        .alias(&["heads"])
+        .at(0),
+        OptionDef::new(
+            "causal",
+            OptionType::Bool,
+            OptValue::Bool(false),
+            "each position attends only to itself and earlier ones",
+        )
+        .alias(&["use_causal_mask"]),
+        OptionDef::new(
+            "dropout",
+            OptionType::Rate,
+            OptValue::Float(0.0),
+            "dropout on the attention probabilities",
+        ),
+    ],
+    params: &[QKV_WEIGHT, QKV_BIAS, OUT_WEIGHT, OUT_BIAS],
+    build: |o| LayerKind::Attention {
+        heads: o.positive("num_heads"),
+        causal: o.boolean("causal"),
+        dropout: o.float("dropout"),
+    },
+};
+
+pub(super) fn lower(cx: &mut LayerCx<'_, '_>, kind: &LayerKind) -> Result<Value, PlanError> {
+    let LayerKind::Attention {
+        heads,
+        causal,
+        dropout,
+    } = *kind
+    else {
+        unreachable!("attention lowers attention layers")
+    };
+    let (v, from) = cx.input(0);
+    if v.shape.len() != 3 {
+        return Err(cx
+            .err(format!(
+                "`attention` expects a [sequence, hidden] input, but `{from}` gives {}",
+                user_shape(&v.shape)
+            ))
+            .related(&[from]));
+    }
+    let (b, s, h) = (v.shape[0], v.shape[1], v.shape[2]);
+    if heads == 0 || h % heads != 0 {
+        return Err(cx.err(format!(
+            "hidden size {h} is not divisible by heads = {heads}"
+        )));
+    }
+    if !(0.0..1.0).contains(&dropout) {
+        return Err(cx.err(format!(
+            "attention dropout must be in [0, 1), got {dropout}"
+        )));
+    }
+    let dt = cx.dtype;
+    let x = cx.cast(&v)?;
+    let qkv = cx.tensor("qkv", vec![b, s, 3 * h], dt);
+    let wq = cx.param(&QKV_WEIGHT, vec![h, 3 * h]);
+    let bq = cx.param(&QKV_BIAS, vec![3 * h]);
+    let projection = |units| Op::Dense {
+        rows: b * s,
+        in_features: h,
+        units,
+        bias: true,
+    };
+    cx.push(projection(3 * h), vec![x.tensor], vec![qkv], vec![wq, bq]);
+    let probs = cx.tensor("probs", vec![b, heads, s, s], dt);
+    let ctx_shape = vec![b, s, h];
+    let mut outs = vec![probs];
+    if dropout > 0.0 {
+        outs.push(cx.tensor("probs_mask", vec![b, heads, s, s], DType::U8));
+        outs.push(cx.tensor("probs_dropped", vec![b, heads, s, s], dt));
+    }
+    let ctx = cx.tensor("ctx", ctx_shape.clone(), dt);
+    outs.push(ctx);
+    let op = Op::Attention {
+        batch: b,
+        seq: s,
+        heads,
+        head_dim: h / heads,
+        causal,
+        dropout,
+        key: cx.key(),
+    };
+    cx.push(op, vec![qkv], outs, vec![]);
+    let y = cx.tensor("out", ctx_shape.clone(), dt);
+    let wo = cx.param(&OUT_WEIGHT, vec![h, h]);
+    let bo = cx.param(&OUT_BIAS, vec![h]);
+    cx.push(projection(h), vec![ctx], vec![y], vec![wo, bo]);
+    Ok(Value {
+        tensor: y,
+        shape: ctx_shape,
+    })
+}
