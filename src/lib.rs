@@ -29,6 +29,9 @@ pub mod summary;
 
 pub use memwise_plan as plan;
 pub use memwise_runtime as runtime;
+/// The image-folder loader (Keras's `image_dataset_from_directory`), at the top for users of
+/// the facade alone.
+pub use memwise_runtime::data::image_folder::{ImageFolder, LabelMode, Subset};
 
 #[doc(hidden)]
 pub use memwise_macros::__model_continue;
