@@ -223,7 +223,7 @@ pub fn print_measured_memory(trainer: &Trainer, history: &History) {
             let host = trainer.host_bytes();
             (
                 history.epochs.last().map(|e| e.peak_rss_growth),
-                host.staging + host.gemm,
+                host.staging + host.gemm + host.prefetch,
             )
         }
     };
@@ -333,7 +333,8 @@ pub fn write_report(
         None => trainer.monitor().growth().map(|g| g.peak),
     };
     let host = trainer.host_bytes();
-    let host = host.staging + host.gemm;
+    // (and a streaming dataset's prefetch queue and decode buffers, `HostBytes::prefetch`)
+    let host = host.staging + host.gemm + host.prefetch;
     let median = history.step_ms_median();
     let report = serde_json::json!({
         "schema": "memwise.report/1",
@@ -351,6 +352,7 @@ pub fn write_report(
             "device_peak_bytes": trainer.device_peak_bytes(),
             "step_ms_median": median,
             "samples_per_s": if median > 0.0 { plan.batch as f64 / (median / 1e3) } else { 0.0 },
+            "data_wait_ms_after_warmup": history.data_wait_ms_after_warmup(),
         },
         "loss": history.step_losses,
         "metrics": metrics,
