@@ -57,7 +57,7 @@ pub fn write_digits_folder(dir: &Path, digits: &[u8], jpeg_every: usize) -> Resu
                 continue;
             }
             k += 1;
-            let jpeg = jpeg_every > 0 && k % jpeg_every == 0;
+            let jpeg = jpeg_every > 0 && k.is_multiple_of(jpeg_every);
             let (bytes, ext) = if jpeg {
                 (encode_jpeg(image, cols, rows, 1, 95)?, "jpg")
             } else {

@@ -525,15 +525,17 @@ pub struct PrefetchPlan {
     /// Batch buffers (being decoded or waiting), and their bytes: uint8 images and i32 classes.
     pub batches: usize,
     pub queue_bytes: u64,
-    /// Each worker's buffers: the largest file's bytes and the decode scratch.
+    /// Each decoder's buffers (one per worker; without workers, the calling thread's): the
+    /// largest file's bytes and the decode scratch.
     pub worker_bytes: u64,
+    pub decoders: usize,
     /// The announced sample order (two epochs of indices).
     pub order_bytes: u64,
 }
 
 impl PrefetchPlan {
     pub fn total(&self) -> u64 {
-        self.queue_bytes + self.workers as u64 * self.worker_bytes + self.order_bytes
+        self.queue_bytes + self.decoders as u64 * self.worker_bytes + self.order_bytes
     }
 }
 
@@ -690,6 +692,8 @@ impl ImageFolder {
         let c = &self.core;
         let sample = c.shape.bytes() as u64 + std::mem::size_of::<i32>() as u64;
         let workers = self.workers;
+        // Without workers the calling thread decodes, with one worker's buffers.
+        let decoders = workers.max(1);
         PrefetchPlan {
             workers,
             batches: if workers == 0 { 0 } else { self.prefetch },
@@ -699,6 +703,7 @@ impl ImageFolder {
                 self.prefetch as u64 * batch as u64 * sample
             },
             worker_bytes: c.max_file + c.scratch.total(),
+            decoders,
             order_bytes: if workers == 0 {
                 0
             } else {
@@ -862,10 +867,7 @@ impl Dataset for ImageFolder {
             self.core.synchronous.fetch_add(1, Ordering::Relaxed);
             let mut labels = vec![0i32; indices.len()];
             let mut s = self.sync_scratch.lock().unwrap_or_else(|e| e.into_inner());
-            let s = s.get_or_insert_with(|| WorkerScratch {
-                file: Vec::new(),
-                decoder: ImageDecoder::new(self.core.max_pixels),
-            });
+            let s = s.get_or_insert_with(|| self.core.new_scratch());
             let n = indices.len() * self.core.shape.bytes();
             let images = self
                 .roles
