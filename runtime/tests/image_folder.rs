@@ -529,6 +529,18 @@ fn bad_files_are_skipped_with_a_warning_naming_them_and_never_take_a_wrong_label
             i32s(&cols[1])[k]
         );
     }
+    // Over `max_pixels`: refused from its header, before anything is allocated for it.
+    let e = ImageFolder::options(many_files("pixels", 2))
+        .max_pixels(35)
+        .strict(true)
+        .open()
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("the image is 6×6 = 36 pixels, over the limit of 35"),
+        "{e}"
+    );
     // Strict: the first bad file is an error naming it.
     let e = ImageFolder::options(&dir)
         .strict(true)
