@@ -754,11 +754,17 @@ impl ImageFolder {
         Ok(())
     }
 
-    /// Writes one batch's images into the image buffer.
-    fn write_images(&self, images: &[u8], out: &mut [Column]) {
+    /// Hands one batch's images to the image buffer: a buffer of exactly the batch's size
+    /// (`fit`'s staging buffer) is swapped with the pool's, which then goes back to the pool in
+    /// its place — no copy, and no more buffers than before; any other is copied into.
+    fn write_images(&self, images: &mut Vec<u8>, out: &mut [Column]) {
         for (r, o) in self.roles.iter().zip(out.iter_mut()) {
             if let (Role::Image, Column::U8 { data, .. }) = (r, o) {
-                data[..images.len()].copy_from_slice(images);
+                if data.len() == images.len() {
+                    std::mem::swap(data, images);
+                } else {
+                    data[..images.len()].copy_from_slice(images);
+                }
             }
         }
     }
@@ -884,8 +890,8 @@ impl Dataset for ImageFolder {
             self.write_labels(&labels, out);
             return Ok(());
         };
-        let filled = filled.map_err(RuntimeError::Input)?;
-        self.write_images(&filled.images, out);
+        let mut filled = filled.map_err(RuntimeError::Input)?;
+        self.write_images(&mut filled.images, out);
         self.write_labels(&filled.labels, out);
         if let Some(p) = self.pool.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
             p.give_back(filled);
