@@ -397,8 +397,7 @@ impl ImageDecoder {
         let n = d
             .output_buffer_size()
             .ok_or_else(|| "JPEG: the image size overflows".to_string())?;
-        self.decoded.clear();
-        self.decoded.resize(n, 0);
+        set_len(&mut self.decoded, n);
         d.decode_into(&mut self.decoded)
             .map_err(|e| format!("JPEG: {e}"))?;
         Ok(target.channels)
@@ -411,8 +410,7 @@ impl ImageDecoder {
         let n = r
             .output_buffer_size()
             .ok_or_else(|| "PNG: the image size overflows".to_string())?;
-        self.decoded.clear();
-        self.decoded.resize(n, 0);
+        set_len(&mut self.decoded, n);
         let info = r
             .next_frame(&mut self.decoded)
             .map_err(|e| format!("PNG: {e}"))?;
@@ -487,4 +485,14 @@ fn resize(
     resizer
         .resize(&src, &mut dst, options)
         .map_err(|e| format!("resize: {e}"))
+}
+
+/// Makes `buf` `n` bytes long without rewriting the bytes it keeps: the decoders overwrite
+/// every byte of their output, so zeroing an image's worth of memory per file is waste.
+fn set_len(buf: &mut Vec<u8>, n: usize) {
+    if buf.len() < n {
+        buf.resize(n, 0);
+    } else {
+        buf.truncate(n);
+    }
 }
