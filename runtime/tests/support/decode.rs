@@ -883,22 +883,17 @@ pub fn image_file(
         channels: if b.bool() { 3 } else { 1 },
     };
     let mode = b.u8();
-    let promised = if b.u8() < 224 {
-        if mode % 2 == 0 {
-            ImageFormat::Png
-        } else {
-            ImageFormat::Jpeg
-        }
-    } else if mode % 2 == 0 {
-        ImageFormat::Jpeg
-    } else {
-        ImageFormat::Png
+    // Even modes make a PNG, odd ones a JPEG; the name promises the other format at times.
+    let png = mode.is_multiple_of(2);
+    let promised = match (png, b.u8() < 224) {
+        (true, true) | (false, false) => ImageFormat::Png,
+        (true, false) | (false, true) => ImageFormat::Jpeg,
     };
     if mode < 48 {
         return (b.rest().to_vec(), promised, target);
     }
     let (w, h) = (1 + b.below(40) as u32, 1 + b.below(40) as u32);
-    let channels = if mode % 2 == 0 {
+    let channels = if png {
         1 + b.below(4) as u32
     } else if b.bool() {
         3
@@ -906,7 +901,7 @@ pub fn image_file(
         1
     };
     let pixels: Vec<u8> = (0..(w * h * channels)).map(|_| b.u8()).collect();
-    let mut file = if mode % 2 == 0 {
+    let mut file = if png {
         encode_png(&pixels, w, h, channels).unwrap_or_default()
     } else {
         encode_jpeg_with(&pixels, w, h, channels, 1 + b.below(100) as u8, b.bool())
