@@ -30,6 +30,9 @@ pub mod summary;
 
 pub use memwise_plan as plan;
 pub use memwise_runtime as runtime;
+/// The image-folder loader (Keras's `image_dataset_from_directory`), at the top for users of
+/// the facade alone.
+pub use memwise_runtime::data::image_folder::{ImageFolder, LabelMode, Subset};
 /// JSON values for [`cli::Args::finish`]'s metrics and the run report, so a program needs no
 /// dependency besides memwise: `memwise::serde_json::json!({"val_accuracy": acc})`.
 pub use serde_json;

@@ -239,7 +239,7 @@ impl<'a> Summary<'a> {
     /// The peak memory measured while training (resident growth on the CPU, device memory
     /// on a GPU), shown beside the estimate with the error between them; `outside_plan` is
     /// what the estimate adds to the plan's total for the host's side (on the CPU the
-    /// trainer's staging and GEMM buffers, `Trainer::host_bytes`; 0 on a GPU).
+    /// trainer's staging, GEMM and prefetch buffers, `Trainer::host_bytes`; 0 on a GPU).
     pub fn measured_peak(mut self, bytes: Option<u64>, outside_plan: u64) -> Self {
         self.measured_peak = bytes;
         self.outside_plan = outside_plan;
@@ -407,7 +407,7 @@ impl<'a> Summary<'a> {
             if self.outside_plan > 0 {
                 writeln!(
                     f,
-                    "  {:<20}{:>12}  (besides the plan: staging and GEMM buffers)",
+                    "  {:<20}{:>12}  (besides the plan: staging, GEMM, prefetch)",
                     "+ host",
                     format_bytes(self.outside_plan)
                 )?;

@@ -7,7 +7,9 @@ use std::fmt::Write as _;
 
 use crate::dtype::{DType, Precision};
 use crate::op::{Op, Window2d};
-use crate::spec::{LayerSpec, LossKind, LossTerm, Metric, ModelSpec, Optimizer, Padding, Reduction};
+use crate::spec::{
+    LayerSpec, LossKind, LossTerm, Metric, ModelSpec, Optimizer, Padding, Reduction,
+};
 
 /// A string that is `&'static str` in a const plan and `String` in a run-time one.
 pub type Text = Cow<'static, str>;

@@ -14,7 +14,7 @@ impl Trainer {
     ///  "estimate": {"params", "grads", "optimizer", "activations_peak", "workspace_peak",
     ///               "inputs", "plan_total", "host", "total"},
     ///  "measured": {"peak_rss_growth_bytes", "device_peak_bytes", "step_ms_median",
-    ///               "samples_per_s", "runtime_warm_up_bytes"},
+    ///               "samples_per_s", "runtime_warm_up_bytes", "data_wait_ms_after_warmup"},
     ///  "loss": [per step], "metrics": {…}}
     /// ```
     ///
@@ -54,6 +54,8 @@ impl Trainer {
                 "samples_per_s": if median > 0.0 { plan.batch as f64 / (median / 1e3) } else { 0.0 },
                 // Paid once per process before the baseline, not by the model.
                 "runtime_warm_up_bytes": crate::warm_up::warm_up_cost().map(|w| w.resident_bytes),
+                // Time a step waited for its batch after the first (a streamed folder's queue).
+                "data_wait_ms_after_warmup": history.data_wait_ms_after_warmup(),
             },
             "loss": history.step_losses,
             "metrics": metrics,

@@ -66,6 +66,9 @@ pub struct EpochLog {
     /// the host memory beside it, validation's inference engines included), the figure the
     /// peak is measured against.
     pub estimate_bytes: u64,
+    /// Time the epoch's steps waited for their batch (`Dataset::gather`: a copy for data in
+    /// memory, time blocked on the prefetch queue for a streamed folder), in seconds.
+    pub data_wait_seconds: f64,
 }
 
 /// What `fit` returns: every epoch, and every step's loss and time.
@@ -74,6 +77,8 @@ pub struct History {
     pub epochs: Vec<EpochLog>,
     pub step_losses: Vec<f32>,
     pub step_ms: Vec<f64>,
+    /// Per step, the milliseconds it waited for its batch (see [`EpochLog::data_wait_seconds`]).
+    pub data_wait_ms: Vec<f64>,
 }
 
 impl History {
@@ -82,6 +87,16 @@ impl History {
         let mut v = self.step_ms.clone();
         v.sort_by(|a, b| a.total_cmp(b));
         v.get(v.len() / 2).copied().unwrap_or(0.0)
+    }
+
+    /// Mean milliseconds a step waited for its batch after the first step (the warm-up, when a
+    /// streaming dataset's workers have only just started); 0 with fewer than two steps.
+    pub fn data_wait_ms_after_warmup(&self) -> f64 {
+        let rest = self.data_wait_ms.get(1..).unwrap_or_default();
+        if rest.is_empty() {
+            return 0.0;
+        }
+        rest.iter().sum::<f64>() / rest.len() as f64
     }
 }
 
@@ -146,11 +161,15 @@ pub struct HostBytes {
     /// The inference executors `evaluate` and `predict` have built so far (arena and
     /// persistent region each; on CUDA these live in device memory).
     pub inference: u64,
+    /// What the datasets `fit` last trained and validated on allocate to serve batches: a
+    /// streaming dataset's prefetch queue and its workers' decode buffers
+    /// (`Dataset::prefetch_bytes`; 0 for data held in memory).
+    pub prefetch: u64,
 }
 
 impl HostBytes {
     pub fn total(&self) -> u64 {
-        self.staging + self.gemm + self.inference
+        self.staging + self.gemm + self.inference + self.prefetch
     }
 }
 
@@ -163,6 +182,8 @@ pub struct Trainer {
     /// Inference engines by batch size (the plan's, and a final partial batch's).
     infer: Vec<InferenceEngine>,
     monitor: MemoryMonitor,
+    /// `HostBytes::prefetch`, set by `fit`.
+    prefetch: u64,
 }
 
 /// An inference engine of the trainer, and whether its weights are the training engine's
@@ -197,7 +218,44 @@ fn in_dataset(e: RuntimeError, idx: &[usize], at: &str) -> RuntimeError {
     }
 }
 
-fn splitmix(state: &mut u64) -> u64 {
+/// Sets `order` to this epoch's order — `next`, when the previous epoch shuffled it, else
+/// shuffled now — shuffles the next epoch's one epoch early when `steps.1` steps follow, and
+/// tells `train` which samples the `steps.0` steps of this epoch and those of the next will
+/// gather ([`Dataset::will_gather`]), so a streaming dataset prepares the next epoch's first
+/// batches while this one ends. The shuffles are the same, in the same order, as without it.
+fn announce_epoch(
+    train: &dyn Dataset,
+    (order, next, rng): (&mut Vec<usize>, &mut Option<Vec<usize>>, &mut u64),
+    shuffled: bool,
+    steps: (usize, usize),
+    batch: usize,
+) {
+    match next.take() {
+        Some(n) => *order = n,
+        None if shuffled => shuffle(order, rng),
+        None => {}
+    }
+    let mut upcoming = order[..steps.0 * batch].to_vec();
+    if steps.1 > 0 {
+        let mut n = order.clone();
+        if shuffled {
+            shuffle(&mut n, rng);
+        }
+        upcoming.extend_from_slice(&n[..steps.1 * batch]);
+        *next = Some(n);
+    }
+    train.will_gather(&upcoming, batch);
+}
+
+/// Fisher–Yates with [`splitmix`]: `fit`'s per-epoch shuffle.
+fn shuffle(order: &mut [usize], rng: &mut u64) {
+    for i in (1..order.len()).rev() {
+        let j = (splitmix(rng) % (i as u64 + 1)) as usize;
+        order.swap(i, j);
+    }
+}
+
+pub(crate) fn splitmix(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
     let mut z = *state;
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -266,6 +324,7 @@ impl Trainer {
             train: engine,
             infer: Vec::new(),
             monitor,
+            prefetch: 0,
         })
     }
 
@@ -365,6 +424,7 @@ impl Trainer {
                 .iter()
                 .map(|e| e.engine.plan().arena_bytes + e.engine.plan().persistent_bytes)
                 .sum(),
+            prefetch: self.prefetch,
         }
     }
 
@@ -434,6 +494,8 @@ impl Trainer {
         }
         let classifier = Trainer::is_classifier(self.plan());
         let scored_per_step = scored_predictions(self.plan());
+        self.prefetch =
+            train.prefetch_bytes(batch) + validation.map_or(0, |v| v.prefetch_bytes(batch));
         let full = train.len() / batch;
         let per_epoch = opts.steps_per_epoch.map_or(full, |s| s.min(full)).max(1);
         let mut remaining = opts.max_steps.unwrap_or(usize::MAX);
@@ -443,18 +505,22 @@ impl Trainer {
         let mut history = History::default();
         let mut skipped_in_a_row = 0u32;
         let tty = std::io::stderr().is_terminal();
+        // The next epoch's order, shuffled one epoch early (`announce_epoch`).
+        let mut next_order: Option<Vec<usize>> = None;
         for epoch in 1..=opts.epochs {
             if remaining == 0 {
                 break;
             }
             let steps = per_epoch.min(remaining);
             remaining -= steps;
-            if opts.shuffle {
-                for i in (1..order.len()).rev() {
-                    let j = (splitmix(&mut rng) % (i as u64 + 1)) as usize;
-                    order.swap(i, j);
-                }
-            }
+            let next_steps = if epoch < opts.epochs {
+                per_epoch.min(remaining)
+            } else {
+                0
+            };
+            let orders = (&mut order, &mut next_order, &mut rng);
+            announce_epoch(train, orders, opts.shuffle, (steps, next_steps), batch);
+            let mut data_wait = 0f64;
             let bar = if opts.verbose && tty {
                 let b = ProgressBar::new(steps as u64);
                 b.set_style(
@@ -471,7 +537,11 @@ impl Trainer {
             let (mut loss_sum, mut correct, mut seen) = (0f64, 0usize, 0usize);
             for s in 0..steps {
                 let idx = &order[s * batch..(s + 1) * batch];
+                let tw = Instant::now();
                 train.gather(idx, &mut bufs)?;
+                let waited = tw.elapsed().as_secs_f64();
+                history.data_wait_ms.push(waited * 1e3);
+                data_wait += waited;
                 let batches: Vec<Batch<'_>> = bufs.iter().map(|b| b.as_batch(batch)).collect();
                 let ts = Instant::now();
                 self.mark_inference_stale();
@@ -537,6 +607,7 @@ impl Trainer {
                 peak_rss_growth: g.peak,
                 device_peak_bytes: self.device_peak_bytes(),
                 estimate_bytes: self.estimate_bytes(),
+                data_wait_seconds: data_wait,
             };
             if opts.verbose {
                 eprintln!("{}", epoch_line(&log, opts.epochs, self.estimate_bytes()));
@@ -579,6 +650,7 @@ impl Trainer {
         let batch = self.plan().batch;
         let classifier = Trainer::is_classifier(self.plan());
         let (mut loss, mut correct, mut scored) = (0f64, 0usize, 0usize);
+        data.will_gather(&(0..data.len()).collect::<Vec<_>>(), batch);
         let mut start = 0;
         while start < data.len() {
             let n = batch.min(data.len() - start);
@@ -610,6 +682,7 @@ impl Trainer {
         self.check_columns(data, "`predict` needs at least one sample")?;
         let batch = self.plan().batch;
         let mut out = Vec::new();
+        data.will_gather(&(0..data.len()).collect::<Vec<_>>(), batch);
         let mut start = 0;
         while start < data.len() {
             let n = batch.min(data.len() - start);
@@ -649,6 +722,10 @@ pub fn epoch_line(l: &EpochLog, epochs: usize, estimate: u64) -> String {
     if let Some(a) = l.val_accuracy {
         s += &format!(" - val_accuracy: {a:.4}");
     }
+    s += &format!(
+        " - data wait: {:.2} ms/step",
+        l.data_wait_seconds * 1e3 / l.steps.max(1) as f64
+    );
     match l.device_peak_bytes {
         Some(device) => {
             s += &format!(

@@ -3,7 +3,8 @@
 //! Two halves:
 //! - property tests: every public entry point (`plan`, `plan_inference`, `train_step`,
 //!   `evaluate_step`, `Trainer::fit/evaluate/predict`, `load_weights_from_bytes`,
-//!   `load_checkpoint_from_bytes`, `parse_idx`, `parse_bytes`, `InMemory::drop_non_finite`)
+//!   `load_checkpoint_from_bytes`, `parse_idx`, `parse_bytes`, `InMemory::drop_non_finite`,
+//!   the image folder's `image::probe` and `ImageDecoder::decode_into`)
 //!   on random inputs, decoded from random bytes by the same decoders the fuzz targets use
 //!   (`support/decode.rs`, `fuzz/`): `Ok`, or an `Err` with a message — never a panic, and a
 //!   refused input or a failed load leaves the model bit-identical;
@@ -37,6 +38,7 @@ const IDX_CASES: u32 = 512;
 const PARSE_BYTES_CASES: u32 = 1024;
 const DROP_CASES: u32 = 256;
 const DEVICE_CASES: u32 = 256;
+const IMAGE_CASES: u32 = 512;
 
 fn plans() -> &'static [(StaticPlan, StaticPlan)] {
     static PLANS: std::sync::OnceLock<Vec<(StaticPlan, StaticPlan)>> = std::sync::OnceLock::new();
@@ -355,6 +357,38 @@ proptest! {
     #[test]
     fn parse_idx_never_panics(data in bytes(256)) {
         check_idx(&data)?;
+    }
+}
+
+/// An image file (raw, or a valid PNG/JPEG damaged): decoded into the whole sample, or an
+/// error with a message; the decoder still decodes a valid file afterwards.
+fn check_image(data: &[u8]) -> Result<(), TestCaseError> {
+    use memwise_runtime::data::image::{probe, ImageDecoder, ImageFormat};
+    let mut b = Bytes::new(data);
+    let (file, promised, target) = decode::image_file(&mut b);
+    let mut d = ImageDecoder::new(1 << 22);
+    let mut out = vec![0u8; target.bytes()];
+    match d.decode_into(&file, promised, target, &mut out) {
+        Ok(()) => prop_assert_eq!(probe(&file, 1 << 22).map(|h| h.format), Ok(promised)),
+        Err(e) => prop_assert!(!e.is_empty()),
+    }
+    let ok = memwise_runtime::data::digits_folder::encode_png(&[7u8; 16], 4, 4, 1).unwrap();
+    prop_assert!(d
+        .decode_into(&ok, ImageFormat::Png, target, &mut out)
+        .is_ok());
+    prop_assert!(
+        out.iter().all(|&v| v == 7),
+        "a 4×4 gray of 7 resizes to 7s: {:?}",
+        out
+    );
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(config(IMAGE_CASES))]
+    #[test]
+    fn decoding_any_image_file_never_panics(data in bytes(512)) {
+        check_image(&data)?;
     }
 }
 

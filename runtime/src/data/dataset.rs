@@ -159,6 +159,19 @@ pub trait Dataset {
         }
         Ok(())
     }
+    /// Says which samples will be gathered next, in order, in batches of `batch` (the last
+    /// may be shorter): `fit` calls it at the start of each epoch with that epoch's shuffled
+    /// order followed by the next epoch's, `evaluate` and `predict` with theirs. A streaming
+    /// dataset ([`ImageFolder`](crate::data::image_folder::ImageFolder)) starts preparing
+    /// those batches in the background; [`Dataset::gather`] must still answer any request
+    /// exactly. The default does nothing.
+    fn will_gather(&self, _upcoming: &[usize], _batch: usize) {}
+    /// Host bytes this dataset allocates while serving batches of `batch` (a prefetch queue
+    /// and its workers' decode buffers): what [`Trainer::host_bytes`](crate::Trainer::host_bytes)
+    /// counts as `prefetch`. 0 for a dataset that holds its samples already.
+    fn prefetch_bytes(&self, _batch: usize) -> u64 {
+        0
+    }
 }
 
 /// A dataset held in memory.

@@ -862,3 +862,68 @@ pub fn idx_file(b: &mut Bytes<'_>) -> Vec<u8> {
     }
     out
 }
+
+/// An image file and the target it decodes into: raw bytes, or a valid PNG (1–4 channels)
+/// or JPEG (gray or RGB, baseline or progressive) of up to 40 × 40 pixels, then perhaps
+/// truncated, with bytes flipped, or its header's size fields overwritten; a target of 1 or 3
+/// channels and 1–48 pixels a side. Returns the bytes, the format the file's name would
+/// promise, and the target.
+pub fn image_file(
+    b: &mut Bytes<'_>,
+) -> (
+    Vec<u8>,
+    memwise_runtime::data::image::ImageFormat,
+    memwise_runtime::data::image::ImageShape,
+) {
+    use memwise_runtime::data::digits_folder::{encode_jpeg_with, encode_png};
+    use memwise_runtime::data::image::{ImageFormat, ImageShape};
+    let target = ImageShape {
+        height: 1 + b.below(48) as u32,
+        width: 1 + b.below(48) as u32,
+        channels: if b.bool() { 3 } else { 1 },
+    };
+    let mode = b.u8();
+    // Even modes make a PNG, odd ones a JPEG; the name promises the other format at times.
+    let png = mode.is_multiple_of(2);
+    let promised = match (png, b.u8() < 224) {
+        (true, true) | (false, false) => ImageFormat::Png,
+        (true, false) | (false, true) => ImageFormat::Jpeg,
+    };
+    if mode < 48 {
+        return (b.rest().to_vec(), promised, target);
+    }
+    let (w, h) = (1 + b.below(40) as u32, 1 + b.below(40) as u32);
+    let channels = if png {
+        1 + b.below(4) as u32
+    } else if b.bool() {
+        3
+    } else {
+        1
+    };
+    let pixels: Vec<u8> = (0..(w * h * channels)).map(|_| b.u8()).collect();
+    let mut file = if png {
+        encode_png(&pixels, w, h, channels).unwrap_or_default()
+    } else {
+        encode_jpeg_with(&pixels, w, h, channels, 1 + b.below(100) as u8, b.bool())
+            .unwrap_or_default()
+    };
+    for _ in 0..b.below(4) {
+        match b.u8() {
+            0..=99 if !file.is_empty() => {
+                let at = b.below(file.len());
+                file[at] ^= 1 << b.below(8);
+            }
+            100..=149 if !file.is_empty() => {
+                let len = file.len();
+                file.truncate(b.below(len));
+            }
+            // A header size field: PNG's width/height at bytes 16..24, JPEG's SOF0 size.
+            150..=199 if file.len() > 24 => {
+                let at = 16 + b.below(8);
+                file[at] = b.u8();
+            }
+            _ => {}
+        }
+    }
+    (file, promised, target)
+}
