@@ -175,9 +175,9 @@ fn train(
         }
         Ok((n * p.batch) as f64 / t.elapsed().as_secs_f64())
     };
-    gpu.set_graph(false);
+    gpu.kernels_mut().set_graph(false);
     let eager_sps = time(&mut gpu, timed)?;
-    gpu.set_graph(true);
+    gpu.kernels_mut().set_graph(true);
     let graph_sps = time(&mut gpu, timed)?;
     Ok(Trained {
         name,

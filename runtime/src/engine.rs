@@ -1,20 +1,20 @@
-//! `Engine`: the executor of a static plan as the [`crate::Trainer`] sees it, on the CPU
-//! ([`Executor`]) or on a GPU ([`GpuExecutor`]), and [`build_engine`], which picks one for a
-//! device.
+//! `Engine`: the executor of a static plan as the [`crate::Trainer`] sees it — one generic
+//! impl for the one walk ([`PlanExecutor`]) over any [`Kernels`]: the CPU [`Executor`] or a
+//! GPU's [`GpuExecutor`](crate::cuda::GpuExecutor) — and [`build_engine`], which picks one for
+//! a device.
 //!
 //! An engine runs training and evaluation steps, reads and writes parameters by name, saves
 //! and loads weights and checkpoints, and builds an inference engine of its own kind for
 //! another plan (what `evaluate` and `predict` run). What only one kind has stays on the
-//! concrete type: the CPU executor's profiling and poisoning hooks, the GPU executor's graph
-//! switch. Reach them by downcasting (`engine.downcast_ref::<Executor>()`) or through
-//! [`crate::Trainer::cpu_executor`].
+//! concrete type: the CPU executor's poisoning hook, the GPU kernels' graph switch
+//! (`executor.kernels_mut().set_graph(false)`). Reach them by downcasting
+//! (`engine.downcast_ref::<Executor>()`) or through [`crate::Trainer::cpu_executor`].
 
 use std::any::Any;
 use std::path::Path;
 
 use memwise_plan::StaticPlan;
 
-use crate::cuda::{Backend, GpuExecutor};
 use crate::device::Device;
 use crate::error::{Result, RuntimeError};
 use crate::executor::{Batch, Executor, StepOutput};
@@ -96,7 +96,9 @@ pub fn build_engine(plan: StaticPlan, device: &Device, seed: u64) -> Result<Box<
 
 #[cfg(feature = "cuda")]
 fn cuda_engine(plan: StaticPlan, device: &Device, seed: u64) -> Result<Box<dyn Engine>> {
-    Ok(Box::new(GpuExecutor::on_cuda(plan, device, seed)?))
+    Ok(Box::new(crate::cuda::GpuExecutor::on_cuda(
+        plan, device, seed,
+    )?))
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -182,75 +184,6 @@ impl<K: Kernels + 'static> Engine for PlanExecutor<K> {
     }
     fn device_bytes_used(&self) -> Option<u64> {
         PlanExecutor::device_bytes_used(self)
-    }
-    fn save_weights(&self, path: &Path) -> Result<()> {
-        weights::save_weights(self, path)
-    }
-    fn weights_to_bytes(&self) -> Result<Vec<u8>> {
-        weights::weights_to_bytes(self)
-    }
-    fn load_weights(&mut self, path: &Path) -> Result<()> {
-        weights::load_weights(self, path)
-    }
-    fn save_checkpoint(&self, path: &Path) -> Result<()> {
-        weights::save_checkpoint(self, path)
-    }
-    fn checkpoint_to_bytes(&self) -> Result<Vec<u8>> {
-        weights::checkpoint_to_bytes(self)
-    }
-    fn load_checkpoint(&mut self, path: &Path) -> Result<()> {
-        weights::load_checkpoint(self, path)
-    }
-}
-
-impl<B: Backend + 'static> Engine for GpuExecutor<B> {
-    fn device_name(&self) -> String {
-        self.backend().name()
-    }
-    fn plan(&self) -> &StaticPlan {
-        GpuExecutor::plan(self)
-    }
-    fn seed(&self) -> u64 {
-        GpuExecutor::seed(self)
-    }
-    fn step_counter(&self) -> u64 {
-        GpuExecutor::step_counter(self)
-    }
-    fn loss_scale(&self) -> f32 {
-        GpuExecutor::loss_scale(self)
-    }
-    fn train_step(&mut self, inputs: &[Batch<'_>]) -> Result<StepOutput> {
-        GpuExecutor::train_step(self, inputs)
-    }
-    fn evaluate_step(&mut self, inputs: &[Batch<'_>]) -> Result<StepOutput> {
-        GpuExecutor::evaluate_step(self, inputs)
-    }
-    fn read_prediction(&self, out: &mut [f32]) -> Result<()> {
-        GpuExecutor::read_prediction(self, out)
-    }
-    fn param(&self, name: &str) -> Result<Vec<f32>> {
-        GpuExecutor::param(self, name)
-    }
-    fn grad(&self, name: &str) -> Result<Vec<f32>> {
-        GpuExecutor::grad(self, name)
-    }
-    fn set_param(&mut self, name: &str, values: &[f32]) -> Result<()> {
-        GpuExecutor::set_param(self, name, values)
-    }
-    fn inference_engine(&self, plan: StaticPlan, device: &Device) -> Result<Box<dyn Engine>> {
-        let backend = self
-            .backend()
-            .open_another()
-            .map_err(RuntimeError::Device)?;
-        Ok(Box::new(GpuExecutor::new(
-            plan,
-            device,
-            backend,
-            self.seed(),
-        )?))
-    }
-    fn device_bytes_used(&self) -> Option<u64> {
-        GpuExecutor::device_bytes_used(self)
     }
     fn save_weights(&self, path: &Path) -> Result<()> {
         weights::save_weights(self, path)

@@ -311,14 +311,20 @@ pub(crate) fn run_step<K: Kernels>(k: &K, s: &PlanStep, seed: u64, step: u64) ->
     };
     r.map_err(|e| match e {
         OpError::Kernel(e) => kerr(s, e),
-        OpError::Runtime(RuntimeError::Memory(m)) => RuntimeError::Memory(format!(
-            "step {} ({} of layer `{}`): {m}",
-            s.index,
-            s.op.name(),
-            s.layer
-        )),
+        OpError::Runtime(RuntimeError::Memory(m)) => RuntimeError::Memory(at_step(s, &m)),
+        // A device's failed launch, or a dtype mix it has no kernel for: named by its step too.
+        OpError::Runtime(RuntimeError::Device(m)) => RuntimeError::Device(at_step(s, &m)),
         OpError::Runtime(e) => e,
     })
+}
+
+fn at_step(s: &PlanStep, m: &str) -> String {
+    format!(
+        "step {} ({} of layer `{}`): {m}",
+        s.index,
+        s.op.name(),
+        s.layer
+    )
 }
 
 fn key(seed: u64, layer: u32, step: u64) -> k::random::RngKey {

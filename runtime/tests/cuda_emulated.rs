@@ -1,8 +1,8 @@
-//! The CUDA executor without a GPU: `GpuExecutor` over a backend whose "device memory" is host
-//! memory, whose kernels are the `.cu` sources run by the host emulation (`memwise-cuda-emu`)
-//! and whose GEMMs are the column-major reference of `cublas_map` — everything the CUDA
-//! backend does except the silicon. Every model trains next to the CPU executor from the same
-//! seed and inputs; losses, gradients and weights must agree.
+//! The CUDA executor without a GPU: `GpuExecutor` (the one walk over `CudaKernels`) over a
+//! backend whose "device memory" is host memory, whose kernels are the `.cu` sources run by
+//! the host emulation (`memwise-cuda-emu`) and whose GEMMs are the column-major reference of
+//! `cublas_map` — everything the CUDA backend does except the silicon. Every model trains next
+//! to the CPU executor from the same seed and inputs; losses, gradients and weights must agree.
 //!
 //! The whole `Trainer` (fit, evaluate, predict, the device-memory peak) runs over the emulated
 //! engine too, next to a CPU trainer, and checkpoints move between the two.
@@ -250,7 +250,7 @@ fn compare(name: &str, spec: &ModelSpec, steps: usize, graph: bool) -> Result<()
         Executor::new(p.clone(), &Device::cpu(), 11).map_err(|e| format!("{name}: cpu: {e}"))?;
     let mut gpu = GpuExecutor::new(p.clone(), &Device::cpu(), EmuBackend::default(), 11)
         .map_err(|e| format!("{name}: gpu: {e}"))?;
-    gpu.set_graph(graph);
+    gpu.kernels_mut().set_graph(graph);
     for step in 0..steps {
         let raw = random_inputs(&p, 100 + step as u64);
         let b = batches(&p, &raw);
@@ -283,10 +283,10 @@ fn compare(name: &str, spec: &ModelSpec, steps: usize, graph: bool) -> Result<()
             compare_weights(name, &p, &cpu, &gpu, tol)?;
         }
     }
-    if graph && steps > 1 && gpu.graph_replays != steps as u64 - 1 {
+    if graph && steps > 1 && gpu.kernels().graph_replays() != steps as u64 - 1 {
         return Err(format!(
             "{name}: {} of {steps} steps replayed the graph",
-            gpu.graph_replays
+            gpu.kernels().graph_replays()
         ));
     }
     if !half && steps > 1 {
@@ -616,6 +616,77 @@ fn checkpoints_move_between_the_emulated_device_and_the_cpu() {
     assert_eq!(Engine::weights_to_bytes(&fresh).unwrap(), w);
 }
 
+/// The RNG seed is a launch argument of the captured graph: a checkpoint that brings another
+/// seed, loaded after the graph was captured, must be trained with its seed (the graph is
+/// recorded again), as the CPU executor that loads it does.
+#[test]
+fn a_checkpoint_with_another_seed_is_trained_with_its_seed_after_a_capture() {
+    let p = plan(&zoo::conv_vae(2)).unwrap();
+    let inputs: Vec<Vec<Vec<u8>>> = (0..4).map(|k| random_inputs(&p, 300 + k)).collect();
+    let mut gpu = GpuExecutor::new(p.clone(), &Device::cpu(), EmuBackend::default(), 11).unwrap();
+    for raw in &inputs[..3] {
+        gpu.train_step(&batches(&p, raw)).unwrap();
+    }
+    assert_eq!(gpu.kernels().graph_replays(), 2);
+    let mut other = Executor::new(p.clone(), &Device::cpu(), 99).unwrap();
+    other.train_step(&batches(&p, &inputs[0])).unwrap();
+    let bytes = other.checkpoint_to_bytes().unwrap();
+    gpu.load_checkpoint_from_bytes(&bytes).unwrap();
+    other.load_checkpoint_from_bytes(&bytes).unwrap();
+    let b = batches(&p, &inputs[3]);
+    let (og, oc) = (gpu.train_step(&b).unwrap(), other.train_step(&b).unwrap());
+    assert_eq!(gpu.kernels().graph_replays(), 3);
+    assert!(
+        within(((og.loss - oc.loss).abs() / oc.loss.abs()) as f64, 1e-4),
+        "loss {} on the device, {} on the CPU",
+        og.loss,
+        oc.loss
+    );
+    compare_weights("conv_vae after the checkpoint", &p, &other, &gpu, 2e-3).unwrap();
+}
+
+/// A non-finite float32 loss: the device finds it, the optimizer kernels skip the update,
+/// and the walk names the first layer whose output is not finite, as on the CPU.
+#[test]
+fn a_non_finite_loss_is_reported_as_on_the_cpu_and_the_weights_stay() {
+    let p = plan(&zoo::mnist_mlp(8)).unwrap();
+    let mut cpu = Executor::new(p.clone(), &Device::cpu(), 3).unwrap();
+    let mut gpu = GpuExecutor::new(p.clone(), &Device::cpu(), EmuBackend::default(), 3).unwrap();
+    let raw = random_inputs(&p, 5);
+    let b = batches(&p, &raw);
+    // A graph is captured first, so that the failing step is a replay.
+    for _ in 0..2 {
+        gpu.train_step(&b).unwrap();
+        cpu.train_step(&b).unwrap();
+    }
+    // The output layer's bias: a NaN there reaches the loss (one in the hidden layer's
+    // weights would stop at its ReLU).
+    let name = &p.params.last().unwrap().name;
+    let mut w = gpu.param(name).unwrap();
+    w[0] = f32::NAN;
+    gpu.set_param(name, &w).unwrap();
+    cpu.set_param(name, &w).unwrap();
+    let before: Vec<Vec<f32>> = p
+        .params
+        .iter()
+        .map(|q| gpu.param(&q.name).unwrap())
+        .collect();
+    let (eg, ec) = (
+        gpu.train_step(&b).unwrap_err(),
+        cpu.train_step(&b).unwrap_err(),
+    );
+    assert_eq!(eg.to_string(), ec.to_string());
+    assert!(eg.to_string().contains("first non-finite value"), "{eg}");
+    for (q, v) in p.params.iter().zip(&before) {
+        let after = gpu.param(&q.name).unwrap();
+        assert!(
+            after.iter().zip(v).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "`{}` changed",
+            q.name
+        );
+    }
+}
+
 /// Debugging aid: `ONE=chain:7 cargo test -p memwise-runtime --test cuda_emulated debug_one --
 /// --ignored --nocapture` prints a random model's plan and its per-parameter differences.
 #[test]
@@ -651,7 +722,7 @@ fn debug_one() {
     println!("prediction {}", p.prediction);
     let mut cpu = Executor::new(p.clone(), &Device::cpu(), 11).unwrap();
     let mut gpu = GpuExecutor::new(p.clone(), &Device::cpu(), EmuBackend::default(), 11).unwrap();
-    gpu.set_graph(false);
+    gpu.kernels_mut().set_graph(false);
     let raw = random_inputs(&p, 100);
     let b = batches(&p, &raw);
     let oc = cpu.train_step(&b).unwrap();

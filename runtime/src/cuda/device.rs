@@ -1,5 +1,5 @@
-//! The cudarc backend of [`GpuExecutor`] (feature `cuda`), and the process-wide cache of
-//! opened devices that [`crate::Device::cuda`] fills.
+//! The cudarc backend of [`CudaKernels`](super::CudaKernels) (feature `cuda`), and the
+//! process-wide cache of opened devices that [`crate::Device::cuda`] fills.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -148,7 +148,8 @@ impl Backend for CudaBackend {
     }
 }
 
-/// The CUDA executor of `plan` on `device` (which must be a CUDA device).
+/// The CUDA executor: the walk of a plan over [`CudaKernels`](super::CudaKernels) on a
+/// [`CudaBackend`].
 pub type CudaExecutor = GpuExecutor<CudaBackend>;
 
 impl GpuExecutor<CudaBackend> {

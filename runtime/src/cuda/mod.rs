@@ -1,23 +1,613 @@
-//! The CUDA executor: the same static plan, run by device kernels and cuBLAS.
+//! The CUDA side of the one walk of a plan: [`CudaKernels`] implements
+//! [`crate::kernels::Kernels`] with device kernels and cuBLAS GEMMs, and [`GpuExecutor`] is the
+//! walk over them ([`crate::walk::PlanExecutor`], the same one the CPU's [`crate::Executor`] is).
 //!
-//! - [`Backend`]: what the executor needs from a device — plain allocations, copies, kernel
-//!   launches ([`memwise_kernels::cuda::KernelCall`]), mapped GEMMs
+//! - [`Backend`] (`backend.rs`): what the kernels need from a device — plain allocations,
+//!   copies, kernel launches ([`memwise_kernels::cuda::KernelCall`]), mapped GEMMs
 //!   ([`memwise_kernels::cublas_map`]) and graph capture.
-//! - [`GpuExecutor`]: walks the plan like the CPU [`crate::Executor`], turning each step into
-//!   kernel launches and GEMMs at the planned offsets of ONE arena allocation and ONE
-//!   persistent allocation. Values that change per step (loss scale, Adam's step size, the
-//!   RNG step, flags) live in device memory, so after a warm-up step the whole training step is
-//!   captured once as a CUDA graph and replayed.
+//! - [`CudaKernels`] (here): the plan's memory on the device — ONE arena allocation and ONE
+//!   persistent allocation, plus 256 bytes after the persistent region for [`MwScalars`] —,
+//!   the step's frame (inputs, scalars, flags) and the CUDA graph: `run_steps` launches the
+//!   first step eagerly, captures the second as a graph and replays it from then on.
+//! - `ops.rs`: one method per op and phase, each the launches and GEMMs of that op at the
+//!   planned offsets.
 //! - [`device`] (feature `cuda`): the cudarc backend, and the per-process cache of opened
 //!   devices behind [`crate::Device::cuda`].
 //!
-//! `GpuExecutor` is generic so that it is tested without a GPU: `tests/cuda_emulated.rs`
-//! runs it over the host emulation of the kernels (`memwise-cuda-emu`) and compares every
-//! model it trains with the CPU executor. Only [`device`] needs the feature.
+//! Values that change per step (loss scale, Adam's step size, the RNG step) and the step's
+//! flags (non-finite, correct predictions, a label out of range) live in device memory
+//! ([`MwScalars`]): `begin_step` uploads them, the loss, check and optimizer kernels read and
+//! set them, `end_step` reads them back. Nothing a step launches changes between steps, so a
+//! captured step replays. The one launch argument that can change is the RNG seed (a
+//! checkpoint restores its own): writing the persistent region (loading weights or a
+//! checkpoint) drops the graph, and the next step records a new one.
+//!
+//! The kernels are generic over the backend so that they are tested without a GPU:
+//! `tests/cuda_emulated.rs` runs [`GpuExecutor`] over the host emulation of the kernels
+//! (`memwise-cuda-emu`) and compares every model it trains with the CPU executor. Only
+//! [`device`] needs the feature.
+//!
+//! Each op runs the same sequence as the CPU kernels (`crate::cpu`), with these documented
+//! differences: GEMMs accumulate in f32 in cuBLAS's order; with 16-bit storage a GEMM's output
+//! is rounded before its bias is added (the CPU adds the bias first: one more rounding);
+//! embedding gradients are summed with atomics (order varies); non-finite losses (float32) and
+//! out-of-range labels are found on the device and reported after the step, with the update
+//! skipped as on the CPU.
 
-mod executor;
+mod backend;
+mod ops;
 
 #[cfg(feature = "cuda")]
 pub mod device;
 
-pub use executor::{Backend, GpuExecutor};
+use half::{bf16, f16};
+use memwise_kernels as k;
+use memwise_kernels::cublas_map::{self as cm, Operand, RowGemm};
+use memwise_kernels::cuda::launch::{Float, KArg, KernelCall, LaunchCfg, MwScalars};
+use memwise_plan::{DType, Optimizer, StaticPlan, NONE, NO_OFFSET};
+
+pub use backend::Backend;
+
+use crate::device::Device;
+use crate::error::{Result, RuntimeError};
+use crate::executor::Batch;
+use crate::kernels::{StepFlags, StepScalars};
+use crate::memory::Region;
+use crate::walk::PlanExecutor;
+
+/// Runs training steps of one plan on a device: the one walk over [`CudaKernels`].
+pub type GpuExecutor<B> = PlanExecutor<CudaKernels<B>>;
+
+impl<B: Backend> PlanExecutor<CudaKernels<B>> {
+    /// Allocates the plan's two regions on `backend` — after checking that they fit the
+    /// device's free memory and `device.memory_limit` (an `Err` with the numbers, nothing
+    /// allocated) — and initialises the weights exactly as the CPU executor does for `seed`.
+    pub fn new(plan: StaticPlan, device: &Device, backend: B, seed: u64) -> Result<Self> {
+        Ok(PlanExecutor::from_kernels(
+            CudaKernels::new(plan, device, backend, seed)?,
+            seed,
+        ))
+    }
+
+    pub fn backend(&self) -> &B {
+        self.kernels().backend()
+    }
+}
+
+fn dev(e: String) -> RuntimeError {
+    RuntimeError::Device(e)
+}
+
+/// Bytes reserved after the persistent region for [`MwScalars`].
+const SCALARS_BYTES: u64 = 256;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Graph {
+    /// No graph: every step launches its kernels (the first step always does).
+    Eager,
+    /// The step is captured; steps replay it.
+    Captured,
+    /// The backend cannot capture.
+    Unsupported,
+}
+
+/// A plan's memory on a device and the CUDA kernels over it.
+pub struct CudaKernels<B: Backend> {
+    plan: StaticPlan,
+    backend: B,
+    arena: u64,
+    persistent: u64,
+    scalars: u64,
+    /// Byte range of the gradients in the persistent region.
+    grads_range: (u64, u64),
+    /// The running step's scalars (set by `begin_step`).
+    step: StepScalars,
+    graph: Graph,
+    use_graph: bool,
+    /// Device bytes in use before the model's allocations (for the measured peak).
+    used_before: Option<u64>,
+    /// Steps whose launches were replayed from the graph.
+    graph_replays: u64,
+}
+
+impl<B: Backend> CudaKernels<B> {
+    /// Allocates the plan's two regions on `backend` (see [`GpuExecutor::new`]) and uploads
+    /// the weights, initialised on the host exactly as the CPU kernels initialise them.
+    pub fn new(plan: StaticPlan, device: &Device, mut backend: B, seed: u64) -> Result<Self> {
+        let total = plan.persistent_bytes + SCALARS_BYTES + plan.arena_bytes;
+        let mem = backend.memory();
+        let available = match (device.memory_limit, mem) {
+            (Some(l), Some((free, _))) => Some(l.min(free)),
+            (l, m) => l.or(m.map(|m| m.0)),
+        };
+        if let Some(avail) = available {
+            if total > avail {
+                return Err(RuntimeError::OutOfMemory {
+                    needed: total,
+                    available: avail,
+                    device: backend.name(),
+                });
+            }
+        }
+        let used_before = mem.map(|(free, t)| t - free);
+        // Weights: initialised on the host exactly as the CPU executor does, then uploaded.
+        let mut host = Region::new(
+            plan.persistent_bytes as usize,
+            "persistent region (host copy)",
+        )?;
+        crate::init::initialise(&plan, &mut host, seed)?;
+        refresh_half_copies(&plan, &mut host)?;
+        let persistent = backend
+            .alloc((plan.persistent_bytes + SCALARS_BYTES) as usize)
+            .map_err(dev)?;
+        let arena = backend.alloc(plan.arena_bytes as usize).map_err(dev)?;
+        // SAFETY: the persistent allocation holds persistent_bytes.
+        unsafe { backend.upload(host.bytes(), persistent).map_err(dev)? };
+        let grads_range = plan.grads_range();
+        backend.synchronize().map_err(dev)?;
+        Ok(CudaKernels {
+            scalars: persistent + plan.persistent_bytes,
+            plan,
+            backend,
+            arena,
+            persistent,
+            grads_range,
+            step: StepScalars {
+                step: 0,
+                loss_scale: 1.0,
+                grad_unscale: 1.0,
+                update: 1,
+            },
+            graph: Graph::Eager,
+            use_graph: true,
+            used_before,
+            graph_replays: 0,
+        })
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Whether steps after the first are captured once as a CUDA graph and replayed (on by
+    /// default). Turning it off drops a captured graph.
+    pub fn set_graph(&mut self, on: bool) {
+        self.use_graph = on;
+        if !on && self.graph == Graph::Captured {
+            self.backend.clear_graph();
+            self.graph = Graph::Eager;
+        }
+    }
+
+    /// Steps whose launches were replayed from the captured graph.
+    pub fn graph_replays(&self) -> u64 {
+        self.graph_replays
+    }
+
+    /// Forgets a captured graph; the next step records a new one.
+    fn drop_graph(&mut self) {
+        if self.graph == Graph::Captured {
+            self.backend.clear_graph();
+            self.graph = Graph::Eager;
+        }
+    }
+
+    // ---- the step's frame ----
+
+    /// Device bytes in use now minus before the model was allocated.
+    fn bytes_used(&self) -> Option<u64> {
+        let (free, total) = self.backend.memory()?;
+        Some((total - free).saturating_sub(self.used_before?))
+    }
+
+    /// Copies checked inputs into their tensors, in their stored dtype (u8 pixels stay u8;
+    /// the plan's `input_cast` step converts them on the device).
+    fn upload_inputs(&mut self, inputs: &[Batch<'_>]) -> Result<()> {
+        for (b, &id) in inputs.iter().zip(self.plan.inputs.iter()) {
+            let t = self.plan.tensor(id);
+            if t.first > t.last {
+                continue;
+            }
+            // SAFETY: the input tensor's bytes are inside the arena.
+            unsafe {
+                self.backend
+                    .upload(b.bytes(), self.arena + t.offset)
+                    .map_err(dev)?
+            };
+        }
+        Ok(())
+    }
+
+    /// Uploads the step's scalars, the flags cleared.
+    fn upload_scalars(&mut self, scalars: &StepScalars) -> Result<()> {
+        self.step = *scalars;
+        let sc = MwScalars {
+            step: scalars.step,
+            loss_scale: scalars.loss_scale,
+            grad_unscale: scalars.grad_unscale,
+            adam_alpha: self.adam_alpha(scalars.update),
+            nonfinite: 0,
+            correct: 0,
+            bad_index: 0,
+        };
+        // SAFETY: the scalars block is SCALARS_BYTES at the end of the persistent allocation.
+        unsafe {
+            self.backend
+                .upload(struct_bytes(&sc), self.scalars)
+                .map_err(dev)
+        }
+    }
+
+    /// Adam's bias-corrected step size for update `update` (counted from 1).
+    fn adam_alpha(&self, update: u64) -> f32 {
+        match self.plan.optimizer {
+            Optimizer::Adam {
+                lr, beta_1, beta_2, ..
+            }
+            | Optimizer::AdamW {
+                lr, beta_1, beta_2, ..
+            } => k::cuda::launch::adam_alpha(lr, beta_1, beta_2, update),
+            _ => 0.0,
+        }
+    }
+
+    /// Runs the step: eagerly, or captured once (from the second step on, when graphs are
+    /// on) and replayed.
+    fn launch_step(&mut self, steps: &mut dyn FnMut(&Self) -> Result<()>) -> Result<()> {
+        match self.graph {
+            Graph::Captured => {
+                self.backend.replay().map_err(dev)?;
+                self.graph_replays += 1;
+            }
+            Graph::Eager if self.use_graph && self.step.step > 0 => {
+                if self.backend.begin_capture().map_err(dev)? {
+                    let r = self.record_step(steps);
+                    self.backend.end_capture().map_err(dev)?;
+                    r?;
+                    self.graph = Graph::Captured;
+                    self.backend.replay().map_err(dev)?;
+                    self.graph_replays += 1;
+                } else {
+                    self.graph = Graph::Unsupported;
+                    self.record_step(steps)?;
+                }
+            }
+            _ => self.record_step(steps)?,
+        }
+        Ok(())
+    }
+
+    /// Zeroes the gradients and launches every step of the plan (recorded into the graph
+    /// when capturing).
+    fn record_step(&self, steps: &mut dyn FnMut(&Self) -> Result<()>) -> Result<()> {
+        let (g0, g1) = self.grads_range;
+        if self.plan.training && g1 > g0 {
+            // SAFETY: the gradient range is inside the persistent region.
+            unsafe {
+                self.backend
+                    .zero(self.persistent + g0, (g1 - g0) as usize)
+                    .map_err(dev)?
+            };
+        }
+        steps(self)
+    }
+
+    /// Reads back the flags and the loss values.
+    fn read_flags(&self) -> Result<StepFlags> {
+        let mut raw = [0u8; std::mem::size_of::<MwScalars>()];
+        // SAFETY: the scalars block, as above.
+        unsafe { self.backend.download(self.scalars, &mut raw).map_err(dev)? };
+        // SAFETY: MwScalars is plain old data and raw holds exactly one.
+        let after: MwScalars =
+            unsafe { std::ptr::read_unaligned(raw.as_ptr() as *const MwScalars) };
+        let mut loss = 0f32;
+        for &id in self.plan.losses.iter() {
+            let mut b = [0u8; 4];
+            // SAFETY: a loss value is one f32 in the arena.
+            unsafe {
+                self.backend
+                    .download(self.arena + self.plan.tensor(id).offset, &mut b)
+                    .map_err(dev)?
+            };
+            loss += f32::from_le_bytes(b);
+        }
+        Ok(StepFlags {
+            loss,
+            correct: after.correct.max(0) as usize,
+            nonfinite: after.nonfinite != 0,
+            bad_index: (after.bad_index != 0).then(|| after.bad_index as usize - 1),
+        })
+    }
+
+    // ---- state ----
+
+    fn download_f32(&self, addr: u64, n: usize) -> Result<Vec<f32>> {
+        let mut raw = vec![0u8; n * 4];
+        // SAFETY: callers pass ranges of the persistent region.
+        unsafe { self.backend.download(addr, &mut raw).map_err(dev)? };
+        Ok(raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+
+    /// Parameter `pid`'s f32 values (or gradient).
+    fn param_values(&self, pid: u32, grad: bool) -> Result<Vec<f32>> {
+        let p = &self.plan.params[pid as usize];
+        let offset = if grad { p.grad_offset } else { p.offset };
+        self.download_f32(self.persistent + offset, p.elems())
+    }
+
+    /// Overwrites parameter `pid` with `values`, and its 16-bit copy when it has one (rounded
+    /// on the host as the CPU rounds it).
+    fn upload_param(&mut self, pid: u32, values: &[f32]) -> Result<()> {
+        let p = &self.plan.params[pid as usize];
+        let half: Option<Vec<u8>> = match p.half_copy {
+            Some(DType::F16) => {
+                let mut h = vec![f16::ZERO; values.len()];
+                k::elementwise::cast(values, &mut h).map_err(|e| RuntimeError::Memory(e.0))?;
+                Some(h.iter().flat_map(|x| x.to_le_bytes()).collect())
+            }
+            Some(DType::BF16) => {
+                let mut h = vec![bf16::ZERO; values.len()];
+                k::elementwise::cast(values, &mut h).map_err(|e| RuntimeError::Memory(e.0))?;
+                Some(h.iter().flat_map(|x| x.to_le_bytes()).collect())
+            }
+            _ => None,
+        };
+        let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+        // SAFETY: the parameter's f32 values and its 16-bit copy lie inside the persistent
+        // region, at the plan's offsets.
+        unsafe {
+            self.backend
+                .upload(&bytes, self.persistent + p.offset)
+                .map_err(dev)?;
+            if let Some(h) = half {
+                self.backend
+                    .upload(&h, self.persistent + p.half_offset)
+                    .map_err(dev)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The first `n` elements of tensor `id`'s bytes, downloaded.
+    fn tensor_bytes(&self, id: u32, n: usize) -> Result<Vec<u8>> {
+        let t = self.plan.tensor(id);
+        let mut raw = vec![0u8; n.min(t.elems()) * t.dtype.size() as usize];
+        // SAFETY: the tensor's bytes are inside the arena.
+        unsafe {
+            self.backend
+                .download(self.arena + t.offset, &mut raw)
+                .map_err(dev)?
+        };
+        Ok(raw)
+    }
+
+    /// Tensor `id` as f32 values (a prediction, a loss term).
+    fn tensor_values(&self, id: u32, out: &mut [f32]) -> Result<()> {
+        let t = self.plan.tensor(id);
+        let raw = self.tensor_bytes(id, out.len())?;
+        for (o, c) in out
+            .iter_mut()
+            .zip(raw.chunks_exact(t.dtype.size() as usize))
+        {
+            *o = match t.dtype {
+                DType::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+                DType::F16 => f16::from_le_bytes([c[0], c[1]]).to_f32(),
+                DType::BF16 => bf16::from_le_bytes([c[0], c[1]]).to_f32(),
+                other => {
+                    return Err(RuntimeError::Input(format!(
+                        "`{}` is {}, not a float tensor",
+                        t.name,
+                        other.name()
+                    )))
+                }
+            };
+        }
+        Ok(())
+    }
+
+    /// Whether every value of tensor `id` is finite (integers always are).
+    fn finite(&self, id: u32) -> Result<bool> {
+        let t = self.plan.tensor(id);
+        if !matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return Ok(true);
+        }
+        let mut v = vec![0f32; t.elems()];
+        self.tensor_values(id, &mut v)?;
+        Ok(k::elementwise::all_finite(&v))
+    }
+
+    fn image(&self) -> Result<Vec<u8>> {
+        let mut host = vec![0u8; self.plan.persistent_bytes as usize];
+        // SAFETY: the persistent allocation holds persistent_bytes (and the scalars after).
+        unsafe {
+            self.backend
+                .download(self.persistent, &mut host)
+                .map_err(dev)?
+        };
+        Ok(host)
+    }
+
+    /// Runs `write` on a host copy of the persistent region, refreshes the 16-bit copies and
+    /// uploads it. Drops a captured graph: a checkpoint restores its own seed, which the
+    /// graph's launches hold.
+    fn rewrite_persistent(&mut self, write: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<()> {
+        let mut host = Region::new(
+            self.plan.persistent_bytes as usize,
+            "persistent region (host copy)",
+        )?;
+        // SAFETY: as above.
+        unsafe {
+            self.backend
+                .download(self.persistent, host.bytes_mut())
+                .map_err(dev)?
+        };
+        write(host.bytes_mut())?;
+        refresh_half_copies(&self.plan, &mut host)?;
+        // SAFETY: as above.
+        unsafe {
+            self.backend
+                .upload(host.bytes(), self.persistent)
+                .map_err(dev)?
+        };
+        self.drop_graph();
+        self.backend.synchronize().map_err(dev)
+    }
+
+    // ---- addresses ----
+
+    /// Address of tensor `id`.
+    fn t(&self, id: u32) -> Result<u64> {
+        if id == NONE {
+            return Err(dev("a needed tensor is absent (NONE)".into()));
+        }
+        let t = self
+            .plan
+            .tensors
+            .get(id as usize)
+            .ok_or_else(|| dev(format!("no tensor {id}")))?;
+        Ok(self.arena + t.offset)
+    }
+    /// Address of tensor `id`, or a null pointer for NONE.
+    fn t_or_null(&self, id: u32) -> Result<u64> {
+        if id == NONE {
+            Ok(0)
+        } else {
+            self.t(id)
+        }
+    }
+    /// The storage type of float tensor `id`.
+    fn ft(&self, id: u32) -> Result<Float> {
+        let t = self
+            .plan
+            .tensors
+            .get(id as usize)
+            .ok_or_else(|| dev(format!("no tensor {id}")))?;
+        float(t.dtype)
+    }
+    fn elems(&self, id: u32) -> Result<usize> {
+        self.plan
+            .tensors
+            .get(id as usize)
+            .map(|t| t.elems())
+            .ok_or_else(|| dev(format!("no tensor {id}")))
+    }
+    /// Two tensors share their bytes (an in-place hand-over).
+    fn same(&self, a: u32, b: u32) -> bool {
+        a != NONE
+            && b != NONE
+            && self.plan.tensors[a as usize].offset == self.plan.tensors[b as usize].offset
+    }
+    /// The f32 values of parameter `pid`.
+    fn pv(&self, pid: u32) -> u64 {
+        self.persistent + self.plan.params[pid as usize].offset
+    }
+    /// The f32 values of optional parameter `pid` (a bias), or a null pointer for NONE.
+    fn pv_or_null(&self, pid: u32) -> u64 {
+        if pid == NONE {
+            0
+        } else {
+            self.pv(pid)
+        }
+    }
+    /// The weights a GEMM reads in storage type `t`: the f32 values or their 16-bit copy.
+    fn pw(&self, pid: u32, t: Float) -> Result<u64> {
+        let p = &self.plan.params[pid as usize];
+        let want = match t {
+            Float::F32 => return Ok(self.persistent + p.offset),
+            Float::F16 => DType::F16,
+            Float::Bf16 => DType::BF16,
+        };
+        if p.half_copy == Some(want) {
+            Ok(self.persistent + p.half_offset)
+        } else {
+            Err(dev(format!(
+                "parameter `{}` has no {} copy",
+                p.name,
+                want.name()
+            )))
+        }
+    }
+    /// The f32 gradient of parameter `pid`.
+    fn pg(&self, pid: u32) -> Result<u64> {
+        let p = &self.plan.params[pid as usize];
+        if p.grad_offset == NO_OFFSET {
+            return Err(dev(format!("parameter `{}` has no gradient", p.name)));
+        }
+        Ok(self.persistent + p.grad_offset)
+    }
+    /// The step's scalars in device memory.
+    fn sc(&self) -> KArg {
+        p(self.scalars)
+    }
+
+    /// Launches kernel `name`.
+    fn k(&self, name: String, cfg: LaunchCfg, args: Vec<KArg>) -> Result<()> {
+        let call = KernelCall::new(name, cfg, args);
+        // SAFETY: every pointer argument is an address inside the two regions, at a tensor's
+        // or parameter's planned offset, sized by the plan for the dims passed.
+        unsafe { self.backend.launch(&call).map_err(dev) }
+    }
+
+    /// Runs row-major GEMM `g`, resolving its operands with `buf` to (address, type).
+    fn gemm(&self, g: &RowGemm, buf: &dyn Fn(Operand) -> Result<(u64, Float)>) -> Result<()> {
+        let cg = cm::to_cublas(g);
+        if cg.m == 0 || cg.n == 0 || cg.batch == 0 {
+            return Ok(());
+        }
+        let (a, ta) = buf(cg.a.0)?;
+        let (b, tb) = buf(cg.b.0)?;
+        let (c, tc) = buf(cg.c.0)?;
+        // SAFETY: the mapping's extents lie inside the planned tensors (tests/cublas_map.rs).
+        unsafe { self.backend.gemm(&cg, a, b, c, [ta, tb, tc]).map_err(dev) }
+    }
+}
+
+/// The launch storage type of a float dtype.
+fn float(dt: DType) -> Result<Float> {
+    match dt {
+        DType::F32 => Ok(Float::F32),
+        DType::F16 => Ok(Float::F16),
+        DType::BF16 => Ok(Float::Bf16),
+        other => Err(dev(format!(
+            "expected a float tensor, found {}",
+            other.name()
+        ))),
+    }
+}
+
+fn p(addr: u64) -> KArg {
+    KArg::Ptr(addr)
+}
+fn u(n: usize) -> KArg {
+    KArg::U64(n as u64)
+}
+
+/// Fills the 16-bit copies of the parameters that have one, from their f32 values.
+fn refresh_half_copies(plan: &StaticPlan, region: &mut Region) -> Result<()> {
+    for p in plan.params.iter() {
+        let Some(h) = p.half_copy else { continue };
+        // SAFETY: the f32 values and the 16-bit copy are disjoint ranges of the region.
+        unsafe {
+            let src = region.view::<f32>(p.offset, p.elems())?;
+            match h {
+                DType::F16 => {
+                    k::elementwise::cast(src, region.view_mut::<f16>(p.half_offset, p.elems())?)
+                }
+                DType::BF16 => {
+                    k::elementwise::cast(src, region.view_mut::<bf16>(p.half_offset, p.elems())?)
+                }
+                _ => Ok(()),
+            }
+            .map_err(|e| RuntimeError::Memory(e.0))?;
+        }
+    }
+    Ok(())
+}
+
+fn struct_bytes<T>(v: &T) -> &[u8] {
+    // SAFETY: plain-old-data struct viewed as its bytes.
+    unsafe { std::slice::from_raw_parts(v as *const T as *const u8, std::mem::size_of::<T>()) }
+}

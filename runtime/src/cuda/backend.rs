@@ -1,0 +1,66 @@
+//! `Backend`: what the CUDA kernels need from a device — plain allocations, copies, kernel
+//! launches ([`memwise_kernels::cuda::KernelCall`]), mapped GEMMs
+//! ([`memwise_kernels::cublas_map`]) and graph capture. The cudarc one is
+//! [`super::device::CudaBackend`] (feature `cuda`); `tests/cuda_emulated.rs` has one over the
+//! host emulation of the kernels.
+
+use memwise_kernels::cublas_map::CublasGemm;
+use memwise_kernels::cuda::launch::{Float, KernelCall};
+
+/// What [`super::CudaKernels`] needs from a device. Addresses are `u64` device pointers.
+pub trait Backend {
+    /// A short description (`cuda:0 (NVIDIA H200)`, `emulated` …).
+    fn name(&self) -> String;
+    /// `(free, total)` device memory in bytes, when the device knows it.
+    fn memory(&self) -> Option<(u64, u64)>;
+    /// One zeroed allocation of `bytes`, owned by the backend; returns its address.
+    fn alloc(&mut self, bytes: usize) -> std::result::Result<u64, String>;
+    /// Host → device copy (ordered with the launches).
+    ///
+    /// # Safety
+    /// `dst` must have room for `src`.
+    unsafe fn upload(&self, src: &[u8], dst: u64) -> std::result::Result<(), String>;
+    /// Device → host copy; returns when the data is there.
+    ///
+    /// # Safety
+    /// `src` must hold `dst.len()` bytes.
+    unsafe fn download(&self, src: u64, dst: &mut [u8]) -> std::result::Result<(), String>;
+    /// Zeroes `bytes` bytes at `dst` (capturable).
+    ///
+    /// # Safety
+    /// `dst .. dst + bytes` must be device memory.
+    unsafe fn zero(&self, dst: u64, bytes: usize) -> std::result::Result<(), String>;
+    /// Launches a kernel.
+    ///
+    /// # Safety
+    /// The call's pointers must be valid for what the kernel touches.
+    unsafe fn launch(&self, call: &KernelCall) -> std::result::Result<(), String>;
+    /// Runs a mapped GEMM; `a`, `b`, `c` are the addresses of the buffers `g.a.0`, `g.b.0`,
+    /// `g.c.0`, of element types `types`.
+    ///
+    /// # Safety
+    /// The addresses must hold what `g.extents()` says the call touches.
+    unsafe fn gemm(
+        &self,
+        g: &CublasGemm,
+        a: u64,
+        b: u64,
+        c: u64,
+        types: [Float; 3],
+    ) -> std::result::Result<(), String>;
+    fn synchronize(&self) -> std::result::Result<(), String>;
+    /// Starts recording the launches that follow into a graph; `false` when this backend
+    /// has no graphs (then nothing is recorded and launches run as usual).
+    fn begin_capture(&mut self) -> std::result::Result<bool, String>;
+    /// Ends the recording and instantiates the graph.
+    fn end_capture(&mut self) -> std::result::Result<(), String>;
+    /// Replays the recorded graph.
+    fn replay(&self) -> std::result::Result<(), String>;
+    /// Forgets the recorded graph.
+    fn clear_graph(&mut self);
+    /// A new backend on the same device, holding no allocations and no graph: for the
+    /// inference executors a trainer builds beside its training executor.
+    fn open_another(&self) -> std::result::Result<Self, String>
+    where
+        Self: Sized;
+}

@@ -1,0 +1,1385 @@
+//! The CUDA kernel of every op and phase: launches ([`KernelCall`]s through the backend) and
+//! cuBLAS GEMMs ([`memwise_kernels::cublas_map`]) on the addresses of the tensors the step's
+//! [`memwise_plan::io`] struct names, `arena + offset` and `persistent + offset`. Nothing is
+//! allocated and nothing is copied to or from the host inside a step, so a step can be
+//! captured as a graph.
+//!
+//! The RNG step of dropout and sampling is read from the device scalars, not from the
+//! [`RngKey`](k::random::RngKey) (whose `seed` and `layer` are launch arguments), so a replayed
+//! graph draws the next step's masks. Errors are device errors: the walk names the step.
+//!
+//! [`KernelCall`]: memwise_kernels::cuda::KernelCall
+
+use std::borrow::Cow;
+
+use memwise_kernels as k;
+use memwise_kernels::cublas_map::{self as cm, Operand};
+use memwise_kernels::cuda::launch::{
+    self as kl, name1, name2, name3, Float, KArg, LaunchCfg, MwDepthwise, MwGeom, MwPool,
+};
+use memwise_plan::io::*;
+use memwise_plan::liveness::align_up;
+use memwise_plan::{
+    Activation as Act, Optimizer, PlanStep, Reduction, StaticPlan, NONE, NO_OFFSET,
+};
+
+use super::{dev, p, u, Backend, CudaKernels};
+use crate::error::Result;
+use crate::executor::Batch;
+use crate::kernels::{BceInput, Kernels, OpResult, StepFlags, StepScalars, UpdateStep};
+
+fn act_code(a: Act) -> i32 {
+    use k::activation::Activation as A;
+    kl::activation_code(match a {
+        Act::Linear | Act::Softmax => A::Linear,
+        Act::Relu => A::Relu,
+        Act::Sigmoid => A::Sigmoid,
+        Act::Tanh => A::Tanh,
+        Act::Gelu => A::Gelu,
+        Act::Silu => A::Silu,
+    })
+}
+
+/// `1 / √head_dim`, the attention scores' scale.
+fn attention_scale(d: &k::attention::AttentionDims) -> f32 {
+    1.0 / (d.head_dim() as f32).sqrt()
+}
+
+/// The addresses of a linear op's GEMM operands (dense, conv, transposed conv), of storage
+/// type `t`; the weight gradient is f32.
+struct LinearAddrs {
+    t: Float,
+    x: u64,
+    w: u64,
+    /// The forward's output, or the backward's input gradient (0 when none is taken).
+    y_or_dx: u64,
+    dy: u64,
+    dw: u64,
+    /// The im2col / col2im columns (0 when the plan has none).
+    col: u64,
+}
+
+impl LinearAddrs {
+    fn buf(&self, o: Operand) -> Result<(u64, Float)> {
+        Ok(match o {
+            Operand::X => (self.x, self.t),
+            Operand::W => (self.w, self.t),
+            Operand::Dy => (self.dy, self.t),
+            Operand::Dw => (self.dw, Float::F32),
+            Operand::Col => (self.col, self.t),
+            _ => (self.y_or_dx, self.t),
+        })
+    }
+}
+
+impl<B: Backend> CudaKernels<B> {
+    fn linear_forward(&self, io: &LinearForward) -> Result<LinearAddrs> {
+        let t = self.ft(io.y)?;
+        Ok(LinearAddrs {
+            t,
+            x: self.t(io.x)?,
+            w: self.pw(io.weight, t)?,
+            y_or_dx: self.t(io.y)?,
+            dy: 0,
+            dw: 0,
+            col: self.t_or_null(io.ws)?,
+        })
+    }
+
+    fn linear_backward(&self, io: &LinearBackward) -> Result<LinearAddrs> {
+        let t = self.ft(io.x)?;
+        Ok(LinearAddrs {
+            t,
+            x: self.t(io.x)?,
+            w: self.pw(io.weight, t)?,
+            y_or_dx: self.t_or_null(io.dx)?,
+            dy: self.t(io.dy)?,
+            dw: self.pg(io.weight)?,
+            col: self.t_or_null(io.ws)?,
+        })
+    }
+
+    /// `y += bias` over `rows` rows of `cols`, when the layer has a bias.
+    fn bias_add(&self, t: Float, y: u64, rows: usize, cols: usize, bias: ParamId) -> Result<()> {
+        if bias == NONE {
+            return Ok(());
+        }
+        self.k(
+            name1("mw_bias_add", t),
+            LaunchCfg::pointwise((rows * cols) as u64),
+            vec![p(y), p(self.pv(bias)), u(rows), u(cols)],
+        )
+    }
+
+    /// The bias gradient, `dy`'s column sums, when the layer has a bias.
+    fn bias_grad(&self, t: Float, dy: u64, rows: usize, cols: usize, bias: ParamId) -> Result<()> {
+        if bias == NONE {
+            return Ok(());
+        }
+        self.k(
+            name1("mw_column_sums", t),
+            LaunchCfg::strip(cols as u64, 1),
+            vec![p(dy), u(rows), u(cols), p(self.pg(bias)?)],
+        )
+    }
+
+    fn key_args(&self, key: k::random::RngKey) -> [KArg; 2] {
+        [KArg::U64(key.seed), KArg::U32(key.layer)]
+    }
+
+    /// The gradient a training loss writes (`None` in an inference plan).
+    fn loss_grad(&self, id: TensorId, op: &str) -> Result<Option<u64>> {
+        if !self.plan.training {
+            return Ok(None);
+        }
+        if id == NONE {
+            return Err(dev(format!(
+                "loss `{op}`: its input depends on no parameter"
+            )));
+        }
+        self.t(id).map(Some)
+    }
+
+    /// Without loss scaling, a non-finite loss must stop the update (as on the CPU): the
+    /// flag makes the optimizer kernels skip, and the host reports it after the step.
+    fn flag_nonfinite_loss(&self, loss: u64) -> Result<()> {
+        if self.plan.training && !self.plan.loss_scaling {
+            self.k(
+                "mw_all_finite_f32".into(),
+                LaunchCfg::pointwise(1),
+                vec![p(loss), u(1), self.sc()],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Binary cross-entropy (`kind`: the `kl::LOSS_*` code) or mean squared error.
+    #[allow(clippy::too_many_arguments)]
+    fn elem_loss(
+        &self,
+        io: &LossIo,
+        op: &str,
+        kind: i32,
+        rows: usize,
+        features: usize,
+        red: Reduction,
+        weight: f32,
+    ) -> Result<()> {
+        let n = rows * features;
+        let denom = match red {
+            Reduction::Mean => n as f64,
+            Reduction::SumOverFeatures => rows as f64,
+        };
+        let loss = self.t(io.value)?;
+        let (pt, yt) = (self.ft(io.prediction)?, self.ft(io.target)?);
+        let (pr, tg) = (self.t(io.prediction)?, self.t(io.target)?);
+        if let Some(g) = self.loss_grad(io.grad, op)? {
+            if self.ft(io.grad)? != pt {
+                return Err(dev(
+                    "a loss gradient in another dtype than its prediction has no CUDA kernel"
+                        .into(),
+                ));
+            }
+            self.k(
+                name2("mw_elem_loss", pt, yt),
+                LaunchCfg::pointwise(n as u64),
+                vec![
+                    KArg::I32(kind),
+                    p(pr),
+                    p(tg),
+                    p(g),
+                    u(n),
+                    KArg::F64(denom),
+                    KArg::F32(weight),
+                    self.sc(),
+                ],
+            )?;
+        }
+        self.k(
+            name2("mw_elem_loss_value", pt, yt),
+            LaunchCfg::single(),
+            vec![
+                KArg::I32(kind),
+                p(pr),
+                p(tg),
+                u(n),
+                KArg::F64(denom),
+                KArg::F32(weight),
+                p(loss),
+            ],
+        )?;
+        self.flag_nonfinite_loss(loss)
+    }
+
+    /// The optimizer kernel of one parameter (`n` values at `pv`, gradient at `g`, optimizer
+    /// state `state(slot)`).
+    fn optimizer_kernel(
+        &self,
+        optimizer: Optimizer,
+        n: usize,
+        pv: KArg,
+        g: KArg,
+        state: &dyn Fn(u64) -> KArg,
+    ) -> Result<()> {
+        let cfg = LaunchCfg::pointwise(n as u64);
+        let adam = |beta_1, beta_2, epsilon, decay| {
+            self.k(
+                "mw_adam".into(),
+                cfg,
+                vec![
+                    pv,
+                    g,
+                    state(0),
+                    state(1),
+                    u(n),
+                    KArg::F32(beta_1),
+                    KArg::F32(beta_2),
+                    KArg::F32(epsilon),
+                    KArg::F32(decay),
+                    self.sc(),
+                ],
+            )
+        };
+        match optimizer {
+            Optimizer::Sgd { lr } => self.k(
+                "mw_sgd".into(),
+                cfg,
+                vec![
+                    pv,
+                    g,
+                    p(0),
+                    u(n),
+                    KArg::F32(lr),
+                    KArg::F32(0.0),
+                    KArg::I32(0),
+                    self.sc(),
+                ],
+            ),
+            Optimizer::Momentum {
+                lr,
+                momentum,
+                nesterov,
+            } => {
+                let m = if momentum != 0.0 { state(0) } else { p(0) };
+                self.k(
+                    "mw_sgd".into(),
+                    cfg,
+                    vec![
+                        pv,
+                        g,
+                        m,
+                        u(n),
+                        KArg::F32(lr),
+                        KArg::F32(momentum),
+                        KArg::I32(nesterov as i32),
+                        self.sc(),
+                    ],
+                )
+            }
+            Optimizer::RmsProp {
+                lr,
+                rho,
+                epsilon,
+                momentum,
+                centered,
+            } => {
+                let mom = if momentum > 0.0 { state(1) } else { p(0) };
+                let avg = if centered {
+                    state(1 + (momentum > 0.0) as u64)
+                } else {
+                    p(0)
+                };
+                self.k(
+                    "mw_rmsprop".into(),
+                    cfg,
+                    vec![
+                        pv,
+                        g,
+                        state(0),
+                        mom,
+                        avg,
+                        u(n),
+                        KArg::F32(lr),
+                        KArg::F32(rho),
+                        KArg::F32(momentum),
+                        KArg::F32(epsilon),
+                        self.sc(),
+                    ],
+                )
+            }
+            Optimizer::Adam {
+                beta_1,
+                beta_2,
+                epsilon,
+                ..
+            } => adam(beta_1, beta_2, epsilon, 0.0),
+            Optimizer::AdamW {
+                lr,
+                beta_1,
+                beta_2,
+                epsilon,
+                weight_decay,
+            } => adam(beta_1, beta_2, epsilon, weight_decay * lr),
+        }
+    }
+}
+
+impl<B: Backend> Kernels for CudaKernels<B> {
+    fn device_name(&self) -> String {
+        self.backend.name()
+    }
+
+    fn plan(&self) -> &StaticPlan {
+        &self.plan
+    }
+
+    fn device_bytes_used(&self) -> Option<u64> {
+        self.bytes_used()
+    }
+
+    fn another(&self, plan: StaticPlan, device: &crate::device::Device, seed: u64) -> Result<Self> {
+        let backend = self.backend.open_another().map_err(dev)?;
+        CudaKernels::new(plan, device, backend, seed)
+    }
+
+    fn load_inputs(&mut self, inputs: &[Batch<'_>]) -> Result<()> {
+        self.upload_inputs(inputs)
+    }
+
+    fn begin_step(&mut self, scalars: &StepScalars) -> Result<()> {
+        // The gradients are zeroed by the first command of the step itself (`run_steps`),
+        // so that a captured graph zeroes them too.
+        self.upload_scalars(scalars)
+    }
+
+    fn run_steps(&mut self, steps: &mut dyn FnMut(&Self) -> Result<()>) -> Result<()> {
+        self.launch_step(steps)
+    }
+
+    fn end_step(&mut self) -> Result<StepFlags> {
+        self.read_flags()
+    }
+
+    fn flagged_now(&self) -> Option<bool> {
+        None
+    }
+
+    fn read_param(&self, pid: u32, grad: bool) -> Result<Vec<f32>> {
+        self.param_values(pid, grad)
+    }
+
+    fn write_param(&mut self, pid: u32, values: &[f32]) -> Result<()> {
+        self.upload_param(pid, values)
+    }
+
+    fn read_tensor(&self, id: u32, out: &mut [f32]) -> Result<()> {
+        self.tensor_values(id, out)
+    }
+
+    fn tensor_finite(&self, id: u32) -> Result<bool> {
+        self.finite(id)
+    }
+
+    fn persistent_image(&self) -> Result<Cow<'_, [u8]>> {
+        Ok(Cow::Owned(self.image()?))
+    }
+
+    fn write_persistent(&mut self, write: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<()> {
+        self.rewrite_persistent(write)
+    }
+
+    fn poison(&self, _ids: &[u32]) -> Result<()> {
+        Err(dev(format!(
+            "{}: poisoning the arena is a CPU test hook",
+            self.backend.name()
+        )))
+    }
+
+    // ---- forward ----
+
+    fn input_cast(&self, io: &UnaryForward, scale: f32) -> OpResult {
+        let n = self.elems(io.y)?;
+        self.k(
+            name1("mw_cast_u8", self.ft(io.y)?),
+            LaunchCfg::pointwise(n as u64),
+            vec![
+                p(self.t(io.x)?),
+                p(self.t(io.y)?),
+                u(n),
+                KArg::F32(scale),
+                KArg::F32(0.0),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn cast(&self, io: &UnaryForward) -> OpResult {
+        let n = self.elems(io.y)?;
+        self.k(
+            name2("mw_cast", self.ft(io.x)?, self.ft(io.y)?),
+            LaunchCfg::pointwise(n as u64),
+            vec![p(self.t(io.x)?), p(self.t(io.y)?), u(n)],
+        )?;
+        Ok(())
+    }
+
+    fn dense(&self, io: &LinearForward, d: k::dense::DenseDims) -> OpResult {
+        let a = self.linear_forward(io)?;
+        self.gemm(&cm::dense_forward(d), &|o| a.buf(o))?;
+        self.bias_add(a.t, a.y_or_dx, d.batch, d.out_features, io.bias)?;
+        Ok(())
+    }
+
+    fn conv2d(&self, io: &LinearForward, d: k::conv::Conv2dDims, chunk: usize) -> OpResult {
+        let a = self.linear_forward(io)?;
+        let (t, g) = (a.t, MwGeom::conv2d(&d));
+        if d.is_pointwise() {
+            self.gemm(&cm::conv2d_forward_pointwise(&d), &|o| a.buf(o))?;
+        } else {
+            let p_ = d.out_h() * d.out_w();
+            for (n0, cn) in cm::chunks(d.n, chunk) {
+                self.k(
+                    name1("mw_im2col", t),
+                    LaunchCfg::pointwise((cn * p_ * g.k()) as u64),
+                    vec![
+                        p(a.x),
+                        p(a.col),
+                        KArg::Geom(g),
+                        KArg::I32(n0 as i32),
+                        KArg::I32(cn as i32),
+                    ],
+                )?;
+                self.gemm(&cm::conv2d_forward_chunk(&d, n0, cn), &|o| a.buf(o))?;
+            }
+        }
+        self.bias_add(t, a.y_or_dx, d.y_len() / d.c_out, d.c_out, io.bias)?;
+        Ok(())
+    }
+
+    fn depthwise_conv2d(&self, io: &LinearForward, d: k::conv::DepthwiseConv2dDims) -> OpResult {
+        let t = self.ft(io.y)?;
+        self.k(
+            name1("mw_dw_fwd", t),
+            LaunchCfg::pointwise(d.y_len() as u64),
+            vec![
+                p(self.t(io.x)?),
+                p(self.pw(io.weight, t)?),
+                p(self.pv_or_null(io.bias)),
+                p(self.t(io.y)?),
+                KArg::Depthwise(MwDepthwise::from(&d)),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn conv2d_transpose(
+        &self,
+        io: &LinearForward,
+        d: k::conv::ConvTranspose2dDims,
+        chunk: usize,
+    ) -> OpResult {
+        let a = self.linear_forward(io)?;
+        let (t, g) = (a.t, MwGeom::conv2d_transpose(&d));
+        if d.is_pointwise() {
+            self.gemm(&cm::conv2d_transpose_forward_pointwise(&d), &|o| a.buf(o))?;
+            self.bias_add(t, a.y_or_dx, d.y_len() / d.c_out, d.c_out, io.bias)?;
+        } else {
+            // col2im adds the bias.
+            let (img, b) = (d.out_h() * d.out_w() * d.c_out, self.pv_or_null(io.bias));
+            for (n0, cn) in cm::chunks(d.n, chunk) {
+                self.gemm(&cm::conv2d_transpose_forward_chunk(&d, n0, cn), &|o| {
+                    a.buf(o)
+                })?;
+                let yc = a.y_or_dx + (n0 * img * t.size()) as u64;
+                self.k(
+                    name1("mw_col2im", t),
+                    LaunchCfg::pointwise((cn * img) as u64),
+                    vec![p(a.col), p(yc), KArg::Geom(g), KArg::I32(cn as i32), p(b)],
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    fn max_pool2d(&self, io: &MaxPoolForward, d: &k::pool::Pool2d) -> OpResult {
+        self.k(
+            name1("mw_maxpool_fwd", self.ft(io.y)?),
+            LaunchCfg::pointwise(d.out_len() as u64),
+            vec![
+                p(self.t(io.x)?),
+                p(self.t(io.y)?),
+                p(self.t(io.argmax)?),
+                KArg::Pool(MwPool::from(d)),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn avg_pool2d(&self, io: &UnaryForward, d: &k::pool::Pool2d) -> OpResult {
+        self.k(
+            name1("mw_avgpool_fwd", self.ft(io.y)?),
+            LaunchCfg::pointwise(d.out_len() as u64),
+            vec![
+                p(self.t(io.x)?),
+                p(self.t(io.y)?),
+                KArg::Pool(MwPool::from(d)),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn global_avg_pool(&self, io: &UnaryForward, n: usize, hw: usize, c: usize) -> OpResult {
+        self.k(
+            name1("mw_gap_fwd", self.ft(io.y)?),
+            LaunchCfg::pointwise((n * c) as u64),
+            vec![p(self.t(io.x)?), p(self.t(io.y)?), u(n), u(hw), u(c)],
+        )?;
+        Ok(())
+    }
+
+    fn batch_norm(
+        &self,
+        io: &BatchNormForward,
+        d: k::norm::NormDims,
+        cfg: k::norm::BatchNormConfig,
+        move_running: bool,
+    ) -> OpResult {
+        // Recomputation must not move the running statistics a second time.
+        let (rm, rv) = if move_running {
+            (self.pv(io.running_mean), self.pv(io.running_var))
+        } else {
+            (0, 0)
+        };
+        self.k(
+            name1("mw_bn_train_fwd", self.ft(io.y)?),
+            LaunchCfg::strip(d.channels as u64, 1),
+            vec![
+                p(self.t(io.x)?),
+                p(self.t(io.y)?),
+                p(self.t(io.x_hat)?),
+                p(self.t(io.mean)?),
+                p(self.t(io.inv_std)?),
+                p(rm),
+                p(rv),
+                p(self.pv(io.gamma)),
+                p(self.pv(io.beta)),
+                u(d.rows),
+                u(d.channels),
+                KArg::F32(cfg.epsilon),
+                KArg::F32(cfg.momentum),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn batch_norm_inference(
+        &self,
+        io: &BatchNormInferenceForward,
+        d: k::norm::NormDims,
+        epsilon: f32,
+    ) -> OpResult {
+        self.k(
+            name1("mw_bn_infer", self.ft(io.y)?),
+            LaunchCfg::pointwise((d.rows * d.channels) as u64),
+            vec![
+                p(self.t(io.x)?),
+                p(self.t(io.y)?),
+                p(self.pv(io.gamma)),
+                p(self.pv(io.beta)),
+                p(self.pv(io.running_mean)),
+                p(self.pv(io.running_var)),
+                u(d.rows),
+                u(d.channels),
+                KArg::F32(epsilon),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn layer_norm(&self, io: &LayerNormForward, d: k::norm::NormDims, epsilon: f32) -> OpResult {
+        self.k(
+            name1("mw_ln_fwd", self.ft(io.y)?),
+            LaunchCfg::rows(d.rows as u64),
+            vec![
+                p(self.t(io.x)?),
+                p(self.t(io.y)?),
+                p(self.t(io.x_hat)?),
+                p(self.t(io.rstd)?),
+                p(self.pv(io.gamma)),
+                p(self.pv(io.beta)),
+                u(d.rows),
+                u(d.channels),
+                KArg::F32(epsilon),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn dropout(&self, io: &DropoutForward, rate: f32, key: k::random::RngKey) -> OpResult {
+        let n = self.elems(io.y)?;
+        let [seed, layer] = self.key_args(key);
+        self.k(
+            name1("mw_dropout_fwd", self.ft(io.y)?),
+            LaunchCfg::pointwise(n.div_ceil(4) as u64),
+            vec![
+                p(self.t(io.x)?),
+                p(self.t(io.y)?),
+                p(self.t(io.mask)?),
+                u(n),
+                KArg::F32(rate),
+                seed,
+                layer,
+                self.sc(),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn activation(&self, io: &UnaryForward, act: Act, rows: usize, cols: usize) -> OpResult {
+        if act == Act::Softmax {
+            self.k(
+                name2("mw_softmax", self.ft(io.x)?, self.ft(io.y)?),
+                LaunchCfg::rows(rows as u64),
+                vec![p(self.t(io.x)?), p(self.t(io.y)?), u(rows), u(cols)],
+            )?;
+            return Ok(());
+        }
+        let n = self.elems(io.y)?;
+        self.k(
+            name1("mw_act_fwd", self.ft(io.y)?),
+            LaunchCfg::pointwise(n as u64),
+            vec![
+                KArg::I32(act_code(act)),
+                p(self.t(io.x)?),
+                p(self.t(io.y)?),
+                u(n),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn add(&self, io: &AddForward) -> OpResult {
+        let xs = &io.xs;
+        if xs.len() > 8 {
+            return Err(dev("add of more than 8 inputs".into()).into());
+        }
+        let n = self.elems(io.y)?;
+        let mut args = vec![p(self.t(io.y)?)];
+        for j in 0..8 {
+            args.push(if j < xs.len() {
+                p(self.t(xs[j])?)
+            } else {
+                p(0)
+            });
+        }
+        args.extend([KArg::I32(xs.len() as i32), u(n)]);
+        self.k(
+            name1("mw_add_n", self.ft(io.y)?),
+            LaunchCfg::pointwise(n as u64),
+            args,
+        )?;
+        Ok(())
+    }
+
+    fn concat(&self, io: &ConcatForward, rows: usize, a: usize, b: usize) -> OpResult {
+        self.k(
+            name1("mw_concat", self.ft(io.y)?),
+            LaunchCfg::pointwise((rows * (a + b)) as u64),
+            vec![
+                p(self.t(io.a)?),
+                p(self.t(io.b)?),
+                p(self.t(io.y)?),
+                u(rows),
+                u(a),
+                u(b),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn embedding(&self, io: &EmbeddingForward, d: k::embedding::EmbeddingDims) -> OpResult {
+        self.k(
+            name1("mw_embedding_fwd", self.ft(io.y)?),
+            LaunchCfg::pointwise((d.tokens * d.dim) as u64),
+            vec![
+                p(self.t(io.ids)?),
+                p(self.pv(io.table)),
+                p(self.t(io.y)?),
+                u(d.tokens),
+                u(d.vocab),
+                u(d.dim),
+                self.sc(),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        io: &AttentionForward,
+        d: k::attention::AttentionDims,
+        causal: bool,
+        dropout: f32,
+        key: k::random::RngKey,
+    ) -> OpResult {
+        let t = self.ft(io.probs)?;
+        let (scale, seq) = (attention_scale(&d), d.seq);
+        let (qkv, probs) = (self.t(io.qkv)?, self.t(io.probs)?);
+        let (used, ctx) = if dropout > 0.0 {
+            (self.t(io.probs_dropped)?, self.t(io.ctx)?)
+        } else {
+            (probs, self.t(io.ctx)?)
+        };
+        for g in cm::attention_scores(&d, scale) {
+            self.gemm(&g, &|o| {
+                Ok((if o == Operand::Qkv { qkv } else { probs }, t))
+            })?;
+        }
+        let pairs = d.batch * d.heads;
+        if causal {
+            self.k(
+                name1("mw_causal_mask", t),
+                LaunchCfg::pointwise(d.scores_len() as u64),
+                vec![p(probs), u(pairs), u(seq)],
+            )?;
+        }
+        self.k(
+            name2("mw_softmax", t, t),
+            LaunchCfg::rows((pairs * seq) as u64),
+            vec![p(probs), p(probs), u(pairs * seq), u(seq)],
+        )?;
+        if dropout > 0.0 {
+            let n = d.scores_len();
+            let [seed, layer] = self.key_args(key);
+            self.k(
+                name1("mw_dropout_fwd", t),
+                LaunchCfg::pointwise(n.div_ceil(4) as u64),
+                vec![
+                    p(probs),
+                    p(used),
+                    p(self.t(io.mask)?),
+                    u(n),
+                    KArg::F32(dropout),
+                    seed,
+                    layer,
+                    self.sc(),
+                ],
+            )?;
+        }
+        for g in cm::attention_context(&d) {
+            self.gemm(&g, &|o| {
+                Ok((
+                    match o {
+                        Operand::Qkv => qkv,
+                        Operand::Probs => used,
+                        _ => ctx,
+                    },
+                    t,
+                ))
+            })?;
+        }
+        Ok(())
+    }
+
+    fn sample_normal(&self, io: &SampleNormalForward, key: k::random::RngKey) -> OpResult {
+        let n = self.elems(io.z)?;
+        let [seed, layer] = self.key_args(key);
+        self.k(
+            name1("mw_sample_normal_fwd", self.ft(io.z)?),
+            LaunchCfg::pointwise(n.div_ceil(4) as u64),
+            vec![
+                p(self.t(io.mean)?),
+                p(self.t(io.log_var)?),
+                p(self.t(io.z)?),
+                u(n),
+                seed,
+                layer,
+                self.sc(),
+            ],
+        )?;
+        Ok(())
+    }
+
+    // ---- backward ----
+
+    fn cast_backward(&self, io: &UnaryBackward) -> OpResult {
+        let n = self.elems(io.dy)?;
+        self.k(
+            name2("mw_cast", self.ft(io.dy)?, self.ft(io.dx)?),
+            LaunchCfg::pointwise(n as u64),
+            vec![p(self.t(io.dy)?), p(self.t(io.dx)?), u(n)],
+        )?;
+        Ok(())
+    }
+
+    fn dense_backward(&self, io: &LinearBackward, d: k::dense::DenseDims) -> OpResult {
+        let a = self.linear_backward(io)?;
+        for g in cm::dense_backward(d, io.dx != NONE) {
+            self.gemm(&g, &|o| a.buf(o))?;
+        }
+        self.bias_grad(a.t, a.dy, d.batch, d.out_features, io.bias)?;
+        Ok(())
+    }
+
+    fn conv2d_backward(
+        &self,
+        io: &LinearBackward,
+        d: k::conv::Conv2dDims,
+        chunk: usize,
+    ) -> OpResult {
+        let a = self.linear_backward(io)?;
+        let (t, g, need_dx) = (a.t, MwGeom::conv2d(&d), io.dx != NONE);
+        if d.is_pointwise() {
+            for gm in cm::conv2d_backward_pointwise(&d, need_dx) {
+                self.gemm(&gm, &|o| a.buf(o))?;
+            }
+        } else {
+            let (p_, img) = (d.out_h() * d.out_w(), d.h * d.w * d.c_in);
+            for (n0, cn) in cm::chunks(d.n, chunk) {
+                self.k(
+                    name1("mw_im2col", t),
+                    LaunchCfg::pointwise((cn * p_ * g.k()) as u64),
+                    vec![
+                        p(a.x),
+                        p(a.col),
+                        KArg::Geom(g),
+                        KArg::I32(n0 as i32),
+                        KArg::I32(cn as i32),
+                    ],
+                )?;
+                let (gw, gx) = cm::conv2d_backward_chunk(&d, n0, cn);
+                self.gemm(&gw, &|o| a.buf(o))?;
+                if need_dx {
+                    self.gemm(&gx, &|o| a.buf(o))?;
+                    let dxc = a.y_or_dx + (n0 * img * t.size()) as u64;
+                    self.k(
+                        name1("mw_col2im", t),
+                        LaunchCfg::pointwise((cn * img) as u64),
+                        vec![p(a.col), p(dxc), KArg::Geom(g), KArg::I32(cn as i32), p(0)],
+                    )?;
+                }
+            }
+        }
+        self.bias_grad(t, a.dy, d.y_len() / d.c_out, d.c_out, io.bias)?;
+        Ok(())
+    }
+
+    fn depthwise_conv2d_backward(
+        &self,
+        io: &LinearBackward,
+        d: k::conv::DepthwiseConv2dDims,
+    ) -> OpResult {
+        let t = self.ft(io.x)?;
+        let md = KArg::Depthwise(MwDepthwise::from(&d));
+        let (x, w, dy) = (self.t(io.x)?, self.pw(io.weight, t)?, self.t(io.dy)?);
+        if io.dx != NONE {
+            self.k(
+                name1("mw_dw_bwd_dx", t),
+                LaunchCfg::pointwise(d.x_len() as u64),
+                vec![p(w), p(dy), p(self.t(io.dx)?), md],
+            )?;
+        }
+        self.k(
+            name1("mw_dw_bwd_dw", t),
+            LaunchCfg::strip(d.c_out() as u64, (d.kh * d.kw) as u32),
+            vec![p(x), p(dy), p(self.pg(io.weight)?), md],
+        )?;
+        self.bias_grad(t, dy, d.y_len() / d.c_out(), d.c_out(), io.bias)?;
+        Ok(())
+    }
+
+    fn conv2d_transpose_backward(
+        &self,
+        io: &LinearBackward,
+        d: k::conv::ConvTranspose2dDims,
+        chunk: usize,
+    ) -> OpResult {
+        let a = self.linear_backward(io)?;
+        let (t, g, need_dx) = (a.t, MwGeom::conv2d_transpose(&d), io.dx != NONE);
+        if d.is_pointwise() {
+            for gm in cm::conv2d_transpose_backward_pointwise(&d, need_dx) {
+                self.gemm(&gm, &|o| a.buf(o))?;
+            }
+        } else {
+            let hw = d.h * d.w;
+            for (n0, cn) in cm::chunks(d.n, chunk) {
+                self.k(
+                    name1("mw_im2col", t),
+                    LaunchCfg::pointwise((cn * hw * g.k()) as u64),
+                    vec![
+                        p(a.dy),
+                        p(a.col),
+                        KArg::Geom(g),
+                        KArg::I32(n0 as i32),
+                        KArg::I32(cn as i32),
+                    ],
+                )?;
+                for gm in cm::conv2d_transpose_backward_chunk(&d, n0, cn, need_dx) {
+                    self.gemm(&gm, &|o| a.buf(o))?;
+                }
+            }
+        }
+        self.bias_grad(t, a.dy, d.y_len() / d.c_out, d.c_out, io.bias)?;
+        Ok(())
+    }
+
+    fn max_pool2d_backward(&self, io: &SavedBackward, d: &k::pool::Pool2d) -> OpResult {
+        self.k(
+            name1("mw_maxpool_bwd", self.ft(io.dy)?),
+            LaunchCfg::pointwise(d.in_len() as u64),
+            vec![
+                p(self.t(io.saved)?),
+                p(self.t(io.dy)?),
+                p(self.t(io.dx)?),
+                KArg::Pool(MwPool::from(d)),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn avg_pool2d_backward(&self, io: &UnaryBackward, d: &k::pool::Pool2d) -> OpResult {
+        self.k(
+            name1("mw_avgpool_bwd", self.ft(io.dy)?),
+            LaunchCfg::pointwise(d.in_len() as u64),
+            vec![
+                p(self.t(io.dy)?),
+                p(self.t(io.dx)?),
+                KArg::Pool(MwPool::from(d)),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn global_avg_pool_backward(
+        &self,
+        io: &UnaryBackward,
+        n: usize,
+        hw: usize,
+        c: usize,
+    ) -> OpResult {
+        self.k(
+            name1("mw_gap_bwd", self.ft(io.dy)?),
+            LaunchCfg::pointwise((n * hw * c) as u64),
+            vec![p(self.t(io.dy)?), p(self.t(io.dx)?), u(n), u(hw), u(c)],
+        )?;
+        Ok(())
+    }
+
+    fn batch_norm_backward(&self, io: &NormBackward, d: k::norm::NormDims) -> OpResult {
+        self.k(
+            name1("mw_bn_bwd", self.ft(io.x_hat)?),
+            LaunchCfg::strip(d.channels as u64, 1),
+            vec![
+                p(self.t(io.x_hat)?),
+                p(self.t(io.inv_std)?),
+                p(self.pv(io.gamma)),
+                p(self.t(io.dy)?),
+                p(self.t(io.dx)?),
+                p(self.pg(io.gamma)?),
+                p(self.pg(io.beta)?),
+                u(d.rows),
+                u(d.channels),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn layer_norm_backward(&self, io: &NormBackward, d: k::norm::NormDims) -> OpResult {
+        let t = self.ft(io.x_hat)?;
+        let (rows, features) = (d.rows, d.channels);
+        let (h, rs, dy) = (self.t(io.x_hat)?, self.t(io.inv_std)?, self.t(io.dy)?);
+        self.k(
+            name1("mw_ln_param_grads", t),
+            LaunchCfg::strip(features as u64, 1),
+            vec![
+                p(h),
+                p(dy),
+                p(self.pg(io.gamma)?),
+                p(self.pg(io.beta)?),
+                u(rows),
+                u(features),
+            ],
+        )?;
+        self.k(
+            name1("mw_ln_bwd", t),
+            LaunchCfg::rows(rows as u64),
+            vec![
+                p(h),
+                p(rs),
+                p(self.pv(io.gamma)),
+                p(dy),
+                p(self.t(io.dx)?),
+                u(rows),
+                u(features),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn dropout_backward(&self, io: &SavedBackward, rate: f32) -> OpResult {
+        let n = self.elems(io.dy)?;
+        self.k(
+            name1("mw_dropout_bwd", self.ft(io.dy)?),
+            LaunchCfg::pointwise(n as u64),
+            vec![
+                p(self.t(io.saved)?),
+                p(self.t(io.dy)?),
+                p(self.t(io.dx)?),
+                u(n),
+                KArg::F32(rate),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn activation_backward(
+        &self,
+        io: &SavedBackward,
+        act: Act,
+        rows: usize,
+        cols: usize,
+    ) -> OpResult {
+        if act == Act::Softmax {
+            self.k(
+                name3(
+                    "mw_softmax_bwd",
+                    self.ft(io.saved)?,
+                    self.ft(io.dy)?,
+                    self.ft(io.dx)?,
+                ),
+                LaunchCfg::rows(rows as u64),
+                vec![
+                    p(self.t(io.saved)?),
+                    p(self.t(io.dy)?),
+                    p(self.t(io.dx)?),
+                    u(rows),
+                    u(cols),
+                ],
+            )?;
+            return Ok(());
+        }
+        let n = self.elems(io.dy)?;
+        self.k(
+            name1("mw_act_bwd", self.ft(io.dy)?),
+            LaunchCfg::pointwise(n as u64),
+            vec![
+                KArg::I32(act_code(act)),
+                p(self.t(io.saved)?),
+                p(self.t(io.dy)?),
+                p(self.t(io.dx)?),
+                u(n),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn concat_backward(&self, io: &ConcatBackward, rows: usize, a: usize, b: usize) -> OpResult {
+        self.k(
+            name1("mw_concat_backward", self.ft(io.dy)?),
+            LaunchCfg::pointwise((rows * (a + b)) as u64),
+            vec![
+                p(self.t(io.dy)?),
+                p(self.t(io.da)?),
+                p(self.t(io.db)?),
+                u(rows),
+                u(a),
+                u(b),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn embedding_backward(
+        &self,
+        io: &EmbeddingBackward,
+        d: k::embedding::EmbeddingDims,
+    ) -> OpResult {
+        self.k(
+            name1("mw_embedding_bwd", self.ft(io.dy)?),
+            LaunchCfg::pointwise((d.tokens * d.dim) as u64),
+            vec![
+                p(self.t(io.ids)?),
+                p(self.t(io.dy)?),
+                p(self.pg(io.table)?),
+                u(d.tokens),
+                u(d.vocab),
+                u(d.dim),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn attention_backward(
+        &self,
+        io: &AttentionBackward,
+        d: k::attention::AttentionDims,
+        dropout: f32,
+    ) -> OpResult {
+        let t = self.ft(io.qkv)?;
+        let scale = attention_scale(&d);
+        let (qkv, probs) = (self.t(io.qkv)?, self.t(io.probs)?);
+        let (used, dctx) = if dropout > 0.0 {
+            (self.t(io.probs_dropped)?, self.t(io.dctx)?)
+        } else {
+            (probs, self.t(io.dctx)?)
+        };
+        let (dqkv, dp) = (self.t(io.dqkv)?, self.t(io.ws)?);
+        let bufs = |o: Operand| -> Result<(u64, Float)> {
+            Ok((
+                match o {
+                    Operand::Qkv => qkv,
+                    Operand::Probs => used,
+                    Operand::Dctx => dctx,
+                    Operand::Dprobs => dp,
+                    _ => dqkv,
+                },
+                t,
+            ))
+        };
+        let (gdp, gdv) = cm::attention_context_backward(&d);
+        for g in gdp.iter().chain(gdv.iter()) {
+            self.gemm(g, &bufs)?;
+        }
+        let n = d.scores_len();
+        if dropout > 0.0 {
+            self.k(
+                name1("mw_dropout_bwd", t),
+                LaunchCfg::pointwise(n as u64),
+                vec![p(self.t(io.mask)?), p(dp), p(dp), u(n), KArg::F32(dropout)],
+            )?;
+        }
+        let rows = d.batch * d.heads * d.seq;
+        self.k(
+            name3("mw_softmax_bwd", t, t, t),
+            LaunchCfg::rows(rows as u64),
+            vec![p(probs), p(dp), p(dp), u(rows), u(d.seq)],
+        )?;
+        for g in cm::attention_scores_backward(&d, scale) {
+            self.gemm(&g, &bufs)?;
+        }
+        Ok(())
+    }
+
+    fn sample_normal_backward(
+        &self,
+        io: &SampleNormalBackward,
+        key: k::random::RngKey,
+    ) -> OpResult {
+        let n = self.elems(io.dz)?;
+        let [seed, layer] = self.key_args(key);
+        self.k(
+            name1("mw_sample_normal_bwd", self.ft(io.log_var)?),
+            LaunchCfg::pointwise(n.div_ceil(4) as u64),
+            vec![
+                p(self.t(io.log_var)?),
+                p(self.t(io.dz)?),
+                p(self.t(io.dmean)?),
+                p(self.t(io.dlog_var)?),
+                u(n),
+                seed,
+                layer,
+                self.sc(),
+                KArg::I32(0),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn accumulate(&self, io: &AccumulateIo) -> OpResult {
+        let n = self.elems(io.g)?;
+        let t = self.ft(io.g)?;
+        let cfg = LaunchCfg::pointwise(n as u64);
+        let g = self.t(io.g)?;
+        let other = if self.same(io.a, io.g) {
+            io.b
+        } else if self.same(io.b, io.g) {
+            io.a
+        } else {
+            self.k(
+                name2("mw_cast", t, t),
+                cfg,
+                vec![p(self.t(io.a)?), p(g), u(n)],
+            )?;
+            io.b
+        };
+        self.k(
+            name1("mw_accumulate", t),
+            cfg,
+            vec![p(g), p(self.t(other)?), u(n)],
+        )?;
+        Ok(())
+    }
+
+    // ---- losses ----
+
+    fn sparse_categorical_crossentropy(
+        &self,
+        io: &LossIo,
+        rows: usize,
+        classes: usize,
+        weight: f32,
+        from_logits: bool,
+    ) -> OpResult {
+        let op = if from_logits {
+            "softmax_cross_entropy_from_logits"
+        } else {
+            "softmax_cross_entropy"
+        };
+        let loss = self.t(io.value)?;
+        // The probabilities: the fused softmax's output, or computed here from the logits.
+        let (probs, pt) = if from_logits {
+            let ws = self.t(io.ws)?;
+            self.k(
+                name2("mw_softmax", self.ft(io.prediction)?, Float::F32),
+                LaunchCfg::rows(rows as u64),
+                vec![p(self.t(io.prediction)?), p(ws), u(rows), u(classes)],
+            )?;
+            (ws, Float::F32)
+        } else {
+            (self.t(io.prediction)?, self.ft(io.prediction)?)
+        };
+        let labels = self.t(io.target)?;
+        if let Some(g) = self.loss_grad(io.grad, op)? {
+            self.k(
+                name2("mw_scce", pt, self.ft(io.grad)?),
+                LaunchCfg::rows(rows as u64),
+                vec![
+                    p(probs),
+                    p(labels),
+                    p(g),
+                    u(rows),
+                    u(classes),
+                    KArg::F32(weight),
+                    self.sc(),
+                ],
+            )?;
+        }
+        self.k(
+            name1("mw_scce_value", pt),
+            LaunchCfg::single(),
+            vec![
+                p(probs),
+                p(labels),
+                u(rows),
+                u(classes),
+                KArg::F32(weight),
+                p(loss),
+                self.sc(),
+            ],
+        )?;
+        self.flag_nonfinite_loss(loss)?;
+        Ok(())
+    }
+
+    fn binary_crossentropy(
+        &self,
+        io: &LossIo,
+        rows: usize,
+        features: usize,
+        reduction: Reduction,
+        weight: f32,
+        input: BceInput,
+    ) -> OpResult {
+        let (op, kind) = match input {
+            BceInput::FusedSigmoid => ("sigmoid_binary_crossentropy", kl::LOSS_BCE_SIGMOID),
+            BceInput::Logits => ("binary_crossentropy_from_logits", kl::LOSS_BCE_LOGITS),
+            BceInput::Probabilities => ("binary_crossentropy", kl::LOSS_BCE),
+        };
+        self.elem_loss(io, op, kind, rows, features, reduction, weight)?;
+        Ok(())
+    }
+
+    fn mean_squared_error(
+        &self,
+        io: &LossIo,
+        rows: usize,
+        features: usize,
+        reduction: Reduction,
+        weight: f32,
+    ) -> OpResult {
+        self.elem_loss(io, "mse", kl::LOSS_MSE, rows, features, reduction, weight)?;
+        Ok(())
+    }
+
+    fn kl_normal(&self, io: &KlIo, rows: usize, features: usize, weight: f32) -> OpResult {
+        let t = self.ft(io.mean)?;
+        let n = rows * features;
+        let loss = self.t(io.value)?;
+        let (m, lv) = (self.t(io.mean)?, self.t(io.log_var)?);
+        if let Some(gm) = self.loss_grad(io.dmean, "kl_normal")? {
+            let gl = self.loss_grad(io.dlog_var, "kl_normal")?.unwrap_or(0);
+            if self.ft(io.dmean)? != t {
+                return Err(dev(
+                    "a KL gradient in another dtype than its inputs has no CUDA kernel".into(),
+                )
+                .into());
+            }
+            self.k(
+                name1("mw_kl", t),
+                LaunchCfg::pointwise(n as u64),
+                vec![
+                    p(m),
+                    p(lv),
+                    p(gm),
+                    p(gl),
+                    u(n),
+                    u(rows),
+                    KArg::F32(weight),
+                    self.sc(),
+                ],
+            )?;
+        }
+        self.k(
+            name1("mw_kl_value", t),
+            LaunchCfg::single(),
+            vec![p(m), p(lv), u(n), u(rows), KArg::F32(weight), p(loss)],
+        )?;
+        self.flag_nonfinite_loss(loss)?;
+        Ok(())
+    }
+
+    // ---- update ----
+
+    fn check_finite(&self) -> OpResult {
+        let (g0, g1) = self.grads_range;
+        let n = ((g1 - g0) / 4) as usize;
+        if n == 0 {
+            return Ok(());
+        }
+        self.k(
+            "mw_all_finite_f32".into(),
+            LaunchCfg::pointwise(n as u64),
+            vec![p(self.persistent + g0), u(n), self.sc()],
+        )?;
+        Ok(())
+    }
+
+    fn update(&self, _step: &PlanStep, up: UpdateStep<'_>) -> OpResult {
+        let slots = up.optimizer.state_slots();
+        for &pid in up.params {
+            let prm = &self.plan.params[pid as usize];
+            if prm.grad_offset == NO_OFFSET {
+                continue;
+            }
+            let n = prm.elems();
+            let stride = align_up(n as u64 * 4, self.plan.alignment);
+            let state = |slot: u64| {
+                if slot < slots {
+                    p(self.persistent + prm.state_offset + slot * stride)
+                } else {
+                    p(0)
+                }
+            };
+            let pv = p(self.pv(pid));
+            self.optimizer_kernel(up.optimizer, n, pv, p(self.pg(pid)?), &state)?;
+            if let Some(h) = prm.half_copy {
+                self.k(
+                    name2("mw_cast", Float::F32, super::float(h)?),
+                    LaunchCfg::pointwise(n as u64),
+                    vec![pv, p(self.persistent + prm.half_offset), u(n)],
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
