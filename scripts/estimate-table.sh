@@ -24,6 +24,8 @@ runs=(
   "user_models gpt|512|$bin/user_models --model gpt --device cpu --batch 512 --samples 1024 --steps $steps"
   "user_models resnet|32|$bin/user_models --model resnet --device cpu --steps $steps"
   "user_models resnet|256|$bin/user_models --model resnet --device cpu --batch 256 --steps $steps"
+  "cats_vs_dogs|32|$bin/cats_vs_dogs --device cpu --steps $steps"
+  "cats_vs_dogs|96|$bin/cats_vs_dogs --device cpu --batch 96 --steps $steps"
 )
 echo "| run | batch | estimate | measured | error | target |"
 echo "|---|--:|--:|--:|--:|:-:|"
