@@ -34,6 +34,10 @@ use crate::Model;
 /// The flags of the architecture's contract (`docs/` and the README list them).
 #[derive(clap::Parser, Debug, Clone, PartialEq)]
 #[command(version, about)]
+// clap names a flattened struct's argument group after the struct: without an id of its own,
+// a user's `struct Args { #[command(flatten)] memwise: memwise::cli::Args }` would hold two
+// groups called `Args`, which clap refuses (a panic in debug builds).
+#[group(id = "memwise::cli::Args")]
 pub struct Args {
     /// Print the model summary (Keras-style) and exit.
     #[arg(long)]
@@ -254,4 +258,40 @@ pub fn measured_memory(trainer: &Trainer, history: &History) -> String {
     Summary::new(trainer.plan())
         .measured_peak(peak, outside_plan)
         .totals()
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    /// What a user writes: a struct of their own named `Args` — the name clash that used to
+    /// panic in debug builds — with the library's flags flattened in.
+    mod user {
+        #[derive(clap::Parser, Debug)]
+        pub struct Args {
+            #[command(flatten)]
+            pub memwise: crate::cli::Args,
+            #[arg(long)]
+            pub workers: Option<usize>,
+        }
+    }
+
+    /// And one more level, as the examples' shared `Flags` adds.
+    #[derive(Parser, Debug)]
+    struct Outer {
+        #[command(flatten)]
+        user: user::Args,
+    }
+
+    #[test]
+    fn flattening_into_a_struct_named_args_is_a_valid_command() {
+        // `debug_assert` runs the consistency checks (unique ids and group names) that a
+        // debug build runs at parse time.
+        crate::cli::Args::command().debug_assert();
+        user::Args::command().debug_assert();
+        Outer::command().debug_assert();
+        let parsed = Outer::try_parse_from(["user", "--summary", "--workers", "2"]).unwrap();
+        assert!(parsed.user.memwise.summary);
+        assert_eq!(parsed.user.workers, Some(2));
+    }
 }

@@ -133,7 +133,13 @@ fn bench_half<T: Element>(s: usize, reps: usize) -> f64 {
 
 fn main() {
     println!("threads: {}", rayon::current_num_threads());
-    let s = 1024;
+    square_matmuls(1024);
+    dense_layer();
+    conv_layer();
+}
+
+/// Square GEMMs of side `s` in every storage type.
+fn square_matmuls(s: usize) {
     bench_matmul("matmul f32 1024³", (s, s, s), false, false, 7);
     let f = 2.0 * (s * s * s) as f64;
     let (a, b) = (data::<f16>(s * s, 1), data::<f16>(s * s, 2));
@@ -156,8 +162,10 @@ fn main() {
         bench_half::<bf16>(s, 5),
         None,
     );
+}
 
-    // MNIST MLP hidden layer: x[128, 784] · W[784, 512].
+/// The MNIST MLP's hidden layer: x[128, 784] · W[784, 512], forward and both backward GEMMs.
+fn dense_layer() {
     let (bs, i, o) = (128, 784, 512);
     bench_matmul(
         "dense fwd  y = x·W       128×784 · 784×512",
@@ -194,8 +202,11 @@ fn main() {
             None,
         );
     }
+}
 
-    // ResNet stage-1 conv: n=32, 56×56×64 → 64, 3×3 same.
+/// A ResNet stage-1 convolution: n=32, 56×56×64 → 64, 3×3 same, at several chunk sizes,
+/// against the bare GEMM it lowers to.
+fn conv_layer() {
     let d = Conv2dDims {
         n: 32,
         h: 56,
