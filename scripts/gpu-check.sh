@@ -61,7 +61,7 @@ for lib in libnvrtc.so.13 libcublas.so.13; do
     found+=("$hit")
 done
 export LD_LIBRARY_PATH="$(printf '%s:' "${found[@]}")${LD_LIBRARY_PATH:-}"
-export MEMWISE_PTX_CACHE="$LOG/ptx"
+export MEMWISE_KERNEL_CACHE="$LOG/kernels"
 
 echo "== PyTorch baselines"
 timeout 120 python3 scripts/torch_bench.py --steps "${GPU_CHECK_TIMED:-100}" 2>&1 | tee "$LOG/torch.txt"

@@ -12,7 +12,7 @@ import sys
 
 lib_path, arch, out, src_dir = sys.argv[1:5]
 nvrtc = ctypes.CDLL(lib_path)
-# Keep in sync with NVRTC_OPTIONS in kernels/src/cuda/device.rs.
+# Keep in sync with NVRTC_OPTIONS in kernels/src/cuda/compile.rs.
 options = [f"--gpu-architecture={arch}", "--std=c++17"]
 
 common = open(os.path.join(src_dir, "common.cuh")).read()

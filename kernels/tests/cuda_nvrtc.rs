@@ -4,7 +4,7 @@
 //! lib folder). Without libnvrtc the test says so and checks that the absence is an `Err`.
 #![cfg(feature = "cuda")]
 
-use memwise_kernels::cuda::device::{compile_module, libraries_present};
+use memwise_kernels::cuda::device::{compile_module, libraries_present, nvrtc_version};
 use memwise_kernels::cuda::sources::SOURCES;
 
 #[test]
@@ -13,12 +13,31 @@ fn every_module_compiles_with_nvrtc_or_its_absence_is_an_error() {
     let present = unsafe { memwise_kernels::cuda::device::cudarc::nvrtc::sys::is_culib_present() };
     for s in SOURCES {
         match compile_module(s.module, "sm_90") {
-            Ok(ptx) => {
+            Ok(compiled) => {
                 assert!(present);
-                let text = ptx.to_src();
-                let entries = text.matches(".entry ").count();
-                println!("{}: {entries} kernels", s.module);
-                assert!(entries > 0, "{}", s.module);
+                let entries: Vec<&str> = compiled
+                    .ptx
+                    .lines()
+                    .filter_map(|l| l.trim().strip_prefix(".visible .entry "))
+                    .map(|l| l.split('(').next().unwrap())
+                    .collect();
+                println!(
+                    "{}: {} kernels, CUBIN {} bytes",
+                    s.module,
+                    entries.len(),
+                    compiled.cubin.len()
+                );
+                assert!(!entries.is_empty(), "{}", s.module);
+                // The device loads the CUBIN: an ELF image holding every kernel's symbol.
+                assert_eq!(&compiled.cubin[..4], b"\x7fELF", "{}", s.module);
+                for e in &entries {
+                    let needle = e.as_bytes();
+                    assert!(
+                        compiled.cubin.windows(needle.len()).any(|w| w == needle),
+                        "{}: kernel {e} not in the CUBIN",
+                        s.module
+                    );
+                }
             }
             Err(e) => {
                 assert!(!present, "{}: {e}", s.module);
@@ -26,8 +45,13 @@ fn every_module_compiles_with_nvrtc_or_its_absence_is_an_error() {
             }
         }
     }
-    if !present {
+    if present {
+        let (major, minor) = nvrtc_version().unwrap();
+        println!("NVRTC {major}.{minor}");
+        assert!(major >= 12, "NVRTC {major}.{minor}");
+    } else {
         println!("libnvrtc not found: NVRTC compilation not checked here");
+        assert!(nvrtc_version().unwrap_err().contains("libnvrtc"));
     }
     // Without a driver, opening a device is an Err naming what is missing, never a panic.
     // SAFETY: only tries to load the library.

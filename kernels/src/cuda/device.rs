@@ -1,38 +1,37 @@
 //! One CUDA device through cudarc (feature `cuda`): its context and stream, plain device
-//! allocations, the kernels compiled with NVRTC on first use of their module (cached in memory
-//! and as PTX on disk), launches of [`KernelCall`]s, and cuBLAS GEMMs of mapped
-//! [`CublasGemm`]s.
+//! allocations, the kernels compiled with NVRTC to CUBIN on first use of their module (cached in
+//! memory and on disk, `module_cache.rs`), launches of [`KernelCall`]s, and cuBLAS GEMMs of
+//! mapped [`CublasGemm`]s.
 //!
 //! cudarc is built with dynamic loading: nothing about CUDA is needed to build or to run
 //! without a GPU. [`CudaDevice::open`] first checks that libcuda, libnvrtc and libcublas can
-//! be loaded (cudarc would panic on a missing library) and that the device exists, and says
-//! what is missing as an `Err`.
+//! be loaded (cudarc would panic on a missing library), that the driver is new enough for the
+//! bindings and for this NVRTC, and that the device exists, and says what is missing as an
+//! `Err`.
 //!
 //! Memory is raw: [`DeviceBuffer`] is one `cuMemAlloc` (never managed memory); kernels and
 //! GEMMs take `u64` device addresses (a buffer's base plus a planned offset), so the
 //! executor's views are integer arithmetic and nothing is allocated per step.
 
 use std::collections::HashMap;
-use std::ffi::c_void;
-use std::path::PathBuf;
+use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
 use cudarc::driver::{
     result as drv, sys as drv_sys, CudaContext, CudaFunction, CudaModule, CudaStream,
 };
-use cudarc::nvrtc::{self, CompileOptions, Ptx};
+use cudarc::nvrtc::Ptx;
 
 /// The cudarc this crate was built with, for the runtime's graph and stream types.
 pub use cudarc;
 
+use super::compile::sources_fingerprint;
+pub use super::compile::{compile_module, nvrtc_version, CompiledModule, NVRTC_OPTIONS};
 use super::launch::{Float, KernelCall};
+use super::module_cache::{check_versions, ModuleCache, ModuleKey};
 use super::sources;
 use crate::cublas_map::CublasGemm;
-
-/// Options every module is compiled with (besides `--gpu-architecture`); kept in sync with
-/// `scripts/nvrtc_check.py`, which compiles the same way in CI.
-pub const NVRTC_OPTIONS: &[&str] = &["--std=c++17"];
 
 /// cuBLAS workspace set on the handle (NVIDIA's recommendation for Hopper), so captured
 /// graphs never allocate.
@@ -135,9 +134,22 @@ pub struct CudaDevice {
     blas: CudaBlas,
     _blas_workspace: DeviceBuffer,
     arch: &'static str,
+    /// As `cuDriverGetVersion` reports it, and NVRTC's `(major, minor)`: part of the cache key.
+    driver_version: i32,
+    nvrtc_version: (i32, i32),
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
-    cache_dir: Option<PathBuf>,
+    cache: Option<ModuleCache>,
+}
+
+/// The CUDA version the driver supports, as `cuDriverGetVersion` encodes it (13020 = 13.2).
+pub fn driver_version() -> DeviceResult<i32> {
+    let mut v: c_int = 0;
+    // SAFETY: one out-parameter; the library was checked to load.
+    unsafe { drv_sys::cuDriverGetVersion(&mut v) }
+        .result()
+        .map_err(err("cuDriverGetVersion"))?;
+    Ok(v)
 }
 
 impl CudaDevice {
@@ -145,6 +157,8 @@ impl CudaDevice {
     /// reason, never a panic), then makes its context, a stream, and a cuBLAS handle.
     pub fn open(ordinal: usize) -> DeviceResult<CudaDevice> {
         libraries_present()?;
+        let (driver_version, nvrtc_version) = (driver_version()?, nvrtc_version()?);
+        check_versions(driver_version, nvrtc_version)?;
         let count = CudaContext::device_count().map_err(err("the CUDA driver did not start"))?;
         if ordinal as i32 >= count {
             return Err(format!("no CUDA device {ordinal}: the driver sees {count}"));
@@ -174,11 +188,6 @@ impl CudaDevice {
                 .map_err(|e| format!("setting the cuBLAS workspace: {e:?}"))?
         };
         let arch: &'static str = Box::leak(format!("sm_{major}{minor}").into_boxed_str());
-        let cache_dir = std::env::var_os("MEMWISE_PTX_CACHE")
-            .map(PathBuf::from)
-            .or_else(|| {
-                std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/memwise/ptx"))
-            });
         Ok(CudaDevice {
             info,
             ctx,
@@ -186,9 +195,11 @@ impl CudaDevice {
             blas,
             _blas_workspace: ws,
             arch,
+            driver_version,
+            nvrtc_version,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
-            cache_dir,
+            cache: ModuleCache::from_env(),
         })
     }
 
@@ -257,7 +268,8 @@ impl CudaDevice {
             .map_err(err("synchronising the stream"))
     }
 
-    /// Compiles (or loads from the PTX cache) every module, so a later capture never compiles.
+    /// Compiles (or loads from the module cache) every module, so a later capture never
+    /// compiles.
     pub fn load_all(&self) -> DeviceResult<()> {
         for s in sources::SOURCES {
             self.module(s.module)?;
@@ -269,27 +281,49 @@ impl CudaDevice {
         if let Some(m) = self.modules.lock().unwrap().get(module) {
             return Ok(m.clone());
         }
-        let key = format!("{module}-{}-{:016x}.ptx", self.arch, sources::fingerprint());
-        let cached = self.cache_dir.as_ref().map(|d| d.join(&key));
-        let ptx = match cached
-            .as_ref()
-            .and_then(|p| std::fs::read_to_string(p).ok())
-        {
-            Some(text) => Ptx::from_src(text),
-            None => {
-                let ptx = compile_module(module, self.arch)?;
-                if let Some(p) = &cached {
-                    let _ = std::fs::create_dir_all(p.parent().unwrap());
-                    let _ = std::fs::write(p, ptx.to_src());
-                }
-                ptx
-            }
+        let key = ModuleKey {
+            module: module.to_string(),
+            arch: self.arch.to_string(),
+            nvrtc: self.nvrtc_version,
+            driver: self.driver_version,
+            fingerprint: sources_fingerprint(),
         };
+        let cached = self.cache.as_ref().and_then(|c| c.load(&key));
+        let m = match cached.map(|cubin| self.ctx.load_module(Ptx::from_binary(cubin))) {
+            Some(Ok(m)) => m,
+            Some(Err(e)) => {
+                // A damaged or foreign file: compile again, and replace it.
+                let cache = self.cache.as_ref().expect("read from the cache");
+                eprintln!(
+                    "memwise: the cached kernel module {} did not load ({e:?}); compiling it again",
+                    cache.path(&key).display()
+                );
+                cache.discard(&key);
+                self.compile_and_load(&key)?
+            }
+            None => self.compile_and_load(&key)?,
+        };
+        self.modules.lock().unwrap().insert(module, m.clone());
+        Ok(m)
+    }
+
+    /// Compiles `key`'s module, loads it, and only then caches it (a CUBIN the driver refused
+    /// is never written).
+    fn compile_and_load(&self, key: &ModuleKey) -> DeviceResult<Arc<CudaModule>> {
+        let compiled = compile_module(&key.module, self.arch)?;
         let m = self
             .ctx
-            .load_module(ptx)
-            .map_err(err("loading the PTX module"))?;
-        self.modules.lock().unwrap().insert(module, m.clone());
+            .load_module(Ptx::from_binary(compiled.cubin.clone()))
+            .map_err(|e| format!("loading the CUBIN of {}.cu: {e:?}", key.module))?;
+        if let Some(cache) = &self.cache {
+            if let Err(e) = cache.store(key, &compiled.cubin) {
+                // Only costs a compile next time.
+                eprintln!(
+                    "memwise: could not cache kernel module {} ({e})",
+                    cache.path(key).display()
+                );
+            }
+        }
         Ok(m)
     }
 
@@ -417,26 +451,6 @@ impl CudaDevice {
             )
         })
     }
-}
-
-/// Compiles kernel module `module` with NVRTC for `arch` (`sm_90` …), as on first use: the
-/// module's source after `common.cuh`, no include path, [`NVRTC_OPTIONS`]. Needs libnvrtc
-/// (checked: an `Err`, not cudarc's panic, when it cannot be loaded), not a GPU.
-pub fn compile_module(module: &str, arch: &'static str) -> DeviceResult<Ptx> {
-    // SAFETY: only tries to load the library.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err("libnvrtc could not be loaded; add its folder to LD_LIBRARY_PATH".into());
-    }
-    let src =
-        sources::module_source(module).ok_or_else(|| format!("no kernel module `{module}`"))?;
-    let opts = CompileOptions {
-        arch: Some(arch),
-        options: NVRTC_OPTIONS.iter().map(|s| s.to_string()).collect(),
-        name: Some(format!("{module}.cu")),
-        ..Default::default()
-    };
-    nvrtc::compile_ptx_with_opts(&src, opts)
-        .map_err(|e| format!("NVRTC compiling {module}.cu for {arch}: {e:?}"))
 }
 
 fn alloc_raw(ctx: &Arc<CudaContext>, bytes: usize) -> DeviceResult<DeviceBuffer> {

@@ -92,15 +92,3 @@ pub fn module_source(module: &str) -> Option<String> {
         .collect();
     Some(format!("{COMMON}\n{body}"))
 }
-
-/// A short fingerprint of all sources (FNV-1a), to key the on-disk PTX cache.
-pub fn fingerprint() -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in std::iter::once(COMMON).chain(SOURCES.iter().map(|s| s.text)) {
-        for b in part.bytes() {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    h
-}
