@@ -407,7 +407,7 @@ impl<'a> Summary<'a> {
             if self.outside_plan > 0 {
                 writeln!(
                     f,
-                    "  {:<20}{:>12}  (besides the plan: staging, GEMM, prefetch)",
+                    "  {:<20}{:>12}  (besides the plan: staging, GEMM, prefetch, sample order)",
                     "+ host",
                     format_bytes(self.outside_plan)
                 )?;

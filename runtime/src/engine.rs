@@ -38,6 +38,8 @@ pub trait Engine: Any {
     fn train_step(&mut self, inputs: &[Batch<'_>]) -> Result<StepOutput>;
     /// The forward and loss steps of an inference plan.
     fn evaluate_step(&mut self, inputs: &[Batch<'_>]) -> Result<StepOutput>;
+    /// Turns CUDA graphs (a step recorded once, then replayed) on or off; nothing on the CPU.
+    fn set_graphs(&mut self, on: bool);
     /// The prediction after the last step of an inference plan, as f32.
     fn read_prediction(&self, out: &mut [f32]) -> Result<()>;
     /// The f32 values of parameter `name` (`hidden.weight` …).
@@ -162,6 +164,9 @@ impl<K: Kernels + 'static> Engine for PlanExecutor<K> {
     }
     fn train_step(&mut self, inputs: &[Batch<'_>]) -> Result<StepOutput> {
         PlanExecutor::train_step(self, inputs)
+    }
+    fn set_graphs(&mut self, on: bool) {
+        self.kernels_mut().set_graphs(on);
     }
     fn evaluate_step(&mut self, inputs: &[Batch<'_>]) -> Result<StepOutput> {
         PlanExecutor::evaluate_step(self, inputs)

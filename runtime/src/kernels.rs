@@ -115,6 +115,9 @@ pub trait Kernels {
     /// tell mid-step (the CPU: then a float32 step stops at its loss, before any gradient is
     /// computed); `None` where it cannot (a GPU learns it when the step ends).
     fn flagged_now(&self) -> Option<bool>;
+    /// Turns recording a step once and replaying it (CUDA graphs) on or off, where the
+    /// device records steps; on by default.
+    fn set_graphs(&mut self, on: bool);
 
     // ---- state ----
 

@@ -153,8 +153,9 @@ pub struct HostBytes {
     /// `fit`'s staging buffers: one batch of every input in its stored dtype, gathered from
     /// the dataset before the step copies it into the arena.
     pub staging: u64,
-    /// The CPU GEMM library's (the `gemm` crate's) packing buffers at their peak: the most
-    /// heap one GEMM of the plan holds inside its call ([`crate::cpu_heap`], exact for the
+    /// The CPU GEMM library's (the `gemm` crate's) packing buffers, resident at their peak:
+    /// the largest call under 1 MiB, whose heap pages stay resident, plus the largest mapped
+    /// one ([`crate::cpu_heap::gemm_library_resident_bytes`], each call exact for the
     /// library's rule). Its per-thread cache slabs are claimed once per process by the
     /// warm-up ([`crate::warm_up`]), not by a model. 0 on CUDA.
     pub gemm: u64,
@@ -165,12 +166,27 @@ pub struct HostBytes {
     /// streaming dataset's prefetch queue and its workers' decode buffers
     /// (`Dataset::prefetch_bytes`; 0 for data held in memory).
     pub prefetch: u64,
+    /// `fit`'s sample indices at their peak ([`order_bytes`]): the epoch's order, the next
+    /// epoch's when one follows (shuffled one epoch early), and the larger of the indices
+    /// announced to the dataset and validation's announcement. 60,000 samples hold 469 KiB.
+    pub order: u64,
 }
 
 impl HostBytes {
     pub fn total(&self) -> u64 {
-        self.staging + self.gemm + self.inference + self.prefetch
+        self.staging + self.gemm + self.inference + self.prefetch + self.order
     }
+}
+
+/// The bytes of `fit`'s index vectors at their peak, for `train` samples in batches of
+/// `batch`, `steps` steps in the first epoch and `next_steps` in the one after it (0 when none
+/// follows), and `validation` held-out samples: `order` and `next_order` live through the
+/// epoch; `announce_epoch`'s list (exactly `steps + next_steps` batches) and `evaluate`'s
+/// (one index per validation sample) are each alive only beside them, never together.
+fn order_bytes(train: usize, batch: usize, steps: (usize, usize), validation: usize) -> u64 {
+    let orders = train * if steps.1 > 0 { 2 } else { 1 };
+    let announced = (steps.0 + steps.1) * batch;
+    ((orders + announced.max(validation)) * std::mem::size_of::<usize>()) as u64
 }
 
 /// A model built on a device: the training engine, and inference engines of the same kind
@@ -182,8 +198,11 @@ pub struct Trainer {
     /// Inference engines by batch size (the plan's, and a final partial batch's).
     infer: Vec<InferenceEngine>,
     monitor: MemoryMonitor,
-    /// `HostBytes::prefetch`, set by `fit`.
+    /// `HostBytes::prefetch` and `HostBytes::order`, set by `fit`.
     prefetch: u64,
+    order: u64,
+    /// Whether CUDA graphs are on, for the engines built later (`set_cuda_graphs`).
+    graphs: bool,
 }
 
 /// An inference engine of the trainer, and whether its weights are the training engine's
@@ -235,7 +254,9 @@ fn announce_epoch(
         None if shuffled => shuffle(order, rng),
         None => {}
     }
-    let mut upcoming = order[..steps.0 * batch].to_vec();
+    // Sized once, so its capacity is exactly what `order_bytes` plans.
+    let mut upcoming = Vec::with_capacity((steps.0 + steps.1) * batch);
+    upcoming.extend_from_slice(&order[..steps.0 * batch]);
     if steps.1 > 0 {
         let mut n = order.clone();
         if shuffled {
@@ -325,6 +346,8 @@ impl Trainer {
             infer: Vec::new(),
             monitor,
             prefetch: 0,
+            order: 0,
+            graphs: true,
         })
     }
 
@@ -374,6 +397,19 @@ impl Trainer {
         self.train.load_weights(path.as_ref())
     }
 
+    /// Turns CUDA graph capture on or off (on by default; nothing changes on the CPU). With
+    /// it on, a CUDA trainer runs its first step's kernels one by one, records the second
+    /// step as a graph and replays it from then on; a capture that fails says so once and
+    /// leaves every later step eager. Off, every step launches its kernels one by one: for
+    /// profilers that do not follow graphs, or to rule capture out when hunting a bug.
+    pub fn set_cuda_graphs(&mut self, on: bool) {
+        self.graphs = on;
+        self.train.set_graphs(on);
+        for e in &mut self.infer {
+            e.engine.set_graphs(on);
+        }
+    }
+
     /// On a GPU: the device memory the model has held at its peak, in bytes — the most the
     /// device had in use, sampled when the model was built and after every training step,
     /// minus what it had in use before the model was built (`cuMemGetInfo`; the run report's
@@ -410,11 +446,9 @@ impl Trainer {
         let gemm = if self.device.is_cuda() {
             0
         } else {
-            // Evaluation's engines run GEMMs of their own shapes (at most one at a time).
-            self.infer
-                .iter()
-                .map(|e| crate::cpu_heap::gemm_library_heap_bytes(e.engine.plan()))
-                .fold(crate::cpu_heap::gemm_library_heap_bytes(p), u64::max)
+            // Evaluation's engines run GEMMs of their own shapes (one call at a time).
+            let engines = std::iter::once(p).chain(self.infer.iter().map(|e| e.engine.plan()));
+            crate::cpu_heap::gemm_library_resident_bytes(engines)
         };
         HostBytes {
             staging: staging.sum(),
@@ -425,6 +459,7 @@ impl Trainer {
                 .map(|e| e.engine.plan().arena_bytes + e.engine.plan().persistent_bytes)
                 .sum(),
             prefetch: self.prefetch,
+            order: self.order,
         }
     }
 
@@ -499,6 +534,19 @@ impl Trainer {
         let full = train.len() / batch;
         let per_epoch = opts.steps_per_epoch.map_or(full, |s| s.min(full)).max(1);
         let mut remaining = opts.max_steps.unwrap_or(usize::MAX);
+        // The first epoch announces the most steps: later ones have as many or fewer left.
+        let first = per_epoch.min(remaining);
+        let second = if opts.epochs > 1 {
+            per_epoch.min(remaining - first)
+        } else {
+            0
+        };
+        self.order = order_bytes(
+            train.len(),
+            batch,
+            (first, second),
+            validation.map_or(0, |v| v.len()),
+        );
         let mut order: Vec<usize> = (0..train.len()).collect();
         let mut bufs: Vec<Column> = train.columns().iter().map(|c| c.buffer(batch)).collect();
         let mut rng = opts.seed ^ 0x006D_656D_7769_7365; // "memwise"
@@ -627,7 +675,8 @@ impl Trainer {
             Some(k) => k,
             None => {
                 let p = plan_inference(&self.spec.with_batch(n))?;
-                let engine = self.train.inference_engine(p, &self.device)?;
+                let mut engine = self.train.inference_engine(p, &self.device)?;
+                engine.set_graphs(self.graphs);
                 self.infer.push(InferenceEngine {
                     engine,
                     current: false,

@@ -43,6 +43,10 @@ struct EmuBackend {
     graph: Vec<Cmd>,
     launches: RefCell<u64>,
     used: Rc<Cell<u64>>,
+    /// Captures begun, and how many of the next ones fail when they end (an injected fault:
+    /// what an illegal call inside a real capture does).
+    captures: Cell<u64>,
+    failing_captures: Cell<u64>,
 }
 
 impl Drop for EmuBackend {
@@ -167,10 +171,16 @@ impl Backend for EmuBackend {
     }
     fn begin_capture(&mut self) -> Result<bool, String> {
         *self.recording.borrow_mut() = Some(Vec::new());
+        self.captures.set(self.captures.get() + 1);
         Ok(true)
     }
     fn end_capture(&mut self) -> Result<(), String> {
-        self.graph = self.recording.borrow_mut().take().ok_or("not capturing")?;
+        let recorded = self.recording.borrow_mut().take().ok_or("not capturing")?;
+        if self.failing_captures.get() > 0 {
+            self.failing_captures.set(self.failing_captures.get() - 1);
+            return Err("CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (injected)".into());
+        }
+        self.graph = recorded;
         Ok(())
     }
     fn replay(&self) -> Result<(), String> {
@@ -747,4 +757,89 @@ fn debug_one() {
             );
         }
     }
+}
+
+/// A capture that fails (here at its end, as an invalidated capture does) is not an error of
+/// training: the step runs eagerly, so do all later ones, no capture is tried again, and the
+/// first error is kept. The weights are those of an executor that never captured.
+#[test]
+fn a_failed_capture_falls_back_to_eager_launches_for_good() {
+    let p = plan(&zoo::mnist_mlp(8)).unwrap();
+    let inputs: Vec<Vec<Vec<u8>>> = (0..5).map(|k| random_inputs(&p, 40 + k)).collect();
+    let failing = EmuBackend::default();
+    failing.failing_captures.set(1);
+    let mut gpu = GpuExecutor::new(p.clone(), &Device::cpu(), failing, 4).unwrap();
+    let mut eager = GpuExecutor::new(p.clone(), &Device::cpu(), EmuBackend::default(), 4).unwrap();
+    eager.kernels_mut().set_graph(false);
+    for raw in &inputs {
+        let b = batches(&p, raw);
+        let (g, e) = (gpu.train_step(&b).unwrap(), eager.train_step(&b).unwrap());
+        assert_eq!(g.loss.to_bits(), e.loss.to_bits());
+    }
+    let k = gpu.kernels();
+    assert_eq!(
+        k.backend().captures.get(),
+        1,
+        "a failed capture is not tried again"
+    );
+    assert_eq!(k.graph_replays(), 0);
+    let e = k.capture_error().expect("the capture's error is kept");
+    assert!(e.contains("STREAM_CAPTURE_INVALIDATED"), "{e}");
+    assert_eq!(
+        Engine::weights_to_bytes(&gpu).unwrap(),
+        Engine::weights_to_bytes(&eager).unwrap()
+    );
+}
+
+/// A checkpoint's step counter does not make the first step a capture: an executor runs one
+/// step eagerly (loading its kernels) before it records one.
+#[test]
+fn a_resumed_executor_runs_its_first_step_eagerly() {
+    let p = plan(&zoo::mnist_mlp(8)).unwrap();
+    let raw = random_inputs(&p, 9);
+    let b = batches(&p, &raw);
+    let mut trained = Executor::new(p.clone(), &Device::cpu(), 6).unwrap();
+    for _ in 0..3 {
+        trained.train_step(&b).unwrap();
+    }
+    let bytes = trained.checkpoint_to_bytes().unwrap();
+    let mut gpu = GpuExecutor::new(p.clone(), &Device::cpu(), EmuBackend::default(), 6).unwrap();
+    gpu.load_checkpoint_from_bytes(&bytes).unwrap();
+    gpu.train_step(&b).unwrap();
+    assert_eq!(
+        gpu.kernels().backend().captures.get(),
+        0,
+        "first step captured"
+    );
+    gpu.train_step(&b).unwrap();
+    assert_eq!(gpu.kernels().backend().captures.get(), 1);
+    assert_eq!(gpu.kernels().graph_replays(), 1);
+}
+
+/// `Trainer::set_cuda_graphs(false)` reaches the engine: `fit` then never captures.
+#[test]
+fn the_trainer_turns_graph_capture_off() {
+    let spec = zoo::mnist_mlp(8);
+    let p = plan(&spec).unwrap();
+    let engine = GpuExecutor::new(p, &Device::cpu(), EmuBackend::default(), 2).unwrap();
+    let mut t = Trainer::from_engine(
+        &spec,
+        Box::new(engine),
+        &Device::cpu(),
+        MemoryMonitor::start(),
+    )
+    .unwrap();
+    t.set_cuda_graphs(false);
+    let opts = FitOptions {
+        epochs: 1,
+        verbose: false,
+        ..Default::default()
+    };
+    t.fit(&random_digits(32, 1), None, &opts, &mut []).unwrap();
+    let gpu = t
+        .engine()
+        .downcast_ref::<GpuExecutor<EmuBackend>>()
+        .unwrap();
+    assert_eq!(gpu.kernels().backend().captures.get(), 0);
+    assert_eq!(gpu.kernels().graph_replays(), 0);
 }

@@ -138,6 +138,10 @@ impl Kernels for CpuKernels {
         Some(self.nonfinite.get())
     }
 
+    fn set_graphs(&mut self, _on: bool) {
+        // The CPU runs every step as it comes: there is nothing to record.
+    }
+
     fn read_param(&self, pid: u32, grad: bool) -> Result<Vec<f32>> {
         let p = &self.plan.params[pid as usize];
         let offset = if grad { p.grad_offset } else { p.offset };

@@ -89,6 +89,9 @@ enum Graph {
     Captured,
     /// The backend cannot capture.
     Unsupported,
+    /// A capture failed (its error is kept in `capture_error`): every step runs eagerly from
+    /// then on, rather than failing again at each step.
+    Failed,
 }
 
 /// A plan's memory on a device and the CUDA kernels over it.
@@ -108,6 +111,13 @@ pub struct CudaKernels<B: Backend> {
     used_before: Option<u64>,
     /// Steps whose launches were replayed from the graph.
     graph_replays: u64,
+    /// Steps this executor launched eagerly. A capture waits for one: the first launches
+    /// load the kernels' functions and cuBLAS's kernels (lazily, with CUDA's lazy loading),
+    /// which must not happen inside a capture — also when a checkpoint's step counter says
+    /// training is far along.
+    eager_steps: u64,
+    /// The first capture's error, when one failed.
+    capture_error: Option<String>,
 }
 
 impl<B: Backend> CudaKernels<B> {
@@ -162,6 +172,8 @@ impl<B: Backend> CudaKernels<B> {
             use_graph: true,
             used_before,
             graph_replays: 0,
+            eager_steps: 0,
+            capture_error: None,
         })
     }
 
@@ -182,6 +194,12 @@ impl<B: Backend> CudaKernels<B> {
     /// Steps whose launches were replayed from the captured graph.
     pub fn graph_replays(&self) -> u64 {
         self.graph_replays
+    }
+
+    /// Why graph capture was given up, when a capture failed (the first error; steps run
+    /// eagerly since).
+    pub fn capture_error(&self) -> Option<&str> {
+        self.capture_error.as_deref()
     }
 
     /// Forgets a captured graph; the next step records a new one.
@@ -251,30 +269,61 @@ impl<B: Backend> CudaKernels<B> {
         }
     }
 
-    /// Runs the step: eagerly, or captured once (from the second step on, when graphs are
-    /// on) and replayed.
+    /// Runs the step: eagerly, or captured once (after this executor's first eager step, when
+    /// graphs are on) and replayed. A failed capture falls back to eager launches for good.
     fn launch_step(&mut self, steps: &mut dyn FnMut(&Self) -> Result<()>) -> Result<()> {
         match self.graph {
             Graph::Captured => {
                 self.backend.replay().map_err(dev)?;
                 self.graph_replays += 1;
             }
-            Graph::Eager if self.use_graph && self.step.step > 0 => {
-                if self.backend.begin_capture().map_err(dev)? {
-                    let r = self.record_step(steps);
-                    self.backend.end_capture().map_err(dev)?;
-                    r?;
+            Graph::Eager if self.use_graph && self.eager_steps > 0 => match self.capture(steps) {
+                Ok(true) => {
                     self.graph = Graph::Captured;
                     self.backend.replay().map_err(dev)?;
                     self.graph_replays += 1;
-                } else {
-                    self.graph = Graph::Unsupported;
-                    self.record_step(steps)?;
                 }
-            }
-            _ => self.record_step(steps)?,
+                Ok(false) => {
+                    self.graph = Graph::Unsupported;
+                    self.run_eagerly(steps)?;
+                }
+                Err(e) => {
+                    // Nothing ran while recording: the step runs now, eagerly, and so do the
+                    // later ones. Said once; the error is kept for `capture_error`.
+                    eprintln!(
+                        "memwise: capturing the step as a CUDA graph failed ({e}); every step \
+                         runs its kernels eagerly from now on"
+                    );
+                    self.backend.clear_graph();
+                    self.capture_error = Some(e);
+                    self.graph = Graph::Failed;
+                    self.run_eagerly(steps)?;
+                }
+            },
+            _ => self.run_eagerly(steps)?,
         }
         Ok(())
+    }
+
+    fn run_eagerly(&mut self, steps: &mut dyn FnMut(&Self) -> Result<()>) -> Result<()> {
+        self.record_step(steps)?;
+        self.eager_steps += 1;
+        Ok(())
+    }
+
+    /// Records the step into a graph: `Ok(false)` when the backend has none, else the first
+    /// error of the recording or of ending it (the capture is always ended, so the stream
+    /// leaves capture mode).
+    fn capture(
+        &mut self,
+        steps: &mut dyn FnMut(&Self) -> Result<()>,
+    ) -> std::result::Result<bool, String> {
+        if !self.backend.begin_capture()? {
+            return Ok(false);
+        }
+        let recorded = self.record_step(steps).map_err(|e| e.to_string());
+        let ended = self.backend.end_capture();
+        recorded.and(ended).map(|()| true)
     }
 
     /// Zeroes the gradients and launches every step of the plan (recorded into the graph

@@ -364,6 +364,10 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         None
     }
 
+    fn set_graphs(&mut self, on: bool) {
+        self.set_graph(on);
+    }
+
     fn read_param(&self, pid: u32, grad: bool) -> Result<Vec<f32>> {
         self.param_values(pid, grad)
     }
