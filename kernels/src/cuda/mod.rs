@@ -14,5 +14,7 @@ pub mod sources;
 pub mod compile;
 #[cfg(feature = "cuda")]
 pub mod device;
+#[cfg(feature = "cuda")]
+pub mod lane;
 
 pub use launch::{Float, KArg, KernelCall, LaunchCfg, MwDepthwise, MwGeom, MwPool, MwScalars};

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use memwise_kernels::cublas_map::CublasGemm;
-use memwise_kernels::cuda::device::{CudaDevice, DeviceBuffer};
+use memwise_kernels::cuda::device::{CudaDevice, DeviceBuffer, Lane};
 use memwise_kernels::cuda::{Float, KernelCall};
 use memwise_plan::StaticPlan;
 
@@ -18,8 +18,8 @@ use super::{Backend, GpuExecutor};
 use crate::device::{Device, DeviceKind};
 use crate::error::{Result, RuntimeError};
 
-/// Opens CUDA device `ordinal` once per process (context, stream, cuBLAS handle) and hands
-/// out the same one afterwards. An `Err` says what is missing (libraries, device).
+/// Opens CUDA device `ordinal` once per process (its context and compiled kernels) and hands
+/// out the same one afterwards. An `Err` says what is missing (libraries, driver, device).
 pub fn open(ordinal: usize) -> Result<Arc<CudaDevice>> {
     static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<CudaDevice>>>> = OnceLock::new();
     let mut map = DEVICES
@@ -35,24 +35,32 @@ pub fn open(ordinal: usize) -> Result<Arc<CudaDevice>> {
 }
 
 /// A [`Backend`] on a CUDA device: plain `cuMemAlloc` buffers owned here, launches and
-/// cuBLAS calls on the device's stream, and one captured graph.
+/// cuBLAS calls on a [`Lane`] of its own (its stream, cuBLAS handle and workspace, so
+/// engines never interleave or catch each other's work in a capture), and one captured
+/// graph.
 pub struct CudaBackend {
-    dev: Arc<CudaDevice>,
-    buffers: Vec<DeviceBuffer>,
+    // The graph and buffers go before the lane whose stream they were made on.
     graph: Option<CudaGraph>,
+    buffers: Vec<DeviceBuffer>,
+    lane: Lane,
 }
 
 impl CudaBackend {
-    pub fn new(dev: Arc<CudaDevice>) -> CudaBackend {
-        CudaBackend {
-            dev,
-            buffers: Vec::new(),
+    /// A backend on `dev` with a new lane.
+    pub fn new(dev: Arc<CudaDevice>) -> std::result::Result<CudaBackend, String> {
+        Ok(CudaBackend {
             graph: None,
-        }
+            buffers: Vec::new(),
+            lane: Lane::open(dev)?,
+        })
     }
 
     pub fn device(&self) -> &Arc<CudaDevice> {
-        &self.dev
+        self.lane.device()
+    }
+
+    pub fn lane(&self) -> &Lane {
+        &self.lane
     }
 }
 
@@ -60,17 +68,17 @@ impl Backend for CudaBackend {
     fn name(&self) -> String {
         format!(
             "cuda:{} ({})",
-            self.dev.info().ordinal,
-            self.dev.info().name
+            self.device().info().ordinal,
+            self.device().info().name
         )
     }
 
     fn memory(&self) -> Option<(u64, u64)> {
-        self.dev.mem_get_info().ok()
+        self.device().mem_get_info().ok()
     }
 
     fn alloc(&mut self, bytes: usize) -> std::result::Result<u64, String> {
-        let b = self.dev.alloc_zeroed(bytes)?;
+        let b = self.lane.alloc_zeroed(bytes)?;
         let ptr = b.ptr();
         self.buffers.push(b);
         Ok(ptr)
@@ -79,19 +87,19 @@ impl Backend for CudaBackend {
     unsafe fn upload(&self, src: &[u8], dst: u64) -> std::result::Result<(), String> {
         // From pageable host memory the driver stages the bytes before the call returns, so
         // `src` may go right after (and the copy is ordered before later launches).
-        self.dev.htod(src, dst)
+        self.lane.htod(src, dst)
     }
 
     unsafe fn download(&self, src: u64, dst: &mut [u8]) -> std::result::Result<(), String> {
-        self.dev.dtoh(src, dst)
+        self.lane.dtoh(src, dst)
     }
 
     unsafe fn zero(&self, dst: u64, bytes: usize) -> std::result::Result<(), String> {
-        self.dev.memset_zero(dst, bytes)
+        self.lane.memset_zero(dst, bytes)
     }
 
     unsafe fn launch(&self, call: &KernelCall) -> std::result::Result<(), String> {
-        self.dev.launch(call)
+        self.lane.launch(call)
     }
 
     unsafe fn gemm(
@@ -102,18 +110,18 @@ impl Backend for CudaBackend {
         c: u64,
         t: [Float; 3],
     ) -> std::result::Result<(), String> {
-        self.dev.gemm(g, a, b, c, t)
+        self.lane.gemm(g, a, b, c, t)
     }
 
     fn synchronize(&self) -> std::result::Result<(), String> {
-        self.dev.synchronize()
+        self.lane.synchronize()
     }
 
     fn begin_capture(&mut self) -> std::result::Result<bool, String> {
         // Every module must be loaded before a capture (no compilation inside it).
-        self.dev.load_all()?;
-        self.dev.synchronize()?;
-        self.dev
+        self.device().load_all()?;
+        self.lane.synchronize()?;
+        self.lane
             .stream()
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| format!("beginning the graph capture: {e:?}"))?;
@@ -122,7 +130,7 @@ impl Backend for CudaBackend {
 
     fn end_capture(&mut self) -> std::result::Result<(), String> {
         let g = self
-            .dev
+            .lane
             .stream()
             .end_capture(CUgraphInstantiate_flags(0))
             .map_err(|e| format!("ending the graph capture: {e:?}"))?;
@@ -144,7 +152,7 @@ impl Backend for CudaBackend {
     }
 
     fn open_another(&self) -> std::result::Result<CudaBackend, String> {
-        Ok(CudaBackend::new(self.dev.clone()))
+        CudaBackend::new(self.device().clone())
     }
 }
 
@@ -163,6 +171,7 @@ impl GpuExecutor<CudaBackend> {
                 device.name()
             )));
         };
-        GpuExecutor::new(plan, device, CudaBackend::new(open(ordinal)?), seed)
+        let backend = CudaBackend::new(open(ordinal)?).map_err(RuntimeError::Device)?;
+        GpuExecutor::new(plan, device, backend, seed)
     }
 }

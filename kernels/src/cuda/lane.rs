@@ -1,0 +1,238 @@
+//! A lane of work on one CUDA device (feature `cuda`): a stream of its own, a cuBLAS handle
+//! bound to it and the handle's workspace, and the launches, copies and GEMMs queued on them.
+//!
+//! Why one per engine and not one per device: two trainers (or a trainer's training and
+//! inference engines used from two threads) on one shared stream would interleave their
+//! launches, and one's synchronisation or capture would catch the other's work. Each engine's
+//! backend opens its own lane; the compiled kernels stay the device's, shared. Every raw
+//! driver call binds the device's context to the calling thread first, since an engine may
+//! be driven from any thread.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
+use cudarc::driver::{result as drv, CudaStream};
+
+use super::device::{alloc_raw, err, CudaDevice, DeviceBuffer, DeviceResult};
+use super::launch::{Float, KernelCall};
+use crate::cublas_map::CublasGemm;
+
+/// cuBLAS workspace set on each lane's handle (NVIDIA's recommendation for Hopper), so
+/// captured graphs never allocate.
+pub const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
+
+/// A stream, a cuBLAS handle on it and its workspace, on one device.
+pub struct Lane {
+    // Drop order matters: the handle goes before the workspace it was given.
+    blas: CudaBlas,
+    _blas_workspace: DeviceBuffer,
+    stream: Arc<CudaStream>,
+    dev: Arc<CudaDevice>,
+}
+
+impl Lane {
+    /// A new stream on `dev`, with its own cuBLAS handle and workspace.
+    pub fn open(dev: Arc<CudaDevice>) -> DeviceResult<Lane> {
+        dev.bind()?;
+        let stream = dev
+            .context()
+            .new_stream()
+            .map_err(err("creating a stream"))?;
+        let blas = CudaBlas::new(stream.clone())
+            .map_err(|e| format!("creating the cuBLAS handle: {e:?}"))?;
+        let ws = alloc_raw(dev.context(), CUBLAS_WORKSPACE_BYTES)?;
+        // SAFETY: the workspace outlives the handle (both owned by the lane; the handle drops
+        // first).
+        unsafe {
+            blas_sys::cublasSetWorkspace_v2(*blas.handle(), ws.ptr() as *mut c_void, ws.bytes())
+                .result()
+                .map_err(|e| format!("setting the cuBLAS workspace: {e:?}"))?
+        };
+        Ok(Lane {
+            blas,
+            _blas_workspace: ws,
+            stream,
+            dev,
+        })
+    }
+
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.dev
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// One plain allocation of `bytes`, zeroed.
+    pub fn alloc_zeroed(&self, bytes: usize) -> DeviceResult<DeviceBuffer> {
+        let b = alloc_raw(self.dev.context(), bytes)?;
+        if bytes > 0 {
+            // SAFETY: b is a fresh allocation of `bytes`.
+            unsafe { drv::memset_d8_async(b.ptr(), 0, bytes, self.stream.cu_stream()) }
+                .map_err(err("cuMemsetD8"))?;
+        }
+        Ok(b)
+    }
+
+    /// Host → device copy of `src` to address `dst` (asynchronous on the stream; `src` must
+    /// stay alive until the next [`Lane::synchronize`]).
+    ///
+    /// # Safety
+    /// `dst` must be a device address with room for `src`.
+    pub unsafe fn htod<T>(&self, src: &[T], dst: u64) -> DeviceResult<()> {
+        self.dev.bind()?;
+        drv::memcpy_htod_async(dst, src, self.stream.cu_stream()).map_err(err("cuMemcpyHtoDAsync"))
+    }
+
+    /// Device → host copy into `dst` (waits for the stream first).
+    ///
+    /// # Safety
+    /// `src` must be a device address holding `dst.len()` elements.
+    pub unsafe fn dtoh<T>(&self, src: u64, dst: &mut [T]) -> DeviceResult<()> {
+        self.dev.bind()?;
+        drv::memcpy_dtoh_async(dst, src, self.stream.cu_stream())
+            .map_err(err("cuMemcpyDtoHAsync"))?;
+        self.synchronize()
+    }
+
+    /// Sets `bytes` bytes at `dst` to zero, on the stream.
+    ///
+    /// # Safety
+    /// `dst .. dst + bytes` must be device memory.
+    pub unsafe fn memset_zero(&self, dst: u64, bytes: usize) -> DeviceResult<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.dev.bind()?;
+        drv::memset_d8_async(dst, 0, bytes, self.stream.cu_stream()).map_err(err("cuMemsetD8Async"))
+    }
+
+    /// Waits for everything queued on the lane's stream.
+    pub fn synchronize(&self) -> DeviceResult<()> {
+        self.dev.bind()?;
+        self.stream
+            .synchronize()
+            .map_err(err("synchronising the stream"))
+    }
+
+    /// Launches `call` on the stream.
+    ///
+    /// # Safety
+    /// Every pointer argument must be a device address valid for what the kernel touches.
+    pub unsafe fn launch(&self, call: &KernelCall) -> DeviceResult<()> {
+        let f = self.dev.function(&call.name)?;
+        self.dev.bind()?;
+        let mut params = call.params();
+        let g = call.cfg.grid;
+        let b = call.cfg.block;
+        drv::launch_kernel(
+            f.cu_function(),
+            (g[0], g[1], g[2]),
+            (b[0], b[1], b[2]),
+            0,
+            self.stream.cu_stream(),
+            &mut params,
+        )
+        .map_err(|e| format!("launching {}: {e:?}", call.name))
+    }
+
+    /// Runs one mapped GEMM on cuBLAS (`cublasGemmStridedBatchedEx`, or `cublasGemmEx` for a
+    /// single item) with f32 accumulation: `a`, `b`, `c` are the device addresses of the
+    /// buffers `g.a.0`, `g.b.0`, `g.c.0` (element offsets are added here), of element types
+    /// `types` (f16/bf16 operands with an f32 result is the master-gradient case).
+    ///
+    /// # Safety
+    /// The addresses must hold what [`CublasGemm::extents`] says the call touches.
+    pub unsafe fn gemm(
+        &self,
+        g: &CublasGemm,
+        a: u64,
+        b: u64,
+        c: u64,
+        types: [Float; 3],
+    ) -> DeviceResult<()> {
+        g.validate()?;
+        self.dev.bind()?;
+        let [ta, tb, tc] = types;
+        let op = |t: bool| {
+            if t {
+                blas_sys::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                blas_sys::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let (alpha, beta) = (g.alpha, g.beta);
+        let pa = (a + (g.a.1 * ta.size()) as u64) as *const c_void;
+        let pb = (b + (g.b.1 * tb.size()) as u64) as *const c_void;
+        let pc = (c + (g.c.1 * tc.size()) as u64) as *mut c_void;
+        let h = *self.blas.handle();
+        let compute = blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F;
+        let algo = blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT;
+        let r = if g.batch == 1 {
+            blas_result::gemm_ex(
+                h,
+                op(g.transa),
+                op(g.transb),
+                g.m as i32,
+                g.n as i32,
+                g.k as i32,
+                &alpha as *const f32 as *const c_void,
+                pa,
+                data_type(ta),
+                g.lda as i32,
+                pb,
+                data_type(tb),
+                g.ldb as i32,
+                &beta as *const f32 as *const c_void,
+                pc,
+                data_type(tc),
+                g.ldc as i32,
+                compute,
+                algo,
+            )
+        } else {
+            blas_result::gemm_strided_batched_ex(
+                h,
+                op(g.transa),
+                op(g.transb),
+                g.m as i32,
+                g.n as i32,
+                g.k as i32,
+                &alpha as *const f32 as *const c_void,
+                pa,
+                data_type(ta),
+                g.lda as i32,
+                g.stride_a as i64,
+                pb,
+                data_type(tb),
+                g.ldb as i32,
+                g.stride_b as i64,
+                &beta as *const f32 as *const c_void,
+                pc,
+                data_type(tc),
+                g.ldc as i32,
+                g.stride_c as i64,
+                g.batch as i32,
+                compute,
+                algo,
+            )
+        };
+        r.map_err(|e| {
+            format!(
+                "cuBLAS GEMM {}x{}x{} (batch {}): {e:?}",
+                g.m, g.n, g.k, g.batch
+            )
+        })
+    }
+}
+
+/// The element type of a GEMM operand.
+fn data_type(f: Float) -> blas_sys::cudaDataType {
+    match f {
+        Float::F32 => blas_sys::cudaDataType::CUDA_R_32F,
+        Float::F16 => blas_sys::cudaDataType::CUDA_R_16F,
+        Float::Bf16 => blas_sys::cudaDataType::CUDA_R_16BF,
+    }
+}
