@@ -1969,7 +1969,7 @@ fn a_wrong_argument_list_is_refused() {
 /// as an error instead of hanging.
 #[test]
 fn the_emulator_reports_barrier_misuse() {
-    let mut out = vec![0i32; 64];
+    let mut out = vec![0i32; 65];
     let launch = |name: &str, grid: u32, block: u32, out: &mut [i32]| {
         let call = KernelCall::new(
             name,
@@ -1979,7 +1979,7 @@ fn the_emulator_reports_barrier_misuse() {
             },
             vec![pm(out)],
         );
-        // SAFETY: `out` holds 64 ints, more than any of these kernels writes.
+        // SAFETY: `out` holds 65 ints, as many as any of these kernels writes.
         unsafe {
             emu::launch(
                 &call.name,
@@ -1996,4 +1996,23 @@ fn the_emulator_reports_barrier_misuse() {
     assert!(e.contains("deadlock"), "{e}");
     let e = launch("mw_emu_selftest_exited_lane", 1, 32, &mut out).unwrap_err();
     assert!(e.contains("has exited"), "{e}");
+    // Blocks and threads run in a shuffled order (each one once), not in index order, unless
+    // MW_EMU_SEED=0 asks for index order.
+    let in_order = std::env::var("MW_EMU_SEED").is_ok_and(|s| s == "0");
+    for (name, grid, block) in [
+        ("mw_emu_selftest_block_order", 64, 32),
+        ("mw_emu_selftest_thread_order", 1, 64),
+    ] {
+        out.fill(0);
+        launch(name, grid, block, &mut out).unwrap();
+        let ran = out[..64].to_vec();
+        let mut sorted = ran.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..64).collect::<Vec<i32>>(), "{name}: {ran:?}");
+        assert_eq!(
+            ran == sorted,
+            in_order,
+            "{name} ran in index order: {ran:?}"
+        );
+    }
 }

@@ -1,6 +1,15 @@
 // The emulator's launcher: runs a kernel's grid on the calling thread, each block's threads
 // as fibers (see shim.h), and the registry of every `extern "C" __global__` kernel by name
-// with its parameter signature. Included once, after the kernel sources, by the build of the
+// with its parameter signature.
+//
+// A GPU runs a grid's blocks in no set order, and a block's warps in no set order between its
+// barriers. So the emulator does not run them in index order either: blocks run in a shuffled
+// order and, in every round between barriers, the ready threads resume in a shuffled order.
+// A kernel that reads what another block (or another thread before a barrier) writes then
+// computes something else than its CPU twin, and its emulation test fails, instead of passing
+// by the accident of index order. The shuffles are seeded from the kernel's name and launch
+// shape (and `MW_EMU_SEED`), so the same launch always runs the same way — float atomics
+// stay reproducible — and `MW_EMU_SEED=0` runs everything in index order, for debugging. Included once, after the kernel sources, by the build of the
 // memwise-cuda-emu crate (kernels/cuda-emu), which generates `registry.inc`.
 
 #ifndef MW_EMU_RUNTIME_H
@@ -23,6 +32,35 @@ struct Fiber {
     uint3 tid;
 };
 
+// splitmix64: the shuffles' generator.
+inline unsigned long long mix(unsigned long long& s) {
+    s += 0x9E3779B97F4A7C15ull;
+    unsigned long long z = s;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// Fisher–Yates over v with the generator `s`; `s == 0` leaves v in order.
+template <typename T> inline void shuffle(std::vector<T>& v, unsigned long long& s) {
+    if (s == 0) return;
+    for (size_t i = v.size(); i > 1; i--) std::swap(v[i - 1], v[mix(s) % i]);
+}
+
+// The launch's schedule seed: `MW_EMU_SEED` (default 1; 0 = index order) mixed with the
+// kernel's name and launch shape.
+inline unsigned long long schedule_seed(const char* name, const unsigned grid[3],
+                                        const unsigned block[3]) {
+    const char* env = std::getenv("MW_EMU_SEED");
+    unsigned long long base = env ? std::strtoull(env, nullptr, 10) : 1;
+    if (base == 0) return 0;
+    unsigned long long h = 0xcbf29ce484222325ull ^ base;
+    for (const char* c = name; *c; c++) h = (h ^ (unsigned char)*c) * 0x100000001b3ull;
+    for (int i = 0; i < 3; i++) h = (h ^ grid[i]) * 0x100000001b3ull;
+    for (int i = 0; i < 3; i++) h = (h ^ block[i]) * 0x100000001b3ull;
+    return h | 1; // never 0, which means "in order"
+}
+
 struct Launch {
     ucontext_t sched;
     std::vector<Fiber> f;
@@ -32,6 +70,8 @@ struct Launch {
     void** args = nullptr;
     std::vector<unsigned long long> slots; // one 8-byte exchange slot per thread
     std::string error;
+    unsigned long long seed = 0; // the schedule's generator (0: index order)
+    std::vector<unsigned> order; // this round's thread order
 };
 
 inline thread_local Launch* L = nullptr;
@@ -110,8 +150,11 @@ inline bool run_block(Launch& l) {
         makecontext(&f.ctx, entry, 0);
         f.st = St::Ready;
     }
+    l.order.resize(l.n);
     while (true) {
-        for (unsigned t = 0; t < l.n; t++) {
+        for (unsigned t = 0; t < l.n; t++) l.order[t] = t;
+        shuffle(l.order, l.seed);
+        for (unsigned t : l.order) {
             if (l.f[t].st != St::Ready) continue;
             l.cur = t;
             threadIdx = l.f[t].tid;
@@ -156,9 +199,10 @@ inline bool run_block(Launch& l) {
     }
 }
 
-inline int launch(const unsigned grid[3], const unsigned block[3], void (*body)(void**),
-                  void** args, std::string& err) {
+inline int launch(const char* name, const unsigned grid[3], const unsigned block[3],
+                  void (*body)(void**), void** args, std::string& err) {
     Launch l;
+    l.seed = schedule_seed(name, grid, block);
     l.n = block[0] * block[1] * block[2];
     if (l.n == 0 || l.n > 1024) {
         err = "block of " + std::to_string(l.n) + " threads (CUDA allows 1 to 1024)";
@@ -181,13 +225,17 @@ inline int launch(const unsigned grid[3], const unsigned block[3], void (*body)(
     L = &l;
     gridDim = dim3{grid[0], grid[1], grid[2]};
     blockDim = dim3{block[0], block[1], block[2]};
+    std::vector<uint3> blocks;
+    blocks.reserve((size_t)grid[0] * grid[1] * grid[2]);
+    for (unsigned z = 0; z < grid[2]; z++)
+        for (unsigned y = 0; y < grid[1]; y++)
+            for (unsigned x = 0; x < grid[0]; x++) blocks.push_back(uint3{x, y, z});
+    shuffle(blocks, l.seed);
     bool ok = true;
-    for (unsigned z = 0; ok && z < grid[2]; z++)
-        for (unsigned y = 0; ok && y < grid[1]; y++)
-            for (unsigned x = 0; ok && x < grid[0]; x++) {
-                blockIdx = uint3{x, y, z};
-                ok = run_block(l);
-            }
+    for (size_t b = 0; ok && b < blocks.size(); b++) {
+        blockIdx = blocks[b];
+        ok = run_block(l);
+    }
     L = saved;
     for (char* s : l.stacks) std::free(s);
     if (!ok) {
@@ -269,7 +317,7 @@ extern "C" int mw_emu_launch(const char* name, const unsigned grid[3], const uns
             return 1;
         }
         std::string m;
-        if (mw_emu::launch(grid, block, e.call, args, m) != 0) {
+        if (mw_emu::launch(name, grid, block, e.call, args, m) != 0) {
             mw_emu::copy_err(std::string(name) + ": " + m, err, errlen);
             return 1;
         }

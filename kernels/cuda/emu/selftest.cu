@@ -29,3 +29,12 @@ extern "C" __global__ void mw_emu_selftest_block_sum(int* out) {
         out[blockIdx.x] = t;
     }
 }
+
+// Record the order the grid's blocks, and a block's threads, ran in: out[k] is the k-th to run
+// (out[64] counts). A GPU keeps no order; the emulator must not either (runtime.h).
+extern "C" __global__ void mw_emu_selftest_block_order(int* out) {
+    if (threadIdx.x == 0) out[atomicAdd(&out[64], 1)] = (int)blockIdx.x;
+}
+extern "C" __global__ void mw_emu_selftest_thread_order(int* out) {
+    out[atomicAdd(&out[64], 1)] = (int)threadIdx.x;
+}

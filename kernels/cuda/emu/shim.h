@@ -1,8 +1,9 @@
 // Host emulation of the CUDA built-ins the memwise kernels use, so the same .cu sources
 // compile as C++ and run on the CPU (tests: kernels/tests/cuda_emulation.rs).
 //
-// A launch runs its grid one block at a time; the block's threads are fibers (ucontext) on the
-// calling OS thread. `__syncthreads` parks a fiber until every live thread of the block has
+// A launch runs its grid one block at a time, in a shuffled order; the block's threads are
+// fibers (ucontext) on the calling OS thread, resumed in a shuffled order between barriers
+// (runtime.h says why). `__syncthreads` parks a fiber until every live thread of the block has
 // reached it, the warp shuffles park it until its 32 lanes have exchanged values, and a fiber
 // that returns leaves the block (as an exited CUDA thread does). When no fiber can move — a
 // barrier some threads never reach, a shuffle with an exited lane — the launch fails with a
