@@ -5,7 +5,7 @@
 use memwise_kernels as k;
 use memwise_plan::{DType, Op, Phase, PlanStep, StaticPlan, NONE};
 
-use crate::executor::{attention_dims, conv_dims, convt_dims};
+use crate::executor::{attention_dims, conv_dims, convt_dims, match_float};
 
 /// The most heap the GEMM library holds at once while `plan`'s steps run on the CPU: the
 /// largest per-call figure over every GEMM-running step (one step runs at a time, and its
@@ -22,21 +22,7 @@ pub fn gemm_library_heap_bytes(plan: &StaticPlan) -> u64 {
 /// Runs `$body` with `$T` the element type of float dtype `$dt` (0 for other dtypes).
 macro_rules! per_float {
     ($dt:expr, $T:ident, $body:expr) => {
-        match $dt {
-            DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            DType::F16 => {
-                type $T = half::f16;
-                $body
-            }
-            DType::BF16 => {
-                type $T = half::bf16;
-                $body
-            }
-            DType::U8 | DType::I32 => 0,
-        }
+        match_float!($dt, $T, $body, DType::U8 | DType::I32 => 0)
     };
 }
 

@@ -17,32 +17,19 @@ use memwise_plan::{Activation as Act, DType, PlanStep, Reduction, StaticPlan, NO
 
 use super::CpuKernels;
 use crate::error::{Result, RuntimeError};
+use crate::executor::match_float;
 use crate::executor::Batch;
 use crate::kernels::{BceInput, Kernels, OpError, OpResult, StepFlags, StepScalars, UpdateStep};
 
 /// Runs `$body` with `$T` bound to the element type of float dtype `$dt`.
 macro_rules! with_float {
     ($dt:expr, $T:ident, $body:block) => {
-        match $dt {
-            DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            DType::F16 => {
-                type $T = f16;
-                $body
-            }
-            DType::BF16 => {
-                type $T = bf16;
-                $body
-            }
-            other => {
-                return Err(OpError::Runtime(RuntimeError::Memory(format!(
-                    "expected a float tensor, found {}",
-                    other.name()
-                ))))
-            }
-        }
+        match_float!($dt, $T, $body, other => {
+            return Err(OpError::Runtime(RuntimeError::Memory(format!(
+                "expected a float tensor, found {}",
+                other.name()
+            ))))
+        })
     };
 }
 
