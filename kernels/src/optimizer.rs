@@ -78,12 +78,14 @@ trait ElementwiseUpdate {
 
     /// The rule of update number `step` on one parameter, its gradient (not yet multiplied by
     /// `grad_unscale`) and its state slots; an error refuses the whole update.
-    fn rule(
-        &self,
-        step: u64,
-        grad_unscale: f32,
-    ) -> Result<impl Fn(&mut f32, f32, &mut [f32; 3]) + Sync + Send, KernelError>;
+    fn rule(&self, step: u64, grad_unscale: f32) -> Result<impl Rule, KernelError>;
 }
+
+/// The update of one parameter element `p` from its gradient `g` and its state slots (the
+/// missing ones dummies the rule does not use).
+trait Rule: Fn(&mut f32, f32, &mut [f32; 3]) + Sync + Send {}
+
+impl<F: Fn(&mut f32, f32, &mut [f32; 3]) + Sync + Send> Rule for F {}
 
 impl<O: ElementwiseUpdate> Optimizer for O {
     fn state_slots(&self) -> usize {
@@ -255,11 +257,7 @@ impl ElementwiseUpdate for Sgd {
         (self.momentum != 0.0) as usize
     }
 
-    fn rule(
-        &self,
-        _step: u64,
-        grad_unscale: f32,
-    ) -> Result<impl Fn(&mut f32, f32, &mut [f32; 3]) + Sync + Send, KernelError> {
+    fn rule(&self, _step: u64, grad_unscale: f32) -> Result<impl Rule, KernelError> {
         let (lr, mom, nesterov) = (self.learning_rate, self.momentum, self.nesterov);
         Ok(move |p: &mut f32, g: f32, s: &mut [f32; 3]| {
             if mom == 0.0 {
@@ -315,11 +313,7 @@ impl ElementwiseUpdate for RmsProp {
         1 + (self.momentum > 0.0) as usize + self.centered as usize
     }
 
-    fn rule(
-        &self,
-        _step: u64,
-        grad_unscale: f32,
-    ) -> Result<impl Fn(&mut f32, f32, &mut [f32; 3]) + Sync + Send, KernelError> {
+    fn rule(&self, _step: u64, grad_unscale: f32) -> Result<impl Rule, KernelError> {
         let o = *self;
         let use_mom = o.momentum > 0.0;
         let avg_slot = 1 + use_mom as usize;
@@ -383,16 +377,18 @@ impl Adam {
         Ok((self.learning_rate as f64 * b2.sqrt() / b1) as f32)
     }
 
-    /// The element rule of one Adam step of size `alpha`, after the decoupled weight decay
-    /// `p −= p·decay` (`decay = wd·lr`; 0 for plain Adam).
-    fn step_rule(
+    /// The element rule of Adam update number `step` (`name` in its errors), after the
+    /// decoupled weight decay `p −= p·decay` (`decay = wd·lr`; 0 for plain Adam).
+    fn decayed_rule(
         &self,
-        alpha: f32,
+        name: &str,
+        step: u64,
         grad_unscale: f32,
         decay: f32,
-    ) -> impl Fn(&mut f32, f32, &mut [f32; 3]) + Sync + Send {
+    ) -> Result<impl Rule, KernelError> {
         let o = *self;
-        move |p: &mut f32, g: f32, s: &mut [f32; 3]| {
+        let alpha = self.alpha(name, step)?;
+        Ok(move |p: &mut f32, g: f32, s: &mut [f32; 3]| {
             let g = g * grad_unscale;
             // Decoupled weight decay first, as Keras's base optimizer applies it before
             // update_step: p = p − p·wd·lr.
@@ -402,7 +398,7 @@ impl Adam {
             s[0] += (g - s[0]) * (1.0 - o.beta_1);
             s[1] += (g * g - s[1]) * (1.0 - o.beta_2);
             *p -= alpha * s[0] / (s[1].sqrt() + o.epsilon);
-        }
+        })
     }
 }
 
@@ -413,13 +409,8 @@ impl ElementwiseUpdate for Adam {
         2
     }
 
-    fn rule(
-        &self,
-        step: u64,
-        grad_unscale: f32,
-    ) -> Result<impl Fn(&mut f32, f32, &mut [f32; 3]) + Sync + Send, KernelError> {
-        let alpha = self.alpha(Self::NAME, step)?;
-        Ok(self.step_rule(alpha, grad_unscale, 0.0))
+    fn rule(&self, step: u64, grad_unscale: f32) -> Result<impl Rule, KernelError> {
+        self.decayed_rule(Self::NAME, step, grad_unscale, 0.0)
     }
 }
 
@@ -444,17 +435,13 @@ impl ElementwiseUpdate for AdamW {
     const NAME: &'static str = "adamw";
 
     fn slots(&self) -> usize {
-        2
+        self.adam.slots()
     }
 
-    fn rule(
-        &self,
-        step: u64,
-        grad_unscale: f32,
-    ) -> Result<impl Fn(&mut f32, f32, &mut [f32; 3]) + Sync + Send, KernelError> {
-        let alpha = self.adam.alpha(Self::NAME, step)?;
+    fn rule(&self, step: u64, grad_unscale: f32) -> Result<impl Rule, KernelError> {
         let decay = self.weight_decay * self.adam.learning_rate;
-        Ok(self.adam.step_rule(alpha, grad_unscale, decay))
+        self.adam
+            .decayed_rule(Self::NAME, step, grad_unscale, decay)
     }
 }
 

@@ -71,6 +71,34 @@ impl CpuKernels {
         Ok(Some(id))
     }
 
+    /// Batch norm's (per channel) or layer norm's (per row, `layer`) backward: both read
+    /// `x̂`, the saved `1/σ`, `γ` and `dy` and write `dx`, `dγ` and `dβ` alike.
+    fn norm_backward(&self, io: &NormBackward, d: k::norm::NormDims, layer: bool) -> OpResult {
+        unsafe {
+            with_float!(self.dtype(io.x_hat), T, {
+                let kernel = if layer {
+                    k::norm::layer_norm_backward::<T>
+                } else {
+                    k::norm::batch_norm_backward::<T>
+                };
+                let grads = k::norm::AffineGrads {
+                    dgamma: self.grad_mut(io.gamma)?,
+                    dbeta: self.grad_mut(io.beta)?,
+                };
+                kernel(
+                    d,
+                    self.r::<T>(io.x_hat)?,
+                    self.r::<f32>(io.inv_std)?,
+                    self.pf32(io.gamma)?,
+                    self.r::<T>(io.dy)?,
+                    self.w::<T>(io.dx)?,
+                    grads,
+                )?
+            })
+        }
+        Ok(())
+    }
+
     /// Writes a loss term's weighted value; without loss scaling a non-finite one flags the
     /// step, so the optimizer keeps the weights.
     fn loss_value(&self, value_id: TensorId, value: f32, correct: usize) -> OpResult {
@@ -721,45 +749,11 @@ impl Kernels for CpuKernels {
     }
 
     fn batch_norm_backward(&self, io: &NormBackward, d: k::norm::NormDims) -> OpResult {
-        unsafe {
-            with_float!(self.dtype(io.x_hat), T, {
-                let grads = k::norm::AffineGrads {
-                    dgamma: self.grad_mut(io.gamma)?,
-                    dbeta: self.grad_mut(io.beta)?,
-                };
-                k::norm::batch_norm_backward::<T>(
-                    d,
-                    self.r::<T>(io.x_hat)?,
-                    self.r::<f32>(io.inv_std)?,
-                    self.pf32(io.gamma)?,
-                    self.r::<T>(io.dy)?,
-                    self.w::<T>(io.dx)?,
-                    grads,
-                )?
-            })
-        }
-        Ok(())
+        self.norm_backward(io, d, false)
     }
 
     fn layer_norm_backward(&self, io: &NormBackward, d: k::norm::NormDims) -> OpResult {
-        unsafe {
-            with_float!(self.dtype(io.x_hat), T, {
-                let grads = k::norm::AffineGrads {
-                    dgamma: self.grad_mut(io.gamma)?,
-                    dbeta: self.grad_mut(io.beta)?,
-                };
-                k::norm::layer_norm_backward::<T>(
-                    d,
-                    self.r::<T>(io.x_hat)?,
-                    self.r::<f32>(io.inv_std)?,
-                    self.pf32(io.gamma)?,
-                    self.r::<T>(io.dy)?,
-                    self.w::<T>(io.dx)?,
-                    grads,
-                )?
-            })
-        }
-        Ok(())
+        self.norm_backward(io, d, true)
     }
 
     fn dropout_backward(&self, io: &SavedBackward, rate: f32) -> OpResult {
