@@ -164,39 +164,31 @@ MW_DEV int mw_warp_min(int v) {
     return v;
 }
 
+// A reduction over a 1-D block of MW_REDUCE_THREADS threads, every thread getting the result:
+// `warp` reduces within each warp, then across the warps' results (`identity` for the lanes
+// past the last warp).
+template <typename T, typename W>
+MW_DEV T mw_block_reduce(T v, T* sh /* [32] shared */, T identity, W warp) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    v = warp(v);
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    int nw = (blockDim.x + 31) >> 5;
+    T t = lane < nw ? sh[lane] : identity;
+    t = warp(t);
+    __syncthreads();
+    return t;
+}
+
 // Sum over a 1-D block of MW_REDUCE_THREADS threads (every thread gets the total).
 MW_DEV double mw_block_sum(double v, double* sh /* [32] shared */) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = mw_warp_sum(v);
-    if (lane == 0) sh[warp] = v;
-    __syncthreads();
-    int nw = (blockDim.x + 31) >> 5;
-    double t = lane < nw ? sh[lane] : 0.0;
-    t = mw_warp_sum(t);
-    __syncthreads();
-    return t;
+    return mw_block_reduce(v, sh, 0.0, [](double x) { return mw_warp_sum(x); });
 }
 MW_DEV int mw_block_sum_int(int v, int* sh /* [32] shared */) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = mw_warp_sum(v);
-    if (lane == 0) sh[warp] = v;
-    __syncthreads();
-    int nw = (blockDim.x + 31) >> 5;
-    int t = lane < nw ? sh[lane] : 0;
-    t = mw_warp_sum(t);
-    __syncthreads();
-    return t;
+    return mw_block_reduce(v, sh, 0, [](int x) { return mw_warp_sum(x); });
 }
 MW_DEV int mw_block_min_int(int v, int* sh /* [32] shared */) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = mw_warp_min(v);
-    if (lane == 0) sh[warp] = v;
-    __syncthreads();
-    int nw = (blockDim.x + 31) >> 5;
-    int t = lane < nw ? sh[lane] : 0x7fffffff;
-    t = mw_warp_min(t);
-    __syncthreads();
-    return t;
+    return mw_block_reduce(v, sh, 0x7fffffff, [](int x) { return mw_warp_min(x); });
 }
 
 // Channel strip: a block of (32, MW_STRIP_Y) threads, x = channel in the strip, y = row lane.
@@ -211,6 +203,24 @@ MW_DEV double mw_strip_sum(double v, double (*sh)[33]) {
     double t = sh[0][threadIdx.x];
     __syncthreads();
     return t;
+}
+
+// The coordinates of flat element e of an NHWC tensor [.., h, w, c]: sample, row, column,
+// channel.
+struct MwNhwc {
+    u64 s;
+    int y, x, c;
+};
+
+MW_DEV MwNhwc mw_nhwc(u64 e, int h, int w, int c) {
+    MwNhwc p;
+    p.c = (int)(e % c);
+    u64 q = e / c;
+    p.x = (int)(q % w);
+    q /= w;
+    p.y = (int)(q % h);
+    p.s = q / h;
+    return p;
 }
 
 #endif // MW_COMMON_CUH

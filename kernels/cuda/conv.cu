@@ -46,28 +46,34 @@ MW_DEV int mw_origin(int i, int k, int pad, int stride, int out) {
     return o < out ? o : -1;
 }
 
+// Calls f(ki, kj, oy, ox) for every tap (ki, kj), in order, whose window (oy, ox) covers input
+// pixel (iy, ix), over the window grid `g` (any of the dims structs: kh, kw, sh, sw, pt, pl,
+// oh, ow).
+template <typename G, typename F> MW_DEV void mw_for_origins(const G& g, int iy, int ix, F f) {
+    for (int ki = 0; ki < g.kh; ki++) {
+        int oy = mw_origin(iy, ki, g.pt, g.sh, g.oh);
+        if (oy < 0) continue;
+        for (int kj = 0; kj < g.kw; kj++) {
+            int ox = mw_origin(ix, kj, g.pl, g.sw, g.ow);
+            if (ox < 0) continue;
+            f(ki, kj, oy, ox);
+        }
+    }
+}
+
 // img[s, iy, ix, ci] = bias[ci] + Σ col over the windows covering (iy, ix), for cn samples
 // (img points at the first); overwritten. bias may be null.
 template <typename T>
 MW_DEV void col2im(const T* col, T* img, MwGeom g, int cn, const float* bias) {
     u64 k = (u64)g.kh * g.kw * g.c;
     MW_FOR(e, (u64)cn * g.h * g.w * g.c) {
-        int ci = (int)(e % g.c);
-        u64 q = e / g.c;
-        int ix = (int)(q % g.w);
-        q /= g.w;
-        int iy = (int)(q % g.h);
-        u64 s = q / g.h;
+        MwNhwc p = mw_nhwc(e, g.h, g.w, g.c);
+        u64 s = p.s;
+        int ci = p.c;
         float acc = bias ? bias[ci] : 0.0f;
-        for (int ki = 0; ki < g.kh; ki++) {
-            int oy = mw_origin(iy, ki, g.pt, g.sh, g.oh);
-            if (oy < 0) continue;
-            for (int kj = 0; kj < g.kw; kj++) {
-                int ox = mw_origin(ix, kj, g.pl, g.sw, g.ow);
-                if (ox < 0) continue;
-                acc += ld(col[((s * g.oh + oy) * g.ow + ox) * k + (u64)(ki * g.kw + kj) * g.c + ci]);
-            }
-        }
+        mw_for_origins(g, p.y, p.x, [&](int ki, int kj, int oy, int ox) {
+            acc += ld(col[((s * g.oh + oy) * g.ow + ox) * k + (u64)(ki * g.kw + kj) * g.c + ci]);
+        });
         img[e] = st<T>(acc);
     }
 }
@@ -77,12 +83,9 @@ template <typename T>
 MW_DEV void dw_fwd(const T* x, const T* w, const float* bias, T* y, MwDepthwise d) {
     int co = d.c * d.m;
     MW_FOR(e, (u64)d.n * d.oh * d.ow * co) {
-        int o = (int)(e % co);
-        u64 q = e / co;
-        int ox = (int)(q % d.ow);
-        q /= d.ow;
-        int oy = (int)(q % d.oh);
-        u64 s = q / d.oh;
+        MwNhwc p = mw_nhwc(e, d.oh, d.ow, co);
+        u64 s = p.s;
+        int o = p.c, ox = p.x, oy = p.y;
         int ci = o / d.m;
         float acc = bias ? bias[o] : 0.0f;
         for (int ki = 0; ki < d.kh; ki++) {
@@ -103,27 +106,18 @@ MW_DEV void dw_fwd(const T* x, const T* w, const float* bias, T* y, MwDepthwise 
 template <typename T> MW_DEV void dw_bwd_dx(const T* w, const T* dy, T* dx, MwDepthwise d) {
     int co = d.c * d.m;
     MW_FOR(e, (u64)d.n * d.h * d.w * d.c) {
-        int ci = (int)(e % d.c);
-        u64 q = e / d.c;
-        int ix = (int)(q % d.w);
-        q /= d.w;
-        int iy = (int)(q % d.h);
-        u64 s = q / d.h;
+        MwNhwc p = mw_nhwc(e, d.h, d.w, d.c);
+        u64 s = p.s;
+        int ci = p.c;
         float acc = 0.0f;
-        for (int ki = 0; ki < d.kh; ki++) {
-            int oy = mw_origin(iy, ki, d.pt, d.sh, d.oh);
-            if (oy < 0) continue;
-            for (int kj = 0; kj < d.kw; kj++) {
-                int ox = mw_origin(ix, kj, d.pl, d.sw, d.ow);
-                if (ox < 0) continue;
-                u64 g = ((s * d.oh + oy) * d.ow + ox) * co;
-                u64 wt = (u64)(ki * d.kw + kj) * co;
-                for (int mi = 0; mi < d.m; mi++) {
-                    int o = ci * d.m + mi;
-                    acc += ld(dy[g + o]) * ld(w[wt + o]);
-                }
+        mw_for_origins(d, p.y, p.x, [&](int ki, int kj, int oy, int ox) {
+            u64 g = ((s * d.oh + oy) * d.ow + ox) * co;
+            u64 wt = (u64)(ki * d.kw + kj) * co;
+            for (int mi = 0; mi < d.m; mi++) {
+                int o = ci * d.m + mi;
+                acc += ld(dy[g + o]) * ld(w[wt + o]);
             }
-        }
+        });
         dx[e] = st<T>(acc);
     }
 }

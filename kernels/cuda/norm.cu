@@ -83,6 +83,23 @@ MW_DEV void bn_infer(const T* x, T* y, const float* gamma, const float* beta, co
     }
 }
 
+// Σ dy and Σ dy·x_hat down channel `ch` of `[rows, c]` tensors, summed in f64 over the block's
+// channel strip (`ok`: the channel exists). Every thread of the block calls it: the strip sums
+// synchronise.
+template <typename T>
+MW_DEV void mw_channel_grad_sums(const T* x_hat, const T* dy, u64 rows, u64 c, u64 ch, bool ok,
+                                 double (*sh)[33], float& sum_dy, float& sum_dyh) {
+    double s1 = 0.0, s2 = 0.0;
+    if (ok)
+        for (u64 r = threadIdx.y; r < rows; r += MW_STRIP_Y) {
+            double g = (double)ld(dy[r * c + ch]);
+            s1 += g;
+            s2 += g * (double)ld(x_hat[r * c + ch]);
+        }
+    sum_dy = (float)mw_strip_sum(s1, sh);
+    sum_dyh = (float)mw_strip_sum(s2, sh);
+}
+
 // Backward: dx = gamma·inv_std·(dy − (Σdy + x_hat·Σ(dy·x_hat))/rows) (overwritten),
 // dgamma += Σ dy·x_hat, dbeta += Σ dy.
 template <typename T>
@@ -91,15 +108,8 @@ MW_DEV void bn_bwd(const T* x_hat, const float* inv_std, const float* gamma, con
     __shared__ double sh[MW_STRIP_Y][33];
     u64 ch = (u64)blockIdx.x * 32 + threadIdx.x;
     bool ok = ch < c;
-    double s1 = 0.0, s2 = 0.0;
-    if (ok)
-        for (u64 r = threadIdx.y; r < rows; r += MW_STRIP_Y) {
-            double g = (double)ld(dy[r * c + ch]);
-            s1 += g;
-            s2 += g * (double)ld(x_hat[r * c + ch]);
-        }
-    float sum_dy = (float)mw_strip_sum(s1, sh);
-    float sum_dyh = (float)mw_strip_sum(s2, sh);
+    float sum_dy, sum_dyh;
+    mw_channel_grad_sums(x_hat, dy, rows, c, ch, ok, sh, sum_dy, sum_dyh);
     if (!ok) return;
     if (threadIdx.y == 0) {
         dbeta[ch] += sum_dy;
@@ -172,15 +182,8 @@ MW_DEV void ln_param_grads(const T* x_hat, const T* dy, float* dgamma, float* db
     __shared__ double sh[MW_STRIP_Y][33];
     u64 ch = (u64)blockIdx.x * 32 + threadIdx.x;
     bool ok = ch < c;
-    double s1 = 0.0, s2 = 0.0;
-    if (ok)
-        for (u64 r = threadIdx.y; r < rows; r += MW_STRIP_Y) {
-            double g = (double)ld(dy[r * c + ch]);
-            s1 += g;
-            s2 += g * (double)ld(x_hat[r * c + ch]);
-        }
-    float a = (float)mw_strip_sum(s1, sh);
-    float b = (float)mw_strip_sum(s2, sh);
+    float a, b;
+    mw_channel_grad_sums(x_hat, dy, rows, c, ch, ok, sh, a, b);
     if (ok && threadIdx.y == 0) {
         dbeta[ch] += a;
         dgamma[ch] += b;

@@ -34,33 +34,41 @@ MW_DEV void mw_covering(int i, int s, int pad, int k, int out, int* lo, int* hi)
     *hi = h > l ? h : l;
 }
 
+// The window of output element o: its batch item and channel, and per axis the window's
+// start (< 0 in the padding) and valid input range [lo, hi).
+struct MwWin {
+    int b, ch, hs, ilo, ihi, ws, jlo, jhi;
+};
+
+MW_DEV MwWin mw_out_window(u64 o, MwPool d) {
+    MwNhwc p = mw_nhwc(o, d.oh, d.ow, d.c);
+    MwWin v;
+    v.ch = p.c;
+    v.b = (int)p.s;
+    mw_window(p.y, d.sh, d.pt, d.kh, d.h, &v.hs, &v.ilo, &v.ihi);
+    mw_window(p.x, d.sw, d.pl, d.kw, d.w, &v.ws, &v.jlo, &v.jhi);
+    return v;
+}
+
 // y = the window's max (a copy of the element), argmax = its position ki·kw + kj in the
 // window (padding counted); first max on ties; a NaN wins over numbers.
 template <typename T> MW_DEV void maxpool_fwd(const T* x, T* y, unsigned char* argmax, MwPool d) {
     u64 total = (u64)d.n * d.oh * d.ow * d.c;
     MW_FOR(o, total) {
-        int ch = (int)(o % d.c);
-        u64 q = o / d.c;
-        int ow = (int)(q % d.ow);
-        q /= d.ow;
-        int oh = (int)(q % d.oh);
-        int b = (int)(q / d.oh);
-        int hs, ilo, ihi, ws, jlo, jhi;
-        mw_window(oh, d.sh, d.pt, d.kh, d.h, &hs, &ilo, &ihi);
-        mw_window(ow, d.sw, d.pl, d.kw, d.w, &ws, &jlo, &jhi);
-        const T* img = x + (u64)b * d.h * d.w * d.c;
-        T best = img[((u64)ilo * d.w + jlo) * d.c + ch];
+        MwWin v = mw_out_window(o, d);
+        const T* img = x + (u64)v.b * d.h * d.w * d.c;
+        T best = img[((u64)v.ilo * d.w + v.jlo) * d.c + v.ch];
         float cur = ld(best);
-        int idx = (ilo - hs) * d.kw + (jlo - ws);
-        for (int i = ilo; i < ihi; i++)
-            for (int j = jlo; j < jhi; j++) {
-                if (i == ilo && j == jlo) continue;
-                T xv = img[((u64)i * d.w + j) * d.c + ch];
-                float v = ld(xv);
-                if (v > cur || (mw_isnan(v) && !mw_isnan(cur))) {
+        int idx = (v.ilo - v.hs) * d.kw + (v.jlo - v.ws);
+        for (int i = v.ilo; i < v.ihi; i++)
+            for (int j = v.jlo; j < v.jhi; j++) {
+                if (i == v.ilo && j == v.jlo) continue;
+                T xv = img[((u64)i * d.w + j) * d.c + v.ch];
+                float val = ld(xv);
+                if (val > cur || (mw_isnan(val) && !mw_isnan(cur))) {
                     best = xv;
-                    cur = v;
-                    idx = (i - hs) * d.kw + (j - ws);
+                    cur = val;
+                    idx = (i - v.hs) * d.kw + (j - v.ws);
                 }
             }
         y[o] = best;
@@ -68,82 +76,59 @@ template <typename T> MW_DEV void maxpool_fwd(const T* x, T* y, unsigned char* a
     }
 }
 
-// dx[input] = Σ dy over the windows whose recorded arg-max is this input (0 elsewhere).
-template <typename T>
-MW_DEV void maxpool_bwd(const unsigned char* argmax, const T* dy, T* dx, MwPool d) {
+// The gather both backwards share: dx[e] = what `add(acc, o, oh, ow, ih, iw)` adds into acc
+// over the output windows (oh, ow) covering input element e = (b, ih, iw, ch), in the CPU
+// kernel's order; o is that window's output offset at channel ch.
+template <typename T, typename F> MW_DEV void mw_pool_bwd(T* dx, MwPool d, F add) {
     u64 total = (u64)d.n * d.h * d.w * d.c;
     MW_FOR(e, total) {
-        int ch = (int)(e % d.c);
-        u64 q = e / d.c;
-        int iw = (int)(q % d.w);
-        q /= d.w;
-        int ih = (int)(q % d.h);
-        int b = (int)(q / d.h);
+        MwNhwc p = mw_nhwc(e, d.h, d.w, d.c);
+        int ih = p.y, iw = p.x;
         int ohl, ohh, owl, owh;
         mw_covering(ih, d.sh, d.pt, d.kh, d.oh, &ohl, &ohh);
         mw_covering(iw, d.sw, d.pl, d.kw, d.ow, &owl, &owh);
         float acc = 0.0f;
-        for (int oh = ohl; oh < ohh; oh++) {
-            int ki = ih + d.pt - oh * d.sh;
-            for (int ow = owl; ow < owh; ow++) {
-                int kj = iw + d.pl - ow * d.sw;
-                unsigned char want = (unsigned char)(ki * d.kw + kj);
-                u64 o = (((u64)b * d.oh + oh) * d.ow + ow) * d.c + ch;
-                if (argmax[o] == want) acc += ld(dy[o]);
-            }
-        }
+        for (int oh = ohl; oh < ohh; oh++)
+            for (int ow = owl; ow < owh; ow++)
+                add(acc, ((p.s * d.oh + oh) * d.ow + ow) * d.c + p.c, oh, ow, ih, iw);
         dx[e] = st<T>(acc);
     }
+}
+
+// dx[input] = Σ dy over the windows whose recorded arg-max is this input (0 elsewhere).
+template <typename T>
+MW_DEV void maxpool_bwd(const unsigned char* argmax, const T* dy, T* dx, MwPool d) {
+    mw_pool_bwd(dx, d, [=](float& acc, u64 o, int oh, int ow, int ih, int iw) {
+        int ki = ih + d.pt - oh * d.sh;
+        int kj = iw + d.pl - ow * d.sw;
+        unsigned char want = (unsigned char)(ki * d.kw + kj);
+        if (argmax[o] == want) acc += ld(dy[o]);
+    });
 }
 
 // y = mean of the window's valid elements.
 template <typename T> MW_DEV void avgpool_fwd(const T* x, T* y, MwPool d) {
     u64 total = (u64)d.n * d.oh * d.ow * d.c;
     MW_FOR(o, total) {
-        int ch = (int)(o % d.c);
-        u64 q = o / d.c;
-        int ow = (int)(q % d.ow);
-        q /= d.ow;
-        int oh = (int)(q % d.oh);
-        int b = (int)(q / d.oh);
-        int hs, ilo, ihi, ws, jlo, jhi;
-        mw_window(oh, d.sh, d.pt, d.kh, d.h, &hs, &ilo, &ihi);
-        mw_window(ow, d.sw, d.pl, d.kw, d.w, &ws, &jlo, &jhi);
-        float inv = 1.0f / (float)((ihi - ilo) * (jhi - jlo));
-        const T* img = x + (u64)b * d.h * d.w * d.c;
+        MwWin v = mw_out_window(o, d);
+        float inv = 1.0f / (float)((v.ihi - v.ilo) * (v.jhi - v.jlo));
+        const T* img = x + (u64)v.b * d.h * d.w * d.c;
         float acc = 0.0f;
-        for (int i = ilo; i < ihi; i++)
-            for (int j = jlo; j < jhi; j++) acc += ld(img[((u64)i * d.w + j) * d.c + ch]);
+        for (int i = v.ilo; i < v.ihi; i++)
+            for (int j = v.jlo; j < v.jhi; j++) acc += ld(img[((u64)i * d.w + j) * d.c + v.ch]);
         y[o] = st<T>(acc * inv);
     }
 }
 
 // dx[input] = Σ over covering windows of dy / (that window's valid count).
 template <typename T> MW_DEV void avgpool_bwd(const T* dy, T* dx, MwPool d) {
-    u64 total = (u64)d.n * d.h * d.w * d.c;
-    MW_FOR(e, total) {
-        int ch = (int)(e % d.c);
-        u64 q = e / d.c;
-        int iw = (int)(q % d.w);
-        q /= d.w;
-        int ih = (int)(q % d.h);
-        int b = (int)(q / d.h);
-        int ohl, ohh, owl, owh;
-        mw_covering(ih, d.sh, d.pt, d.kh, d.oh, &ohl, &ohh);
-        mw_covering(iw, d.sw, d.pl, d.kw, d.ow, &owl, &owh);
-        float acc = 0.0f;
-        for (int oh = ohl; oh < ohh; oh++) {
-            int hs, ilo, ihi;
-            mw_window(oh, d.sh, d.pt, d.kh, d.h, &hs, &ilo, &ihi);
-            for (int ow = owl; ow < owh; ow++) {
-                int ws, jlo, jhi;
-                mw_window(ow, d.sw, d.pl, d.kw, d.w, &ws, &jlo, &jhi);
-                float inv = 1.0f / (float)((ihi - ilo) * (jhi - jlo));
-                acc += ld(dy[(((u64)b * d.oh + oh) * d.ow + ow) * d.c + ch]) * inv;
-            }
-        }
-        dx[e] = st<T>(acc);
-    }
+    mw_pool_bwd(dx, d, [=](float& acc, u64 o, int oh, int ow, int, int) {
+        int hs, ilo, ihi, ws, jlo, jhi;
+        mw_window(oh, d.sh, d.pt, d.kh, d.h, &hs, &ilo, &ihi);
+        mw_window(ow, d.sw, d.pl, d.kw, d.w, &ws, &jlo, &jhi);
+        float inv = 1.0f / (float)((ihi - ilo) * (jhi - jlo));
+        acc += ld(dy[o]) * inv;
+    });
 }
 
 // [n, hw, c] → [n, c], the mean over hw summed in f64.

@@ -102,10 +102,10 @@ MW_DEV void mw_normals(u64 b, u64 seed, u32 layer, u64 step, float e[4]) {
     mw_box_muller(w.w[2], w.w[3], &e[2], &e[3]);
 }
 
-// z = mean + exp(0.5·logvar)·ε, ε ~ N(0, 1) from stream (seed, layer, step).
-template <typename T>
-MW_DEV void sample_normal_fwd(const T* mean, const T* logvar, T* z, u64 n, u64 seed, u32 layer,
-                              const MwScalars* sc) {
+// Runs `f(i, ε)` for every i < n, ε the i-th standard normal of stream (seed, layer, step):
+// grid-stride over the RNG blocks, 4 normals each.
+template <typename F>
+MW_DEV void mw_for_normals(u64 n, u64 seed, u32 layer, const MwScalars* sc, F f) {
     u64 step = sc->step;
     MW_FOR(b, (n + 3) / 4) {
         float e[4];
@@ -114,9 +114,18 @@ MW_DEV void sample_normal_fwd(const T* mean, const T* logvar, T* z, u64 n, u64 s
         for (int j = 0; j < 4; j++) {
             u64 i = 4 * b + j;
             if (i >= n) break;
-            z[i] = st<T>(ld(mean[i]) + expf(0.5f * ld(logvar[i])) * e[j]);
+            f(i, e[j]);
         }
     }
+}
+
+// z = mean + exp(0.5·logvar)·ε, ε ~ N(0, 1) from stream (seed, layer, step).
+template <typename T>
+MW_DEV void sample_normal_fwd(const T* mean, const T* logvar, T* z, u64 n, u64 seed, u32 layer,
+                              const MwScalars* sc) {
+    mw_for_normals(n, seed, layer, sc, [=](u64 i, float e) {
+        z[i] = st<T>(ld(mean[i]) + expf(0.5f * ld(logvar[i])) * e);
+    });
 }
 
 // dmean = dz, dlogvar = dz·0.5·exp(0.5·logvar)·ε (ε regenerated); overwritten, or added to
@@ -124,25 +133,17 @@ MW_DEV void sample_normal_fwd(const T* mean, const T* logvar, T* z, u64 n, u64 s
 template <typename T>
 MW_DEV void sample_normal_bwd(const T* logvar, const T* dz, T* dmean, T* dlogvar, u64 n,
                               u64 seed, u32 layer, const MwScalars* sc, int accumulate) {
-    u64 step = sc->step;
-    MW_FOR(b, (n + 3) / 4) {
-        float e[4];
-        mw_normals(b, seed, layer, step, e);
-        #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            u64 i = 4 * b + j;
-            if (i >= n) break;
-            float g = ld(dz[i]);
-            float dl = g * 0.5f * expf(0.5f * ld(logvar[i])) * e[j];
-            if (accumulate) {
-                dlogvar[i] = st<T>(ld(dlogvar[i]) + dl);
-                dmean[i] = st<T>(ld(dmean[i]) + g);
-            } else {
-                dlogvar[i] = st<T>(dl);
-                dmean[i] = st<T>(g);
-            }
+    mw_for_normals(n, seed, layer, sc, [=](u64 i, float e) {
+        float g = ld(dz[i]);
+        float dl = g * 0.5f * expf(0.5f * ld(logvar[i])) * e;
+        if (accumulate) {
+            dlogvar[i] = st<T>(ld(dlogvar[i]) + dl);
+            dmean[i] = st<T>(ld(dmean[i]) + g);
+        } else {
+            dlogvar[i] = st<T>(dl);
+            dmean[i] = st<T>(g);
         }
-    }
+    });
 }
 
 #define MW_RANDOM(S, T)                                                                         \

@@ -18,7 +18,7 @@ use crate::gemm::{
     check_part, for_each_lane, gemm_core, lanes_at_once, matmul_mixed_ws_len, Mat, MatMut,
 };
 use crate::gemm_heap::{gemm_core_heap_bytes, Strides};
-use crate::{check_len, Element, KResult, KernelError};
+use crate::{Element, KResult, KernelError};
 use gemm::Parallelism;
 
 /// Value written at masked (future) positions by a causal [`scores_forward`]; rounds to `-inf`
@@ -203,6 +203,16 @@ unsafe impl<T: Sync> Send for Qkv<T> {}
 unsafe impl<T: Sync> Sync for Qkv<T> {}
 
 impl<T> Qkv<T> {
+    /// The heads of the packed `qkv` at `base`, of shape `d`.
+    fn of(base: *const T, d: AttentionDims) -> Self {
+        Qkv {
+            base,
+            s: d.seq,
+            h: d.hidden,
+            hd: d.head_dim(),
+        }
+    }
+
     /// `part` 0 = q, 1 = k, 2 = v: the `[s, d]` view of head `head` of batch item `b`.
     fn part(&self, b: usize, head: usize, part: usize) -> Mat<T> {
         let off = b * self.s * 3 * self.h + part * self.h + head * self.hd;
@@ -222,6 +232,26 @@ impl<T> Qkv<T> {
     }
 }
 
+/// One head's GEMM `c = alpha·a·b` (overwritten, no bias), on its lane's workspace `w`: the
+/// shape of every product here.
+///
+/// # Safety
+/// As [`gemm_core`]: the views are valid for `m×k`, `k×n` and `m×n` and `c` is unique.
+#[allow(clippy::too_many_arguments)]
+unsafe fn head_gemm<T: Element>(
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: Mat<T>,
+    b: Mat<T>,
+    c: MatMut<T>,
+    w: &mut [f32],
+    par: Parallelism,
+) {
+    gemm_core(m, n, k, alpha, a, b, 0.0, c, None, w, par)
+}
+
 /// Forward scores: `scores[b, i] = scale · q_bi · k_biᵀ`, `[batch, heads, s, s]`, overwritten.
 /// With `causal`, entries `j > i` (keys after the query) are set to [`CAUSAL_MASK`] so the
 /// softmax gives them probability 0. `ws`: [`attention_ws_len`] (empty for f32).
@@ -235,40 +265,25 @@ pub fn scores_forward<T: Element>(
 ) -> KResult {
     let what = "attention scores_forward";
     d.validate(what)?;
-    check_len("attention scores_forward qkv", qkv.len(), d.qkv_len())?;
-    check_len(
-        "attention scores_forward scores",
-        scores.len(),
-        d.scores_len(),
-    )?;
+    check_part(what, "qkv", qkv.len(), d.qkv_len())?;
+    check_part(what, "scores", scores.len(), d.scores_len())?;
     let per = check_ws::<T>(what, d, ws)?;
     let (s, hd) = (d.seq, d.head_dim());
-    let v = Qkv {
-        base: qkv.as_ptr(),
-        s,
-        h: d.hidden,
-        hd,
-    };
-    let out = MatMut {
-        ptr: scores.as_mut_ptr(),
-        rs: s,
-        cs: 1,
-    };
+    let v = Qkv::of(qkv.as_ptr(), d);
+    let out = MatMut::rows(scores.as_mut_ptr(), s);
     let mask = T::from_f32(CAUSAL_MASK);
     run_pairs(d, per, ws, |b, head, w, par| {
         let sc = out.offset((b * d.heads + head) * s * s);
         // SAFETY: lengths checked above; each pair writes its own [s, s] block of scores.
         unsafe {
-            gemm_core(
+            head_gemm(
                 s,
                 s,
                 hd,
                 scale,
                 v.part(b, head, 0),
                 v.part(b, head, 1).t(),
-                0.0,
                 sc,
-                None,
                 w,
                 par,
             );
@@ -301,63 +316,22 @@ pub fn scores_backward<T: Element>(
 ) -> KResult {
     let what = "attention scores_backward";
     d.validate(what)?;
-    check_len(
-        "attention scores_backward dscores",
-        dscores.len(),
-        d.scores_len(),
-    )?;
-    check_len("attention scores_backward qkv", qkv.len(), d.qkv_len())?;
-    check_len("attention scores_backward dqkv", dqkv.len(), d.qkv_len())?;
+    check_part(what, "dscores", dscores.len(), d.scores_len())?;
+    check_part(what, "qkv", qkv.len(), d.qkv_len())?;
+    check_part(what, "dqkv", dqkv.len(), d.qkv_len())?;
     let per = check_ws::<T>(what, d, ws)?;
     let (s, hd) = (d.seq, d.head_dim());
-    let v = Qkv {
-        base: qkv.as_ptr(),
-        s,
-        h: d.hidden,
-        hd,
-    };
-    let g = Qkv {
-        base: dqkv.as_mut_ptr() as *const T,
-        s,
-        h: d.hidden,
-        hd,
-    };
-    let ds = Mat {
-        ptr: dscores.as_ptr(),
-        rs: s,
-        cs: 1,
-    };
+    let v = Qkv::of(qkv.as_ptr(), d);
+    let g = Qkv::of(dqkv.as_mut_ptr() as *const T, d);
+    let ds = Mat::rows(dscores.as_ptr(), s);
     run_pairs(d, per, ws, |b, head, w, par| {
         let dsp = ds.offset((b * d.heads + head) * s * s);
         // SAFETY: lengths checked above; each pair writes only its own head's q and k columns
         // of batch item b, which no other pair touches.
         unsafe {
-            gemm_core(
-                s,
-                hd,
-                s,
-                scale,
-                dsp,
-                v.part(b, head, 1),
-                0.0,
-                g.part_mut(b, head, 0),
-                None,
-                w,
-                par,
-            );
-            gemm_core(
-                s,
-                hd,
-                s,
-                scale,
-                dsp.t(),
-                v.part(b, head, 0),
-                0.0,
-                g.part_mut(b, head, 1),
-                None,
-                w,
-                par,
-            );
+            let (q, k) = (v.part(b, head, 0), v.part(b, head, 1));
+            head_gemm(s, hd, s, scale, dsp, k, g.part_mut(b, head, 0), w, par);
+            head_gemm(s, hd, s, scale, dsp.t(), q, g.part_mut(b, head, 1), w, par);
         }
     });
     Ok(())
@@ -374,36 +348,19 @@ pub fn context_forward<T: Element>(
 ) -> KResult {
     let what = "attention context_forward";
     d.validate(what)?;
-    check_len(
-        "attention context_forward probs",
-        probs.len(),
-        d.scores_len(),
-    )?;
-    check_len("attention context_forward qkv", qkv.len(), d.qkv_len())?;
-    check_len("attention context_forward ctx", ctx.len(), d.ctx_len())?;
+    check_part(what, "probs", probs.len(), d.scores_len())?;
+    check_part(what, "qkv", qkv.len(), d.qkv_len())?;
+    check_part(what, "ctx", ctx.len(), d.ctx_len())?;
     let per = check_ws::<T>(what, d, ws)?;
     let (s, hd, h) = (d.seq, d.head_dim(), d.hidden);
-    let v = Qkv {
-        base: qkv.as_ptr(),
-        s,
-        h,
-        hd,
-    };
-    let p = Mat {
-        ptr: probs.as_ptr(),
-        rs: s,
-        cs: 1,
-    };
-    let out = MatMut {
-        ptr: ctx.as_mut_ptr(),
-        rs: h,
-        cs: 1,
-    };
+    let v = Qkv::of(qkv.as_ptr(), d);
+    let p = Mat::rows(probs.as_ptr(), s);
+    let out = MatMut::rows(ctx.as_mut_ptr(), h);
     run_pairs(d, per, ws, |b, head, w, par| {
         let pp = p.offset((b * d.heads + head) * s * s);
         let c = out.offset(b * s * h + head * hd);
         // SAFETY: lengths checked above; each pair writes its own head's columns of item b.
-        unsafe { gemm_core(s, hd, s, 1.0, pp, v.part(b, head, 2), 0.0, c, None, w, par) };
+        unsafe { head_gemm(s, hd, s, 1.0, pp, v.part(b, head, 2), c, w, par) };
     });
     Ok(())
 }
@@ -424,77 +381,43 @@ pub fn context_backward<T: Element>(
 ) -> KResult {
     let what = "attention context_backward";
     d.validate(what)?;
-    check_len("attention context_backward dctx", dctx.len(), d.ctx_len())?;
-    check_len(
-        "attention context_backward probs",
-        probs.len(),
-        d.scores_len(),
-    )?;
-    check_len("attention context_backward qkv", qkv.len(), d.qkv_len())?;
-    check_len(
-        "attention context_backward dprobs",
-        dprobs.len(),
-        d.scores_len(),
-    )?;
-    check_len("attention context_backward dqkv", dqkv.len(), d.qkv_len())?;
+    check_part(what, "dctx", dctx.len(), d.ctx_len())?;
+    check_part(what, "probs", probs.len(), d.scores_len())?;
+    check_part(what, "qkv", qkv.len(), d.qkv_len())?;
+    check_part(what, "dprobs", dprobs.len(), d.scores_len())?;
+    check_part(what, "dqkv", dqkv.len(), d.qkv_len())?;
     let per = check_ws::<T>(what, d, ws)?;
     let (s, hd, h) = (d.seq, d.head_dim(), d.hidden);
-    let v = Qkv {
-        base: qkv.as_ptr(),
-        s,
-        h,
-        hd,
-    };
-    let g = Qkv {
-        base: dqkv.as_mut_ptr() as *const T,
-        s,
-        h,
-        hd,
-    };
-    let p = Mat {
-        ptr: probs.as_ptr(),
-        rs: s,
-        cs: 1,
-    };
-    let dc = Mat {
-        ptr: dctx.as_ptr(),
-        rs: h,
-        cs: 1,
-    };
-    let dp = MatMut {
-        ptr: dprobs.as_mut_ptr(),
-        rs: s,
-        cs: 1,
-    };
+    let v = Qkv::of(qkv.as_ptr(), d);
+    let g = Qkv::of(dqkv.as_mut_ptr() as *const T, d);
+    let p = Mat::rows(probs.as_ptr(), s);
+    let dc = Mat::rows(dctx.as_ptr(), h);
+    let dp = MatMut::rows(dprobs.as_mut_ptr(), s);
     run_pairs(d, per, ws, |b, head, w, par| {
         let pair = (b * d.heads + head) * s * s;
         let dcp = dc.offset(b * s * h + head * hd);
         // SAFETY: lengths checked above; each pair writes its own [s, s] block of dprobs and
         // its own head's v columns of item b in dqkv.
         unsafe {
-            gemm_core(
+            head_gemm(
                 s,
                 s,
                 hd,
                 1.0,
                 dcp,
                 v.part(b, head, 2).t(),
-                0.0,
                 dp.offset(pair),
-                None,
                 w,
                 par,
             );
-            gemm_core(
+            head_gemm(
                 s,
                 hd,
                 s,
                 1.0,
                 p.offset(pair).t(),
                 dcp,
-                0.0,
                 g.part_mut(b, head, 2),
-                None,
                 w,
                 par,
             );

@@ -23,7 +23,7 @@ use crate::gemm::{
     add_f32, check_part, gemm_core, load_f32, matmul_mixed_ws_len, store_f32, Mat, MatMut,
 };
 use crate::gemm_heap::{gemm_core_heap_bytes, pieces, Strides};
-use crate::{check_len, Element, KResult, KernelError};
+use crate::{Element, KResult, KernelError};
 use gemm::Parallelism;
 use rayon::prelude::*;
 
@@ -90,6 +90,111 @@ fn check_chunk(what: &str, chunk: usize) -> KResult {
     }
 }
 
+/// The methods every convolution's dims derive from their fields alike: the output size and
+/// padding of both spatial axes by the axis rule `$axis` ([`conv_axis`] or the transposed
+/// one), and the lengths of `x`, `y` and the weight, from the dims' input channels `$c_in`,
+/// output channels `$c_out` and weight elements per tap `$per_tap` (written over `$d`).
+macro_rules! window_dims_methods {
+    ($axis:ident, |$d:ident| $c_in:expr, $c_out:expr, $per_tap:expr) => {
+        /// Output rows.
+        pub fn out_h(&self) -> usize {
+            $axis(self.h, self.kh, self.sh, self.padding).0
+        }
+        /// Output columns.
+        pub fn out_w(&self) -> usize {
+            $axis(self.w, self.kw, self.sw, self.padding).0
+        }
+        /// Zero rows added above the input (a transposed convolution: rows cropped from the
+        /// top of its full, valid output, `max(kh-sh, 0)/2` for same).
+        pub fn pad_top(&self) -> usize {
+            $axis(self.h, self.kh, self.sh, self.padding).1
+        }
+        /// Zero columns added left of the input (transposed: columns cropped on the left).
+        pub fn pad_left(&self) -> usize {
+            $axis(self.w, self.kw, self.sw, self.padding).1
+        }
+        /// Elements of `x` and `dx`.
+        pub fn x_len(&self) -> usize {
+            let $d = self;
+            $d.n * $d.h * $d.w * $c_in
+        }
+        /// Elements of `y` and `dy`.
+        pub fn y_len(&self) -> usize {
+            let $d = self;
+            $d.n * $d.out_h() * $d.out_w() * $c_out
+        }
+        /// Elements of the weight and its gradient.
+        pub fn w_len(&self) -> usize {
+            let $d = self;
+            $d.kh * $d.kw * $per_tap
+        }
+        /// The lengths the kernels check their buffers against.
+        fn lens(&self) -> Lens {
+            let $d = self;
+            Lens {
+                x: $d.x_len(),
+                w: $d.w_len(),
+                y: $d.y_len(),
+                bias: $c_out,
+            }
+        }
+    };
+}
+
+/// The buffer lengths of one convolution call (the bias has one element per output channel).
+#[derive(Clone, Copy, Debug)]
+struct Lens {
+    x: usize,
+    w: usize,
+    y: usize,
+    bias: usize,
+}
+
+impl Lens {
+    /// Checks a forward call's `x`, `w`, `y` and optional `bias`.
+    fn check_forward<T>(
+        self,
+        what: &str,
+        x: &[T],
+        w: &[T],
+        bias: Option<&[f32]>,
+        y: &[T],
+    ) -> KResult {
+        check_part(what, "x", x.len(), self.x)?;
+        check_part(what, "w", w.len(), self.w)?;
+        check_part(what, "y", y.len(), self.y)?;
+        match bias {
+            Some(b) => check_part(what, "bias", b.len(), self.bias),
+            None => Ok(()),
+        }
+    }
+
+    /// Checks a backward call's `x`, `w`, `dy`, `dw` and the optional `dx` and `db`.
+    #[allow(clippy::too_many_arguments)]
+    fn check_backward<T>(
+        self,
+        what: &str,
+        x: &[T],
+        w: &[T],
+        dy: &[T],
+        dw: &[f32],
+        dx: Option<&[T]>,
+        db: Option<&[f32]>,
+    ) -> KResult {
+        check_part(what, "x", x.len(), self.x)?;
+        check_part(what, "w", w.len(), self.w)?;
+        check_part(what, "dy", dy.len(), self.y)?;
+        check_part(what, "dw", dw.len(), self.w)?;
+        if let Some(dx) = dx {
+            check_part(what, "dx", dx.len(), self.x)?;
+        }
+        match db {
+            Some(db) => check_part(what, "db", db.len(), self.bias),
+            None => Ok(()),
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // conv2d
 
@@ -109,46 +214,23 @@ pub struct Conv2dDims {
 }
 
 impl Conv2dDims {
-    pub fn out_h(&self) -> usize {
-        conv_axis(self.h, self.kh, self.sh, self.padding).0
-    }
-    pub fn out_w(&self) -> usize {
-        conv_axis(self.w, self.kw, self.sw, self.padding).0
-    }
-    /// Zero rows added above the input.
-    pub fn pad_top(&self) -> usize {
-        conv_axis(self.h, self.kh, self.sh, self.padding).1
-    }
-    /// Zero columns added left of the input.
-    pub fn pad_left(&self) -> usize {
-        conv_axis(self.w, self.kw, self.sw, self.padding).1
-    }
-    pub fn x_len(&self) -> usize {
-        self.n * self.h * self.w * self.c_in
-    }
-    pub fn y_len(&self) -> usize {
-        self.n * self.out_h() * self.out_w() * self.c_out
-    }
-    pub fn w_len(&self) -> usize {
-        self.kh * self.kw * self.c_in * self.c_out
-    }
+    window_dims_methods!(conv_axis, |d| d.c_in, d.c_out, d.c_in * d.c_out);
     /// 1×1 kernel, stride 1: the convolution is a plain GEMM over pixels, no im2col.
     pub fn is_pointwise(&self) -> bool {
         self.kh == 1 && self.kw == 1 && self.sh == 1 && self.sw == 1
     }
-    fn geom(&self) -> Geom {
-        Geom {
-            h: self.h,
-            w: self.w,
-            c: self.c_in,
-            oh: self.out_h(),
-            ow: self.out_w(),
-            kh: self.kh,
-            kw: self.kw,
-            sh: self.sh,
-            sw: self.sw,
-            pt: self.pad_top(),
-            pl: self.pad_left(),
+    /// im2col of `x` under the windows of `y`, against the `[K, c_out]` weight.
+    fn col_gemm(&self) -> ColGemm {
+        ColGemm {
+            g: Geom::new(
+                [self.h, self.w, self.c_in],
+                [self.out_h(), self.out_w()],
+                [self.kh, self.kw, self.sh, self.sw],
+                [self.pad_top(), self.pad_left()],
+            ),
+            n: self.n,
+            cols: self.c_out,
+            pointwise: self.is_pointwise(),
         }
     }
 }
@@ -156,11 +238,7 @@ impl Conv2dDims {
 /// Elements (storage `T`) of the im2col scratch for `chunk` samples:
 /// `min(chunk, n)·out_h·out_w·kh·kw·c_in`, and `0` for a 1×1 stride-1 convolution.
 pub fn conv2d_col_len(d: Conv2dDims, chunk: usize) -> usize {
-    if d.is_pointwise() {
-        0
-    } else {
-        chunk.min(d.n) * d.out_h() * d.out_w() * d.kh * d.kw * d.c_in
-    }
+    d.col_gemm().col_len(chunk)
 }
 
 /// `f32` GEMM workspace for [`conv2d_forward`] and [`conv2d_backward`] with half storage
@@ -169,14 +247,7 @@ pub fn conv2d_col_len(d: Conv2dDims, chunk: usize) -> usize {
 /// `ws<T,T,T>(r, c_out, K)`, `ws<T,T,f32>(K, c_out, r)`, `ws<T,T,T>(r, K, c_out)`
 /// ([`matmul_mixed_ws_len`]) — at most `3·256²`.
 pub fn conv2d_ws_len<T: Element>(d: Conv2dDims, chunk: usize) -> usize {
-    let (r, k) = if d.is_pointwise() {
-        (d.n * d.h * d.w, d.c_in)
-    } else {
-        (chunk.min(d.n) * d.out_h() * d.out_w(), d.kh * d.kw * d.c_in)
-    };
-    matmul_mixed_ws_len::<T, T, T>(r, d.c_out, k)
-        .max(matmul_mixed_ws_len::<T, T, f32>(k, d.c_out, r))
-        .max(matmul_mixed_ws_len::<T, T, T>(r, k, d.c_out))
+    d.col_gemm().ws_len::<T>(chunk)
 }
 
 /// The largest `f(cn)` over the distinct sample counts `cn` of the chunks that `n` samples are
@@ -192,58 +263,19 @@ fn max_over_chunks(n: usize, chunk: usize, f: impl Fn(usize) -> usize) -> usize 
 /// ([`crate::gemm_heap`]): the largest of its per-chunk GEMMs `col·W` (one GEMM over all pixels
 /// when pointwise), which run one after another. With or without bias alike.
 pub fn conv2d_forward_heap_bytes<T: Element>(d: Conv2dDims, chunk: usize) -> usize {
-    let par = Parallelism::Rayon(0);
-    let kdim = d.kh * d.kw * d.c_in;
-    let (w, y) = (Strides::row_major(d.c_out), Strides::row_major(d.c_out));
-    let gemm = |rows: usize| {
-        let x = Strides::row_major(kdim);
-        gemm_core_heap_bytes::<T, T, T>(rows, d.c_out, kdim, x, w, 0.0, y, false, par)
-    };
-    if d.is_pointwise() {
-        return gemm(d.n * d.h * d.w);
-    }
-    max_over_chunks(d.n, chunk, |cn| gemm(cn * d.out_h() * d.out_w()))
+    let g = d.col_gemm();
+    g.max_over_gemms(chunk, |rows| g.col_w_heap_bytes::<T>(rows))
 }
 
 /// Peak heap bytes the `gemm` crate holds during one [`conv2d_backward`] with this `chunk`, with
 /// `dx` computed or not: the largest of its GEMMs `dw += colᵀ·dy` and (with `dx`) `dy·Wᵀ`, per
 /// chunk (over all pixels when pointwise), which run one after another.
 pub fn conv2d_backward_heap_bytes<T: Element>(d: Conv2dDims, chunk: usize, dx: bool) -> usize {
-    let par = Parallelism::Rayon(0);
-    let kdim = d.kh * d.kw * d.c_in;
-    let dy = Strides::row_major(d.c_out);
-    let wt = Strides::dense(d.c_out, kdim, true);
-    let gemms = |rows: usize| {
-        let colt = Strides::dense(kdim, rows, true);
-        let dw_out = Strides::row_major(d.c_out);
-        let dw = gemm_core_heap_bytes::<T, T, f32>(
-            kdim, d.c_out, rows, colt, dy, 1.0, dw_out, false, par,
-        );
-        let dx_out = Strides::row_major(kdim);
-        let dx = if dx {
-            gemm_core_heap_bytes::<T, T, T>(rows, kdim, d.c_out, dy, wt, 0.0, dx_out, false, par)
-        } else {
-            0
-        };
-        dw.max(dx)
-    };
-    if d.is_pointwise() {
-        return gemms(d.n * d.h * d.w);
-    }
-    max_over_chunks(d.n, chunk, |cn| gemms(cn * d.out_h() * d.out_w()))
-}
-
-fn check_conv2d<T: Element>(
-    what: &str,
-    d: &Conv2dDims,
-    chunk: usize,
-    col: &[T],
-    ws: &[f32],
-) -> KResult {
-    check_window(what, d.h, d.w, d.kh, d.kw, d.sh, d.sw, d.padding)?;
-    check_chunk(what, chunk)?;
-    check_part(what, "col", col.len(), conv2d_col_len(*d, chunk))?;
-    check_part(what, "ws", ws.len(), conv2d_ws_len::<T>(*d, chunk))
+    let g = d.col_gemm();
+    g.max_over_gemms(chunk, |rows| {
+        let dw = g.dw_heap_bytes::<T>(rows);
+        dw.max(if dx { g.a_wt_heap_bytes::<T>(rows) } else { 0 })
+    })
 }
 
 /// Forward: `y = conv2d(x, W) (+ bias)`, `y` overwritten.
@@ -262,35 +294,11 @@ pub fn conv2d_forward<T: Element>(
     ws: &mut [f32],
 ) -> KResult {
     let what = "conv2d_forward";
-    check_conv2d(what, &d, chunk, col, ws)?;
-    check_len("conv2d_forward x", x.len(), d.x_len())?;
-    check_len("conv2d_forward w", w.len(), d.w_len())?;
-    check_len("conv2d_forward y", y.len(), d.y_len())?;
-    if let Some(b) = bias {
-        check_len("conv2d_forward bias", b.len(), d.c_out)?;
-    }
-    let g = d.geom();
-    let par = Parallelism::Rayon(0);
-    let kdim = g.k();
-    let wv = Mat::dense(what, w, 0, kdim, d.c_out, false)?;
-    if d.is_pointwise() {
-        let rows = d.n * d.h * d.w;
-        let xv = Mat::dense(what, x, 0, rows, d.c_in, false)?;
-        let yv = MatMut::row_major(what, y, 0, rows, d.c_out, d.c_out)?;
-        // SAFETY: views checked; y unique.
-        unsafe { gemm_core(rows, d.c_out, d.c_in, 1.0, xv, wv, 0.0, yv, bias, ws, par) };
-        return Ok(());
-    }
-    let p = g.oh * g.ow;
-    for n0 in (0..d.n).step_by(chunk) {
-        let cn = chunk.min(d.n - n0);
-        im2col(&g, x, n0, cn, col);
-        let colv = Mat::dense(what, col, 0, cn * p, kdim, false)?;
-        let yv = MatMut::row_major(what, y, n0 * p * d.c_out, cn * p, d.c_out, d.c_out)?;
-        // SAFETY: views checked; col and y are distinct unique borrows.
-        unsafe { gemm_core(cn * p, d.c_out, kdim, 1.0, colv, wv, 0.0, yv, bias, ws, par) };
-    }
-    Ok(())
+    let g = d.col_gemm();
+    check_window(what, d.h, d.w, d.kh, d.kw, d.sh, d.sw, d.padding)?;
+    g.check_scratch(what, chunk, col, ws)?;
+    d.lens().check_forward(what, x, w, bias, y)?;
+    g.im2col_gemms(what, x, w, None, Some(y), bias, col, chunk, ws)
 }
 
 /// Backward of [`conv2d_forward`] given `dy[n,out_h,out_w,c_out]`:
@@ -299,15 +307,15 @@ pub fn conv2d_forward<T: Element>(
 /// - `db += Σ dy` over n, out_h, out_w — f32 `[c_out]`, **accumulated**; `None` without bias.
 /// - `dx = col2im(dy·Wᵀ)` — **overwritten**; `None` when the input needs no gradient.
 ///
-/// Per chunk the same `col` scratch holds first `im2col(x)` (for `dw`), then `dy·Wᵀ` (for
-/// `dx`). `col`: [`conv2d_col_len`]; `ws`: [`conv2d_ws_len`].
+/// The same `col` scratch holds first `im2col(x)` (for `dw`), then `dy·Wᵀ` (for `dx`), chunk
+/// by chunk. `col`: [`conv2d_col_len`]; `ws`: [`conv2d_ws_len`].
 #[allow(clippy::too_many_arguments)]
 pub fn conv2d_backward<T: Element>(
     d: Conv2dDims,
     x: &[T],
     w: &[T],
     dy: &[T],
-    mut dx: Option<&mut [T]>,
+    dx: Option<&mut [T]>,
     dw: &mut [f32],
     db: Option<&mut [f32]>,
     col: &mut [T],
@@ -315,56 +323,17 @@ pub fn conv2d_backward<T: Element>(
     ws: &mut [f32],
 ) -> KResult {
     let what = "conv2d_backward";
-    check_conv2d(what, &d, chunk, col, ws)?;
-    check_len("conv2d_backward x", x.len(), d.x_len())?;
-    check_len("conv2d_backward w", w.len(), d.w_len())?;
-    check_len("conv2d_backward dy", dy.len(), d.y_len())?;
-    check_len("conv2d_backward dw", dw.len(), d.w_len())?;
-    if let Some(dx) = &dx {
-        check_len("conv2d_backward dx", dx.len(), d.x_len())?;
-    }
-    if let Some(db) = &db {
-        check_len("conv2d_backward db", db.len(), d.c_out)?;
-    }
-    let g = d.geom();
-    let par = Parallelism::Rayon(0);
-    let kdim = g.k();
-    let p = g.oh * g.ow;
-    // Wᵀ as a [c_out, K] view of the [K, c_out] weight.
-    let wt = Mat::dense(what, w, 0, d.c_out, kdim, true)?;
-    let dwv = MatMut::row_major(what, dw, 0, kdim, d.c_out, d.c_out)?;
-    if d.is_pointwise() {
-        let rows = d.n * d.h * d.w;
-        let xt = Mat::dense(what, x, 0, d.c_in, rows, true)?;
-        let dyv = Mat::dense(what, dy, 0, rows, d.c_out, false)?;
-        // SAFETY: views checked; dw and dx are unique borrows distinct from the inputs.
-        unsafe {
-            gemm_core(d.c_in, d.c_out, rows, 1.0, xt, dyv, 1.0, dwv, None, ws, par);
-            if let Some(dx) = dx {
-                let dxv = MatMut::row_major(what, dx, 0, rows, d.c_in, d.c_in)?;
-                gemm_core(rows, d.c_in, d.c_out, 1.0, dyv, wt, 0.0, dxv, None, ws, par);
-            }
-        }
-    } else {
-        for n0 in (0..d.n).step_by(chunk) {
-            let cn = chunk.min(d.n - n0);
-            let rows = cn * p;
-            let dyv = Mat::dense(what, dy, n0 * p * d.c_out, rows, d.c_out, false)?;
-            im2col(&g, x, n0, cn, col);
-            let colt = Mat::dense(what, col, 0, kdim, rows, true)?;
-            // SAFETY: views checked; dw unique, col only read here.
-            unsafe { gemm_core(kdim, d.c_out, rows, 1.0, colt, dyv, 1.0, dwv, None, ws, par) };
-            if let Some(dx) = dx.as_deref_mut() {
-                let colm = MatMut::row_major(what, col, 0, rows, kdim, kdim)?;
-                // SAFETY: views checked; col is now the unique destination.
-                unsafe { gemm_core(rows, kdim, d.c_out, 1.0, dyv, wt, 0.0, colm, None, ws, par) };
-                let img = g.h * g.w * g.c;
-                col2im(&g, col, cn, &mut dx[n0 * img..(n0 + cn) * img], None);
-            }
-        }
+    let g = d.col_gemm();
+    check_window(what, d.h, d.w, d.kh, d.kw, d.sh, d.sw, d.padding)?;
+    g.check_scratch(what, chunk, col, ws)?;
+    d.lens()
+        .check_backward(what, x, w, dy, dw, dx.as_deref(), db.as_deref())?;
+    g.im2col_gemms(what, x, w, Some((dw, dy)), None, None, col, chunk, ws)?;
+    if let Some(dx) = dx {
+        g.gemm_col2im(what, dy, w, dx, None, col, chunk, ws)?;
     }
     if let Some(db) = db {
-        add_column_sums(dy, d.n * p, d.c_out, db);
+        add_column_sums(dy, d.n * d.out_h() * d.out_w(), d.c_out, db);
     }
     Ok(())
 }
@@ -389,6 +358,7 @@ pub struct ConvTranspose2dDims {
     pub padding: Padding,
 }
 
+/// `(out, crop_before)` of one spatial axis of a transposed convolution (Keras's output size).
 fn transpose_axis(input: usize, k: usize, s: usize, padding: Padding) -> (usize, usize) {
     let out = match padding {
         Padding::Valid => (input.max(1) - 1) * s + k,
@@ -399,46 +369,24 @@ fn transpose_axis(input: usize, k: usize, s: usize, padding: Padding) -> (usize,
 }
 
 impl ConvTranspose2dDims {
-    pub fn out_h(&self) -> usize {
-        transpose_axis(self.h, self.kh, self.sh, self.padding).0
-    }
-    pub fn out_w(&self) -> usize {
-        transpose_axis(self.w, self.kw, self.sw, self.padding).0
-    }
-    /// Rows cropped from the top of the full (valid) transposed output: `max(kh-sh, 0)/2` for same.
-    pub fn pad_top(&self) -> usize {
-        transpose_axis(self.h, self.kh, self.sh, self.padding).1
-    }
-    pub fn pad_left(&self) -> usize {
-        transpose_axis(self.w, self.kw, self.sw, self.padding).1
-    }
-    pub fn x_len(&self) -> usize {
-        self.n * self.h * self.w * self.c_in
-    }
-    pub fn y_len(&self) -> usize {
-        self.n * self.out_h() * self.out_w() * self.c_out
-    }
-    pub fn w_len(&self) -> usize {
-        self.kh * self.kw * self.c_out * self.c_in
-    }
+    window_dims_methods!(transpose_axis, |d| d.c_in, d.c_out, d.c_out * d.c_in);
     /// 1×1 kernel, stride 1: `y = x·Wᵀ`, no im2col.
     pub fn is_pointwise(&self) -> bool {
         self.kh == 1 && self.kw == 1 && self.sh == 1 && self.sw == 1
     }
-    /// The geometry of the equivalent conv2d running from `y`'s shape to `x`'s.
-    fn geom(&self) -> Geom {
-        Geom {
-            h: self.out_h(),
-            w: self.out_w(),
-            c: self.c_out,
-            oh: self.h,
-            ow: self.w,
-            kh: self.kh,
-            kw: self.kw,
-            sh: self.sh,
-            sw: self.sw,
-            pt: self.pad_top(),
-            pl: self.pad_left(),
+    /// The equivalent conv2d running from `y`'s shape to `x`'s: im2col of `y` under the
+    /// windows of `x`, against the `[K, c_in]` weight.
+    fn col_gemm(&self) -> ColGemm {
+        ColGemm {
+            g: Geom::new(
+                [self.out_h(), self.out_w(), self.c_out],
+                [self.h, self.w],
+                [self.kh, self.kw, self.sh, self.sw],
+                [self.pad_top(), self.pad_left()],
+            ),
+            n: self.n,
+            cols: self.c_in,
+            pointwise: self.is_pointwise(),
         }
     }
 }
@@ -446,25 +394,14 @@ impl ConvTranspose2dDims {
 /// Elements (storage `T`) of the conv2d_transpose col scratch for `chunk` samples:
 /// `min(chunk, n)·h·w·kh·kw·c_out` (one row per *input* pixel), `0` when pointwise.
 pub fn conv2d_transpose_col_len(d: ConvTranspose2dDims, chunk: usize) -> usize {
-    if d.is_pointwise() {
-        0
-    } else {
-        chunk.min(d.n) * d.h * d.w * d.kh * d.kw * d.c_out
-    }
+    d.col_gemm().col_len(chunk)
 }
 
 /// `f32` GEMM workspace for conv2d_transpose with half storage (`0` for f32): with
 /// `r = min(chunk, n)·h·w` and `K = kh·kw·c_out` (`r = n·h·w`, `K = c_out` when pointwise),
 /// the largest of `ws<T,T,T>(r, K, c_in)`, `ws<T,T,f32>(K, c_in, r)`, `ws<T,T,T>(r, c_in, K)`.
 pub fn conv2d_transpose_ws_len<T: Element>(d: ConvTranspose2dDims, chunk: usize) -> usize {
-    let (r, k) = if d.is_pointwise() {
-        (d.n * d.h * d.w, d.c_out)
-    } else {
-        (chunk.min(d.n) * d.h * d.w, d.kh * d.kw * d.c_out)
-    };
-    matmul_mixed_ws_len::<T, T, T>(r, k, d.c_in)
-        .max(matmul_mixed_ws_len::<T, T, f32>(k, d.c_in, r))
-        .max(matmul_mixed_ws_len::<T, T, T>(r, d.c_in, k))
+    d.col_gemm().ws_len::<T>(chunk)
 }
 
 /// Peak heap bytes the `gemm` crate holds during one [`conv2d_transpose_forward`] with this
@@ -474,21 +411,8 @@ pub fn conv2d_transpose_forward_heap_bytes<T: Element>(
     d: ConvTranspose2dDims,
     chunk: usize,
 ) -> usize {
-    let par = Parallelism::Rayon(0);
-    let kdim = d.kh * d.kw * d.c_out;
-    let (x, wt) = (
-        Strides::row_major(d.c_in),
-        Strides::dense(d.c_in, kdim, true),
-    );
-    // Pointwise, the product is y[rows, c_out] (kdim == c_out); else col[rows, kdim].
-    let gemm = |rows: usize| {
-        let out = Strides::row_major(kdim);
-        gemm_core_heap_bytes::<T, T, T>(rows, kdim, d.c_in, x, wt, 0.0, out, false, par)
-    };
-    if d.is_pointwise() {
-        return gemm(d.n * d.h * d.w);
-    }
-    max_over_chunks(d.n, chunk, |cn| gemm(cn * d.h * d.w))
+    let g = d.col_gemm();
+    g.max_over_gemms(chunk, |rows| g.a_wt_heap_bytes::<T>(rows))
 }
 
 /// Peak heap bytes the `gemm` crate holds during one [`conv2d_transpose_backward`] with this
@@ -499,51 +423,21 @@ pub fn conv2d_transpose_backward_heap_bytes<T: Element>(
     chunk: usize,
     dx: bool,
 ) -> usize {
-    let par = Parallelism::Rayon(0);
-    let kdim = d.kh * d.kw * d.c_out;
-    let (x, w, out) = (
-        Strides::row_major(d.c_in),
-        Strides::row_major(d.c_in),
-        Strides::row_major(d.c_in),
-    );
-    let gemms = |rows: usize| {
-        let (colt, col) = (Strides::dense(kdim, rows, true), Strides::row_major(kdim));
-        let dw =
-            gemm_core_heap_bytes::<T, T, f32>(kdim, d.c_in, rows, colt, x, 1.0, out, false, par);
-        let dx = if dx {
-            gemm_core_heap_bytes::<T, T, T>(rows, d.c_in, kdim, col, w, 0.0, out, false, par)
-        } else {
-            0
-        };
-        dw.max(dx)
-    };
-    if d.is_pointwise() {
-        return gemms(d.n * d.h * d.w);
-    }
-    max_over_chunks(d.n, chunk, |cn| gemms(cn * d.h * d.w))
+    let g = d.col_gemm();
+    g.max_over_gemms(chunk, |rows| {
+        let dw = g.dw_heap_bytes::<T>(rows);
+        dw.max(if dx { g.col_w_heap_bytes::<T>(rows) } else { 0 })
+    })
 }
 
-fn check_transpose<T: Element>(
-    what: &str,
-    d: &ConvTranspose2dDims,
-    chunk: usize,
-    col: &[T],
-    ws: &[f32],
-) -> KResult {
+fn check_transpose(what: &str, d: &ConvTranspose2dDims) -> KResult {
     if d.kh == 0 || d.kw == 0 || d.sh == 0 || d.sw == 0 || d.h == 0 || d.w == 0 {
         return Err(KernelError(format!(
             "{what}: kernel {}×{}, strides {}×{} and input {}×{} must all be ≥ 1",
             d.kh, d.kw, d.sh, d.sw, d.h, d.w
         )));
     }
-    check_chunk(what, chunk)?;
-    check_part(what, "col", col.len(), conv2d_transpose_col_len(*d, chunk))?;
-    check_part(
-        what,
-        "ws",
-        ws.len(),
-        conv2d_transpose_ws_len::<T>(*d, chunk),
-    )
+    Ok(())
 }
 
 /// Forward: `y = conv2d_transpose(x, W) (+ bias)`, `y` overwritten: per chunk
@@ -563,38 +457,11 @@ pub fn conv2d_transpose_forward<T: Element>(
     ws: &mut [f32],
 ) -> KResult {
     let what = "conv2d_transpose_forward";
-    check_transpose(what, &d, chunk, col, ws)?;
-    check_len("conv2d_transpose_forward x", x.len(), d.x_len())?;
-    check_len("conv2d_transpose_forward w", w.len(), d.w_len())?;
-    check_len("conv2d_transpose_forward y", y.len(), d.y_len())?;
-    if let Some(b) = bias {
-        check_len("conv2d_transpose_forward bias", b.len(), d.c_out)?;
-    }
-    let g = d.geom();
-    let par = Parallelism::Rayon(0);
-    let kdim = g.k();
-    // Wᵀ: a [c_in, K] view of the [K, c_in] weight.
-    let wt = Mat::dense(what, w, 0, d.c_in, kdim, true)?;
-    let p = d.h * d.w;
-    if d.is_pointwise() {
-        let rows = d.n * p;
-        let xv = Mat::dense(what, x, 0, rows, d.c_in, false)?;
-        let yv = MatMut::row_major(what, y, 0, rows, d.c_out, d.c_out)?;
-        // SAFETY: views checked; y unique.
-        unsafe { gemm_core(rows, d.c_out, d.c_in, 1.0, xv, wt, 0.0, yv, bias, ws, par) };
-        return Ok(());
-    }
-    let img = g.h * g.w * g.c;
-    for n0 in (0..d.n).step_by(chunk) {
-        let cn = chunk.min(d.n - n0);
-        let rows = cn * p;
-        let xv = Mat::dense(what, x, n0 * p * d.c_in, rows, d.c_in, false)?;
-        let colm = MatMut::row_major(what, col, 0, rows, kdim, kdim)?;
-        // SAFETY: views checked; col unique.
-        unsafe { gemm_core(rows, kdim, d.c_in, 1.0, xv, wt, 0.0, colm, None, ws, par) };
-        col2im(&g, col, cn, &mut y[n0 * img..(n0 + cn) * img], bias);
-    }
-    Ok(())
+    check_transpose(what, &d)?;
+    let g = d.col_gemm();
+    g.check_scratch(what, chunk, col, ws)?;
+    d.lens().check_forward(what, x, w, bias, y)?;
+    g.gemm_col2im(what, x, w, y, bias, col, chunk, ws)
 }
 
 /// Backward of [`conv2d_transpose_forward`] given `dy[n,out_h,out_w,c_out]`; per chunk
@@ -617,61 +484,204 @@ pub fn conv2d_transpose_backward<T: Element>(
     ws: &mut [f32],
 ) -> KResult {
     let what = "conv2d_transpose_backward";
-    check_transpose(what, &d, chunk, col, ws)?;
-    check_len("conv2d_transpose_backward x", x.len(), d.x_len())?;
-    check_len("conv2d_transpose_backward w", w.len(), d.w_len())?;
-    check_len("conv2d_transpose_backward dy", dy.len(), d.y_len())?;
-    check_len("conv2d_transpose_backward dw", dw.len(), d.w_len())?;
-    if let Some(dx) = &dx {
-        check_len("conv2d_transpose_backward dx", dx.len(), d.x_len())?;
-    }
-    if let Some(db) = &db {
-        check_len("conv2d_transpose_backward db", db.len(), d.c_out)?;
-    }
-    let g = d.geom();
-    let par = Parallelism::Rayon(0);
-    let kdim = g.k();
-    let p = d.h * d.w;
-    let wv = Mat::dense(what, w, 0, kdim, d.c_in, false)?;
-    let dwv = MatMut::row_major(what, dw, 0, kdim, d.c_in, d.c_in)?;
-    let dxv = match dx {
-        Some(dx) => Some(MatMut::row_major(what, dx, 0, d.n * p, d.c_in, d.c_in)?),
-        None => None,
-    };
-    if d.is_pointwise() {
-        let rows = d.n * p;
-        let dyt = Mat::dense(what, dy, 0, d.c_out, rows, true)?;
-        let dyv = Mat::dense(what, dy, 0, rows, d.c_out, false)?;
-        let xv = Mat::dense(what, x, 0, rows, d.c_in, false)?;
-        // SAFETY: views checked; dw and dx unique.
-        unsafe {
-            gemm_core(d.c_out, d.c_in, rows, 1.0, dyt, xv, 1.0, dwv, None, ws, par);
-            if let Some(dxv) = dxv {
-                gemm_core(rows, d.c_in, d.c_out, 1.0, dyv, wv, 0.0, dxv, None, ws, par);
-            }
-        }
-    } else {
-        for n0 in (0..d.n).step_by(chunk) {
-            let cn = chunk.min(d.n - n0);
-            let rows = cn * p;
-            im2col(&g, dy, n0, cn, col);
-            let colv = Mat::dense(what, col, 0, rows, kdim, false)?;
-            let colt = Mat::dense(what, col, 0, kdim, rows, true)?;
-            let xv = Mat::dense(what, x, n0 * p * d.c_in, rows, d.c_in, false)?;
-            // SAFETY: views checked; dw / dx unique and distinct from col, x, w.
-            unsafe {
-                gemm_core(kdim, d.c_in, rows, 1.0, colt, xv, 1.0, dwv, None, ws, par);
-                if let Some(dxv) = dxv {
-                    let dst = dxv.offset(n0 * p * d.c_in);
-                    gemm_core(rows, d.c_in, kdim, 1.0, colv, wv, 0.0, dst, None, ws, par);
-                }
-            }
-        }
-    }
+    check_transpose(what, &d)?;
+    let g = d.col_gemm();
+    g.check_scratch(what, chunk, col, ws)?;
+    d.lens()
+        .check_backward(what, x, w, dy, dw, dx.as_deref(), db.as_deref())?;
+    g.im2col_gemms(what, dy, w, Some((dw, x)), dx, None, col, chunk, ws)?;
     if let Some(db) = db {
         add_column_sums(dy, d.n * d.out_h() * d.out_w(), d.c_out, db);
     }
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// What conv2d and conv2d_transpose share: chunked im2col / col2im around a GEMM
+
+/// One im2col convolution as GEMMs: per sample, `g.oh·g.ow` rows (conv2d: its output pixels;
+/// conv2d_transpose: its input pixels) of `K = kh·kw·c` columns (`c` the channels of the image
+/// im2col reads and col2im writes: conv2d's input, conv2d_transpose's output), against a
+/// `[K, cols]` weight. Rows go `chunk` samples at a time through the `col` scratch, or all at
+/// once straight from the image when the convolution is pointwise.
+#[derive(Clone, Copy, Debug)]
+struct ColGemm {
+    g: Geom,
+    n: usize,
+    /// The weight's columns: the channels of the other side (conv2d's output).
+    cols: usize,
+    pointwise: bool,
+}
+
+impl ColGemm {
+    /// GEMM rows per sample.
+    fn pixels(&self) -> usize {
+        self.g.oh * self.g.ow
+    }
+
+    /// Samples per GEMM: `chunk` (at most `n`), all `n` when pointwise.
+    fn samples(&self, chunk: usize) -> usize {
+        if self.pointwise {
+            self.n
+        } else {
+            chunk.min(self.n)
+        }
+    }
+
+    /// Elements of the `col` scratch: `min(chunk, n)·pixels·K`, `0` when pointwise.
+    fn col_len(&self, chunk: usize) -> usize {
+        if self.pointwise {
+            0
+        } else {
+            self.samples(chunk) * self.pixels() * self.g.k()
+        }
+    }
+
+    /// `f32` workspace of the three GEMM shapes below ([`matmul_mixed_ws_len`]).
+    fn ws_len<T: Element>(&self, chunk: usize) -> usize {
+        let (r, k, c) = (self.samples(chunk) * self.pixels(), self.g.k(), self.cols);
+        matmul_mixed_ws_len::<T, T, T>(r, c, k)
+            .max(matmul_mixed_ws_len::<T, T, f32>(k, c, r))
+            .max(matmul_mixed_ws_len::<T, T, T>(r, k, c))
+    }
+
+    /// Refuses a zero `chunk` and `col` / `ws` scratch shorter than this call needs.
+    fn check_scratch<T: Element>(
+        &self,
+        what: &str,
+        chunk: usize,
+        col: &[T],
+        ws: &[f32],
+    ) -> KResult {
+        check_chunk(what, chunk)?;
+        check_part(what, "col", col.len(), self.col_len(chunk))?;
+        check_part(what, "ws", ws.len(), self.ws_len::<T>(chunk))
+    }
+
+    /// The largest `f(rows)` over the GEMMs of one call: one over all `n·pixels` rows when
+    /// pointwise, else one per distinct chunk size.
+    fn max_over_gemms(&self, chunk: usize, f: impl Fn(usize) -> usize) -> usize {
+        let p = self.pixels();
+        if self.pointwise {
+            return f(self.n * p);
+        }
+        max_over_chunks(self.n, chunk, |cn| f(cn * p))
+    }
+
+    /// Heap bytes of `out[rows, cols] = col·W` (`col` `[rows, K]`).
+    fn col_w_heap_bytes<T: Element>(&self, rows: usize) -> usize {
+        let (k, c) = (self.g.k(), self.cols);
+        let (a, b) = (Strides::row_major(k), Strides::row_major(c));
+        gemm_core_heap_bytes::<T, T, T>(rows, c, k, a, b, 0.0, b, false, Parallelism::Rayon(0))
+    }
+
+    /// Heap bytes of `col[rows, K] = a·Wᵀ` (`a` `[rows, cols]`).
+    fn a_wt_heap_bytes<T: Element>(&self, rows: usize) -> usize {
+        let (k, c) = (self.g.k(), self.cols);
+        let (a, wt, out) = (
+            Strides::row_major(c),
+            Strides::dense(c, k, true),
+            Strides::row_major(k),
+        );
+        gemm_core_heap_bytes::<T, T, T>(rows, k, c, a, wt, 0.0, out, false, Parallelism::Rayon(0))
+    }
+
+    /// Heap bytes of `dw[K, cols] += colᵀ·a` (f32 `dw`).
+    fn dw_heap_bytes<T: Element>(&self, rows: usize) -> usize {
+        let (k, c) = (self.g.k(), self.cols);
+        let (colt, a) = (Strides::dense(k, rows, true), Strides::row_major(c));
+        gemm_core_heap_bytes::<T, T, f32>(k, c, rows, colt, a, 1.0, a, false, Parallelism::Rayon(0))
+    }
+
+    /// Per chunk of samples: `col = im2col(src)` (`src` itself when pointwise), then with
+    /// `dw = Some((dw, a))` `dw += colᵀ·a` (**accumulated**), and with `out` `out = col·W
+    /// (+ bias)` (**overwritten**). `a` and `out` are `[n·pixels, cols]`.
+    #[allow(clippy::too_many_arguments)]
+    fn im2col_gemms<T: Element>(
+        &self,
+        what: &str,
+        src: &[T],
+        w: &[T],
+        dw: Option<(&mut [f32], &[T])>,
+        out: Option<&mut [T]>,
+        bias: Option<&[f32]>,
+        col: &mut [T],
+        chunk: usize,
+        ws: &mut [f32],
+    ) -> KResult {
+        let (k, c, p, par) = (self.g.k(), self.cols, self.pixels(), Parallelism::Rayon(0));
+        let wv = Mat::dense(what, w, 0, k, c, false)?;
+        let dw = match dw {
+            Some((dw, a)) => Some((MatMut::row_major(what, dw, 0, k, c, c)?, a)),
+            None => None,
+        };
+        let out = match out {
+            Some(out) => Some(MatMut::row_major(what, out, 0, self.n * p, c, c)?),
+            None => None,
+        };
+        let step = self.samples(chunk).max(1);
+        for n0 in (0..self.n).step_by(step) {
+            let cn = step.min(self.n - n0);
+            let rows = cn * p;
+            let colm: &[T] = if self.pointwise {
+                src
+            } else {
+                im2col(&self.g, src, n0, cn, col);
+                col
+            };
+            if let Some((dwv, a)) = &dw {
+                let colt = Mat::dense(what, colm, 0, k, rows, true)?;
+                let av = Mat::dense(what, a, n0 * p * c, rows, c, false)?;
+                // SAFETY: views checked; dw is a unique borrow distinct from col and a.
+                unsafe { gemm_core(k, c, rows, 1.0, colt, av, 1.0, *dwv, None, ws, par) };
+            }
+            if let Some(out) = out {
+                let colv = Mat::dense(what, colm, 0, rows, k, false)?;
+                let dst = out.offset(n0 * p * c);
+                // SAFETY: views checked; out is a unique borrow distinct from col and w.
+                unsafe { gemm_core(rows, c, k, 1.0, colv, wv, 0.0, dst, bias, ws, par) };
+            }
+        }
+        Ok(())
+    }
+
+    /// Per chunk of samples: `col = a·Wᵀ`, then `dst = col2im(col) (+ bias)`, **overwritten**
+    /// (pointwise: `dst = a·Wᵀ (+ bias)` directly). `a` is `[n·pixels, cols]`, `dst` the image.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_col2im<T: Element>(
+        &self,
+        what: &str,
+        a: &[T],
+        w: &[T],
+        dst: &mut [T],
+        bias: Option<&[f32]>,
+        col: &mut [T],
+        chunk: usize,
+        ws: &mut [f32],
+    ) -> KResult {
+        let (k, c, p, par) = (self.g.k(), self.cols, self.pixels(), Parallelism::Rayon(0));
+        // Wᵀ: a [cols, K] view of the [K, cols] weight.
+        let wt = Mat::dense(what, w, 0, c, k, true)?;
+        if self.pointwise {
+            let rows = self.n * p;
+            let av = Mat::dense(what, a, 0, rows, c, false)?;
+            let dv = MatMut::row_major(what, dst, 0, rows, k, k)?;
+            // SAFETY: views checked; dst unique.
+            unsafe { gemm_core(rows, k, c, 1.0, av, wt, 0.0, dv, bias, ws, par) };
+            return Ok(());
+        }
+        let img = self.g.h * self.g.w * self.g.c;
+        for n0 in (0..self.n).step_by(chunk) {
+            let cn = chunk.min(self.n - n0);
+            let rows = cn * p;
+            let av = Mat::dense(what, a, n0 * p * c, rows, c, false)?;
+            let colm = MatMut::row_major(what, col, 0, rows, k, k)?;
+            // SAFETY: views checked; col unique.
+            unsafe { gemm_core(rows, k, c, 1.0, av, wt, 0.0, colm, None, ws, par) };
+            col2im(&self.g, col, cn, &mut dst[n0 * img..(n0 + cn) * img], bias);
+        }
+        Ok(())
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -694,30 +704,10 @@ pub struct DepthwiseConv2dDims {
 }
 
 impl DepthwiseConv2dDims {
-    pub fn out_h(&self) -> usize {
-        conv_axis(self.h, self.kh, self.sh, self.padding).0
-    }
-    pub fn out_w(&self) -> usize {
-        conv_axis(self.w, self.kw, self.sw, self.padding).0
-    }
-    pub fn pad_top(&self) -> usize {
-        conv_axis(self.h, self.kh, self.sh, self.padding).1
-    }
-    pub fn pad_left(&self) -> usize {
-        conv_axis(self.w, self.kw, self.sw, self.padding).1
-    }
+    window_dims_methods!(conv_axis, |d| d.c, d.c_out(), d.c * d.multiplier);
     /// Output channels `c·multiplier`.
     pub fn c_out(&self) -> usize {
         self.c * self.multiplier
-    }
-    pub fn x_len(&self) -> usize {
-        self.n * self.h * self.w * self.c
-    }
-    pub fn y_len(&self) -> usize {
-        self.n * self.out_h() * self.out_w() * self.c_out()
-    }
-    pub fn w_len(&self) -> usize {
-        self.kh * self.kw * self.c * self.multiplier
     }
 }
 
@@ -739,12 +729,7 @@ pub fn depthwise_conv2d_forward<T: Element>(
     if d.multiplier == 0 {
         return Err(KernelError(format!("{what}: multiplier must be ≥ 1")));
     }
-    check_len("depthwise_conv2d_forward x", x.len(), d.x_len())?;
-    check_len("depthwise_conv2d_forward w", w.len(), d.w_len())?;
-    check_len("depthwise_conv2d_forward y", y.len(), d.y_len())?;
-    if let Some(b) = bias {
-        check_len("depthwise_conv2d_forward bias", b.len(), d.c_out())?;
-    }
+    d.lens().check_forward(what, x, w, bias, y)?;
     let (oh, ow, co, m, c) = (d.out_h(), d.out_w(), d.c_out(), d.multiplier, d.c);
     let (pt, pl) = (d.pad_top() as isize, d.pad_left() as isize);
     if co == 0 || oh == 0 || ow == 0 {
@@ -825,16 +810,8 @@ pub fn depthwise_conv2d_backward<T: Element>(
     if d.multiplier == 0 {
         return Err(KernelError(format!("{what}: multiplier must be ≥ 1")));
     }
-    check_len("depthwise_conv2d_backward x", x.len(), d.x_len())?;
-    check_len("depthwise_conv2d_backward w", w.len(), d.w_len())?;
-    check_len("depthwise_conv2d_backward dy", dy.len(), d.y_len())?;
-    check_len("depthwise_conv2d_backward dw", dw.len(), d.w_len())?;
-    if let Some(dx) = &dx {
-        check_len("depthwise_conv2d_backward dx", dx.len(), d.x_len())?;
-    }
-    if let Some(db) = &db {
-        check_len("depthwise_conv2d_backward db", db.len(), d.c_out())?;
-    }
+    d.lens()
+        .check_backward(what, x, w, dy, dw, dx.as_deref(), db.as_deref())?;
     let (oh, ow, co, m, c) = (d.out_h(), d.out_w(), d.c_out(), d.multiplier, d.c);
     let (pt, pl) = (d.pad_top() as isize, d.pad_left() as isize);
     if co == 0 {
@@ -972,6 +949,25 @@ struct Geom {
 }
 
 impl Geom {
+    /// `image` `[h, w, c]` under a grid of `windows` `[oh, ow]` of the kernel and strides
+    /// `[kh, kw, sh, sw]`, padded by `[pt, pl]`.
+    fn new(image: [usize; 3], windows: [usize; 2], kernel: [usize; 4], pad: [usize; 2]) -> Geom {
+        let ([h, w, c], [oh, ow], [kh, kw, sh, sw], [pt, pl]) = (image, windows, kernel, pad);
+        Geom {
+            h,
+            w,
+            c,
+            oh,
+            ow,
+            kh,
+            kw,
+            sh,
+            sw,
+            pt,
+            pl,
+        }
+    }
+
     /// Columns of col: one per (tap, channel), ordered like the weight's `[kh, kw, c]`.
     fn k(&self) -> usize {
         self.kh * self.kw * self.c

@@ -279,42 +279,29 @@ use Operand::*;
 /// Dense forward: `Y[b×o] = X[b×i]·W[i×o]` (the bias is added by `mw_bias_add`).
 pub fn dense_forward(d: DenseDims) -> RowGemm {
     let (b, i, o) = (d.batch, d.in_features, d.out_features);
-    RowGemm::single(
-        b,
-        o,
-        i,
+    let (x, w, y) = (
         MatRef::new(X, 0, i),
         MatRef::new(W, 0, o),
         MatRef::new(Y, 0, o),
-        0.0,
-    )
+    );
+    RowGemm::single(b, o, i, x, w, y, 0.0)
 }
 
 /// Dense backward: `Dw[i×o] += Xᵀ·Dy`, then (when the input takes a gradient) `Dx = Dy·Wᵀ`.
 /// The bias gradient is `mw_column_sums` of `Dy`.
 pub fn dense_backward(d: DenseDims, dx: bool) -> Vec<RowGemm> {
     let (b, i, o) = (d.batch, d.in_features, d.out_features);
-    let mut v = vec![RowGemm::single(
-        i,
-        o,
-        b,
-        MatRef::new(X, 0, i).t(),
+    let (x, w) = (MatRef::new(X, 0, i), MatRef::new(W, 0, o));
+    let (dy, dw, dxm) = (
         MatRef::new(Dy, 0, o),
         MatRef::new(Dw, 0, o),
-        1.0,
-    )];
-    if dx {
-        v.push(RowGemm::single(
-            b,
-            i,
-            o,
-            MatRef::new(Dy, 0, o),
-            MatRef::new(W, 0, o).t(),
-            MatRef::new(Dx, 0, i),
-            0.0,
-        ));
-    }
-    v
+        MatRef::new(Dx, 0, i),
+    );
+    let dx = dx.then(|| RowGemm::single(b, i, o, dy, w.t(), dxm, 0.0));
+    [Some(RowGemm::single(i, o, b, x.t(), dy, dw, 1.0)), dx]
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
 /// The sample chunks `(n0, cn)` of a chunked convolution: `chunk` samples at a time.
@@ -323,143 +310,85 @@ pub fn chunks(n: usize, chunk: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..n).step_by(chunk).map(move |n0| (n0, chunk.min(n - n0)))
 }
 
+/// A 1×1 stride-1 convolution is a dense layer over its `n·h·w` pixels (same weight layout,
+/// `[ci, co]`).
+fn pointwise_dense(d: &Conv2dDims) -> DenseDims {
+    DenseDims {
+        batch: d.n * d.h * d.w,
+        in_features: d.c_in,
+        out_features: d.c_out,
+    }
+}
+
 /// Conv2d forward of a 1×1 stride-1 convolution (no im2col): `Y[nhw×co] = X[nhw×ci]·W[ci×co]`.
 pub fn conv2d_forward_pointwise(d: &Conv2dDims) -> RowGemm {
-    let rows = d.n * d.h * d.w;
-    RowGemm::single(
-        rows,
-        d.c_out,
-        d.c_in,
-        MatRef::new(X, 0, d.c_in),
-        MatRef::new(W, 0, d.c_out),
-        MatRef::new(Y, 0, d.c_out),
-        0.0,
-    )
+    dense_forward(pointwise_dense(d))
 }
 
 /// Conv2d forward of chunk `(n0, cn)` after `mw_im2col` filled `Col`:
 /// `Y[n0·p.., cn·p × co] = Col[cn·p × K]·W[K × co]`.
 pub fn conv2d_forward_chunk(d: &Conv2dDims, n0: usize, cn: usize) -> RowGemm {
-    let (p, k) = (d.out_h() * d.out_w(), d.kh * d.kw * d.c_in);
-    RowGemm::single(
-        cn * p,
-        d.c_out,
-        k,
-        MatRef::new(Col, 0, k),
-        MatRef::new(W, 0, d.c_out),
-        MatRef::new(Y, n0 * p * d.c_out, d.c_out),
-        0.0,
-    )
+    let (p, k, co) = (d.out_h() * d.out_w(), d.kh * d.kw * d.c_in, d.c_out);
+    let (col, w) = (MatRef::new(Col, 0, k), MatRef::new(W, 0, co));
+    RowGemm::single(cn * p, co, k, col, w, MatRef::new(Y, n0 * p * co, co), 0.0)
 }
 
 /// Conv2d backward of a pointwise convolution: `Dw += Xᵀ·Dy`, `Dx = Dy·Wᵀ`.
 pub fn conv2d_backward_pointwise(d: &Conv2dDims, dx: bool) -> Vec<RowGemm> {
-    let rows = d.n * d.h * d.w;
-    let mut v = vec![RowGemm::single(
-        d.c_in,
-        d.c_out,
-        rows,
-        MatRef::new(X, 0, d.c_in).t(),
-        MatRef::new(Dy, 0, d.c_out),
-        MatRef::new(Dw, 0, d.c_out),
-        1.0,
-    )];
-    if dx {
-        v.push(RowGemm::single(
-            rows,
-            d.c_in,
-            d.c_out,
-            MatRef::new(Dy, 0, d.c_out),
-            MatRef::new(W, 0, d.c_out).t(),
-            MatRef::new(Dx, 0, d.c_in),
-            0.0,
-        ));
-    }
-    v
+    dense_backward(pointwise_dense(d), dx)
 }
 
 /// Conv2d backward of chunk `(n0, cn)`, after `mw_im2col` of `x` into `Col`: first
 /// `Dw[K×co] += Colᵀ·Dy_chunk`; then (for `dx`) `Col = Dy_chunk·Wᵀ`, which `mw_col2im` folds
 /// into `Dx`.
 pub fn conv2d_backward_chunk(d: &Conv2dDims, n0: usize, cn: usize) -> (RowGemm, RowGemm) {
-    let (p, k) = (d.out_h() * d.out_w(), d.kh * d.kw * d.c_in);
-    let dy = MatRef::new(Dy, n0 * p * d.c_out, d.c_out);
+    let (p, k, co) = (d.out_h() * d.out_w(), d.kh * d.kw * d.c_in, d.c_out);
+    let (col, w, dw) = (
+        MatRef::new(Col, 0, k),
+        MatRef::new(W, 0, co),
+        MatRef::new(Dw, 0, co),
+    );
+    let dy = MatRef::new(Dy, n0 * p * co, co);
     (
-        RowGemm::single(
-            k,
-            d.c_out,
-            cn * p,
-            MatRef::new(Col, 0, k).t(),
-            dy,
-            MatRef::new(Dw, 0, d.c_out),
-            1.0,
-        ),
-        RowGemm::single(
-            cn * p,
-            k,
-            d.c_out,
-            dy,
-            MatRef::new(W, 0, d.c_out).t(),
-            MatRef::new(Col, 0, k),
-            0.0,
-        ),
+        RowGemm::single(k, co, cn * p, col.t(), dy, dw, 1.0),
+        RowGemm::single(cn * p, k, co, dy, w.t(), col, 0.0),
     )
 }
 
 /// Conv2d_transpose forward of a pointwise convolution: `Y[nhw×co] = X[nhw×ci]·Wᵀ`
 /// (weight `[co, ci]`).
 pub fn conv2d_transpose_forward_pointwise(d: &ConvTranspose2dDims) -> RowGemm {
-    let rows = d.n * d.h * d.w;
-    RowGemm::single(
-        rows,
-        d.c_out,
-        d.c_in,
-        MatRef::new(X, 0, d.c_in),
-        MatRef::new(W, 0, d.c_in).t(),
-        MatRef::new(Y, 0, d.c_out),
-        0.0,
-    )
+    let (rows, ci, co) = (d.n * d.h * d.w, d.c_in, d.c_out);
+    let (x, w, y) = (
+        MatRef::new(X, 0, ci),
+        MatRef::new(W, 0, ci),
+        MatRef::new(Y, 0, co),
+    );
+    RowGemm::single(rows, co, ci, x, w.t(), y, 0.0)
 }
 
 /// Conv2d_transpose forward of chunk `(n0, cn)`: `Col[cn·hw × K] = X_chunk·Wᵀ` (weight
 /// `[K, ci]`), which `mw_col2im` (with the bias) folds into `Y`.
 pub fn conv2d_transpose_forward_chunk(d: &ConvTranspose2dDims, n0: usize, cn: usize) -> RowGemm {
-    let (p, k) = (d.h * d.w, d.kh * d.kw * d.c_out);
-    RowGemm::single(
-        cn * p,
-        k,
-        d.c_in,
-        MatRef::new(X, n0 * p * d.c_in, d.c_in),
-        MatRef::new(W, 0, d.c_in).t(),
-        MatRef::new(Col, 0, k),
-        0.0,
-    )
+    let (p, k, ci) = (d.h * d.w, d.kh * d.kw * d.c_out, d.c_in);
+    let (x, w) = (MatRef::new(X, n0 * p * ci, ci), MatRef::new(W, 0, ci));
+    RowGemm::single(cn * p, k, ci, x, w.t(), MatRef::new(Col, 0, k), 0.0)
 }
 
 /// Conv2d_transpose backward of a pointwise convolution: `Dw[co×ci] += Dyᵀ·X`, `Dx = Dy·W`.
 pub fn conv2d_transpose_backward_pointwise(d: &ConvTranspose2dDims, dx: bool) -> Vec<RowGemm> {
-    let rows = d.n * d.h * d.w;
-    let mut v = vec![RowGemm::single(
-        d.c_out,
-        d.c_in,
-        rows,
-        MatRef::new(Dy, 0, d.c_out).t(),
-        MatRef::new(X, 0, d.c_in),
-        MatRef::new(Dw, 0, d.c_in),
-        1.0,
-    )];
-    if dx {
-        v.push(RowGemm::single(
-            rows,
-            d.c_in,
-            d.c_out,
-            MatRef::new(Dy, 0, d.c_out),
-            MatRef::new(W, 0, d.c_in),
-            MatRef::new(Dx, 0, d.c_in),
-            0.0,
-        ));
-    }
-    v
+    let (rows, ci, co) = (d.n * d.h * d.w, d.c_in, d.c_out);
+    let (x, w, dy) = (
+        MatRef::new(X, 0, ci),
+        MatRef::new(W, 0, ci),
+        MatRef::new(Dy, 0, co),
+    );
+    let (dw, dxm) = (MatRef::new(Dw, 0, ci), MatRef::new(Dx, 0, ci));
+    let dx = dx.then(|| RowGemm::single(rows, ci, co, dy, w, dxm, 0.0));
+    [Some(RowGemm::single(co, ci, rows, dy.t(), x, dw, 1.0)), dx]
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
 /// Conv2d_transpose backward of chunk `(n0, cn)`, after `mw_im2col` of `dy` into `Col`:
@@ -470,28 +399,24 @@ pub fn conv2d_transpose_backward_chunk(
     cn: usize,
     dx: bool,
 ) -> Vec<RowGemm> {
-    let (p, k) = (d.h * d.w, d.kh * d.kw * d.c_out);
-    let mut v = vec![RowGemm::single(
-        k,
-        d.c_in,
-        cn * p,
-        MatRef::new(Col, 0, k).t(),
-        MatRef::new(X, n0 * p * d.c_in, d.c_in),
-        MatRef::new(Dw, 0, d.c_in),
-        1.0,
-    )];
-    if dx {
-        v.push(RowGemm::single(
-            cn * p,
-            d.c_in,
-            k,
-            MatRef::new(Col, 0, k),
-            MatRef::new(W, 0, d.c_in),
-            MatRef::new(Dx, n0 * p * d.c_in, d.c_in),
-            0.0,
-        ));
-    }
-    v
+    let (p, k, ci) = (d.h * d.w, d.kh * d.kw * d.c_out, d.c_in);
+    let (col, w, dw) = (
+        MatRef::new(Col, 0, k),
+        MatRef::new(W, 0, ci),
+        MatRef::new(Dw, 0, ci),
+    );
+    let (x, dxm) = (
+        MatRef::new(X, n0 * p * ci, ci),
+        MatRef::new(Dx, n0 * p * ci, ci),
+    );
+    let dx = dx.then(|| RowGemm::single(cn * p, ci, k, col, w, dxm, 0.0));
+    [
+        Some(RowGemm::single(k, ci, cn * p, col.t(), x, dw, 1.0)),
+        dx,
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 /// The (batch item, head) pairs of attention as strided batches: the pair `(b, head)` has its
@@ -509,14 +434,20 @@ fn attention_split(d: &AttentionDims) -> (usize, usize, [usize; 3], [usize; 3]) 
     }
 }
 
+/// The strided batches of one attention GEMM, `f(q0, c0, s0)` being the item at qkv / ctx /
+/// scores offsets `q0`, `c0`, `s0` (unbatched, as [`RowGemm::single`] builds it), scaled by
+/// `alpha`.
 fn attention_gemms(
     d: &AttentionDims,
-    f: impl Fn(usize, usize, usize, usize) -> RowGemm,
+    alpha: f32,
+    f: impl Fn(usize, usize, usize) -> RowGemm,
 ) -> Vec<RowGemm> {
     let (outer, inner, o_step, i_step) = attention_split(d);
     (0..outer)
         .map(|o| {
-            let mut g = f(inner, o * o_step[0], o * o_step[1], o * o_step[2]);
+            let mut g = f(o * o_step[0], o * o_step[1], o * o_step[2]);
+            g.alpha = alpha;
+            g.batch = inner;
             // Batch strides by the operands' roles: qkv-like, ctx-like, scores-like.
             let stride = |m: &MatRef| match m.buf {
                 Qkv | Dqkv => i_step[0],
@@ -534,38 +465,27 @@ fn attention_gemms(
 /// Attention scores: `S_bh[s×s] = scale·Q_bh·K_bhᵀ` into `Probs` (the softmax then runs in place).
 pub fn attention_scores(d: &AttentionDims, scale: f32) -> Vec<RowGemm> {
     let (s, h, hd) = (d.seq, d.hidden, d.head_dim());
-    attention_gemms(d, |batch, q0, _c0, s0| RowGemm {
-        m: s,
-        n: s,
-        k: hd,
-        a: MatRef::new(Qkv, q0, 3 * h),
-        b: MatRef::new(Qkv, q0 + h, 3 * h).t(),
-        c: MatRef::new(Probs, s0, s),
-        alpha: scale,
-        beta: 0.0,
-        batch,
-        stride_a: 0,
-        stride_b: 0,
-        stride_c: 0,
+    attention_gemms(d, scale, |q0, _c0, s0| {
+        let q = MatRef::new(Qkv, q0, 3 * h);
+        let k = MatRef::new(Qkv, q0 + h, 3 * h);
+        RowGemm::single(s, s, hd, q, k.t(), MatRef::new(Probs, s0, s), 0.0)
     })
 }
 
 /// Attention context: `Ctx[b, :, head] = P_bh[s×s]·V_bh[s×hd]`.
 pub fn attention_context(d: &AttentionDims) -> Vec<RowGemm> {
     let (s, h, hd) = (d.seq, d.hidden, d.head_dim());
-    attention_gemms(d, |batch, q0, c0, s0| RowGemm {
-        m: s,
-        n: hd,
-        k: s,
-        a: MatRef::new(Probs, s0, s),
-        b: MatRef::new(Qkv, q0 + 2 * h, 3 * h),
-        c: MatRef::new(Ctx, c0, h),
-        alpha: 1.0,
-        beta: 0.0,
-        batch,
-        stride_a: 0,
-        stride_b: 0,
-        stride_c: 0,
+    attention_gemms(d, 1.0, |q0, c0, s0| {
+        let v = MatRef::new(Qkv, q0 + 2 * h, 3 * h);
+        RowGemm::single(
+            s,
+            hd,
+            s,
+            MatRef::new(Probs, s0, s),
+            v,
+            MatRef::new(Ctx, c0, h),
+            0.0,
+        )
     })
 }
 
@@ -573,33 +493,22 @@ pub fn attention_context(d: &AttentionDims) -> Vec<RowGemm> {
 /// columns of `Dqkv`). Returns both lists in that order.
 pub fn attention_context_backward(d: &AttentionDims) -> (Vec<RowGemm>, Vec<RowGemm>) {
     let (s, h, hd) = (d.seq, d.hidden, d.head_dim());
-    let dp = attention_gemms(d, |batch, q0, c0, s0| RowGemm {
-        m: s,
-        n: s,
-        k: hd,
-        a: MatRef::new(Dctx, c0, h),
-        b: MatRef::new(Qkv, q0 + 2 * h, 3 * h).t(),
-        c: MatRef::new(Dprobs, s0, s),
-        alpha: 1.0,
-        beta: 0.0,
-        batch,
-        stride_a: 0,
-        stride_b: 0,
-        stride_c: 0,
+    let dp = attention_gemms(d, 1.0, |q0, c0, s0| {
+        let v = MatRef::new(Qkv, q0 + 2 * h, 3 * h);
+        let (dctx, dprobs) = (MatRef::new(Dctx, c0, h), MatRef::new(Dprobs, s0, s));
+        RowGemm::single(s, s, hd, dctx, v.t(), dprobs, 0.0)
     });
-    let dv = attention_gemms(d, |batch, q0, c0, s0| RowGemm {
-        m: s,
-        n: hd,
-        k: s,
-        a: MatRef::new(Probs, s0, s).t(),
-        b: MatRef::new(Dctx, c0, h),
-        c: MatRef::new(Dqkv, q0 + 2 * h, 3 * h),
-        alpha: 1.0,
-        beta: 0.0,
-        batch,
-        stride_a: 0,
-        stride_b: 0,
-        stride_c: 0,
+    let dv = attention_gemms(d, 1.0, |q0, c0, s0| {
+        let (probs, dctx) = (MatRef::new(Probs, s0, s), MatRef::new(Dctx, c0, h));
+        RowGemm::single(
+            s,
+            hd,
+            s,
+            probs.t(),
+            dctx,
+            MatRef::new(Dqkv, q0 + 2 * h, 3 * h),
+            0.0,
+        )
     });
     (dp, dv)
 }
@@ -608,34 +517,20 @@ pub fn attention_context_backward(d: &AttentionDims) -> (Vec<RowGemm>, Vec<RowGe
 /// `Dq_bh = scale·dS·K_bh`, `Dk_bh = scale·dSᵀ·Q_bh` (the q and k columns of `Dqkv`).
 pub fn attention_scores_backward(d: &AttentionDims, scale: f32) -> Vec<RowGemm> {
     let (s, h, hd) = (d.seq, d.hidden, d.head_dim());
-    let dq = attention_gemms(d, |batch, q0, _c0, s0| RowGemm {
-        m: s,
-        n: hd,
-        k: s,
-        a: MatRef::new(Dprobs, s0, s),
-        b: MatRef::new(Qkv, q0 + h, 3 * h),
-        c: MatRef::new(Dqkv, q0, 3 * h),
-        alpha: scale,
-        beta: 0.0,
-        batch,
-        stride_a: 0,
-        stride_b: 0,
-        stride_c: 0,
-    });
-    let dk = attention_gemms(d, |batch, q0, _c0, s0| RowGemm {
-        m: s,
-        n: hd,
-        k: s,
-        a: MatRef::new(Dprobs, s0, s).t(),
-        b: MatRef::new(Qkv, q0, 3 * h),
-        c: MatRef::new(Dqkv, q0 + h, 3 * h),
-        alpha: scale,
-        beta: 0.0,
-        batch,
-        stride_a: 0,
-        stride_b: 0,
-        stride_c: 0,
-    });
+    // Dq from K into the q columns, then Dk from Q into the k columns.
+    let head_grad = |ds_t: bool, from: usize, to: usize| {
+        attention_gemms(d, scale, move |q0, _c0, s0| {
+            let ds = MatRef::new(Dprobs, s0, s);
+            let ds = if ds_t { ds.t() } else { ds };
+            let (src, dst) = (
+                MatRef::new(Qkv, q0 + from, 3 * h),
+                MatRef::new(Dqkv, q0 + to, 3 * h),
+            );
+            RowGemm::single(s, hd, s, ds, src, dst, 0.0)
+        })
+    };
+    let dq = head_grad(false, h, 0);
+    let dk = head_grad(true, 0, h);
     dq.into_iter().chain(dk).collect()
 }
 

@@ -89,11 +89,20 @@ pub(crate) fn same_len(op: &str, a: &str, a_len: usize, b: &str, b_len: usize) -
 
 /// `y[i] = f(x[i])`, in f32, parallel in chunks when large.
 pub(crate) fn map1<S: Element, D: Element>(x: &[S], y: &mut [D], f: impl Fn(f32) -> f32 + Sync) {
-    let body = |x: &[S], y: &mut [D]| {
+    zip_chunks(x, y, |x, y| {
         for (yo, xi) in y.iter_mut().zip(x) {
             *yo = D::from_f32(f(xi.to_f32()));
         }
-    };
+    });
+}
+
+/// Runs `body` on matching chunks of `x` and `y`: in parallel chunks of [`PAR_CHUNK`] when `y`
+/// is large, else once over both whole.
+pub(crate) fn zip_chunks<S: Sync, D: Send>(
+    x: &[S],
+    y: &mut [D],
+    body: impl Fn(&[S], &mut [D]) + Sync,
+) {
     if y.len() >= PAR_MIN {
         y.par_chunks_mut(PAR_CHUNK)
             .zip(x.par_chunks(PAR_CHUNK))
@@ -124,11 +133,20 @@ pub(crate) fn map2<A: Element, B: Element, D: Element>(
     y: &mut [D],
     f: impl Fn(f32, f32) -> f32 + Sync,
 ) {
-    let body = |a: &[A], b: &[B], y: &mut [D]| {
+    zip3_chunks(a, b, y, |a, b, y| {
         for ((yo, ai), bi) in y.iter_mut().zip(a).zip(b) {
             *yo = D::from_f32(f(ai.to_f32(), bi.to_f32()));
         }
-    };
+    });
+}
+
+/// [`zip_chunks`] over two inputs `a` and `b` and the output `y`.
+pub(crate) fn zip3_chunks<A: Sync, B: Sync, D: Send>(
+    a: &[A],
+    b: &[B],
+    y: &mut [D],
+    body: impl Fn(&[A], &[B], &mut [D]) + Sync,
+) {
     if y.len() >= PAR_MIN {
         y.par_chunks_mut(PAR_CHUNK)
             .zip(a.par_chunks(PAR_CHUNK))
@@ -145,18 +163,11 @@ pub(crate) fn map2_inplace<A: Element, T: Element>(
     y: &mut [T],
     f: impl Fn(f32, f32) -> f32 + Sync,
 ) {
-    let body = |a: &[A], y: &mut [T]| {
+    zip_chunks(a, y, |a, y| {
         for (yo, ai) in y.iter_mut().zip(a) {
             *yo = T::from_f32(f(ai.to_f32(), yo.to_f32()));
         }
-    };
-    if y.len() >= PAR_MIN {
-        y.par_chunks_mut(PAR_CHUNK)
-            .zip(a.par_chunks(PAR_CHUNK))
-            .for_each(|(y, a)| body(a, y));
-    } else {
-        body(a, y);
-    }
+    });
 }
 
 /// Rows per rayon task so that each task does about [`PAR_CHUNK`] elements of work.
@@ -323,18 +334,11 @@ pub(crate) fn reduce_rows_mut<D: Send, R: Copy + Send + Sync + Default>(
 /// Keras `Rescaling(scale, offset)`. Inputs carry no gradient, so there is no backward.
 pub fn cast_u8<T: Element>(x: &[u8], y: &mut [T], scale: f32, offset: f32) -> KResult {
     same_len("cast_u8", "x", x.len(), "y", y.len())?;
-    let body = |x: &[u8], y: &mut [T]| {
+    zip_chunks(x, y, |x, y| {
         for (yo, &xi) in y.iter_mut().zip(x) {
             *yo = T::from_f32(xi as f32 * scale + offset);
         }
-    };
-    if y.len() >= PAR_MIN {
-        y.par_chunks_mut(PAR_CHUNK)
-            .zip(x.par_chunks(PAR_CHUNK))
-            .for_each(|(y, x)| body(x, y));
-    } else {
-        body(x, y);
-    }
+    });
     Ok(())
 }
 

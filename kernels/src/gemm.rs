@@ -167,17 +167,21 @@ pub fn matmul_mixed_heap_bytes<A: Element, B: Element, C: Element>(
     a_trans: bool,
     b_trans: bool,
 ) -> usize {
-    gemm_core_heap_bytes::<A, B, C>(
-        m,
-        n,
-        k,
-        Strides::dense(m, k, a_trans),
-        Strides::dense(k, n, b_trans),
-        0.0,
-        Strides::row_major(n),
-        false,
-        Parallelism::Rayon(0),
-    )
+    dense_heap_bytes::<A, B, C>(m, n, k, a_trans, b_trans, Parallelism::Rayon(0))
+}
+
+/// Heap bytes of one `gemm_core` of a dense, possibly transposed `a` and `b` into a row-major
+/// `c` under `par` (what every matmul here runs).
+fn dense_heap_bytes<A: Element, B: Element, C: Element>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a_trans: bool,
+    b_trans: bool,
+    par: Parallelism,
+) -> usize {
+    let (a, b) = (Strides::dense(m, k, a_trans), Strides::dense(k, n, b_trans));
+    gemm_core_heap_bytes::<A, B, C>(m, n, k, a, b, 0.0, Strides::row_major(n), false, par)
 }
 
 /// `f32` workspace elements [`matmul_strided_batched`] needs for one item at a time; a
@@ -297,19 +301,7 @@ pub fn matmul_strided_batched_heap_bytes<T: Element>(
     b_trans: bool,
     ws_len: usize,
 ) -> usize {
-    let item = |par| {
-        gemm_core_heap_bytes::<T, T, T>(
-            m,
-            n,
-            k,
-            Strides::dense(m, k, a_trans),
-            Strides::dense(k, n, b_trans),
-            0.0,
-            Strides::row_major(n),
-            false,
-            par,
-        )
-    };
+    let item = |par| dense_heap_bytes::<T, T, T>(m, n, k, a_trans, b_trans, par);
     if batch == 0 {
         0
     } else if batch > 1 && m * n * k < gemm::get_threading_threshold() {
@@ -345,6 +337,20 @@ pub(crate) struct MatMut<T> {
     pub ptr: *mut T,
     pub rs: usize,
     pub cs: usize,
+}
+
+impl<T> Mat<T> {
+    /// The row-major view at `ptr` whose rows are `rs` elements apart.
+    pub(crate) fn rows(ptr: *const T, rs: usize) -> Self {
+        Mat { ptr, rs, cs: 1 }
+    }
+}
+
+impl<T> MatMut<T> {
+    /// The writable row-major view at `ptr` whose rows are `rs` elements apart.
+    pub(crate) fn rows(ptr: *mut T, rs: usize) -> Self {
+        MatMut { ptr, rs, cs: 1 }
+    }
 }
 
 // Manual impls: derive would require `T: Copy`, and raw pointers are Copy for any T.

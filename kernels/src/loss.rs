@@ -244,60 +244,24 @@ fn bce_value(p: f32, t: f32) -> f32 {
     -(t * (pc + EPSILON).ln() + (1.0 - t) * (1.0 - pc + EPSILON).ln())
 }
 
-/// Binary cross-entropy fused with the sigmoid that produced `p` (post-sigmoid, `[n,
-/// features]`): the Keras clipped BCE value, and `dlogits = grad_scale · (p − t) / denom` (the
-/// exact gradient with respect to the sigmoid's input, so the sigmoid backward is skipped).
-#[allow(clippy::too_many_arguments)]
-pub fn binary_crossentropy_with_sigmoid<P: Element, Y: Element, G: Element>(
-    p: &[P],
-    targets: &[Y],
-    n: usize,
-    features: usize,
-    reduction: Reduction,
-    grad_scale: f32,
-    dlogits: &mut [G],
-) -> Result<f32, KernelError> {
-    elementwise_loss(
-        "binary_crossentropy_with_sigmoid",
-        p,
-        targets,
-        n,
-        features,
-        reduction,
-        Some((grad_scale, dlogits)),
-        |p, t| (bce_value(p, t), p - t),
-    )
+/// `(loss, d loss / d p)` of binary cross-entropy on a probability: the Keras clipped value
+/// [`bce_value`], and its exact derivative `−t/(p + ε) + (1 − t)/(1 − p + ε)` inside the clip
+/// range, 0 outside it (the clip's gradient).
+#[inline]
+fn bce_rule(p: f32, t: f32) -> (f32, f32) {
+    let d = if (EPSILON..=1.0 - EPSILON).contains(&p) {
+        -t / (p + EPSILON) + (1.0 - t) / (1.0 - p + EPSILON)
+    } else {
+        0.0
+    };
+    (bce_value(p, t), d)
 }
 
-/// Plain binary cross-entropy on probabilities (no fused sigmoid), gradient with respect to
-/// `p`: `dp = grad_scale / denom · (−t/(p + ε) + (1 − t)/(1 − p + ε))` inside the clip range
-/// and 0 outside it (the clip's gradient), exactly differentiating the Keras value.
-pub fn binary_crossentropy<P: Element, Y: Element, G: Element>(
-    p: &[P],
-    targets: &[Y],
-    n: usize,
-    features: usize,
-    reduction: Reduction,
-    grad_scale: f32,
-    dp: &mut [G],
-) -> Result<f32, KernelError> {
-    elementwise_loss(
-        "binary_crossentropy",
-        p,
-        targets,
-        n,
-        features,
-        reduction,
-        Some((grad_scale, dp)),
-        |p, t| {
-            let d = if (EPSILON..=1.0 - EPSILON).contains(&p) {
-                -t / (p + EPSILON) + (1.0 - t) / (1.0 - p + EPSILON)
-            } else {
-                0.0
-            };
-            (bce_value(p, t), d)
-        },
-    )
+/// `(loss, d loss / d logit)` of binary cross-entropy fused with the sigmoid that produced `p`:
+/// the Keras clipped value, and `p − t`, the exact gradient with respect to the sigmoid's input.
+#[inline]
+fn bce_with_sigmoid_rule(p: f32, t: f32) -> (f32, f32) {
+    (bce_value(p, t), p - t)
 }
 
 /// The binary cross-entropy of a logit `x` against target `t`, computed without forming
@@ -319,113 +283,81 @@ fn sigmoid(x: f32) -> f32 {
     }
 }
 
-/// Binary cross-entropy on logits (a linear output), the sigmoid fused: the stable value
-/// [`bce_logits_value`] per element and `dlogits = grad_scale · (σ(x) − t) / denom`, its exact
-/// gradient. No clipping: a confident wrong logit costs what it should.
-pub fn binary_crossentropy_from_logits<X: Element, Y: Element, G: Element>(
-    logits: &[X],
-    targets: &[Y],
-    n: usize,
-    features: usize,
-    reduction: Reduction,
-    grad_scale: f32,
-    dlogits: &mut [G],
-) -> Result<f32, KernelError> {
-    elementwise_loss(
-        "binary_crossentropy_from_logits",
-        logits,
-        targets,
-        n,
-        features,
-        reduction,
-        Some((grad_scale, dlogits)),
-        |x, t| (bce_logits_value(x, t), sigmoid(x) - t),
-    )
+/// `(loss, d loss / d x)` of binary cross-entropy on a logit: the stable value
+/// [`bce_logits_value`] and `σ(x) − t`, its exact gradient.
+#[inline]
+fn bce_logits_rule(x: f32, t: f32) -> (f32, f32) {
+    (bce_logits_value(x, t), sigmoid(x) - t)
 }
 
-/// Value only of [`binary_crossentropy_from_logits`].
-pub fn binary_crossentropy_from_logits_eval<X: Element, Y: Element>(
-    logits: &[X],
-    targets: &[Y],
-    n: usize,
-    features: usize,
-    reduction: Reduction,
-) -> Result<f32, KernelError> {
-    elementwise_loss::<X, Y, f32>(
-        "binary_crossentropy_from_logits_eval",
-        logits,
-        targets,
-        n,
-        features,
-        reduction,
-        None,
-        |x, t| (bce_logits_value(x, t), 0.0),
-    )
+/// `(loss, d loss / d p)` of the squared error: `(p − t)²` and `2(p − t)`.
+#[inline]
+fn squared_error_rule(p: f32, t: f32) -> (f32, f32) {
+    let e = p - t;
+    (e * e, 2.0 * e)
 }
 
-/// Value only of (either) binary cross-entropy on probabilities.
-pub fn binary_crossentropy_eval<P: Element, Y: Element>(
-    p: &[P],
-    targets: &[Y],
-    n: usize,
-    features: usize,
-    reduction: Reduction,
-) -> Result<f32, KernelError> {
-    elementwise_loss::<P, Y, f32>(
-        "binary_crossentropy_eval",
-        p,
-        targets,
-        n,
-        features,
-        reduction,
-        None,
-        |p, t| (bce_value(p, t), 0.0),
-    )
+/// Declares public elementwise losses over [`elementwise_loss`], each from its element rule
+/// `(pred, target) -> (loss, d loss / d pred)` and named as its errors name it: a `grad` entry
+/// takes `grad_scale` and overwrites its last argument with `grad_scale / denom · d`; a `value`
+/// entry (an `*_eval` twin) computes the loss only.
+macro_rules! elementwise_losses {
+    ($($(#[$doc:meta])* $kind:ident $name:ident = $rule:expr;)*) => {
+        $(elementwise_losses!(@$kind $(#[$doc])* $name = $rule);)*
+    };
+    (@grad $(#[$doc:meta])* $name:ident = $rule:expr) => {
+        $(#[$doc])*
+        pub fn $name<P: Element, Y: Element, G: Element>(
+            pred: &[P],
+            targets: &[Y],
+            n: usize,
+            features: usize,
+            reduction: Reduction,
+            grad_scale: f32,
+            grad: &mut [G],
+        ) -> Result<f32, KernelError> {
+            let grad = Some((grad_scale, grad));
+            elementwise_loss(stringify!($name), pred, targets, n, features, reduction, grad, $rule)
+        }
+    };
+    (@value $(#[$doc:meta])* $name:ident = $rule:expr) => {
+        $(#[$doc])*
+        pub fn $name<P: Element, Y: Element>(
+            pred: &[P],
+            targets: &[Y],
+            n: usize,
+            features: usize,
+            reduction: Reduction,
+        ) -> Result<f32, KernelError> {
+            elementwise_loss::<P, Y, f32>(
+                stringify!($name), pred, targets, n, features, reduction, None, $rule,
+            )
+        }
+    };
 }
 
-/// Mean squared error: element loss `(p − t)²`, `dp = grad_scale · 2(p − t) / denom`.
-pub fn mean_squared_error<P: Element, Y: Element, G: Element>(
-    pred: &[P],
-    targets: &[Y],
-    n: usize,
-    features: usize,
-    reduction: Reduction,
-    grad_scale: f32,
-    dpred: &mut [G],
-) -> Result<f32, KernelError> {
-    elementwise_loss(
-        "mean_squared_error",
-        pred,
-        targets,
-        n,
-        features,
-        reduction,
-        Some((grad_scale, dpred)),
-        |p, t| {
-            let e = p - t;
-            (e * e, 2.0 * e)
-        },
-    )
-}
-
-/// Value only of [`mean_squared_error`].
-pub fn mean_squared_error_eval<P: Element, Y: Element>(
-    pred: &[P],
-    targets: &[Y],
-    n: usize,
-    features: usize,
-    reduction: Reduction,
-) -> Result<f32, KernelError> {
-    elementwise_loss::<P, Y, f32>(
-        "mean_squared_error_eval",
-        pred,
-        targets,
-        n,
-        features,
-        reduction,
-        None,
-        |p, t| ((p - t) * (p - t), 0.0),
-    )
+elementwise_losses! {
+    /// Binary cross-entropy fused with the sigmoid that produced `p` (post-sigmoid, `[n,
+    /// features]`): the Keras clipped BCE value, and `dlogits = grad_scale · (p − t) / denom`
+    /// (the exact gradient with respect to the sigmoid's input, so the sigmoid backward is
+    /// skipped).
+    grad binary_crossentropy_with_sigmoid = bce_with_sigmoid_rule;
+    /// Plain binary cross-entropy on probabilities (no fused sigmoid), gradient with respect to
+    /// `p`: `dp = grad_scale / denom · (−t/(p + ε) + (1 − t)/(1 − p + ε))` inside the clip range
+    /// and 0 outside it (the clip's gradient), exactly differentiating the Keras value.
+    grad binary_crossentropy = bce_rule;
+    /// Binary cross-entropy on logits (a linear output), the sigmoid fused: the stable value
+    /// [`bce_logits_value`] per element and `dlogits = grad_scale · (σ(x) − t) / denom`, its
+    /// exact gradient. No clipping: a confident wrong logit costs what it should.
+    grad binary_crossentropy_from_logits = bce_logits_rule;
+    /// Value only of [`binary_crossentropy_from_logits`].
+    value binary_crossentropy_from_logits_eval = bce_logits_rule;
+    /// Value only of (either) binary cross-entropy on probabilities.
+    value binary_crossentropy_eval = bce_rule;
+    /// Mean squared error: element loss `(p − t)²`, `dp = grad_scale · 2(p − t) / denom`.
+    grad mean_squared_error = squared_error_rule;
+    /// Value only of [`mean_squared_error`].
+    value mean_squared_error_eval = squared_error_rule;
 }
 
 // ---------------------------------------------------------------------------------------------

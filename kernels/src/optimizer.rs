@@ -67,6 +67,56 @@ fn check_args(
     Ok(())
 }
 
+/// An optimizer as one rule per parameter element, from which its [`Optimizer`] impl comes:
+/// the update checks the slices, then runs the rule of this step on every element.
+trait ElementwiseUpdate {
+    /// The optimizer's name in errors.
+    const NAME: &'static str;
+
+    /// [`Optimizer::state_slots`].
+    fn slots(&self) -> usize;
+
+    /// The rule of update number `step` on one parameter, its gradient (not yet multiplied by
+    /// `grad_unscale`) and its state slots; an error refuses the whole update.
+    fn rule(&self, step: u64, grad_unscale: f32) -> Result<impl Rule, KernelError>;
+}
+
+/// The update of one parameter element `p` from its gradient `g` and its state slots (the
+/// missing ones dummies the rule does not use).
+trait Rule: Fn(&mut f32, f32, &mut [f32; 3]) + Sync + Send {}
+
+impl<F: Fn(&mut f32, f32, &mut [f32; 3]) + Sync + Send> Rule for F {}
+
+impl<O: ElementwiseUpdate> Optimizer for O {
+    fn state_slots(&self) -> usize {
+        self.slots()
+    }
+
+    fn update(
+        &self,
+        step: u64,
+        params: &mut [f32],
+        grads: &[f32],
+        state: &mut [&mut [f32]],
+        grad_unscale: f32,
+    ) -> KResult {
+        check_args(O::NAME, self.slots(), params, grads, state)?;
+        for_each_param(params, grads, state, self.rule(step, grad_unscale)?);
+        Ok(())
+    }
+}
+
+/// `Default` is Keras's defaults, `Self::KERAS`.
+macro_rules! keras_default {
+    ($($ty:ty),*) => {$(
+        impl Default for $ty {
+            fn default() -> Self {
+                Self::KERAS
+            }
+        }
+    )*};
+}
+
 /// Runs `f(p, g, s0, s1, s2)` on each element, in parallel chunks for large tensors. Missing
 /// slots get a dummy that `f` must not use.
 fn for_each_param(
@@ -200,35 +250,28 @@ impl Default for Sgd {
     }
 }
 
-impl Optimizer for Sgd {
-    fn state_slots(&self) -> usize {
+impl ElementwiseUpdate for Sgd {
+    const NAME: &'static str = "sgd";
+
+    fn slots(&self) -> usize {
         (self.momentum != 0.0) as usize
     }
 
-    fn update(
-        &self,
-        _step: u64,
-        params: &mut [f32],
-        grads: &[f32],
-        state: &mut [&mut [f32]],
-        grad_unscale: f32,
-    ) -> KResult {
-        check_args("sgd", self.state_slots(), params, grads, state)?;
+    fn rule(&self, _step: u64, grad_unscale: f32) -> Result<impl Rule, KernelError> {
         let (lr, mom, nesterov) = (self.learning_rate, self.momentum, self.nesterov);
-        if mom == 0.0 {
-            for_each_param(params, grads, state, |p, g, _| *p -= g * grad_unscale * lr);
-        } else {
-            for_each_param(params, grads, state, |p, g, s| {
-                let g = g * grad_unscale;
-                s[0] = s[0] * mom - g * lr;
-                if nesterov {
-                    *p += s[0] * mom - g * lr;
-                } else {
-                    *p += s[0];
-                }
-            });
-        }
-        Ok(())
+        Ok(move |p: &mut f32, g: f32, s: &mut [f32; 3]| {
+            if mom == 0.0 {
+                *p -= g * grad_unscale * lr;
+                return;
+            }
+            let g = g * grad_unscale;
+            s[0] = s[0] * mom - g * lr;
+            if nesterov {
+                *p += s[0] * mom - g * lr;
+            } else {
+                *p += s[0];
+            }
+        })
     }
 }
 
@@ -261,30 +304,20 @@ impl RmsProp {
     };
 }
 
-impl Default for RmsProp {
-    fn default() -> Self {
-        Self::KERAS
-    }
-}
+keras_default!(RmsProp, Adam, AdamW);
 
-impl Optimizer for RmsProp {
-    fn state_slots(&self) -> usize {
+impl ElementwiseUpdate for RmsProp {
+    const NAME: &'static str = "rmsprop";
+
+    fn slots(&self) -> usize {
         1 + (self.momentum > 0.0) as usize + self.centered as usize
     }
 
-    fn update(
-        &self,
-        _step: u64,
-        params: &mut [f32],
-        grads: &[f32],
-        state: &mut [&mut [f32]],
-        grad_unscale: f32,
-    ) -> KResult {
-        check_args("rmsprop", self.state_slots(), params, grads, state)?;
+    fn rule(&self, _step: u64, grad_unscale: f32) -> Result<impl Rule, KernelError> {
         let o = *self;
         let use_mom = o.momentum > 0.0;
         let avg_slot = 1 + use_mom as usize;
-        for_each_param(params, grads, state, |p, g, s| {
+        Ok(move |p: &mut f32, g: f32, s: &mut [f32; 3]| {
             let g = g * grad_unscale;
             s[0] = o.rho * s[0] + (1.0 - o.rho) * (g * g);
             let den = if o.centered {
@@ -301,8 +334,7 @@ impl Optimizer for RmsProp {
             } else {
                 *p -= inc;
             }
-        });
-        Ok(())
+        })
     }
 }
 
@@ -345,53 +377,40 @@ impl Adam {
         Ok((self.learning_rate as f64 * b2.sqrt() / b1) as f32)
     }
 
-    fn apply(
+    /// The element rule of Adam update number `step` (`name` in its errors), after the
+    /// decoupled weight decay `p −= p·decay` (`decay = wd·lr`; 0 for plain Adam).
+    fn decayed_rule(
         &self,
-        alpha: f32,
-        params: &mut [f32],
-        grads: &[f32],
-        state: &mut [&mut [f32]],
+        name: &str,
+        step: u64,
         grad_unscale: f32,
         decay: f32,
-    ) {
+    ) -> Result<impl Rule, KernelError> {
         let o = *self;
-        for_each_param(params, grads, state, |p, g, s| {
+        let alpha = self.alpha(name, step)?;
+        Ok(move |p: &mut f32, g: f32, s: &mut [f32; 3]| {
             let g = g * grad_unscale;
             // Decoupled weight decay first, as Keras's base optimizer applies it before
-            // update_step: p = p − p·wd·lr (decay = wd·lr; 0 for plain Adam).
+            // update_step: p = p − p·wd·lr.
             if decay != 0.0 {
                 *p -= *p * decay;
             }
             s[0] += (g - s[0]) * (1.0 - o.beta_1);
             s[1] += (g * g - s[1]) * (1.0 - o.beta_2);
             *p -= alpha * s[0] / (s[1].sqrt() + o.epsilon);
-        });
+        })
     }
 }
 
-impl Default for Adam {
-    fn default() -> Self {
-        Self::KERAS
-    }
-}
+impl ElementwiseUpdate for Adam {
+    const NAME: &'static str = "adam";
 
-impl Optimizer for Adam {
-    fn state_slots(&self) -> usize {
+    fn slots(&self) -> usize {
         2
     }
 
-    fn update(
-        &self,
-        step: u64,
-        params: &mut [f32],
-        grads: &[f32],
-        state: &mut [&mut [f32]],
-        grad_unscale: f32,
-    ) -> KResult {
-        check_args("adam", 2, params, grads, state)?;
-        let alpha = self.alpha("adam", step)?;
-        self.apply(alpha, params, grads, state, grad_unscale, 0.0);
-        Ok(())
+    fn rule(&self, step: u64, grad_unscale: f32) -> Result<impl Rule, KernelError> {
+        self.decayed_rule(Self::NAME, step, grad_unscale, 0.0)
     }
 }
 
@@ -412,31 +431,17 @@ impl AdamW {
     };
 }
 
-impl Default for AdamW {
-    fn default() -> Self {
-        Self::KERAS
-    }
-}
+impl ElementwiseUpdate for AdamW {
+    const NAME: &'static str = "adamw";
 
-impl Optimizer for AdamW {
-    fn state_slots(&self) -> usize {
-        2
+    fn slots(&self) -> usize {
+        self.adam.slots()
     }
 
-    fn update(
-        &self,
-        step: u64,
-        params: &mut [f32],
-        grads: &[f32],
-        state: &mut [&mut [f32]],
-        grad_unscale: f32,
-    ) -> KResult {
-        check_args("adamw", 2, params, grads, state)?;
-        let alpha = self.adam.alpha("adamw", step)?;
+    fn rule(&self, step: u64, grad_unscale: f32) -> Result<impl Rule, KernelError> {
         let decay = self.weight_decay * self.adam.learning_rate;
         self.adam
-            .apply(alpha, params, grads, state, grad_unscale, decay);
-        Ok(())
+            .decayed_rule(Self::NAME, step, grad_unscale, decay)
     }
 }
 

@@ -261,6 +261,28 @@ pub fn max_pool2d_backward<T: Element>(
 ) -> KResult {
     check_io("max_pool2d_backward", d, dx.len(), dy.len(), "dx", "dy")?;
     check_len("max_pool2d_backward: argmax", argmax.len(), d.out_len())?;
+    pool_backward(d, dx, |oh, ow, ih, iw, o, acc| {
+        let ki = ih + d.pad_top - oh * d.sh;
+        let kj = iw + d.pad_left - ow * d.sw;
+        let want = (ki * d.kw + kj) as u8;
+        for (k, a) in acc.iter_mut().enumerate() {
+            if argmax[o + k] == want {
+                *a += dy[o + k].to_f32();
+            }
+        }
+    });
+    Ok(())
+}
+
+/// The scatter both pooling backwards share: each `dx[b, ih, iw, c]` (overwritten) is the sum,
+/// over the output windows `(oh, ow)` covering input pixel `(ih, iw)`, of what
+/// `add(oh, ow, ih, iw, o, acc)` adds into `acc` — the f32 sums of up to [`CH_BLOCK`] channels
+/// from `c0`, `o` their offset in the output (`dy`, `argmax`).
+fn pool_backward<T: Element>(
+    d: &Pool2d,
+    dx: &mut [T],
+    add: impl Fn(usize, usize, usize, usize, usize, &mut [f32]) + Sync + Send,
+) {
     let (c, row) = (d.c, d.w * d.c);
     let cover = d.kh.div_ceil(d.sh).saturating_mul(d.kw.div_ceil(d.sw));
     let len = d.in_len();
@@ -274,25 +296,20 @@ pub fn max_pool2d_backward<T: Element>(
                 let cb = CH_BLOCK.min(c - c0);
                 let mut acc = [0f32; CH_BLOCK];
                 for oh in oh_lo..oh_hi {
-                    let ki = ih + d.pad_top - oh * d.sh;
                     for ow in ow_lo..ow_hi {
-                        let kj = iw + d.pad_left - ow * d.sw;
-                        let want = (ki * d.kw + kj) as u8;
                         let o = out_img + (oh * d.out_w + ow) * c + c0;
-                        for (k, a) in acc[..cb].iter_mut().enumerate() {
-                            if argmax[o + k] == want {
-                                *a += dy[o + k].to_f32();
-                            }
-                        }
+                        add(oh, ow, ih, iw, o, &mut acc[..cb]);
                     }
                 }
-                for (k, a) in acc[..cb].iter().enumerate() {
-                    dxr[iw * c + c0 + k] = T::from_f32(*a);
+                for (o, a) in dxr[iw * c + c0..iw * c + c0 + cb]
+                    .iter_mut()
+                    .zip(acc.iter())
+                {
+                    *o = T::from_f32(*a);
                 }
             }
         }
     });
-    Ok(())
 }
 
 /// Average pooling forward. With `Same` padding each window averages only its valid (non-pad)
@@ -332,36 +349,13 @@ pub fn avg_pool2d_forward<T: Element>(d: &Pool2d, x: &[T], y: &mut [T]) -> KResu
 /// where `count` is that window's number of valid elements. Reads only `dy`.
 pub fn avg_pool2d_backward<T: Element>(d: &Pool2d, dy: &[T], dx: &mut [T]) -> KResult {
     check_io("avg_pool2d_backward", d, dx.len(), dy.len(), "dx", "dy")?;
-    let (c, row) = (d.c, d.w * d.c);
-    let cover = d.kh.div_ceil(d.sh).saturating_mul(d.kw.div_ceil(d.sw));
-    let len = d.in_len();
-    rows(&mut dx[..len], row, row.saturating_mul(cover), |r, dxr| {
-        let (b, ih) = (r / d.h, r % d.h);
-        let (oh_lo, oh_hi) = d.covering_h(ih);
-        let out_img = b * d.out_h * d.out_w * c;
-        for iw in 0..d.w {
-            let (ow_lo, ow_hi) = d.covering_w(iw);
-            for c0 in (0..c).step_by(CH_BLOCK) {
-                let cb = CH_BLOCK.min(c - c0);
-                let mut acc = [0f32; CH_BLOCK];
-                for oh in oh_lo..oh_hi {
-                    let (_, ilo, ihi) = d.win_h(oh);
-                    for ow in ow_lo..ow_hi {
-                        let (_, jlo, jhi) = d.win_w(ow);
-                        let inv = 1.0 / ((ihi - ilo) * (jhi - jlo)) as f32;
-                        let o = out_img + (oh * d.out_w + ow) * c + c0;
-                        for (a, g) in acc.iter_mut().zip(&dy[o..o + cb]) {
-                            *a += g.to_f32() * inv;
-                        }
-                    }
-                }
-                for (o, a) in dxr[iw * c + c0..iw * c + c0 + cb]
-                    .iter_mut()
-                    .zip(acc.iter())
-                {
-                    *o = T::from_f32(*a);
-                }
-            }
+    pool_backward(d, dx, |oh, ow, _, _, o, acc| {
+        let (_, ilo, ihi) = d.win_h(oh);
+        let (_, jlo, jhi) = d.win_w(ow);
+        let inv = 1.0 / ((ihi - ilo) * (jhi - jlo)) as f32;
+        let cb = acc.len();
+        for (a, g) in acc.iter_mut().zip(&dy[o..o + cb]) {
+            *a += g.to_f32() * inv;
         }
     });
     Ok(())

@@ -40,7 +40,7 @@
 
 use rayon::prelude::*;
 
-use crate::elementwise::{same_len, GradWrite, PAR_CHUNK, PAR_MIN};
+use crate::elementwise::{same_len, zip3_chunks, zip_chunks, GradWrite, PAR_CHUNK, PAR_MIN};
 use crate::{Element, KResult, KernelError};
 
 /// Philox4x32 round multipliers.
@@ -335,35 +335,20 @@ fn dropout_fused<T: Element>(
 
 /// `dst = src · mask · scale`.
 fn apply_mask<T: Element>(src: &[T], mask: &[u8], dst: &mut [T], scale: f32) {
-    let body = |s: &[T], m: &[u8], d: &mut [T]| {
+    zip3_chunks(src, mask, dst, |s, m, d| {
         for ((o, v), &mi) in d.iter_mut().zip(s).zip(m) {
             *o = T::from_f32(if mi != 0 { v.to_f32() * scale } else { 0.0 });
         }
-    };
-    if dst.len() >= PAR_MIN {
-        dst.par_chunks_mut(PAR_CHUNK)
-            .zip(src.par_chunks(PAR_CHUNK))
-            .zip(mask.par_chunks(PAR_CHUNK))
-            .for_each(|((d, s), m)| body(s, m, d));
-    } else {
-        body(src, mask, dst);
-    }
+    });
 }
 
 /// `v = v · mask · scale`.
 fn apply_mask_inplace<T: Element>(mask: &[u8], v: &mut [T], scale: f32) {
-    let body = |m: &[u8], v: &mut [T]| {
+    zip_chunks(mask, v, |m, v| {
         for (o, &mi) in v.iter_mut().zip(m) {
             *o = T::from_f32(if mi != 0 { o.to_f32() * scale } else { 0.0 });
         }
-    };
-    if v.len() >= PAR_MIN {
-        v.par_chunks_mut(PAR_CHUNK)
-            .zip(mask.par_chunks(PAR_CHUNK))
-            .for_each(|(v, m)| body(m, v));
-    } else {
-        body(mask, v);
-    }
+    });
 }
 
 // ---------------------------------------------------------------------------------------------

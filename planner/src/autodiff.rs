@@ -278,12 +278,7 @@ fn saved_for_backward(op: &GOp, param_grads: bool, same_dtype: bool) -> Result<S
         }
         Op::BatchNormInference { .. }
         | Op::Accumulate { .. }
-        | Op::SoftmaxCrossEntropy { .. }
-        | Op::SoftmaxCrossEntropyFromLogits { .. }
-        | Op::SigmoidBinaryCrossentropy { .. }
-        | Op::BinaryCrossentropyFromLogits { .. }
-        | Op::BinaryCrossentropy { .. }
-        | Op::MeanSquaredError { .. }
+        | crate::loss_ops!()
         | Op::KlNormal { .. }
         | Op::CheckFinite
         | Op::Update => {

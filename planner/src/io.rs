@@ -69,6 +69,22 @@ impl Lists<'_> {
         Ok((&w[..n], w[n], w[n + 1]))
     }
 
+    /// `reads` as exactly `N` ids.
+    fn read_ids<const N: usize>(&self) -> Result<[TensorId; N], IoError> {
+        let r = self.reads(N)?;
+        Ok(r.try_into().expect("reads() checked the length"))
+    }
+
+    /// `writes` as exactly `N` ids, then its workspace and scratch slots.
+    fn write_ids<const N: usize>(&self) -> Result<([TensorId; N], TensorId, TensorId), IoError> {
+        let (w, ws, scratch) = self.writes(N)?;
+        Ok((
+            w.try_into().expect("writes() checked the length"),
+            ws,
+            scratch,
+        ))
+    }
+
     /// Parameter `k`, or `NONE` past the list's end.
     fn param(&self, k: usize) -> ParamId {
         self.step.params.get(k).copied().unwrap_or(NONE)
@@ -85,138 +101,154 @@ impl Lists<'_> {
     }
 }
 
-/// One input, one output: casts, pools, inference batch norm, activations (forward).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct UnaryForward {
-    pub x: TensorId,
-    pub y: TensorId,
-    pub ws: TensorId,
-    pub scratch: TensorId,
+/// Declares an I/O struct: `$ty` with the given fields, then the two slots every step's
+/// `writes` end with.
+macro_rules! io_struct {
+    ($(#[$doc:meta])* $ty:ident { $($(#[$fdoc:meta])* $f:ident: $fty:ty,)* }) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub struct $ty {
+            $($(#[$fdoc])* pub $f: $fty,)*
+            /// The op's workspace ([`crate::Op::workspace_elems`]), or NONE.
+            pub ws: TensorId,
+            /// The op's f32 scratch ([`crate::Op::scratch_f32_elems`]), or NONE.
+            pub scratch: TensorId,
+        }
+    };
 }
 
-/// The backward of an op whose gradient needs only `dy`: casts, average pools.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct UnaryBackward {
-    pub dy: TensorId,
-    pub dx: TensorId,
-    pub ws: TensorId,
-    pub scratch: TensorId,
+/// Declares the I/O structs whose lists have a fixed shape, each from its positional
+/// contract, and their `of`: the fields `reads` and `writes` hold, in list order (`writes`
+/// before its two trailing slots), and the parameters by list index, required (`need`) or
+/// `NONE` when absent (`opt`). Wrong lists get the errors of [`Lists`].
+macro_rules! positional_io {
+    ($(
+        $(#[$doc:meta])*
+        $ty:ident: reads [$($(#[$rdoc:meta])* $r:ident),* $(,)?],
+            writes [$($(#[$wdoc:meta])* $w:ident),* $(,)?]
+            $(, params [$($(#[$pdoc:meta])* $p:ident = $kind:ident($k:literal)),* $(,)?])?;
+    )*) => {$(
+        io_struct! {
+            $(#[$doc])*
+            $ty {
+                $($(#[$rdoc])* $r: TensorId,)*
+                $($(#[$wdoc])* $w: TensorId,)*
+                $($($(#[$pdoc])* $p: ParamId,)*)?
+            }
+        }
+
+        impl $ty {
+            /// Decodes `step`'s lists by the contract above.
+            pub fn of(step: &PlanStep) -> Result<Self, IoError> {
+                let l = Lists { step };
+                let [$($r),*] = l.read_ids()?;
+                let ([$($w),*], ws, scratch) = l.write_ids()?;
+                Ok($ty {
+                    $($r,)*
+                    $($w,)*
+                    $($($p: positional_io!(@param l, $kind, $k),)*)?
+                    ws,
+                    scratch,
+                })
+            }
+        }
+    )*};
+    (@param $l:ident, need, $k:literal) => {
+        $l.need_param($k)?
+    };
+    (@param $l:ident, opt, $k:literal) => {
+        $l.param($k)
+    };
 }
 
-/// Dense, conv2d, depthwise and transposed conv: `y = x ⊛ weight + bias`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LinearForward {
-    pub x: TensorId,
-    pub y: TensorId,
-    pub weight: ParamId,
-    /// Or NONE without bias.
-    pub bias: ParamId,
-    /// The im2col / col2im columns, or NONE.
-    pub ws: TensorId,
-    /// The f32 panels of a 16-bit GEMM, or NONE.
-    pub scratch: TensorId,
+positional_io! {
+    /// One input, one output: casts, pools, inference batch norm, activations (forward).
+    UnaryForward: reads [x], writes [y];
+    /// The backward of an op whose gradient needs only `dy`: casts, average pools.
+    UnaryBackward: reads [dy], writes [dx];
+    /// Dense, conv2d, depthwise and transposed conv: `y = x ⊛ weight + bias`. `ws` holds the
+    /// im2col / col2im columns, `scratch` the f32 panels of a 16-bit GEMM.
+    LinearForward: reads [x], writes [y], params [
+        weight = need(0),
+        /// Or NONE without bias.
+        bias = opt(1),
+    ];
+    /// Max pooling keeps the window's arg-max (u8) for its backward.
+    MaxPoolForward: reads [x], writes [y, argmax];
+    /// One saved tensor and `dy` → `dx`: max pool (arg-max), dropout (mask), activations (their
+    /// output or input, per [`crate::Activation::backward_reads_output`]).
+    SavedBackward: reads [saved, dy], writes [dx];
+    /// Training-mode batch norm: normalised input and per-channel statistics for backward; the
+    /// running statistics (persistent) move in the forward phase only.
+    BatchNormForward: reads [x], writes [y, x_hat, mean, inv_std],
+        params [gamma = need(0), beta = need(1), running_mean = need(2), running_var = need(3)];
+    /// Batch norm (training) or layer norm backward: `x̂`, `1/σ` and `dy` → `dx`, `dγ`, `dβ`.
+    NormBackward: reads [x_hat, inv_std, dy], writes [dx],
+        params [gamma = need(0), beta = need(1)];
+    /// Inference-mode batch norm from the running statistics.
+    BatchNormInferenceForward: reads [x], writes [y],
+        params [gamma = need(0), beta = need(1), running_mean = need(2), running_var = need(3)];
+    /// Layer norm: normalised input and per-row `1/σ` for backward.
+    LayerNormForward: reads [x], writes [y, x_hat, rstd],
+        params [gamma = need(0), beta = need(1)];
+    /// Dropout keeps its u8 mask (and recompute regenerates it from the counter-based RNG).
+    DropoutForward: reads [x], writes [y, mask];
+    /// Concatenation of two inputs along the last axis.
+    ConcatForward: reads [a, b], writes [y];
+    /// [`ConcatForward`]'s backward: `dy` split into the two inputs' gradients.
+    ConcatBackward: reads [dy], writes [
+        /// Or NONE.
+        da,
+        /// Or NONE.
+        db,
+    ];
+    /// Rows of the table gathered by token id.
+    EmbeddingForward: reads [ids], writes [y], params [table = need(0)];
+    /// The table's gradient scattered from `dy` (ids take no gradient: no `dx`).
+    EmbeddingBackward: reads [ids, dy], writes [], params [table = need(0)];
+    /// The VAE's sampling `z = mean + exp(log_var / 2)·ε`.
+    SampleNormalForward: reads [mean, log_var], writes [z];
+    /// [`SampleNormalForward`]'s backward (ε regenerated from the RNG).
+    SampleNormalBackward: reads [log_var, dz], writes [
+        /// Or NONE.
+        dmean,
+        /// Or NONE.
+        dlog_var,
+    ];
+    /// Gradient accumulation `g = a + b` (backward phase).
+    AccumulateIo: reads [a, b], writes [g];
+    /// A loss on a prediction and a target (labels, targets): its value and the gradient it
+    /// starts (of the prediction, or of the fused softmax's or sigmoid's input). `ws` holds the
+    /// softmax probabilities of a from-logits loss.
+    LossIo: reads [prediction, target], writes [
+        value,
+        /// Or NONE in an inference plan.
+        grad,
+    ];
+    /// The VAE's KL divergence: value and both inputs' gradients.
+    KlIo: reads [mean, log_var], writes [
+        value,
+        /// Or NONE.
+        dmean,
+        /// Or NONE.
+        dlog_var,
+    ];
 }
 
-/// The backward of [`LinearForward`]: the weight gradient reads the saved `x`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LinearBackward {
-    /// Or NONE when no parameter of the layer is trained (then only `dx` is computed).
-    pub x: TensorId,
-    pub dy: TensorId,
-    /// Or NONE when the input takes no gradient.
-    pub dx: TensorId,
-    pub weight: ParamId,
-    /// Or NONE without bias.
-    pub bias: ParamId,
-    pub ws: TensorId,
-    pub scratch: TensorId,
-}
+// The structs whose lists vary in shape, decoded by hand below.
 
-/// Max pooling keeps the window's arg-max (u8) for its backward.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MaxPoolForward {
-    pub x: TensorId,
-    pub y: TensorId,
-    pub argmax: TensorId,
-    pub ws: TensorId,
-    pub scratch: TensorId,
-}
-
-/// One saved tensor and `dy` → `dx`: max pool (arg-max), dropout (mask), activations (their
-/// output or input, per [`crate::Activation::backward_reads_output`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SavedBackward {
-    pub saved: TensorId,
-    pub dy: TensorId,
-    pub dx: TensorId,
-    pub ws: TensorId,
-    pub scratch: TensorId,
-}
-
-/// Training-mode batch norm: normalised input and per-channel statistics for backward; the
-/// running statistics (persistent) move in the forward phase only.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BatchNormForward {
-    pub x: TensorId,
-    pub y: TensorId,
-    pub x_hat: TensorId,
-    pub mean: TensorId,
-    pub inv_std: TensorId,
-    pub gamma: ParamId,
-    pub beta: ParamId,
-    pub running_mean: ParamId,
-    pub running_var: ParamId,
-    pub ws: TensorId,
-    pub scratch: TensorId,
-}
-
-/// Batch norm (training) or layer norm backward: `x̂`, `1/σ` and `dy` → `dx`, `dγ`, `dβ`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NormBackward {
-    pub x_hat: TensorId,
-    pub inv_std: TensorId,
-    pub dy: TensorId,
-    pub dx: TensorId,
-    pub gamma: ParamId,
-    pub beta: ParamId,
-    pub ws: TensorId,
-    pub scratch: TensorId,
-}
-
-/// Inference-mode batch norm from the running statistics.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BatchNormInferenceForward {
-    pub x: TensorId,
-    pub y: TensorId,
-    pub gamma: ParamId,
-    pub beta: ParamId,
-    pub running_mean: ParamId,
-    pub running_var: ParamId,
-    pub ws: TensorId,
-    pub scratch: TensorId,
-}
-
-/// Layer norm: normalised input and per-row `1/σ` for backward.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LayerNormForward {
-    pub x: TensorId,
-    pub y: TensorId,
-    pub x_hat: TensorId,
-    pub rstd: TensorId,
-    pub gamma: ParamId,
-    pub beta: ParamId,
-    pub ws: TensorId,
-    pub scratch: TensorId,
-}
-
-/// Dropout keeps its u8 mask (and recompute regenerates it from the counter-based RNG).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DropoutForward {
-    pub x: TensorId,
-    pub y: TensorId,
-    pub mask: TensorId,
-    pub ws: TensorId,
-    pub scratch: TensorId,
+io_struct! {
+    /// The backward of [`LinearForward`]: the weight gradient reads the saved `x`.
+    LinearBackward {
+        /// Or NONE when no parameter of the layer is trained (then only `dx` is computed).
+        x: TensorId,
+        dy: TensorId,
+        /// Or NONE when the input takes no gradient.
+        dx: TensorId,
+        weight: ParamId,
+        /// Or NONE without bias.
+        bias: ParamId,
+    }
 }
 
 /// A sum of `xs` (two or more).
@@ -228,137 +260,29 @@ pub struct AddForward {
     pub scratch: TensorId,
 }
 
-/// Concatenation of two inputs along the last axis.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ConcatForward {
-    pub a: TensorId,
-    pub b: TensorId,
-    pub y: TensorId,
-    pub ws: TensorId,
-    pub scratch: TensorId,
+io_struct! {
+    /// Scaled dot-product attention over a packed `qkv`: probabilities, with dropout its mask
+    /// and the dropped probabilities (both NONE without dropout), and the context.
+    AttentionForward {
+        qkv: TensorId,
+        probs: TensorId,
+        mask: TensorId,
+        probs_dropped: TensorId,
+        ctx: TensorId,
+    }
 }
 
-/// [`ConcatForward`]'s backward: `dy` split into the two inputs' gradients.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ConcatBackward {
-    pub dy: TensorId,
-    /// Or NONE.
-    pub da: TensorId,
-    /// Or NONE.
-    pub db: TensorId,
-    pub ws: TensorId,
-    pub scratch: TensorId,
-}
-
-/// Rows of the table gathered by token id.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EmbeddingForward {
-    pub ids: TensorId,
-    pub y: TensorId,
-    pub table: ParamId,
-    pub ws: TensorId,
-    pub scratch: TensorId,
-}
-
-/// The table's gradient scattered from `dy` (ids take no gradient: no `dx`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EmbeddingBackward {
-    pub ids: TensorId,
-    pub dy: TensorId,
-    pub table: ParamId,
-    pub ws: TensorId,
-    pub scratch: TensorId,
-}
-
-/// Scaled dot-product attention over a packed `qkv`: probabilities, with dropout its mask and
-/// the dropped probabilities, and the context.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AttentionForward {
-    pub qkv: TensorId,
-    pub probs: TensorId,
-    /// Or NONE without dropout.
-    pub mask: TensorId,
-    /// Or NONE without dropout.
-    pub probs_dropped: TensorId,
-    pub ctx: TensorId,
-    pub ws: TensorId,
-    pub scratch: TensorId,
-}
-
-/// [`AttentionForward`]'s backward; `ws` holds the `[batch, heads, seq, seq]` score gradients.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AttentionBackward {
-    pub qkv: TensorId,
-    pub probs: TensorId,
-    /// Or NONE without dropout.
-    pub mask: TensorId,
-    /// Or NONE without dropout.
-    pub probs_dropped: TensorId,
-    pub dctx: TensorId,
-    pub dqkv: TensorId,
-    pub ws: TensorId,
-    pub scratch: TensorId,
-}
-
-/// The VAE's sampling `z = mean + exp(log_var / 2)·ε`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SampleNormalForward {
-    pub mean: TensorId,
-    pub log_var: TensorId,
-    pub z: TensorId,
-    pub ws: TensorId,
-    pub scratch: TensorId,
-}
-
-/// [`SampleNormalForward`]'s backward (ε regenerated from the RNG).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SampleNormalBackward {
-    pub log_var: TensorId,
-    pub dz: TensorId,
-    /// Or NONE.
-    pub dmean: TensorId,
-    /// Or NONE.
-    pub dlog_var: TensorId,
-    pub ws: TensorId,
-    pub scratch: TensorId,
-}
-
-/// Gradient accumulation `g = a + b` (backward phase).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AccumulateIo {
-    pub a: TensorId,
-    pub b: TensorId,
-    pub g: TensorId,
-    pub ws: TensorId,
-    pub scratch: TensorId,
-}
-
-/// A loss on a prediction and a target (labels, targets): its value and the gradient it
-/// starts (of the prediction, or of the fused softmax's or sigmoid's input).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LossIo {
-    pub prediction: TensorId,
-    pub target: TensorId,
-    pub value: TensorId,
-    /// Or NONE in an inference plan.
-    pub grad: TensorId,
-    /// The softmax probabilities of a from-logits loss, or NONE.
-    pub ws: TensorId,
-    pub scratch: TensorId,
-}
-
-/// The VAE's KL divergence: value and both inputs' gradients.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KlIo {
-    pub mean: TensorId,
-    pub log_var: TensorId,
-    pub value: TensorId,
-    /// Or NONE.
-    pub dmean: TensorId,
-    /// Or NONE.
-    pub dlog_var: TensorId,
-    pub ws: TensorId,
-    pub scratch: TensorId,
+io_struct! {
+    /// [`AttentionForward`]'s backward (`mask` and `probs_dropped` NONE without dropout); `ws`
+    /// holds the `[batch, heads, seq, seq]` score gradients.
+    AttentionBackward {
+        qkv: TensorId,
+        probs: TensorId,
+        mask: TensorId,
+        probs_dropped: TensorId,
+        dctx: TensorId,
+        dqkv: TensorId,
+    }
 }
 
 /// A decoded step: its op's tensors and parameters by name.
@@ -391,50 +315,6 @@ pub enum StepIo {
     None,
 }
 
-impl UnaryForward {
-    pub fn of(step: &PlanStep) -> Result<Self, IoError> {
-        let l = Lists { step };
-        let r = l.reads(1)?;
-        let (w, ws, scratch) = l.writes(1)?;
-        Ok(UnaryForward {
-            x: r[0],
-            y: w[0],
-            ws,
-            scratch,
-        })
-    }
-}
-
-impl UnaryBackward {
-    pub fn of(step: &PlanStep) -> Result<Self, IoError> {
-        let l = Lists { step };
-        let r = l.reads(1)?;
-        let (w, ws, scratch) = l.writes(1)?;
-        Ok(UnaryBackward {
-            dy: r[0],
-            dx: w[0],
-            ws,
-            scratch,
-        })
-    }
-}
-
-impl LinearForward {
-    pub fn of(step: &PlanStep) -> Result<Self, IoError> {
-        let l = Lists { step };
-        let r = l.reads(1)?;
-        let (w, ws, scratch) = l.writes(1)?;
-        Ok(LinearForward {
-            x: r[0],
-            y: w[0],
-            weight: l.need_param(0)?,
-            bias: l.param(1),
-            ws,
-            scratch,
-        })
-    }
-}
-
 impl LinearBackward {
     /// Reads `[x, dy]`, or `[dy]` when nothing of the layer is trained.
     pub fn of(step: &PlanStep) -> Result<Self, IoError> {
@@ -457,126 +337,6 @@ impl LinearBackward {
     }
 }
 
-impl MaxPoolForward {
-    pub fn of(step: &PlanStep) -> Result<Self, IoError> {
-        let l = Lists { step };
-        let r = l.reads(1)?;
-        let (w, ws, scratch) = l.writes(2)?;
-        Ok(MaxPoolForward {
-            x: r[0],
-            y: w[0],
-            argmax: w[1],
-            ws,
-            scratch,
-        })
-    }
-}
-
-impl SavedBackward {
-    pub fn of(step: &PlanStep) -> Result<Self, IoError> {
-        let l = Lists { step };
-        let r = l.reads(2)?;
-        let (w, ws, scratch) = l.writes(1)?;
-        Ok(SavedBackward {
-            saved: r[0],
-            dy: r[1],
-            dx: w[0],
-            ws,
-            scratch,
-        })
-    }
-}
-
-impl BatchNormForward {
-    pub fn of(step: &PlanStep) -> Result<Self, IoError> {
-        let l = Lists { step };
-        let r = l.reads(1)?;
-        let (w, ws, scratch) = l.writes(4)?;
-        Ok(BatchNormForward {
-            x: r[0],
-            y: w[0],
-            x_hat: w[1],
-            mean: w[2],
-            inv_std: w[3],
-            gamma: l.need_param(0)?,
-            beta: l.need_param(1)?,
-            running_mean: l.need_param(2)?,
-            running_var: l.need_param(3)?,
-            ws,
-            scratch,
-        })
-    }
-}
-
-impl BatchNormInferenceForward {
-    pub fn of(step: &PlanStep) -> Result<Self, IoError> {
-        let l = Lists { step };
-        let r = l.reads(1)?;
-        let (w, ws, scratch) = l.writes(1)?;
-        Ok(BatchNormInferenceForward {
-            x: r[0],
-            y: w[0],
-            gamma: l.need_param(0)?,
-            beta: l.need_param(1)?,
-            running_mean: l.need_param(2)?,
-            running_var: l.need_param(3)?,
-            ws,
-            scratch,
-        })
-    }
-}
-
-impl LayerNormForward {
-    pub fn of(step: &PlanStep) -> Result<Self, IoError> {
-        let l = Lists { step };
-        let r = l.reads(1)?;
-        let (w, ws, scratch) = l.writes(3)?;
-        Ok(LayerNormForward {
-            x: r[0],
-            y: w[0],
-            x_hat: w[1],
-            rstd: w[2],
-            gamma: l.need_param(0)?,
-            beta: l.need_param(1)?,
-            ws,
-            scratch,
-        })
-    }
-}
-
-impl NormBackward {
-    pub fn of(step: &PlanStep) -> Result<Self, IoError> {
-        let l = Lists { step };
-        let r = l.reads(3)?;
-        let (w, ws, scratch) = l.writes(1)?;
-        Ok(NormBackward {
-            x_hat: r[0],
-            inv_std: r[1],
-            dy: r[2],
-            dx: w[0],
-            gamma: l.need_param(0)?,
-            beta: l.need_param(1)?,
-            ws,
-            scratch,
-        })
-    }
-}
-
-impl DropoutForward {
-    pub fn of(step: &PlanStep) -> Result<Self, IoError> {
-        let l = Lists { step };
-        let r = l.reads(1)?;
-        let (w, ws, scratch) = l.writes(2)?;
-        Ok(DropoutForward {
-            x: r[0],
-            y: w[0],
-            mask: w[1],
-            ws,
-            scratch,
-        })
-    }
-}
-
 impl AddForward {
     pub fn of(step: &PlanStep) -> Result<Self, IoError> {
         let l = Lists { step };
@@ -587,66 +347,6 @@ impl AddForward {
         Ok(AddForward {
             xs: step.reads.to_vec(),
             y: w[0],
-            ws,
-            scratch,
-        })
-    }
-}
-
-impl ConcatForward {
-    pub fn of(step: &PlanStep) -> Result<Self, IoError> {
-        let l = Lists { step };
-        let r = l.reads(2)?;
-        let (w, ws, scratch) = l.writes(1)?;
-        Ok(ConcatForward {
-            a: r[0],
-            b: r[1],
-            y: w[0],
-            ws,
-            scratch,
-        })
-    }
-}
-
-impl ConcatBackward {
-    pub fn of(step: &PlanStep) -> Result<Self, IoError> {
-        let l = Lists { step };
-        let r = l.reads(1)?;
-        let (w, ws, scratch) = l.writes(2)?;
-        Ok(ConcatBackward {
-            dy: r[0],
-            da: w[0],
-            db: w[1],
-            ws,
-            scratch,
-        })
-    }
-}
-
-impl EmbeddingForward {
-    pub fn of(step: &PlanStep) -> Result<Self, IoError> {
-        let l = Lists { step };
-        let r = l.reads(1)?;
-        let (w, ws, scratch) = l.writes(1)?;
-        Ok(EmbeddingForward {
-            ids: r[0],
-            y: w[0],
-            table: l.need_param(0)?,
-            ws,
-            scratch,
-        })
-    }
-}
-
-impl EmbeddingBackward {
-    pub fn of(step: &PlanStep) -> Result<Self, IoError> {
-        let l = Lists { step };
-        let r = l.reads(2)?;
-        let (_, ws, scratch) = l.writes(0)?;
-        Ok(EmbeddingBackward {
-            ids: r[0],
-            dy: r[1],
-            table: l.need_param(0)?,
             ws,
             scratch,
         })
@@ -701,83 +401,19 @@ impl AttentionBackward {
     }
 }
 
-impl SampleNormalForward {
-    pub fn of(step: &PlanStep) -> Result<Self, IoError> {
-        let l = Lists { step };
-        let r = l.reads(2)?;
-        let (w, ws, scratch) = l.writes(1)?;
-        Ok(SampleNormalForward {
-            mean: r[0],
-            log_var: r[1],
-            z: w[0],
-            ws,
-            scratch,
-        })
-    }
-}
-
-impl SampleNormalBackward {
-    pub fn of(step: &PlanStep) -> Result<Self, IoError> {
-        let l = Lists { step };
-        let r = l.reads(2)?;
-        let (w, ws, scratch) = l.writes(2)?;
-        Ok(SampleNormalBackward {
-            log_var: r[0],
-            dz: r[1],
-            dmean: w[0],
-            dlog_var: w[1],
-            ws,
-            scratch,
-        })
-    }
-}
-
-impl AccumulateIo {
-    pub fn of(step: &PlanStep) -> Result<Self, IoError> {
-        let l = Lists { step };
-        let r = l.reads(2)?;
-        let (w, ws, scratch) = l.writes(1)?;
-        Ok(AccumulateIo {
-            a: r[0],
-            b: r[1],
-            g: w[0],
-            ws,
-            scratch,
-        })
-    }
-}
-
-impl LossIo {
-    pub fn of(step: &PlanStep) -> Result<Self, IoError> {
-        let l = Lists { step };
-        let r = l.reads(2)?;
-        let (w, ws, scratch) = l.writes(2)?;
-        Ok(LossIo {
-            prediction: r[0],
-            target: r[1],
-            value: w[0],
-            grad: w[1],
-            ws,
-            scratch,
-        })
-    }
-}
-
-impl KlIo {
-    pub fn of(step: &PlanStep) -> Result<Self, IoError> {
-        let l = Lists { step };
-        let r = l.reads(2)?;
-        let (w, ws, scratch) = l.writes(3)?;
-        Ok(KlIo {
-            mean: r[0],
-            log_var: r[1],
-            value: w[0],
-            dmean: w[1],
-            dlog_var: w[2],
-            ws,
-            scratch,
-        })
-    }
+/// The pattern of every loss of a prediction and a target — the ops whose loss steps decode
+/// as [`LossIo`] — for the matches over [`Op`] that treat them alike (a new loss is added here
+/// once; the matches stay exhaustive).
+#[macro_export]
+macro_rules! loss_ops {
+    () => {
+        $crate::Op::SoftmaxCrossEntropy { .. }
+            | $crate::Op::SoftmaxCrossEntropyFromLogits { .. }
+            | $crate::Op::SigmoidBinaryCrossentropy { .. }
+            | $crate::Op::BinaryCrossentropyFromLogits { .. }
+            | $crate::Op::BinaryCrossentropy { .. }
+            | $crate::Op::MeanSquaredError { .. }
+    };
 }
 
 impl StepIo {
@@ -810,15 +446,14 @@ impl StepIo {
                 | Op::Conv2d { .. }
                 | Op::DepthwiseConv2d { .. }
                 | Op::Conv2dTranspose { .. },
-                false,
-            ) => StepIo::Linear(LinearForward::of(step)?),
-            (
-                Op::Dense { .. }
-                | Op::Conv2d { .. }
-                | Op::DepthwiseConv2d { .. }
-                | Op::Conv2dTranspose { .. },
-                true,
-            ) => StepIo::LinearBackward(LinearBackward::of(step)?),
+                backward,
+            ) => {
+                if backward {
+                    StepIo::LinearBackward(LinearBackward::of(step)?)
+                } else {
+                    StepIo::Linear(LinearForward::of(step)?)
+                }
+            }
             (Op::MaxPool2d { .. }, false) => StepIo::MaxPool(MaxPoolForward::of(step)?),
             (Op::MaxPool2d { .. } | Op::Dropout { .. } | Op::Activation { .. }, true) => {
                 StepIo::SavedBackward(SavedBackward::of(step)?)
@@ -846,27 +481,14 @@ impl StepIo {
                 StepIo::SampleNormalBackward(SampleNormalBackward::of(step)?)
             }
             (Op::Accumulate { .. }, true) => StepIo::Accumulate(AccumulateIo::of(step)?),
-            (
-                Op::SoftmaxCrossEntropy { .. }
-                | Op::SoftmaxCrossEntropyFromLogits { .. }
-                | Op::SigmoidBinaryCrossentropy { .. }
-                | Op::BinaryCrossentropyFromLogits { .. }
-                | Op::BinaryCrossentropy { .. }
-                | Op::MeanSquaredError { .. },
-                false,
-            ) => StepIo::Loss(LossIo::of(step)?),
+            (loss_ops!(), false) => StepIo::Loss(LossIo::of(step)?),
             (Op::KlNormal { .. }, false) => StepIo::Kl(KlIo::of(step)?),
             (
                 Op::InputCast { .. }
                 | Op::BatchNormInference { .. }
                 | Op::Add { .. }
                 | Op::Accumulate { .. }
-                | Op::SoftmaxCrossEntropy { .. }
-                | Op::SoftmaxCrossEntropyFromLogits { .. }
-                | Op::SigmoidBinaryCrossentropy { .. }
-                | Op::BinaryCrossentropyFromLogits { .. }
-                | Op::BinaryCrossentropy { .. }
-                | Op::MeanSquaredError { .. }
+                | loss_ops!()
                 | Op::KlNormal { .. },
                 _,
             ) => return none(),

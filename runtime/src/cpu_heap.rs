@@ -5,7 +5,7 @@
 use memwise_kernels as k;
 use memwise_plan::{DType, Op, Phase, PlanStep, StaticPlan, NONE};
 
-use crate::executor::{attention_dims, conv_dims, convt_dims};
+use crate::executor::{attention_dims, conv_dims, convt_dims, match_float};
 use crate::memory::LARGE_BLOCK_BYTES;
 
 /// The most heap the GEMM library holds live at once while `plan`'s steps run on the CPU: the
@@ -49,21 +49,7 @@ pub fn gemm_library_resident_bytes<'a>(plans: impl IntoIterator<Item = &'a Stati
 /// Runs `$body` with `$T` the element type of float dtype `$dt` (0 for other dtypes).
 macro_rules! per_float {
     ($dt:expr, $T:ident, $body:expr) => {
-        match $dt {
-            DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            DType::F16 => {
-                type $T = half::f16;
-                $body
-            }
-            DType::BF16 => {
-                type $T = half::bf16;
-                $body
-            }
-            DType::U8 | DType::I32 => 0,
-        }
+        match_float!($dt, $T, $body, DType::U8 | DType::I32 => 0)
     };
 }
 

@@ -112,6 +112,30 @@ impl Stored for i32 {
     const DTYPE: DType = DType::I32;
 }
 
+/// Runs `$body` with `$T` bound to the element type of float dtype `$dt` (the [`Stored`] type
+/// of that dtype), and `$else` for the other dtypes (`$other` bound to the dtype): the one
+/// dispatch from a plan's float dtype to a kernel's type parameter.
+macro_rules! match_float {
+    ($dt:expr, $T:ident, $body:expr, $other:pat => $else:expr) => {
+        match $dt {
+            ::memwise_plan::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            ::memwise_plan::DType::F16 => {
+                type $T = ::half::f16;
+                $body
+            }
+            ::memwise_plan::DType::BF16 => {
+                type $T = ::half::bf16;
+                $body
+            }
+            $other => $else,
+        }
+    };
+}
+pub(crate) use match_float;
+
 pub(crate) fn conv_padding(p: Padding) -> k::conv::Padding {
     match p {
         Padding::Same => k::conv::Padding::Same,
@@ -119,34 +143,32 @@ pub(crate) fn conv_padding(p: Padding) -> k::conv::Padding {
     }
 }
 
+/// The kernels' dims struct `$ty` of a window op whose fields are [`Window2d`]'s, one to one
+/// (conv2d and conv2d_transpose).
+macro_rules! window_dims {
+    ($ty:path, $d:expr) => {{
+        let d: &Window2d = $d;
+        $ty {
+            n: d.n,
+            h: d.h,
+            w: d.w,
+            c_in: d.c_in,
+            c_out: d.c_out,
+            kh: d.kh,
+            kw: d.kw,
+            sh: d.sh,
+            sw: d.sw,
+            padding: conv_padding(d.padding),
+        }
+    }};
+}
+
 pub(crate) fn conv_dims(d: &Window2d) -> k::conv::Conv2dDims {
-    k::conv::Conv2dDims {
-        n: d.n,
-        h: d.h,
-        w: d.w,
-        c_in: d.c_in,
-        c_out: d.c_out,
-        kh: d.kh,
-        kw: d.kw,
-        sh: d.sh,
-        sw: d.sw,
-        padding: conv_padding(d.padding),
-    }
+    window_dims!(k::conv::Conv2dDims, d)
 }
 
 pub(crate) fn convt_dims(d: &Window2d) -> k::conv::ConvTranspose2dDims {
-    k::conv::ConvTranspose2dDims {
-        n: d.n,
-        h: d.h,
-        w: d.w,
-        c_in: d.c_in,
-        c_out: d.c_out,
-        kh: d.kh,
-        kw: d.kw,
-        sh: d.sh,
-        sw: d.sw,
-        padding: conv_padding(d.padding),
-    }
+    window_dims!(k::conv::ConvTranspose2dDims, d)
 }
 
 pub(crate) fn dw_dims(d: &Window2d) -> k::conv::DepthwiseConv2dDims {

@@ -68,13 +68,8 @@ impl Region {
     /// The caller guarantees no live `&mut` view overlaps this one. The bounds and the
     /// alignment are checked here (an `Err`, never out-of-bounds memory).
     pub unsafe fn view<T>(&self, offset: u64, elems: usize) -> Result<&[T], RuntimeError> {
-        let p = self.checked(
-            offset,
-            elems,
-            std::mem::size_of::<T>(),
-            std::mem::align_of::<T>(),
-        )?;
-        Ok(std::slice::from_raw_parts(p as *const T, elems))
+        let p = self.checked::<T>(offset, elems)?;
+        Ok(std::slice::from_raw_parts(p, elems))
     }
 
     /// A mutable typed view of `elems` elements at byte `offset`.
@@ -83,27 +78,19 @@ impl Region {
     /// The caller guarantees no other live view overlaps this one.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn view_mut<T>(&self, offset: u64, elems: usize) -> Result<&mut [T], RuntimeError> {
-        let p = self.checked(
-            offset,
-            elems,
-            std::mem::size_of::<T>(),
-            std::mem::align_of::<T>(),
-        )?;
-        Ok(std::slice::from_raw_parts_mut(p as *mut T, elems))
+        let p = self.checked::<T>(offset, elems)?;
+        Ok(std::slice::from_raw_parts_mut(p, elems))
     }
 
-    fn checked(
-        &self,
-        offset: u64,
-        elems: usize,
-        size: usize,
-        align: usize,
-    ) -> Result<*mut u8, RuntimeError> {
+    /// The address of `elems` elements of `T` at byte `offset`, refused unless they lie inside
+    /// the region at an offset aligned for `T`.
+    fn checked<T>(&self, offset: u64, elems: usize) -> Result<*mut T, RuntimeError> {
+        let (size, align) = (std::mem::size_of::<T>(), std::mem::align_of::<T>());
         let end = (offset as usize).checked_add(elems.saturating_mul(size));
         match end {
             Some(end) if end <= self.len && (offset as usize).is_multiple_of(align) => {
                 // SAFETY: offset < len (or elems == 0 and offset <= len).
-                Ok(unsafe { self.ptr.as_ptr().add(offset as usize) })
+                Ok(unsafe { self.ptr.as_ptr().add(offset as usize) }.cast::<T>())
             }
             _ => Err(RuntimeError::Memory(format!(
                 "view of {elems}×{size} bytes at offset {offset} is outside the {}-byte region",

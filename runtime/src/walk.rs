@@ -453,12 +453,7 @@ fn forward<K: Kernels>(
             key(seed, l, step),
         ),
         Op::Accumulate { .. }
-        | Op::SoftmaxCrossEntropy { .. }
-        | Op::SoftmaxCrossEntropyFromLogits { .. }
-        | Op::SigmoidBinaryCrossentropy { .. }
-        | Op::BinaryCrossentropyFromLogits { .. }
-        | Op::BinaryCrossentropy { .. }
-        | Op::MeanSquaredError { .. }
+        | memwise_plan::loss_ops!()
         | Op::KlNormal { .. }
         | Op::CheckFinite
         | Op::Update => Err(not_in_phase(s)),
@@ -555,12 +550,7 @@ fn backward<K: Kernels>(
         Op::InputCast { .. }
         | Op::Add { .. }
         | Op::BatchNormInference { .. }
-        | Op::SoftmaxCrossEntropy { .. }
-        | Op::SoftmaxCrossEntropyFromLogits { .. }
-        | Op::SigmoidBinaryCrossentropy { .. }
-        | Op::BinaryCrossentropyFromLogits { .. }
-        | Op::BinaryCrossentropy { .. }
-        | Op::MeanSquaredError { .. }
+        | memwise_plan::loss_ops!()
         | Op::KlNormal { .. }
         | Op::CheckFinite
         | Op::Update => Err(not_in_phase(s)),
@@ -700,12 +690,7 @@ fn update<K: Kernels>(k: &K, s: &PlanStep) -> std::result::Result<(), OpError> {
         | Op::Attention { .. }
         | Op::SampleNormal { .. }
         | Op::Accumulate { .. }
-        | Op::SoftmaxCrossEntropy { .. }
-        | Op::SoftmaxCrossEntropyFromLogits { .. }
-        | Op::SigmoidBinaryCrossentropy { .. }
-        | Op::BinaryCrossentropyFromLogits { .. }
-        | Op::BinaryCrossentropy { .. }
-        | Op::MeanSquaredError { .. }
+        | memwise_plan::loss_ops!()
         | Op::KlNormal { .. } => Err(not_in_phase(s)),
     }
 }

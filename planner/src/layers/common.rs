@@ -1,7 +1,7 @@
 //! What several layers share: options (Keras's names and defaults, written once), the
 //! weight and bias parameters, and the "op with weights, then activation" lowering.
 
-use super::{Init, OptValue, OptionDef, OptionType, ParamDef};
+use super::{Init, LayerKind, OptValue, OptionDef, OptionType, ParamDef};
 use crate::error::PlanError;
 use crate::graph::{LayerCx, Value};
 use crate::op::{Op, Window2d};
@@ -151,6 +151,36 @@ pub(super) fn square_conv(
     ];
     given.extend(filters.map(|f| ("filters", OptValue::Usize(f))));
     given
+}
+
+/// The square-kernel shorthands of the convolution layers with filters (the zoo's and the
+/// tests'): each builds its layer from its catalogue entry with a `kernel × kernel` window,
+/// equal strides and bias.
+macro_rules! square_conv_constructors {
+    ($($(#[$doc:meta])* $name:ident;)*) => {
+        impl LayerKind {$(
+            $(#[$doc])*
+            pub fn $name(
+                filters: usize,
+                kernel: usize,
+                stride: usize,
+                padding: Padding,
+                activation: Activation,
+            ) -> Self {
+                let options = square_conv(Some(filters), kernel, stride, padding, activation);
+                super::$name::DEF.build_with(&options)
+            }
+        )*}
+    };
+}
+
+square_conv_constructors! {
+    /// Square-kernel conv2d with bias.
+    conv2d;
+    /// Square-kernel transposed conv2d with bias.
+    conv2d_transpose;
+    /// Square-kernel separable conv2d (depth multiplier 1) with bias.
+    separable_conv2d;
 }
 
 /// The options of a square pooling window.

@@ -1,7 +1,6 @@
 //! `conv2d`: a 2-D convolution over NHWC images (im2col in chunks, then a GEMM), then its
 //! activation.
-use super::common::{
-    square_conv,weighted, Weighted, BIAS, CONV_OPTIONS, WEIGHT};
+use super::common::{weighted, Weighted, BIAS, CONV_OPTIONS, WEIGHT};
 use super::prelude::*;
 
 pub(super) static DEF: LayerDef = LayerDef {
@@ -20,19 +19,6 @@ pub(super) static DEF: LayerDef = LayerDef {
         use_bias: o.boolean("use_bias"),
     },
 };
-
-impl LayerKind {
-    /// Square-kernel conv2d with bias.
-    pub fn conv2d(
-        filters: usize,
-        kernel: usize,
-        stride: usize,
-        padding: Padding,
-        activation: Activation,
-    ) -> Self {
-        DEF.build_with(&square_conv(Some(filters), kernel, stride, padding, activation))
-    }
-}
 
 pub(super) fn lower(cx: &mut LayerCx<'_, '_>, kind: &LayerKind) -> Result<Value, PlanError> {
     let LayerKind::Conv2d {

@@ -1,7 +1,6 @@
 //! `conv2d_transpose`: the transposed 2-D convolution (a GEMM then col2im, in chunks), with
 //! Keras's output size, then its activation.
-use super::common::{
-    square_conv,weighted, Weighted, BIAS, CONV_OPTIONS, WEIGHT};
+use super::common::{weighted, Weighted, BIAS, CONV_OPTIONS, WEIGHT};
 use super::prelude::*;
 use crate::op::transpose_out_len;
 
@@ -21,19 +20,6 @@ pub(super) static DEF: LayerDef = LayerDef {
         use_bias: o.boolean("use_bias"),
     },
 };
-
-impl LayerKind {
-    /// Square-kernel transposed conv2d with bias.
-    pub fn conv2d_transpose(
-        filters: usize,
-        kernel: usize,
-        stride: usize,
-        padding: Padding,
-        activation: Activation,
-    ) -> Self {
-        DEF.build_with(&square_conv(Some(filters), kernel, stride, padding, activation))
-    }
-}
 
 pub(super) fn lower(cx: &mut LayerCx<'_, '_>, kind: &LayerKind) -> Result<Value, PlanError> {
     let LayerKind::Conv2dTranspose {

@@ -1,7 +1,6 @@
 //! `separable_conv2d`: a depthwise convolution (no bias) then a 1×1 pointwise one, then
 //! the activation.
 use super::common::{
-    square_conv,
     depthwise_window, kernel_size, weighted, Weighted, ACTIVATION, BIAS, DEPTH_MULTIPLIER, FILTERS, PADDING,
     STRIDES, USE_BIAS,
 };
@@ -37,19 +36,6 @@ pub(super) static DEF: LayerDef = LayerDef {
         use_bias: o.boolean("use_bias"),
     },
 };
-
-impl LayerKind {
-    /// Square-kernel separable conv2d (depth multiplier 1) with bias.
-    pub fn separable_conv2d(
-        filters: usize,
-        kernel: usize,
-        stride: usize,
-        padding: Padding,
-        activation: Activation,
-    ) -> Self {
-        DEF.build_with(&square_conv(Some(filters), kernel, stride, padding, activation))
-    }
-}
 
 pub(super) fn lower(cx: &mut LayerCx<'_, '_>, kind: &LayerKind) -> Result<Value, PlanError> {
     let LayerKind::SeparableConv2d {

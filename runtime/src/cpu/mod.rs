@@ -308,19 +308,7 @@ impl CpuKernels {
     /// # Safety
     /// No mutable view of an overlapping tensor may be live (the plan's rule 3).
     pub(crate) unsafe fn r<T: Stored>(&self, id: u32) -> Result<&[T]> {
-        let t = self
-            .plan
-            .tensors
-            .get(id as usize)
-            .ok_or_else(|| RuntimeError::Memory(format!("no tensor {id}")))?;
-        if t.dtype != T::DTYPE {
-            return Err(RuntimeError::Memory(format!(
-                "tensor `{}` is {}, read as {}",
-                t.name,
-                t.dtype.name(),
-                T::DTYPE.name()
-            )));
-        }
+        let t = self.tensor_as::<T>(id, "read")?;
         self.arena.view::<T>(t.offset, t.elems())
     }
 
@@ -330,6 +318,13 @@ impl CpuKernels {
     /// No other view of an overlapping tensor may be live.
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn w<T: Stored>(&self, id: u32) -> Result<&mut [T]> {
+        let t = self.tensor_as::<T>(id, "written")?;
+        self.arena.view_mut::<T>(t.offset, t.elems())
+    }
+
+    /// Tensor `id` of the plan, refused unless it is stored as `T` (`access` names the view
+    /// in the error: "read" or "written").
+    fn tensor_as<T: Stored>(&self, id: u32, access: &str) -> Result<&memwise_plan::PlanTensor> {
         let t = self
             .plan
             .tensors
@@ -337,13 +332,13 @@ impl CpuKernels {
             .ok_or_else(|| RuntimeError::Memory(format!("no tensor {id}")))?;
         if t.dtype != T::DTYPE {
             return Err(RuntimeError::Memory(format!(
-                "tensor `{}` is {}, written as {}",
+                "tensor `{}` is {}, {access} as {}",
                 t.name,
                 t.dtype.name(),
                 T::DTYPE.name()
             )));
         }
-        self.arena.view_mut::<T>(t.offset, t.elems())
+        Ok(t)
     }
 
     /// An optional write view (`NONE` → `None`).

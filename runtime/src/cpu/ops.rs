@@ -17,32 +17,19 @@ use memwise_plan::{Activation as Act, DType, PlanStep, Reduction, StaticPlan, NO
 
 use super::CpuKernels;
 use crate::error::{Result, RuntimeError};
+use crate::executor::match_float;
 use crate::executor::Batch;
 use crate::kernels::{BceInput, Kernels, OpError, OpResult, StepFlags, StepScalars, UpdateStep};
 
 /// Runs `$body` with `$T` bound to the element type of float dtype `$dt`.
 macro_rules! with_float {
     ($dt:expr, $T:ident, $body:block) => {
-        match $dt {
-            DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            DType::F16 => {
-                type $T = f16;
-                $body
-            }
-            DType::BF16 => {
-                type $T = bf16;
-                $body
-            }
-            other => {
-                return Err(OpError::Runtime(RuntimeError::Memory(format!(
-                    "expected a float tensor, found {}",
-                    other.name()
-                ))))
-            }
-        }
+        match_float!($dt, $T, $body, other => {
+            return Err(OpError::Runtime(RuntimeError::Memory(format!(
+                "expected a float tensor, found {}",
+                other.name()
+            ))))
+        })
     };
 }
 
@@ -82,6 +69,34 @@ impl CpuKernels {
             ))));
         }
         Ok(Some(id))
+    }
+
+    /// Batch norm's (per channel) or layer norm's (per row, `layer`) backward: both read
+    /// `x̂`, the saved `1/σ`, `γ` and `dy` and write `dx`, `dγ` and `dβ` alike.
+    fn norm_backward(&self, io: &NormBackward, d: k::norm::NormDims, layer: bool) -> OpResult {
+        unsafe {
+            with_float!(self.dtype(io.x_hat), T, {
+                let kernel = if layer {
+                    k::norm::layer_norm_backward::<T>
+                } else {
+                    k::norm::batch_norm_backward::<T>
+                };
+                let grads = k::norm::AffineGrads {
+                    dgamma: self.grad_mut(io.gamma)?,
+                    dbeta: self.grad_mut(io.beta)?,
+                };
+                kernel(
+                    d,
+                    self.r::<T>(io.x_hat)?,
+                    self.r::<f32>(io.inv_std)?,
+                    self.pf32(io.gamma)?,
+                    self.r::<T>(io.dy)?,
+                    self.w::<T>(io.dx)?,
+                    grads,
+                )?
+            })
+        }
+        Ok(())
     }
 
     /// Writes a loss term's weighted value; without loss scaling a non-finite one flags the
@@ -738,45 +753,11 @@ impl Kernels for CpuKernels {
     }
 
     fn batch_norm_backward(&self, io: &NormBackward, d: k::norm::NormDims) -> OpResult {
-        unsafe {
-            with_float!(self.dtype(io.x_hat), T, {
-                let grads = k::norm::AffineGrads {
-                    dgamma: self.grad_mut(io.gamma)?,
-                    dbeta: self.grad_mut(io.beta)?,
-                };
-                k::norm::batch_norm_backward::<T>(
-                    d,
-                    self.r::<T>(io.x_hat)?,
-                    self.r::<f32>(io.inv_std)?,
-                    self.pf32(io.gamma)?,
-                    self.r::<T>(io.dy)?,
-                    self.w::<T>(io.dx)?,
-                    grads,
-                )?
-            })
-        }
-        Ok(())
+        self.norm_backward(io, d, false)
     }
 
     fn layer_norm_backward(&self, io: &NormBackward, d: k::norm::NormDims) -> OpResult {
-        unsafe {
-            with_float!(self.dtype(io.x_hat), T, {
-                let grads = k::norm::AffineGrads {
-                    dgamma: self.grad_mut(io.gamma)?,
-                    dbeta: self.grad_mut(io.beta)?,
-                };
-                k::norm::layer_norm_backward::<T>(
-                    d,
-                    self.r::<T>(io.x_hat)?,
-                    self.r::<f32>(io.inv_std)?,
-                    self.pf32(io.gamma)?,
-                    self.r::<T>(io.dy)?,
-                    self.w::<T>(io.dx)?,
-                    grads,
-                )?
-            })
-        }
-        Ok(())
+        self.norm_backward(io, d, true)
     }
 
     fn dropout_backward(&self, io: &SavedBackward, rate: f32) -> OpResult {

@@ -24,6 +24,7 @@ use memwise_plan::{
 };
 
 use super::{dev, p, u, Backend, CudaKernels};
+use crate::cpu::Opt;
 use crate::error::Result;
 use crate::executor::Batch;
 use crate::kernels::{BceInput, Kernels, OpResult, StepFlags, StepScalars, UpdateStep};
@@ -240,27 +241,11 @@ impl<B: Backend> CudaKernels<B> {
                 ],
             )
         };
-        match optimizer {
-            Optimizer::Sgd { lr } => self.k(
-                "mw_sgd".into(),
-                cfg,
-                vec![
-                    pv,
-                    g,
-                    p(0),
-                    u(n),
-                    KArg::F32(lr),
-                    KArg::F32(0.0),
-                    KArg::I32(0),
-                    self.sc(),
-                ],
-            ),
-            Optimizer::Momentum {
-                lr,
-                momentum,
-                nesterov,
-            } => {
-                let m = if momentum != 0.0 { state(0) } else { p(0) };
+        // The kernels' optimizer structs, as the CPU runs them: one reading of the plan's
+        // optimizer for both devices (plain SGD is momentum 0, not nesterov).
+        match Opt::from_plan(&optimizer) {
+            Opt::Sgd(o) => {
+                let m = if o.momentum != 0.0 { state(0) } else { p(0) };
                 self.k(
                     "mw_sgd".into(),
                     cfg,
@@ -269,23 +254,17 @@ impl<B: Backend> CudaKernels<B> {
                         g,
                         m,
                         u(n),
-                        KArg::F32(lr),
-                        KArg::F32(momentum),
-                        KArg::I32(nesterov as i32),
+                        KArg::F32(o.learning_rate),
+                        KArg::F32(o.momentum),
+                        KArg::I32(o.nesterov as i32),
                         self.sc(),
                     ],
                 )
             }
-            Optimizer::RmsProp {
-                lr,
-                rho,
-                epsilon,
-                momentum,
-                centered,
-            } => {
-                let mom = if momentum > 0.0 { state(1) } else { p(0) };
-                let avg = if centered {
-                    state(1 + (momentum > 0.0) as u64)
+            Opt::RmsProp(o) => {
+                let mom = if o.momentum > 0.0 { state(1) } else { p(0) };
+                let avg = if o.centered {
+                    state(1 + (o.momentum > 0.0) as u64)
                 } else {
                     p(0)
                 };
@@ -299,27 +278,19 @@ impl<B: Backend> CudaKernels<B> {
                         mom,
                         avg,
                         u(n),
-                        KArg::F32(lr),
-                        KArg::F32(rho),
-                        KArg::F32(momentum),
-                        KArg::F32(epsilon),
+                        KArg::F32(o.learning_rate),
+                        KArg::F32(o.rho),
+                        KArg::F32(o.momentum),
+                        KArg::F32(o.epsilon),
                         self.sc(),
                     ],
                 )
             }
-            Optimizer::Adam {
-                beta_1,
-                beta_2,
-                epsilon,
-                ..
-            } => adam(beta_1, beta_2, epsilon, 0.0),
-            Optimizer::AdamW {
-                lr,
-                beta_1,
-                beta_2,
-                epsilon,
-                weight_decay,
-            } => adam(beta_1, beta_2, epsilon, weight_decay * lr),
+            Opt::Adam(o) => adam(o.beta_1, o.beta_2, o.epsilon, 0.0),
+            Opt::AdamW(o) => {
+                let decay = o.weight_decay * o.adam.learning_rate;
+                adam(o.adam.beta_1, o.adam.beta_2, o.adam.epsilon, decay)
+            }
         }
     }
 }

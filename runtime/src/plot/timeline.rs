@@ -301,6 +301,23 @@ impl<'a> Frame<'a> {
         self.bottom - bytes / self.y_max * (self.bottom - self.top)
     }
 
+    /// SVG path commands tracing `values` (one per step) left to right as a step function:
+    /// each step's value held flat across its whole column.
+    fn step_path(&self, values: &[u64]) -> String {
+        let mut d = String::new();
+        for (s, &b) in values.iter().enumerate() {
+            let y = self.y(b as f64);
+            let cmd = if s == 0 { 'M' } else { 'L' };
+            let _ = write!(
+                d,
+                "{cmd}{:.2} {y:.2} L{:.2} {y:.2} ",
+                self.x(s as f64),
+                self.x(s as f64 + 1.0)
+            );
+        }
+        d
+    }
+
     fn peak_x(&self) -> f64 {
         self.x(self.live.peak_step as f64 + 0.5)
     }
@@ -536,27 +553,25 @@ impl<'a> Frame<'a> {
     fn peak(&self, svg: &mut Svg, rows: &[Row]) {
         let f = Font::new(11.0);
         // Column positions of item rows: marker, swatch, name, bytes (right-aligned), note.
-        let name_w = rows
-            .iter()
-            .map(|r| match r {
-                Row::Item { name, .. } => text_width(name, 11.0, false),
-                _ => 0.0,
-            })
-            .fold(0.0, f64::max);
-        let bytes_w = rows
-            .iter()
-            .map(|r| match r {
-                Row::Item { bytes, .. } => text_width(bytes, 11.0, false),
-                _ => 0.0,
-            })
-            .fold(0.0, f64::max);
-        let note_w = rows
-            .iter()
-            .map(|r| match r {
-                Row::Item { note, .. } => text_width(note, 11.0, false),
-                _ => 0.0,
-            })
-            .fold(0.0, f64::max);
+        // The widest text of one column over the item rows (0 without any).
+        let column_w = |column: fn(&Row) -> Option<&String>| {
+            rows.iter()
+                .filter_map(column)
+                .map(|s| text_width(s, 11.0, false))
+                .fold(0.0, f64::max)
+        };
+        let name_w = column_w(|r| match r {
+            Row::Item { name, .. } => Some(name),
+            _ => None,
+        });
+        let bytes_w = column_w(|r| match r {
+            Row::Item { bytes, .. } => Some(bytes),
+            _ => None,
+        });
+        let note_w = column_w(|r| match r {
+            Row::Item { note, .. } => Some(note),
+            _ => None,
+        });
         let item_w = 44.0 + name_w + 14.0 + bytes_w + 14.0 + note_w;
         let other_w = rows
             .iter()
@@ -1115,17 +1130,7 @@ pub fn stacked_svg(plan: &StaticPlan, budget: Option<u64>) -> String {
             .map(|s| below[s] + live.by_role.get(s).map_or(0, |r| r[k]))
             .collect();
         if above != below {
-            let mut d = String::new();
-            for (s, &b) in above.iter().enumerate() {
-                let y = f.y(b as f64);
-                let cmd = if s == 0 { 'M' } else { 'L' };
-                let _ = write!(
-                    d,
-                    "{cmd}{:.2} {y:.2} L{:.2} {y:.2} ",
-                    f.x(s as f64),
-                    f.x(s as f64 + 1.0)
-                );
-            }
+            let mut d = f.step_path(&above);
             for (s, &b) in below.iter().enumerate().rev() {
                 let y = f.y(b as f64);
                 let _ = write!(
@@ -1155,17 +1160,7 @@ pub fn stacked_svg(plan: &StaticPlan, budget: Option<u64>) -> String {
         below = above;
     }
     // The live total's outline.
-    let mut d = String::new();
-    for (s, &b) in live.total.iter().enumerate() {
-        let y = f.y(b as f64);
-        let cmd = if s == 0 { 'M' } else { 'L' };
-        let _ = write!(
-            d,
-            "{cmd}{:.2} {y:.2} L{:.2} {y:.2} ",
-            f.x(s as f64),
-            f.x(s as f64 + 1.0)
-        );
-    }
+    let d = f.step_path(&live.total);
     svg.raw(&format!(
         r##"<path d="{d}" fill="none" stroke="#222222" stroke-width="1"/>"##
     ));
