@@ -506,16 +506,14 @@ impl Trainer {
         Ok(())
     }
 
-    /// Trains for `opts.epochs` epochs over full batches of `train` (the plan's batch is
-    /// static: a final partial batch is left for the next epoch's shuffle), evaluating on
-    /// `validation` after each epoch.
-    pub fn fit(
+    /// Checks `train` for `fit`, records the host bytes its datasets and sample order will
+    /// take (`HostBytes::prefetch`, `HostBytes::order`), and returns the steps per epoch.
+    fn prepare_fit(
         &mut self,
         train: &dyn Dataset,
         validation: Option<&dyn Dataset>,
         opts: &FitOptions,
-        callbacks: &mut [&mut dyn Callback],
-    ) -> Result<History> {
+    ) -> Result<usize> {
         let batch = self.plan().batch;
         self.check_columns(
             train,
@@ -527,26 +525,38 @@ impl Trainer {
                 train.len()
             )));
         }
-        let classifier = Trainer::is_classifier(self.plan());
-        let scored_per_step = scored_predictions(self.plan());
         self.prefetch =
             train.prefetch_bytes(batch) + validation.map_or(0, |v| v.prefetch_bytes(batch));
         let full = train.len() / batch;
         let per_epoch = opts.steps_per_epoch.map_or(full, |s| s.min(full)).max(1);
-        let mut remaining = opts.max_steps.unwrap_or(usize::MAX);
+        let steps = opts.max_steps.unwrap_or(usize::MAX);
         // The first epoch announces the most steps: later ones have as many or fewer left.
-        let first = per_epoch.min(remaining);
+        let first = per_epoch.min(steps);
         let second = if opts.epochs > 1 {
-            per_epoch.min(remaining - first)
+            per_epoch.min(steps - first)
         } else {
             0
         };
-        self.order = order_bytes(
-            train.len(),
-            batch,
-            (first, second),
-            validation.map_or(0, |v| v.len()),
-        );
+        let held_out = validation.map_or(0, |v| v.len());
+        self.order = order_bytes(train.len(), batch, (first, second), held_out);
+        Ok(per_epoch)
+    }
+
+    /// Trains for `opts.epochs` epochs over full batches of `train` (the plan's batch is
+    /// static: a final partial batch is left for the next epoch's shuffle), evaluating on
+    /// `validation` after each epoch.
+    pub fn fit(
+        &mut self,
+        train: &dyn Dataset,
+        validation: Option<&dyn Dataset>,
+        opts: &FitOptions,
+        callbacks: &mut [&mut dyn Callback],
+    ) -> Result<History> {
+        let batch = self.plan().batch;
+        let per_epoch = self.prepare_fit(train, validation, opts)?;
+        let classifier = Trainer::is_classifier(self.plan());
+        let scored_per_step = scored_predictions(self.plan());
+        let mut remaining = opts.max_steps.unwrap_or(usize::MAX);
         let mut order: Vec<usize> = (0..train.len()).collect();
         let mut bufs: Vec<Column> = train.columns().iter().map(|c| c.buffer(batch)).collect();
         let mut rng = opts.seed ^ 0x006D_656D_7769_7365; // "memwise"
