@@ -1,7 +1,9 @@
 // Activations and their gradients (kernels/src/activation.rs): relu, sigmoid, tanh, gelu
 // (exact erf form), silu, linear, and softmax over the last axis.
 //
-// Pointwise kernels take the activation as a code (MW_ACT_*), a uniform branch. In place:
+// Pointwise kernels take the activation as a code (MW_ACT_*: its position in the list of
+// `kernels/src/activation.rs`) and its parameter `p` (0 for those without), a uniform
+// branch. In place:
 // the forward may write y over x, the backward dx over dy (each element is read and written
 // by one thread). Softmax runs one warp per row (MW_ROW_WARPS rows per block); its in-place
 // forms are safe too: a lane writes only the elements it read, after the row's reductions.
@@ -21,7 +23,7 @@ MW_DEV float mw_sigmoid(float x) {
     return e / (1.0f + e);
 }
 
-MW_DEV float mw_act(int act, float x) {
+MW_DEV float mw_act(int act, float p, float x) {
     switch (act) {
     case MW_ACT_RELU: return x > 0.0f ? x : 0.0f;
     case MW_ACT_SIGMOID: return mw_sigmoid(x);
@@ -33,7 +35,7 @@ MW_DEV float mw_act(int act, float x) {
 }
 
 // dx from what the backward reads (y for relu/sigmoid/tanh, x for gelu/silu) and dy.
-MW_DEV float mw_act_grad(int act, float s, float dy) {
+MW_DEV float mw_act_grad(int act, float p, float s, float dy) {
     switch (act) {
     case MW_ACT_RELU: return s > 0.0f ? dy : 0.0f;
     case MW_ACT_SIGMOID: return dy * s * (1.0f - s);
@@ -51,19 +53,20 @@ MW_DEV float mw_act_grad(int act, float s, float dy) {
     }
 }
 
-template <typename T> MW_DEV void act_fwd(int act, const T* x, T* y, u64 n) {
-    MW_FOR(i, n) y[i] = st<T>(mw_act(act, ld(x[i])));
+template <typename T> MW_DEV void act_fwd(int act, float p, const T* x, T* y, u64 n) {
+    MW_FOR(i, n) y[i] = st<T>(mw_act(act, p, ld(x[i])));
 }
-template <typename T> MW_DEV void act_bwd(int act, const T* saved, const T* dy, T* dx, u64 n) {
-    MW_FOR(i, n) dx[i] = st<T>(mw_act_grad(act, ld(saved[i]), ld(dy[i])));
+template <typename T>
+MW_DEV void act_bwd(int act, float p, const T* saved, const T* dy, T* dx, u64 n) {
+    MW_FOR(i, n) dx[i] = st<T>(mw_act_grad(act, p, ld(saved[i]), ld(dy[i])));
 }
 #define MW_ACT_KERNELS(S, T)                                                                    \
-    extern "C" __global__ void mw_act_fwd_##S(int act, const T* x, T* y, u64 n) {               \
-        act_fwd<T>(act, x, y, n);                                                               \
+    extern "C" __global__ void mw_act_fwd_##S(int act, float p, const T* x, T* y, u64 n) {      \
+        act_fwd<T>(act, p, x, y, n);                                                            \
     }                                                                                           \
-    extern "C" __global__ void mw_act_bwd_##S(int act, const T* saved, const T* dy, T* dx,      \
-                                              u64 n) {                                          \
-        act_bwd<T>(act, saved, dy, dx, n);                                                      \
+    extern "C" __global__ void mw_act_bwd_##S(int act, float p, const T* saved, const T* dy,    \
+                                              T* dx, u64 n) {                                   \
+        act_bwd<T>(act, p, saved, dy, dx, n);                                                   \
     }
 MW_FLOATS(MW_ACT_KERNELS)
 

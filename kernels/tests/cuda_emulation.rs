@@ -372,8 +372,11 @@ fn elementwise() {
 fn act_case<T: Ty>(r: &mut Rng) {
     use k::activation::{Activation as A, Saved};
     let n = 1003;
-    for act in [A::Linear, A::Relu, A::Sigmoid, A::Tanh, A::Gelu, A::Silu] {
-        let code = KArg::I32(l::activation_code(act));
+    // Every activation the kernels list, found by name as the executors find them; those
+    // with a parameter at a value other than their default.
+    for &name in A::NAMES {
+        let act = A::from_name(name, 0.3).unwrap();
+        let (code, param) = (KArg::I32(l::activation_code(act)), KArg::F32(act.param()));
         let x: Vec<T> = r.t(n, -6.0, 6.0);
         let mut want = zeros::<T>(n);
         act.forward(&x, &mut want).unwrap();
@@ -381,14 +384,14 @@ fn act_case<T: Ty>(r: &mut Rng) {
         run(
             &name1("mw_act_fwd", T::F),
             LaunchCfg::pointwise(n as u64),
-            vec![code, p(&x), pm(&mut y), u(n)],
+            vec![code, param, p(&x), pm(&mut y), u(n)],
         );
         close(&format!("{act:?} forward"), &y, &want, T::REL, 1e-6);
         let mut xy = x.clone();
         run(
             &name1("mw_act_fwd", T::F),
             LaunchCfg::pointwise(n as u64).with_blocks(2),
-            vec![code, pm(&mut xy), pm(&mut xy), u(n)],
+            vec![code, param, pm(&mut xy), pm(&mut xy), u(n)],
         );
         close(
             &format!("{act:?} forward in place"),
@@ -410,14 +413,14 @@ fn act_case<T: Ty>(r: &mut Rng) {
         run(
             &name1("mw_act_bwd", T::F),
             LaunchCfg::pointwise(n as u64),
-            vec![code, p(&saved), p(&dy), pm(&mut dx), u(n)],
+            vec![code, param, p(&saved), p(&dy), pm(&mut dx), u(n)],
         );
         close(&format!("{act:?} backward"), &dx, &want_dx, T::REL, 1e-6);
         let mut g = dy.clone();
         run(
             &name1("mw_act_bwd", T::F),
             LaunchCfg::pointwise(n as u64),
-            vec![code, p(&saved), pm(&mut g), pm(&mut g), u(n)],
+            vec![code, param, p(&saved), pm(&mut g), pm(&mut g), u(n)],
         );
         close(
             &format!("{act:?} backward in place"),

@@ -68,6 +68,11 @@ impl StepGraph {
         let mut backward = Vec::with_capacity(graph.ops.len());
         let mut forward_in_place = Vec::with_capacity(graph.ops.len());
         for op in &graph.ops {
+            if let Op::Activation { act, .. } = op.op {
+                // Its backward reads `y`: only a parameter that keeps `x`'s sign allows that.
+                act.check()
+                    .map_err(|e| PlanError::at(&graph.layers[op.layer].name, e))?;
+            }
             let mut grad_inputs: Vec<bool> = op.inputs.iter().map(|&t| requires_grad[t]).collect();
             let param_grads = op.params.iter().any(|&p| graph.params[p].trainable);
             let needed = (grad_inputs.iter().any(|&g| g) || param_grads) && !op.fused_into_loss;

@@ -18,7 +18,9 @@ use memwise_plan::{Activation as Act, DType, PlanStep, Reduction, StaticPlan, NO
 use super::CpuKernels;
 use crate::error::{Result, RuntimeError};
 use crate::executor::Batch;
-use crate::kernels::{BceInput, Kernels, OpError, OpResult, StepFlags, StepScalars, UpdateStep};
+use crate::kernels::{
+    pointwise, BceInput, Kernels, OpError, OpResult, StepFlags, StepScalars, UpdateStep,
+};
 
 /// Runs `$body` with `$T` bound to the element type of float dtype `$dt`.
 macro_rules! with_float {
@@ -56,17 +58,6 @@ fn reduction(r: Reduction) -> k::loss::Reduction {
     match r {
         Reduction::Mean => k::loss::Reduction::Mean,
         Reduction::SumOverFeatures => k::loss::Reduction::SumOverFeaturesMeanOverBatch,
-    }
-}
-
-fn kact(a: Act) -> k::activation::Activation {
-    match a {
-        Act::Linear | Act::Softmax => k::activation::Activation::Linear,
-        Act::Relu => k::activation::Activation::Relu,
-        Act::Sigmoid => k::activation::Activation::Sigmoid,
-        Act::Tanh => k::activation::Activation::Tanh,
-        Act::Gelu => k::activation::Activation::Gelu,
-        Act::Silu => k::activation::Activation::Silu,
     }
 }
 
@@ -467,12 +458,15 @@ impl Kernels for CpuKernels {
                         cols,
                     )?
                 }),
-                Act::Linear | Act::Relu | Act::Sigmoid | Act::Tanh | Act::Gelu | Act::Silu => {
+                // Every other activation runs by name (`pointwise`, whose test proves each
+                // has a kernel), so a new one needs no arm here.
+                _ => {
+                    let a = pointwise(act)?;
                     with_float!(self.dtype(io.y), T, {
                         if self.same(io.x, io.y) {
-                            kact(act).forward_inplace::<T>(self.w::<T>(io.y)?)
+                            a.forward_inplace::<T>(self.w::<T>(io.y)?)
                         } else {
-                            kact(act).forward::<T>(self.r::<T>(io.x)?, self.w::<T>(io.y)?)?
+                            a.forward::<T>(self.r::<T>(io.x)?, self.w::<T>(io.y)?)?
                         }
                     })
                 }
@@ -828,13 +822,15 @@ impl Kernels for CpuKernels {
                         )?
                     })
                 }),
-                Act::Linear | Act::Relu | Act::Sigmoid | Act::Tanh | Act::Gelu | Act::Silu => {
+                // Every other activation runs by name (`pointwise`, whose test proves each
+                // has a kernel), so a new one needs no arm here.
+                _ => {
+                    let a = pointwise(act)?;
                     with_float!(self.dtype(dy), T, {
                         if self.same(dy, dx) {
-                            kact(act)
-                                .backward_inplace::<T>(self.r::<T>(saved)?, self.w::<T>(dx)?)?
+                            a.backward_inplace::<T>(self.r::<T>(saved)?, self.w::<T>(dx)?)?
                         } else {
-                            kact(act).backward::<T>(
+                            a.backward::<T>(
                                 self.r::<T>(saved)?,
                                 self.r::<T>(dy)?,
                                 self.w::<T>(dx)?,

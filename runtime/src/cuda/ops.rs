@@ -26,18 +26,12 @@ use memwise_plan::{
 use super::{dev, p, u, Backend, CudaKernels};
 use crate::error::Result;
 use crate::executor::Batch;
-use crate::kernels::{BceInput, Kernels, OpResult, StepFlags, StepScalars, UpdateStep};
+use crate::kernels::{pointwise, BceInput, Kernels, OpResult, StepFlags, StepScalars, UpdateStep};
 
-fn act_code(a: Act) -> i32 {
-    use k::activation::Activation as A;
-    kl::activation_code(match a {
-        Act::Linear | Act::Softmax => A::Linear,
-        Act::Relu => A::Relu,
-        Act::Sigmoid => A::Sigmoid,
-        Act::Tanh => A::Tanh,
-        Act::Gelu => A::Gelu,
-        Act::Silu => A::Silu,
-    })
+/// The code and parameter the pointwise activation kernels take for `act`.
+fn act_args(act: Act) -> std::result::Result<[KArg; 2], crate::kernels::OpError> {
+    let a = pointwise(act)?;
+    Ok([KArg::I32(kl::activation_code(a)), KArg::F32(a.param())])
 }
 
 /// `1 / √head_dim`, the attention scores' scale.
@@ -645,15 +639,11 @@ impl<B: Backend> Kernels for CudaKernels<B> {
             return Ok(());
         }
         let n = self.elems(io.y)?;
+        let [code, param] = act_args(act)?;
         self.k(
             name1("mw_act_fwd", self.ft(io.y)?),
             LaunchCfg::pointwise(n as u64),
-            vec![
-                KArg::I32(act_code(act)),
-                p(self.t(io.x)?),
-                p(self.t(io.y)?),
-                u(n),
-            ],
+            vec![code, param, p(self.t(io.x)?), p(self.t(io.y)?), u(n)],
         )?;
         Ok(())
     }
@@ -1059,11 +1049,13 @@ impl<B: Backend> Kernels for CudaKernels<B> {
             return Ok(());
         }
         let n = self.elems(io.dy)?;
+        let [code, param] = act_args(act)?;
         self.k(
             name1("mw_act_bwd", self.ft(io.dy)?),
             LaunchCfg::pointwise(n as u64),
             vec![
-                KArg::I32(act_code(act)),
+                code,
+                param,
                 p(self.t(io.saved)?),
                 p(self.t(io.dy)?),
                 p(self.t(io.dx)?),
