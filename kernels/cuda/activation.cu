@@ -1,5 +1,6 @@
 // Activations and their gradients (kernels/src/activation.rs): relu, sigmoid, tanh, gelu
-// (exact erf form), silu, linear, and softmax over the last axis.
+// (exact erf form), silu, leaky relu and elu (their parameter `p` is alpha), linear, and
+// softmax over the last axis.
 //
 // Pointwise kernels take the activation as a code (MW_ACT_*: its position in the list of
 // `kernels/src/activation.rs`) and its parameter `p` (0 for those without), a uniform
@@ -15,6 +16,8 @@
 #define MW_ACT_TANH 3
 #define MW_ACT_GELU 4
 #define MW_ACT_SILU 5
+#define MW_ACT_LEAKY_RELU 6
+#define MW_ACT_ELU 7
 
 // Stable logistic: never evaluates exp of a positive number.
 MW_DEV float mw_sigmoid(float x) {
@@ -30,6 +33,8 @@ MW_DEV float mw_act(int act, float p, float x) {
     case MW_ACT_TANH: return tanhf(x);
     case MW_ACT_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
     case MW_ACT_SILU: return x * mw_sigmoid(x);
+    case MW_ACT_LEAKY_RELU: return x > 0.0f ? x : p * x;
+    case MW_ACT_ELU: return x > 0.0f ? x : p * expm1f(x);
     default: return x;
     }
 }
@@ -49,6 +54,9 @@ MW_DEV float mw_act_grad(int act, float p, float s, float dy) {
         float g = mw_sigmoid(s);
         return dy * (g * (1.0f + s * (1.0f - g)));
     }
+    // Both read y: with p ≥ 0, y > 0 exactly where x > 0; below, elu's slope p·eˣ is y + p.
+    case MW_ACT_LEAKY_RELU: return s > 0.0f ? dy : p * dy;
+    case MW_ACT_ELU: return s > 0.0f ? dy : dy * (s + p);
     default: return dy;
     }
 }

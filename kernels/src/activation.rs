@@ -273,6 +273,16 @@ pointwise_activations! {
     Tanh = "tanh", saved Output, f32::tanh, |y, dy| dy * (1.0 - y * y);
     Gelu = "gelu", saved Input, gelu_f32, |x, dy| dy * gelu_grad_f32(x);
     Silu = "silu", saved Input, |x| x * sigmoid_f32(x), |x, dy| dy * silu_grad_f32(x);
+    /// `alpha·x` below 0. With `alpha ≥ 0` (the planner checks it) `y > 0` exactly when
+    /// `x > 0`, so the backward reads `y` and the forward may run in place.
+    LeakyRelu { alpha } = "leaky_relu", saved Output,
+        |x| if x > 0.0 { x } else { alpha * x },
+        |y, dy| if y > 0.0 { dy } else { alpha * dy };
+    /// `alpha·(eˣ − 1)` below 0 (`exp_m1`: exact near 0), whose derivative there is
+    /// `alpha·eˣ = y + alpha`, a function of `y`.
+    Elu { alpha } = "elu", saved Output,
+        |x| if x > 0.0 { x } else { alpha * x.exp_m1() },
+        |y, dy| if y > 0.0 { dy } else { dy * (y + alpha) };
 }
 
 impl Activation {

@@ -375,7 +375,7 @@ fn act_case<T: Ty>(r: &mut Rng) {
     // Every activation the kernels list, found by name as the executors find them; those
     // with a parameter at a value other than their default.
     for &name in A::NAMES {
-        let act = A::from_name(name, 0.3).unwrap();
+        let act = A::from_name(name, 0.45).unwrap();
         let (code, param) = (KArg::I32(l::activation_code(act)), KArg::F32(act.param()));
         let x: Vec<T> = r.t(n, -6.0, 6.0);
         let mut want = zeros::<T>(n);

@@ -89,6 +89,12 @@ activations! {
     Tanh = "tanh", backward reads Output;
     Gelu = "gelu", backward reads Input;
     Silu = "silu", backward reads Input;
+    /// `x` for `x > 0`, else `alpha·x`. The default slope is Keras's `LeakyReLU` layer's, 0.3
+    /// (the function `keras.activations.leaky_relu` defaults to 0.2, PyTorch's `LeakyReLU`
+    /// to 0.01: write `leaky_relu(alpha = 0.01)` for PyTorch parity).
+    LeakyRelu(alpha = 0.3) = "leaky_relu", backward reads Output;
+    /// `x` for `x > 0`, else `alpha·(eˣ − 1)`; Keras's and PyTorch's default alpha is 1.
+    Elu(alpha = 1.0) = "elu", backward reads Output;
     /// Over the last axis.
     Softmax = "softmax", backward reads Output;
 }

@@ -388,7 +388,8 @@ fn the_docs_table_has_a_row_per_entry_with_its_options_and_defaults() {
     }
     assert_eq!(
         aliases_doc(),
-        "Activations: `linear`, `relu`, `sigmoid`, `tanh`, `gelu`, `silu` and `softmax`. \
+        "Activations: `linear`, `relu`, `sigmoid`, `tanh`, `gelu`, `silu`, \
+         `leaky_relu(alpha = 0.3)`, `elu(alpha = 1.0)` and `softmax`. \
          Aliases: `kernel` for `kernel_size`, `stride` for `strides`, `multiplier` for \
          `depth_multiplier`, `pool` for `pool_size`, `shape` for `target_shape`, `vocab` for \
          `input_dim`, `dim` for `output_dim`, `heads` for `num_heads` and `use_causal_mask` \

@@ -407,6 +407,46 @@ fn random_models_train_the_same_on_the_emulated_device() {
     );
 }
 
+/// The layers and activations added through the catalogue and the one walk (issue 13), each
+/// in a model of its own, in float32 and mixed precision: the emulated device must train them
+/// as the CPU does. The random generators do not draw them (their plans are pinned), so they
+/// are named here.
+fn new_layer_models() -> Vec<(&'static str, ModelSpec)> {
+    use memwise_plan::{Activation as A, LayerKind, LossKind, LossTerm};
+    let mut out = Vec::new();
+    for precision in [Precision::Float32, Precision::MixedFloat16] {
+        let mut m = ModelSpec::new("Activations", 4);
+        m.precision = precision;
+        m.input("x", &[24], DType::F32, 1.0);
+        m.input("y", &[8], DType::F32, 1.0);
+        m.add(
+            "leaky",
+            LayerKind::dense(32, A::LeakyRelu { alpha: 0.1 }),
+            &["x"],
+        );
+        m.add("elu", LayerKind::dense(32, A::Elu { alpha: 0.7 }), &[]);
+        m.add(
+            "leaky_default",
+            LayerKind::Activation(A::parse("leaky_relu").unwrap()),
+            &[],
+        );
+        m.add("out", LayerKind::dense(8, A::Linear), &[]);
+        m.loss
+            .push(LossTerm::new(LossKind::MeanSquaredError).on(&["out", "y"]));
+        out.push(("activations", m));
+    }
+    out
+}
+
+#[test]
+fn the_new_layers_train_the_same_on_the_emulated_device() {
+    for (name, spec) in new_layer_models() {
+        let name = format!("{name} ({:?})", spec.precision);
+        compare(&name, &spec, 3, true).unwrap();
+        compare(&format!("{name}, no graph"), &spec, 2, false).unwrap();
+    }
+}
+
 #[test]
 fn a_plan_larger_than_the_device_is_refused_before_allocating() {
     let p = plan(&zoo::mnist_mlp(16)).unwrap();
