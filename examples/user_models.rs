@@ -76,8 +76,9 @@ pub struct TinyGpt {
     embed: Embedding,
     #[block(heads = 4)]
     blocks: [Block; 2],
-    #[layer_norm(epsilon = 1e-5)]
-    ln_f: LayerNorm,
+    // The final norm as LLaMA writes it: a scale, no shift, no mean.
+    #[rms_norm(epsilon = 1e-5)]
+    ln_f: RmsNorm,
     #[f32]
     #[dense(256)]
     logits: Dense,

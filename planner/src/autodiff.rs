@@ -242,6 +242,10 @@ fn saved_for_backward(op: &GOp, param_grads: bool, same_dtype: bool) -> Result<S
             let io = LayerNormForward::of(&step).map_err(bad)?;
             rule(vec![io.x_hat, io.rstd], io.y, false, None)
         }
+        Op::GroupNorm { .. } => {
+            let io = GroupNormForward::of(&step).map_err(bad)?;
+            rule(vec![io.x_hat, io.rstd], io.y, false, None)
+        }
         Op::Dropout { .. } => {
             let io = DropoutForward::of(&step).map_err(bad)?;
             rule(vec![io.mask], io.y, true, Some(0))

@@ -374,6 +374,8 @@ pub enum StepIo {
     BatchNormInference(BatchNormInferenceForward),
     LayerNorm(LayerNormForward),
     NormBackward(NormBackward),
+    GroupNorm(GroupNormForward),
+    GroupNormBackward(GroupNormBackward),
     Dropout(DropoutForward),
     Add(AddForward),
     Concat(ConcatForward),
@@ -831,6 +833,8 @@ impl StepIo {
             (Op::BatchNorm { .. } | Op::LayerNorm { .. }, true) => {
                 StepIo::NormBackward(NormBackward::of(step)?)
             }
+            (Op::GroupNorm { .. }, false) => StepIo::GroupNorm(GroupNormForward::of(step)?),
+            (Op::GroupNorm { .. }, true) => StepIo::GroupNormBackward(GroupNormBackward::of(step)?),
             (Op::Dropout { .. }, false) => StepIo::Dropout(DropoutForward::of(step)?),
             (Op::Add { .. }, false) => StepIo::Add(AddForward::of(step)?),
             (Op::Concat { .. }, false) => StepIo::Concat(ConcatForward::of(step)?),
@@ -870,6 +874,71 @@ impl StepIo {
                 | Op::KlNormal { .. },
                 _,
             ) => return none(),
+        })
+    }
+}
+
+/// Group norm and RMS norm ([`Op::GroupNorm`]): normalised input and per-(sample, group)
+/// `1/σ` for backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupNormForward {
+    pub x: TensorId,
+    pub y: TensorId,
+    pub x_hat: TensorId,
+    pub rstd: TensorId,
+    pub gamma: ParamId,
+    /// Or NONE: RMS norm has no shift.
+    pub beta: ParamId,
+    pub ws: TensorId,
+    pub scratch: TensorId,
+}
+
+/// [`GroupNormForward`]'s backward: `x̂`, `1/σ` and `dy` → `dx`, `dγ` (and `dβ`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupNormBackward {
+    pub x_hat: TensorId,
+    pub rstd: TensorId,
+    pub dy: TensorId,
+    pub dx: TensorId,
+    pub gamma: ParamId,
+    /// Or NONE: RMS norm has no shift.
+    pub beta: ParamId,
+    pub ws: TensorId,
+    pub scratch: TensorId,
+}
+
+impl GroupNormForward {
+    pub fn of(step: &PlanStep) -> Result<Self, IoError> {
+        let l = Lists { step };
+        let r = l.reads(1)?;
+        let (w, ws, scratch) = l.writes(3)?;
+        Ok(GroupNormForward {
+            x: r[0],
+            y: w[0],
+            x_hat: w[1],
+            rstd: w[2],
+            gamma: l.need_param(0)?,
+            beta: l.param(1),
+            ws,
+            scratch,
+        })
+    }
+}
+
+impl GroupNormBackward {
+    pub fn of(step: &PlanStep) -> Result<Self, IoError> {
+        let l = Lists { step };
+        let r = l.reads(3)?;
+        let (w, ws, scratch) = l.writes(1)?;
+        Ok(GroupNormBackward {
+            x_hat: r[0],
+            rstd: r[1],
+            dy: r[2],
+            dx: w[0],
+            gamma: l.need_param(0)?,
+            beta: l.param(1),
+            ws,
+            scratch,
         })
     }
 }

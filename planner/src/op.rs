@@ -160,6 +160,19 @@ ops! {
         features: usize,
         epsilon: f32,
     } = "layer_norm";
+    /// Group normalisation of `[samples, spatial, channels]` per sample over each of `groups`
+    /// groups of consecutive channels, with per-channel γ and β; `center: false` is RMS norm
+    /// (one group per row of the last axis, `spatial` 1, no mean subtracted, no β), so the two
+    /// layers share one op, one walk arm and one kernel pair. fwd `[x] → [y, x_hat, rstd]`
+    /// (`rstd` f32 `[samples·groups]`); bwd `[x_hat, rstd, dy] → [dx]`.
+    GroupNorm {
+        samples: usize,
+        spatial: usize,
+        channels: usize,
+        groups: usize,
+        epsilon: f32,
+        center: bool,
+    } = if *center { "group_norm" } else { "rms_norm" };
     /// Counter-based mask keyed by `key` (the layer) and the step counter, so recompute
     /// reproduces it. fwd `[x] → [y, mask(u8)]`; bwd `[mask, dy] → [dx]`.
     Dropout { elems: usize, rate: f32, key: u32 } = "dropout";
@@ -313,6 +326,12 @@ impl Op {
             Op::GlobalAvgPool { n, hw, c } => u(n) * u(hw) * u(c),
             Op::BatchNorm { rows, channels, .. } => 8 * u(rows) * u(channels),
             Op::LayerNorm { rows, features, .. } => 8 * u(rows) * u(features),
+            Op::GroupNorm {
+                samples,
+                spatial,
+                channels,
+                ..
+            } => 8 * u(samples) * u(spatial) * u(channels),
             Op::BatchNormInference { rows, channels, .. } => 2 * u(rows) * u(channels),
             Op::Concat { rows, a, b } => u(rows) * u(a.saturating_add(b)),
             Op::Embedding { tokens, dim, .. } => u(s(tokens, dim)),

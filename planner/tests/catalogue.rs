@@ -30,8 +30,8 @@ fn names_and_handles_are_unique_and_in_the_dsl_order() {
     assert_eq!(
         names.join(" "),
         "input dense conv2d depthwise_conv2d separable_conv2d conv2d_transpose max_pool2d \
-         avg_pool2d global_avg_pool batch_norm layer_norm dropout flatten reshape add concat \
-         embedding attention activation sample_normal"
+         avg_pool2d global_avg_pool batch_norm layer_norm rms_norm dropout flatten reshape add \
+         concat embedding attention activation sample_normal"
     );
     for def in CATALOGUE {
         assert_eq!(def.handle, camel(def.name), "the handle of `{}`", def.name);
@@ -179,6 +179,8 @@ fn the_keras_defaults_are_the_catalogues() {
         LayerKind::layer_norm(),
         LayerKind::LayerNorm { epsilon: 1e-3 }
     );
+    assert_eq!(LayerKind::rms_norm(), default("rms_norm"));
+    assert_eq!(LayerKind::rms_norm(), LayerKind::RmsNorm { epsilon: 1e-6 });
     assert_eq!(LayerKind::add(), default("add"));
     // Keras: pool strides default to the pool size, whatever it is.
     let pool = layers::find("max_pool2d").unwrap();
@@ -239,6 +241,7 @@ fn every_layer_model() -> ModelSpec {
         &["ids"],
     );
     m.add("norm", LayerKind::layer_norm(), &[]);
+    m.add("rms", LayerKind::rms_norm(), &[]);
     let attention = LayerKind::Attention {
         heads: 2,
         causal: true,
@@ -259,7 +262,7 @@ fn keras_rule(name: &str, shape: &[usize], layer_kind: &str) -> Fill {
     match (layer_kind, leaf) {
         (_, "bias") | (_, "running_mean") => Fill::Constant(0.0),
         (_, "running_var") => Fill::Constant(1.0),
-        ("batch_norm" | "layer_norm", "weight") => Fill::Constant(1.0),
+        ("batch_norm" | "layer_norm" | "rms_norm", "weight") => Fill::Constant(1.0),
         ("embedding", _) => Fill::Uniform(0.05),
         _ => Fill::Uniform(layers::glorot_limit(shape)),
     }

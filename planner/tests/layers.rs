@@ -169,6 +169,33 @@ fn layer_norm_and_dropout() {
 }
 
 #[test]
+fn rms_norm_has_a_scale_only_and_keeps_x_hat_and_one_rstd_per_row() {
+    let p = one(LayerKind::rms_norm(), &[6, 10]);
+    assert_eq!(row(&p, "layer").params, 10); // γ only: no shift
+    assert_eq!(kept(&p, "layer"), 2 * f32s(N * 60) + f32s(N * 6));
+    let fwd: Vec<_> = p.steps.iter().filter(|s| s.layer == "layer").collect();
+    assert_eq!(fwd[0].op.name(), "rms_norm");
+    assert_eq!(
+        fwd[0].op,
+        memwise_plan::Op::GroupNorm {
+            samples: N * 6,
+            spatial: 1,
+            channels: 10,
+            groups: 1,
+            epsilon: 1e-6,
+            center: false
+        }
+    );
+    assert_eq!(
+        &fwd[0].params[..],
+        &[p.params
+            .iter()
+            .position(|q| q.name == "layer.weight")
+            .unwrap() as u32]
+    );
+}
+
+#[test]
 fn views_own_no_bytes() {
     let mut m = ModelSpec::new("Views", N);
     m.input("x", &[4, 6], DType::F32, 1.0);

@@ -179,6 +179,13 @@ pub trait Kernels {
         epsilon: f32,
     ) -> OpResult;
     fn layer_norm(&self, io: &LayerNormForward, d: k::norm::NormDims, epsilon: f32) -> OpResult;
+    /// Group norm, or RMS norm (`d.center` false and no `io.beta`).
+    fn group_norm(
+        &self,
+        io: &GroupNormForward,
+        d: k::norm::GroupNormDims,
+        epsilon: f32,
+    ) -> OpResult;
     fn dropout(&self, io: &DropoutForward, rate: f32, key: k::random::RngKey) -> OpResult;
     /// Element-wise activation, or softmax over rows of `cols`.
     fn activation(&self, io: &UnaryForward, act: Activation, rows: usize, cols: usize) -> OpResult;
@@ -227,6 +234,7 @@ pub trait Kernels {
     ) -> OpResult;
     fn batch_norm_backward(&self, io: &NormBackward, d: k::norm::NormDims) -> OpResult;
     fn layer_norm_backward(&self, io: &NormBackward, d: k::norm::NormDims) -> OpResult;
+    fn group_norm_backward(&self, io: &GroupNormBackward, d: k::norm::GroupNormDims) -> OpResult;
     fn dropout_backward(&self, io: &SavedBackward, rate: f32) -> OpResult;
     fn activation_backward(
         &self,

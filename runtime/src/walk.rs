@@ -416,6 +416,24 @@ fn forward<K: Kernels>(
             },
             epsilon,
         ),
+        Op::GroupNorm {
+            samples,
+            spatial,
+            channels,
+            groups,
+            epsilon,
+            center,
+        } => k.group_norm(
+            &GroupNormForward::of(s).map_err(io_err)?,
+            k::norm::GroupNormDims {
+                samples,
+                spatial,
+                channels,
+                groups,
+                center,
+            },
+            epsilon,
+        ),
         Op::Dropout { rate, key: l, .. } => k.dropout(
             &DropoutForward::of(s).map_err(io_err)?,
             rate,
@@ -517,6 +535,23 @@ fn backward<K: Kernels>(
             k::norm::NormDims {
                 rows,
                 channels: features,
+            },
+        ),
+        Op::GroupNorm {
+            samples,
+            spatial,
+            channels,
+            groups,
+            center,
+            ..
+        } => k.group_norm_backward(
+            &GroupNormBackward::of(s).map_err(io_err)?,
+            k::norm::GroupNormDims {
+                samples,
+                spatial,
+                channels,
+                groups,
+                center,
             },
         ),
         Op::Dropout { rate, .. } => {
@@ -657,6 +692,7 @@ fn loss<K: Kernels>(k: &K, s: &PlanStep) -> std::result::Result<(), OpError> {
         | Op::BatchNorm { .. }
         | Op::BatchNormInference { .. }
         | Op::LayerNorm { .. }
+        | Op::GroupNorm { .. }
         | Op::Dropout { .. }
         | Op::Activation { .. }
         | Op::Add { .. }
@@ -692,6 +728,7 @@ fn update<K: Kernels>(k: &K, s: &PlanStep) -> std::result::Result<(), OpError> {
         | Op::BatchNorm { .. }
         | Op::BatchNormInference { .. }
         | Op::LayerNorm { .. }
+        | Op::GroupNorm { .. }
         | Op::Dropout { .. }
         | Op::Activation { .. }
         | Op::Add { .. }

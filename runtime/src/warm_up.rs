@@ -178,8 +178,8 @@ fn image_model() -> ModelSpec {
     m
 }
 
-/// Sequence layers: token ids through an embedding, layer norm and causal attention with
-/// dropout, and a VAE head (sampling, KL divergence).
+/// Sequence layers: token ids through an embedding, layer and RMS norm and causal attention
+/// with dropout, and a VAE head (sampling, KL divergence).
 fn sequence_model() -> ModelSpec {
     let mut m = ModelSpec::new("WarmUpSequence", 2);
     m.input("ids", &[4], DType::I32, 1.0);
@@ -187,6 +187,7 @@ fn sequence_model() -> ModelSpec {
     m.input("x", &[8], DType::F32, 1.0);
     m.add("embed", LayerKind::Embedding { vocab: 8, dim: 8 }, &["ids"]);
     m.add("norm", LayerKind::layer_norm(), &[]);
+    m.add("rms", LayerKind::rms_norm(), &[]);
     let attention = LayerKind::Attention {
         heads: 2,
         causal: true,

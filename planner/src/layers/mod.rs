@@ -155,6 +155,8 @@ catalogue! {
     /// Batch normalisation in training mode over the last axis (Keras defaults 0.99, 1e-3).
     batch_norm::BatchNorm { momentum: f32, epsilon: f32 },
     layer_norm::LayerNorm { epsilon: f32 },
+    /// Root-mean-square normalisation over the last axis (Keras default epsilon 1e-6).
+    rms_norm::RmsNorm { epsilon: f32 },
     dropout::Dropout { rate: f32 },
     /// A view: no op, no new bytes.
     flatten::Flatten,

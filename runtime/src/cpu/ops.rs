@@ -420,6 +420,29 @@ impl Kernels for CpuKernels {
         Ok(())
     }
 
+    fn group_norm(
+        &self,
+        io: &GroupNormForward,
+        d: k::norm::GroupNormDims,
+        epsilon: f32,
+    ) -> OpResult {
+        unsafe {
+            with_float!(self.dtype(io.y), T, {
+                k::norm::group_norm_forward::<T>(
+                    d,
+                    epsilon,
+                    self.r::<T>(io.x)?,
+                    self.pf32(io.gamma)?,
+                    self.pf32_opt(io.beta)?,
+                    self.w::<T>(io.y)?,
+                    self.w::<T>(io.x_hat)?,
+                    self.w::<f32>(io.rstd)?,
+                )?
+            })
+        }
+        Ok(())
+    }
+
     fn dropout(&self, io: &DropoutForward, rate: f32, key: k::random::RngKey) -> OpResult {
         unsafe {
             with_float!(self.dtype(io.y), T, {
@@ -763,6 +786,29 @@ impl Kernels for CpuKernels {
                     self.r::<T>(io.dy)?,
                     self.w::<T>(io.dx)?,
                     grads,
+                )?
+            })
+        }
+        Ok(())
+    }
+
+    fn group_norm_backward(&self, io: &GroupNormBackward, d: k::norm::GroupNormDims) -> OpResult {
+        unsafe {
+            with_float!(self.dtype(io.x_hat), T, {
+                // RMS norm has no shift, hence no shift gradient.
+                let dbeta = match io.beta {
+                    NONE => None,
+                    beta => Some(self.grad_mut(beta)?),
+                };
+                k::norm::group_norm_backward::<T>(
+                    d,
+                    self.r::<T>(io.x_hat)?,
+                    self.r::<f32>(io.rstd)?,
+                    self.pf32(io.gamma)?,
+                    self.r::<T>(io.dy)?,
+                    self.w::<T>(io.dx)?,
+                    self.grad_mut(io.gamma)?,
+                    dbeta,
                 )?
             })
         }

@@ -609,6 +609,33 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         Ok(())
     }
 
+    fn group_norm(
+        &self,
+        io: &GroupNormForward,
+        d: k::norm::GroupNormDims,
+        epsilon: f32,
+    ) -> OpResult {
+        self.k(
+            name1("mw_gn_fwd", self.ft(io.y)?),
+            LaunchCfg::rows(d.stats() as u64),
+            vec![
+                p(self.t(io.x)?),
+                p(self.t(io.y)?),
+                p(self.t(io.x_hat)?),
+                p(self.t(io.rstd)?),
+                p(self.pv(io.gamma)),
+                p(self.pv_or_null(io.beta)),
+                u(d.samples),
+                u(d.spatial),
+                u(d.channels),
+                u(d.groups),
+                KArg::I32(d.center as i32),
+                KArg::F32(epsilon),
+            ],
+        )?;
+        Ok(())
+    }
+
     fn dropout(&self, io: &DropoutForward, rate: f32, key: k::random::RngKey) -> OpResult {
         let n = self.elems(io.y)?;
         let [seed, layer] = self.key_args(key);
@@ -1001,6 +1028,47 @@ impl<B: Backend> Kernels for CudaKernels<B> {
                 p(self.t(io.dx)?),
                 u(rows),
                 u(features),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn group_norm_backward(&self, io: &GroupNormBackward, d: k::norm::GroupNormDims) -> OpResult {
+        let t = self.ft(io.x_hat)?;
+        let (h, dy) = (self.t(io.x_hat)?, self.t(io.dy)?);
+        // RMS norm has no shift: the parameter-gradient kernel skips a null dbeta.
+        let dbeta = match io.beta {
+            NONE => 0,
+            beta => self.pg(beta)?,
+        };
+        // The affine gradients are layer norm's per-channel sums over every (sample,
+        // position) row, so its kernel serves.
+        self.k(
+            name1("mw_ln_param_grads", t),
+            LaunchCfg::strip(d.channels as u64, 1),
+            vec![
+                p(h),
+                p(dy),
+                p(self.pg(io.gamma)?),
+                p(dbeta),
+                u(d.samples.saturating_mul(d.spatial)),
+                u(d.channels),
+            ],
+        )?;
+        self.k(
+            name1("mw_gn_bwd", t),
+            LaunchCfg::rows(d.stats() as u64),
+            vec![
+                p(h),
+                p(self.t(io.rstd)?),
+                p(self.pv(io.gamma)),
+                p(dy),
+                p(self.t(io.dx)?),
+                u(d.samples),
+                u(d.spatial),
+                u(d.channels),
+                u(d.groups),
+                KArg::I32(d.center as i32),
             ],
         )?;
         Ok(())
