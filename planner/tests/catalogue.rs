@@ -30,8 +30,8 @@ fn names_and_handles_are_unique_and_in_the_dsl_order() {
     assert_eq!(
         names.join(" "),
         "input dense conv2d depthwise_conv2d separable_conv2d conv2d_transpose max_pool2d \
-         avg_pool2d global_avg_pool batch_norm layer_norm rms_norm dropout flatten reshape add \
-         concat embedding attention activation sample_normal"
+         avg_pool2d global_avg_pool batch_norm layer_norm rms_norm group_norm dropout flatten \
+         reshape add concat embedding attention activation sample_normal"
     );
     for def in CATALOGUE {
         assert_eq!(def.handle, camel(def.name), "the handle of `{}`", def.name);
@@ -181,6 +181,14 @@ fn the_keras_defaults_are_the_catalogues() {
     );
     assert_eq!(LayerKind::rms_norm(), default("rms_norm"));
     assert_eq!(LayerKind::rms_norm(), LayerKind::RmsNorm { epsilon: 1e-6 });
+    assert_eq!(LayerKind::group_norm(), default("group_norm"));
+    assert_eq!(
+        LayerKind::group_norm(),
+        LayerKind::GroupNorm {
+            groups: 32,
+            epsilon: 1e-3
+        }
+    );
     assert_eq!(LayerKind::add(), default("add"));
     // Keras: pool strides default to the pool size, whatever it is.
     let pool = layers::find("max_pool2d").unwrap();
@@ -201,6 +209,14 @@ fn every_layer_model() -> ModelSpec {
         &[],
     );
     m.add("bn", LayerKind::batch_norm(), &[]);
+    m.add(
+        "gn",
+        LayerKind::GroupNorm {
+            groups: 2,
+            epsilon: 1e-4,
+        },
+        &[],
+    );
     m.add(
         "dw",
         LayerKind::depthwise_conv2d(3, 1, Padding::Same, Activation::Linear),
@@ -262,7 +278,7 @@ fn keras_rule(name: &str, shape: &[usize], layer_kind: &str) -> Fill {
     match (layer_kind, leaf) {
         (_, "bias") | (_, "running_mean") => Fill::Constant(0.0),
         (_, "running_var") => Fill::Constant(1.0),
-        ("batch_norm" | "layer_norm" | "rms_norm", "weight") => Fill::Constant(1.0),
+        ("batch_norm" | "layer_norm" | "rms_norm" | "group_norm", "weight") => Fill::Constant(1.0),
         ("embedding", _) => Fill::Uniform(0.05),
         _ => Fill::Uniform(layers::glorot_limit(shape)),
     }

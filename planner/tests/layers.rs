@@ -196,6 +196,48 @@ fn rms_norm_has_a_scale_only_and_keeps_x_hat_and_one_rstd_per_row() {
 }
 
 #[test]
+fn group_norm_normalises_per_sample_and_group_with_a_scale_and_shift_per_channel() {
+    let p = one(
+        LayerKind::GroupNorm {
+            groups: 2,
+            epsilon: 1e-3,
+        },
+        &[5, 5, 4],
+    );
+    assert_eq!(row(&p, "layer").params, 8); // γ and β per channel
+                                            // x_hat, one rstd per (sample, group), and the output (the head's input).
+    assert_eq!(kept(&p, "layer"), 2 * f32s(N * 100) + f32s(N * 2));
+    let step = p.steps.iter().find(|s| s.layer == "layer").unwrap();
+    assert_eq!(step.op.name(), "group_norm");
+    assert_eq!(
+        step.op,
+        memwise_plan::Op::GroupNorm {
+            samples: N,
+            spatial: 25,
+            channels: 4,
+            groups: 2,
+            epsilon: 1e-3,
+            center: true
+        }
+    );
+}
+
+#[test]
+fn group_norm_needs_groups_that_divide_the_channels() {
+    let mut m = ModelSpec::new("Groups", N);
+    m.input("x", &[4, 4, 6], DType::F32, 1.0);
+    // Keras's default, 32 groups, cannot split 6 channels.
+    m.add("gn", LayerKind::group_norm(), &[]);
+    let e = plan(&m).unwrap_err().to_string();
+    assert!(
+        e.contains("`group_norm` splits the last axis of its input into 32 groups")
+            && e.contains("with 6 channels")
+            && e.contains("`groups` must divide the channels"),
+        "{e}"
+    );
+}
+
+#[test]
 fn views_own_no_bytes() {
     let mut m = ModelSpec::new("Views", N);
     m.input("x", &[4, 6], DType::F32, 1.0);

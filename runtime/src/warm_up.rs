@@ -126,6 +126,11 @@ fn image_model() -> ModelSpec {
         &["pixels"],
     );
     m.add("bn", LayerKind::batch_norm(), &[]);
+    let groups = LayerKind::GroupNorm {
+        groups: 2,
+        epsilon: 1e-3,
+    };
+    m.add("gn", groups, &[]);
     m.add("relu", LayerKind::Activation(Activation::Relu), &[]);
     m.add(
         "dw",

@@ -445,6 +445,38 @@ fn new_layer_models() -> Vec<(&'static str, ModelSpec)> {
         m.loss
             .push(LossTerm::new(LossKind::MeanSquaredError).on(&["out", "y"]));
         out.push(("rms_norm", m));
+
+        // A small convnet with group norm in two groups and in one group per channel (Keras's
+        // InstanceNorm), batch 3 so that per-sample statistics differ from batch ones.
+        let mut m = ModelSpec::new("GroupNorm", 3);
+        m.precision = precision;
+        m.input("image", &[6, 6, 3], DType::U8, 1.0 / 255.0);
+        m.input("label", &[], DType::I32, 1.0);
+        let conv = |f| LayerKind::conv2d(f, 3, 1, memwise_plan::Padding::Same, A::Linear);
+        m.add("conv", conv(8), &["image"]);
+        m.add(
+            "gn",
+            LayerKind::GroupNorm {
+                groups: 2,
+                epsilon: 1e-3,
+            },
+            &[],
+        );
+        m.add("act", LayerKind::Activation(A::Elu { alpha: 1.0 }), &[]);
+        m.add("conv_2", conv(4), &[]);
+        m.add(
+            "instance",
+            LayerKind::GroupNorm {
+                groups: 4,
+                epsilon: 1e-5,
+            },
+            &[],
+        );
+        m.add("gap", LayerKind::GlobalAvgPool, &[]);
+        m.add("probs", LayerKind::dense(5, A::Softmax), &[]);
+        m.loss
+            .push(LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["probs", "label"]));
+        out.push(("group_norm", m));
     }
     out
 }
@@ -466,8 +498,8 @@ fn the_new_layers_start_from_their_catalogue_initialisers() {
                 prm.name
             );
             let want = match prm.name.rsplit_once('.').map(|(l, _)| l) {
-                Some("rms" | "gn") if prm.name.ends_with(".weight") => Some(1.0),
-                Some("rms" | "gn") if prm.name.ends_with(".bias") => Some(0.0),
+                Some("rms" | "gn" | "instance") if prm.name.ends_with(".weight") => Some(1.0),
+                Some("rms" | "gn" | "instance") if prm.name.ends_with(".bias") => Some(0.0),
                 _ => None,
             };
             if let Some(v) = want {

@@ -157,6 +157,8 @@ catalogue! {
     layer_norm::LayerNorm { epsilon: f32 },
     /// Root-mean-square normalisation over the last axis (Keras default epsilon 1e-6).
     rms_norm::RmsNorm { epsilon: f32 },
+    /// Group normalisation over channel groups, per sample (Keras defaults 32 groups, 1e-3).
+    group_norm::GroupNorm { groups: usize, epsilon: f32 },
     dropout::Dropout { rate: f32 },
     /// A view: no op, no new bytes.
     flatten::Flatten,
