@@ -74,6 +74,9 @@ pub struct TinyGpt {
     next: Input,
     #[embedding(input_dim = 256, output_dim = 64, from = ids)]
     embed: Embedding,
+    // GPT-2's learned positions (`wpe`), one vector per position, added to the tokens'.
+    #[positional_embedding]
+    positions: PositionalEmbedding,
     #[block(heads = 4)]
     blocks: [Block; 2],
     // The final norm as LLaMA writes it: a scale, no shift, no mean.

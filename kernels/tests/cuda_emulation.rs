@@ -1971,9 +1971,37 @@ fn embedding_case<T: Ty>(r: &mut Rng) {
     assert!(y[3 * dim..4 * dim].iter().all(|v| v.to_f32() == 0.0));
 }
 
+/// The positional embedding's forward out of place and in place (its gradient is
+/// `mw_column_sums`, covered with the norms, and a cast).
+fn pos_embedding_case<T: Ty>(r: &mut Rng) {
+    let (rows, len) = (5usize, 37usize * 3);
+    let x: Vec<T> = r.t(rows * len, -2.0, 2.0);
+    let table = r.vec(len, -1.0, 1.0);
+    let mut want = zeros::<T>(rows * len);
+    k::embedding::positional_embedding_forward(rows, len, &x, &table, &mut want).unwrap();
+    let name = name1("mw_pos_embedding_fwd", T::F);
+    let cfg = LaunchCfg::pointwise((rows * len) as u64);
+    let mut y = zeros::<T>(rows * len);
+    run(
+        &name,
+        cfg,
+        vec![p(&x), p(&table), pm(&mut y), u(rows), u(len)],
+    );
+    close("pos_embedding y", &y, &want, T::REL, 1e-6);
+    let mut xy = x.clone();
+    let (a, b) = (pm(&mut xy), pm(&mut xy));
+    run(
+        &name,
+        cfg.with_blocks(2),
+        vec![a, p(&table), b, u(rows), u(len)],
+    );
+    close("pos_embedding in place", &xy, &want, T::REL, 1e-6);
+}
+
 fn embedding() {
     let r = &mut Rng::new(9);
     each!(embedding_case, r);
+    each!(pos_embedding_case, r);
 }
 
 // ---------------------------------------------------------------------------------------------

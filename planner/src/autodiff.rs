@@ -273,6 +273,12 @@ fn saved_for_backward(op: &GOp, param_grads: bool, same_dtype: bool) -> Result<S
             let io = EmbeddingForward::of(&step).map_err(bad)?;
             rule(vec![io.ids], io.y, false, None)
         }
+        Op::PositionalEmbedding { .. } => {
+            // Its backward reads only `dy` (the table's gradient is `dy`'s column sums, `dx`
+            // is `dy`): both passes may run in place.
+            let io = PositionalEmbeddingForward::of(&step).map_err(bad)?;
+            rule(vec![], io.y, same_dtype, same_dtype.then_some(0))
+        }
         Op::Attention { dropout, .. } => {
             let io = AttentionForward::of(&step).map_err(bad)?;
             let mut saved = vec![io.qkv, io.probs];

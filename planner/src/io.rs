@@ -376,6 +376,8 @@ pub enum StepIo {
     NormBackward(NormBackward),
     GroupNorm(GroupNormForward),
     GroupNormBackward(GroupNormBackward),
+    PositionalEmbedding(PositionalEmbeddingForward),
+    PositionalEmbeddingBackward(PositionalEmbeddingBackward),
     Dropout(DropoutForward),
     Add(AddForward),
     Concat(ConcatForward),
@@ -841,6 +843,12 @@ impl StepIo {
             (Op::Concat { .. }, true) => StepIo::ConcatBackward(ConcatBackward::of(step)?),
             (Op::Embedding { .. }, false) => StepIo::Embedding(EmbeddingForward::of(step)?),
             (Op::Embedding { .. }, true) => StepIo::EmbeddingBackward(EmbeddingBackward::of(step)?),
+            (Op::PositionalEmbedding { .. }, false) => {
+                StepIo::PositionalEmbedding(PositionalEmbeddingForward::of(step)?)
+            }
+            (Op::PositionalEmbedding { .. }, true) => {
+                StepIo::PositionalEmbeddingBackward(PositionalEmbeddingBackward::of(step)?)
+            }
             (Op::Attention { .. }, false) => StepIo::Attention(AttentionForward::of(step)?),
             (Op::Attention { .. }, true) => StepIo::AttentionBackward(AttentionBackward::of(step)?),
             (Op::SampleNormal { .. }, false) => {
@@ -937,6 +945,58 @@ impl GroupNormBackward {
             dx: w[0],
             gamma: l.need_param(0)?,
             beta: l.param(1),
+            ws,
+            scratch,
+        })
+    }
+}
+
+/// The positional embedding ([`Op::PositionalEmbedding`]): its table added to `x`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PositionalEmbeddingForward {
+    pub x: TensorId,
+    /// May be `x` (in place).
+    pub y: TensorId,
+    pub table: ParamId,
+    pub ws: TensorId,
+    pub scratch: TensorId,
+}
+
+/// [`PositionalEmbeddingForward`]'s backward: `dx = dy`, the table's gradient summed from `dy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PositionalEmbeddingBackward {
+    pub dy: TensorId,
+    /// May be `dy` (in place).
+    pub dx: TensorId,
+    pub table: ParamId,
+    pub ws: TensorId,
+    pub scratch: TensorId,
+}
+
+impl PositionalEmbeddingForward {
+    pub fn of(step: &PlanStep) -> Result<Self, IoError> {
+        let l = Lists { step };
+        let r = l.reads(1)?;
+        let (w, ws, scratch) = l.writes(1)?;
+        Ok(PositionalEmbeddingForward {
+            x: r[0],
+            y: w[0],
+            table: l.need_param(0)?,
+            ws,
+            scratch,
+        })
+    }
+}
+
+impl PositionalEmbeddingBackward {
+    pub fn of(step: &PlanStep) -> Result<Self, IoError> {
+        let l = Lists { step };
+        let r = l.reads(1)?;
+        let (w, ws, scratch) = l.writes(1)?;
+        Ok(PositionalEmbeddingBackward {
+            dy: r[0],
+            dx: w[0],
+            table: l.need_param(0)?,
             ws,
             scratch,
         })

@@ -194,6 +194,14 @@ ops! {
         vocab: usize,
         dim: usize,
     } = "embedding";
+    /// A learned table `[seq, dim]` added to every sample of `x [batch, seq, dim]` (GPT-2's
+    /// position embedding `wpe`). fwd `[x] → [y]` (y may be x); bwd `[dy] → [dx]` (dx may be dy),
+    /// the table's gradient the column sums of `dy`.
+    PositionalEmbedding {
+        batch: usize,
+        seq: usize,
+        dim: usize,
+    } = "positional_embedding";
     /// Scaled dot-product self-attention over a packed `qkv [batch, seq, 3·heads·head_dim]`.
     /// With dropout: fwd `[qkv] → [probs, mask, probs_dropped, ctx]`, bwd
     /// `[qkv, probs, mask, probs_dropped, dctx] → [dqkv]`; without: fwd
@@ -335,6 +343,7 @@ impl Op {
             Op::BatchNormInference { rows, channels, .. } => 2 * u(rows) * u(channels),
             Op::Concat { rows, a, b } => u(rows) * u(a.saturating_add(b)),
             Op::Embedding { tokens, dim, .. } => u(s(tokens, dim)),
+            Op::PositionalEmbedding { batch, seq, dim } => u(batch) * u(s(seq, dim)),
             Op::SoftmaxCrossEntropy { rows, classes, .. }
             | Op::SoftmaxCrossEntropyFromLogits { rows, classes, .. } => 4 * u(s(rows, classes)),
             Op::SigmoidBinaryCrossentropy { rows, features, .. }

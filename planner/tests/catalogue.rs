@@ -31,7 +31,8 @@ fn names_and_handles_are_unique_and_in_the_dsl_order() {
         names.join(" "),
         "input dense conv2d depthwise_conv2d separable_conv2d conv2d_transpose max_pool2d \
          avg_pool2d global_avg_pool batch_norm layer_norm rms_norm group_norm dropout flatten \
-         reshape add concat embedding attention activation sample_normal"
+         reshape add concat embedding positional_embedding attention activation \
+         sample_normal"
     );
     for def in CATALOGUE {
         assert_eq!(def.handle, camel(def.name), "the handle of `{}`", def.name);
@@ -256,6 +257,7 @@ fn every_layer_model() -> ModelSpec {
         LayerKind::Embedding { vocab: 10, dim: 8 },
         &["ids"],
     );
+    m.add("pos", LayerKind::PositionalEmbedding, &[]);
     m.add("norm", LayerKind::layer_norm(), &[]);
     m.add("rms", LayerKind::rms_norm(), &[]);
     let attention = LayerKind::Attention {
@@ -279,7 +281,7 @@ fn keras_rule(name: &str, shape: &[usize], layer_kind: &str) -> Fill {
         (_, "bias") | (_, "running_mean") => Fill::Constant(0.0),
         (_, "running_var") => Fill::Constant(1.0),
         ("batch_norm" | "layer_norm" | "rms_norm" | "group_norm", "weight") => Fill::Constant(1.0),
-        ("embedding", _) => Fill::Uniform(0.05),
+        ("embedding" | "positional_embedding", _) => Fill::Uniform(0.05),
         _ => Fill::Uniform(layers::glorot_limit(shape)),
     }
 }

@@ -238,6 +238,47 @@ fn group_norm_needs_groups_that_divide_the_channels() {
 }
 
 #[test]
+fn positional_embedding_adds_a_table_per_position_in_place_and_keeps_nothing() {
+    let mut m = ModelSpec::new("Pos", N);
+    m.input("ids", &[12], DType::I32, 1.0);
+    m.add("emb", LayerKind::Embedding { vocab: 50, dim: 16 }, &[]);
+    m.add("pos", LayerKind::PositionalEmbedding, &[]);
+    m.add("head", LayerKind::dense(50, Activation::Softmax), &[]);
+    m.input("next", &[12], DType::I32, 1.0);
+    m.loss
+        .push(LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["head", "next"]));
+    let p = plan(&m).unwrap();
+    assert_eq!(row(&p, "pos").params, 12 * 16); // one vector per position
+    let table = p.params.iter().find(|q| q.name == "pos.weight").unwrap();
+    assert_eq!(&table.shape[..], &[12, 16]);
+    let fwd = p.steps.iter().find(|s| s.layer == "pos").unwrap();
+    assert_eq!(
+        fwd.op,
+        memwise_plan::Op::PositionalEmbedding {
+            batch: N,
+            seq: 12,
+            dim: 16
+        }
+    );
+    // Its backward reads only dy: it saves nothing of its own (what is kept is its output, the
+    // head's input), and both passes run in place.
+    assert_eq!(kept(&p, "pos"), f32s(N * 12 * 16));
+    assert!(row(&p, "pos").in_place);
+}
+
+#[test]
+fn positional_embedding_reads_token_vectors() {
+    let mut m = ModelSpec::new("Pos", N);
+    m.input("ids", &[12], DType::I32, 1.0);
+    m.add("pos", LayerKind::PositionalEmbedding, &[]);
+    let e = plan(&m).unwrap_err().to_string();
+    assert!(
+        e.contains("`ids` is [12] of i32 values: put an `embedding` before it"),
+        "{e}"
+    );
+}
+
+#[test]
 fn views_own_no_bytes() {
     let mut m = ModelSpec::new("Views", N);
     m.input("x", &[4, 6], DType::F32, 1.0);

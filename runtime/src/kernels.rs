@@ -192,6 +192,13 @@ pub trait Kernels {
     fn add(&self, io: &AddForward) -> OpResult;
     fn concat(&self, io: &ConcatForward, rows: usize, a: usize, b: usize) -> OpResult;
     fn embedding(&self, io: &EmbeddingForward, d: k::embedding::EmbeddingDims) -> OpResult;
+    /// `y = x + table` per sample of `batch` samples of `len` elements; `y` may be `x`.
+    fn positional_embedding(
+        &self,
+        io: &PositionalEmbeddingForward,
+        batch: usize,
+        len: usize,
+    ) -> OpResult;
     fn attention(
         &self,
         io: &AttentionForward,
@@ -248,6 +255,13 @@ pub trait Kernels {
         &self,
         io: &EmbeddingBackward,
         d: k::embedding::EmbeddingDims,
+    ) -> OpResult;
+    /// The table's gradient (accumulated) and `dx = dy`; `dx` may be `dy`.
+    fn positional_embedding_backward(
+        &self,
+        io: &PositionalEmbeddingBackward,
+        batch: usize,
+        len: usize,
     ) -> OpResult;
     fn attention_backward(
         &self,

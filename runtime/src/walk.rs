@@ -451,6 +451,11 @@ fn forward<K: Kernels>(
             &EmbeddingForward::of(s).map_err(io_err)?,
             k::embedding::EmbeddingDims { tokens, vocab, dim },
         ),
+        Op::PositionalEmbedding { batch, seq, dim } => k.positional_embedding(
+            &PositionalEmbeddingForward::of(s).map_err(io_err)?,
+            batch,
+            seq.saturating_mul(dim),
+        ),
         Op::Attention {
             batch,
             seq,
@@ -582,6 +587,11 @@ fn backward<K: Kernels>(
             attention_dims(batch, seq, heads, head_dim).0,
             dropout,
         ),
+        Op::PositionalEmbedding { batch, seq, dim } => k.positional_embedding_backward(
+            &PositionalEmbeddingBackward::of(s).map_err(io_err)?,
+            batch,
+            seq.saturating_mul(dim),
+        ),
         Op::SampleNormal { key: l, .. } => k.sample_normal_backward(
             &SampleNormalBackward::of(s).map_err(io_err)?,
             key(seed, l, step),
@@ -698,6 +708,7 @@ fn loss<K: Kernels>(k: &K, s: &PlanStep) -> std::result::Result<(), OpError> {
         | Op::Add { .. }
         | Op::Concat { .. }
         | Op::Embedding { .. }
+        | Op::PositionalEmbedding { .. }
         | Op::Attention { .. }
         | Op::SampleNormal { .. }
         | Op::Accumulate { .. }
@@ -734,6 +745,7 @@ fn update<K: Kernels>(k: &K, s: &PlanStep) -> std::result::Result<(), OpError> {
         | Op::Add { .. }
         | Op::Concat { .. }
         | Op::Embedding { .. }
+        | Op::PositionalEmbedding { .. }
         | Op::Attention { .. }
         | Op::SampleNormal { .. }
         | Op::Accumulate { .. }

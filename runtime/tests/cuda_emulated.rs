@@ -477,6 +477,20 @@ fn new_layer_models() -> Vec<(&'static str, ModelSpec)> {
         m.loss
             .push(LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["probs", "label"]));
         out.push(("group_norm", m));
+
+        // A GPT's input as GPT-2 writes it: token vectors plus learned positions, then RMS
+        // norm; the positional embedding runs in place on both passes.
+        let mut m = ModelSpec::new("Positions", 3);
+        m.precision = precision;
+        m.input("ids", &[10], DType::I32, 1.0);
+        m.input("next", &[10], DType::I32, 1.0);
+        m.add("tok", LayerKind::Embedding { vocab: 17, dim: 12 }, &["ids"]);
+        m.add("pos", LayerKind::PositionalEmbedding, &[]);
+        m.add("rms", LayerKind::rms_norm(), &[]);
+        m.add("logits", LayerKind::dense(17, A::Linear), &[]);
+        let scce = LossKind::SparseCategoricalCrossentropy;
+        m.loss.push(LossTerm::new(scce).on(&["logits", "next"]));
+        out.push(("positional_embedding", m));
     }
     out
 }
@@ -504,6 +518,14 @@ fn the_new_layers_start_from_their_catalogue_initialisers() {
             };
             if let Some(v) = want {
                 assert!(c.iter().all(|&x| x == v), "{name}: `{}` = {c:?}", prm.name);
+            }
+            // Keras's embedding initialiser, uniform in ±0.05, for the position table too.
+            if prm.name == "pos.weight" {
+                let spread = c.iter().fold(0f32, |m, &x| m.max(x.abs()));
+                assert!(
+                    spread <= 0.05 && spread > 0.04,
+                    "{name}: `pos.weight` spread {spread}"
+                );
             }
         }
     }

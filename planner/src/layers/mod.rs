@@ -170,6 +170,8 @@ catalogue! {
     concat::Concat,
     /// Token ids (i32) → vectors.
     embedding::Embedding { vocab: usize, dim: usize },
+    /// A learned position table added to token vectors `[seq, dim]` (GPT-2's `wpe`).
+    positional_embedding::PositionalEmbedding,
     /// Multi-head self-attention over `[seq, hidden]`: fused QKV projection, scaled
     /// dot-product attention (optionally causal, with dropout on the probabilities) and an
     /// output projection.

@@ -443,6 +443,36 @@ impl Kernels for CpuKernels {
         Ok(())
     }
 
+    fn positional_embedding(
+        &self,
+        io: &PositionalEmbeddingForward,
+        batch: usize,
+        len: usize,
+    ) -> OpResult {
+        unsafe {
+            let table = self.pf32(io.table)?;
+            with_float!(self.dtype(io.y), T, {
+                if self.same(io.x, io.y) {
+                    k::embedding::positional_embedding_forward_inplace::<T>(
+                        batch,
+                        len,
+                        self.w::<T>(io.y)?,
+                        table,
+                    )?
+                } else {
+                    k::embedding::positional_embedding_forward::<T>(
+                        batch,
+                        len,
+                        self.r::<T>(io.x)?,
+                        table,
+                        self.w::<T>(io.y)?,
+                    )?
+                }
+            })
+        }
+        Ok(())
+    }
+
     fn dropout(&self, io: &DropoutForward, rate: f32, key: k::random::RngKey) -> OpResult {
         unsafe {
             with_float!(self.dtype(io.y), T, {
@@ -810,6 +840,30 @@ impl Kernels for CpuKernels {
                     self.grad_mut(io.gamma)?,
                     dbeta,
                 )?
+            })
+        }
+        Ok(())
+    }
+
+    fn positional_embedding_backward(
+        &self,
+        io: &PositionalEmbeddingBackward,
+        batch: usize,
+        len: usize,
+    ) -> OpResult {
+        unsafe {
+            with_float!(self.dtype(io.dy), T, {
+                let dy = self.r::<T>(io.dy)?;
+                k::embedding::positional_embedding_backward::<T>(
+                    batch,
+                    len,
+                    dy,
+                    self.grad_mut(io.table)?,
+                )?;
+                // dx = dy: nothing to move when the plan put one over the other.
+                if io.dx != NONE && !self.same(io.dy, io.dx) {
+                    k::elementwise::cast::<T, T>(dy, self.w::<T>(io.dx)?)?
+                }
             })
         }
         Ok(())

@@ -636,6 +636,26 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         Ok(())
     }
 
+    fn positional_embedding(
+        &self,
+        io: &PositionalEmbeddingForward,
+        batch: usize,
+        len: usize,
+    ) -> OpResult {
+        self.k(
+            name1("mw_pos_embedding_fwd", self.ft(io.y)?),
+            LaunchCfg::pointwise(batch.saturating_mul(len) as u64),
+            vec![
+                p(self.t(io.x)?),
+                p(self.pv(io.table)),
+                p(self.t(io.y)?),
+                u(batch),
+                u(len),
+            ],
+        )?;
+        Ok(())
+    }
+
     fn dropout(&self, io: &DropoutForward, rate: f32, key: k::random::RngKey) -> OpResult {
         let n = self.elems(io.y)?;
         let [seed, layer] = self.key_args(key);
@@ -1071,6 +1091,28 @@ impl<B: Backend> Kernels for CudaKernels<B> {
                 KArg::I32(d.center as i32),
             ],
         )?;
+        Ok(())
+    }
+
+    fn positional_embedding_backward(
+        &self,
+        io: &PositionalEmbeddingBackward,
+        batch: usize,
+        len: usize,
+    ) -> OpResult {
+        let t = self.ft(io.dy)?;
+        let dy = self.t(io.dy)?;
+        // The table's gradient is dy's column sums, as a bias's.
+        self.bias_grad(t, dy, batch, len, io.table)?;
+        // dx = dy: nothing to move when the plan put one over the other.
+        if io.dx != NONE && self.t(io.dx)? != dy {
+            let n = batch.saturating_mul(len);
+            self.k(
+                name2("mw_cast", t, t),
+                LaunchCfg::pointwise(n as u64),
+                vec![p(dy), p(self.t(io.dx)?), u(n)],
+            )?;
+        }
         Ok(())
     }
 
