@@ -759,13 +759,6 @@ impl GroupNormDims {
     }
 }
 
-/// Keras `GroupNormalization()` defaults: 32 groups, epsilon 1e-3.
-pub const GROUP_NORM_GROUPS: usize = 32;
-pub const GROUP_NORM_EPSILON: f32 = 1e-3;
-/// Keras `RMSNormalization()` default epsilon (PyTorch's `nn.RMSNorm` uses the dtype's
-/// machine epsilon unless told).
-pub const RMS_NORM_EPSILON: f32 = 1e-6;
-
 fn gn_check(d: GroupNormDims, op: &str) -> KResult {
     if d.groups == 0 || d.channels == 0 || !d.channels.is_multiple_of(d.groups) {
         return Err(KernelError(format!(
