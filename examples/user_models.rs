@@ -74,10 +74,14 @@ pub struct TinyGpt {
     next: Input,
     #[embedding(input_dim = 256, output_dim = 64, from = ids)]
     embed: Embedding,
+    // GPT-2's learned positions (`wpe`), one vector per position, added to the tokens'.
+    #[positional_embedding]
+    positions: PositionalEmbedding,
     #[block(heads = 4)]
     blocks: [Block; 2],
-    #[layer_norm(epsilon = 1e-5)]
-    ln_f: LayerNorm,
+    // The final norm as LLaMA writes it: a scale, no shift, no mean.
+    #[rms_norm(epsilon = 1e-5)]
+    ln_f: RmsNorm,
     #[f32]
     #[dense(256)]
     logits: Dense,

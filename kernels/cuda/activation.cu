@@ -1,7 +1,10 @@
 // Activations and their gradients (kernels/src/activation.rs): relu, sigmoid, tanh, gelu
-// (exact erf form), silu, linear, and softmax over the last axis.
+// (exact erf form), silu, leaky relu and elu (their parameter `p` is alpha), linear, and
+// softmax over the last axis.
 //
-// Pointwise kernels take the activation as a code (MW_ACT_*), a uniform branch. In place:
+// Pointwise kernels take the activation as a code (MW_ACT_*: its position in the list of
+// `kernels/src/activation.rs`) and its parameter `p` (0 for those without), a uniform
+// branch. In place:
 // the forward may write y over x, the backward dx over dy (each element is read and written
 // by one thread). Softmax runs one warp per row (MW_ROW_WARPS rows per block); its in-place
 // forms are safe too: a lane writes only the elements it read, after the row's reductions.
@@ -13,6 +16,8 @@
 #define MW_ACT_TANH 3
 #define MW_ACT_GELU 4
 #define MW_ACT_SILU 5
+#define MW_ACT_LEAKY_RELU 6
+#define MW_ACT_ELU 7
 
 // Stable logistic: never evaluates exp of a positive number.
 MW_DEV float mw_sigmoid(float x) {
@@ -21,19 +26,21 @@ MW_DEV float mw_sigmoid(float x) {
     return e / (1.0f + e);
 }
 
-MW_DEV float mw_act(int act, float x) {
+MW_DEV float mw_act(int act, float p, float x) {
     switch (act) {
     case MW_ACT_RELU: return x > 0.0f ? x : 0.0f;
     case MW_ACT_SIGMOID: return mw_sigmoid(x);
     case MW_ACT_TANH: return tanhf(x);
     case MW_ACT_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
     case MW_ACT_SILU: return x * mw_sigmoid(x);
+    case MW_ACT_LEAKY_RELU: return x > 0.0f ? x : p * x;
+    case MW_ACT_ELU: return x > 0.0f ? x : p * expm1f(x);
     default: return x;
     }
 }
 
 // dx from what the backward reads (y for relu/sigmoid/tanh, x for gelu/silu) and dy.
-MW_DEV float mw_act_grad(int act, float s, float dy) {
+MW_DEV float mw_act_grad(int act, float p, float s, float dy) {
     switch (act) {
     case MW_ACT_RELU: return s > 0.0f ? dy : 0.0f;
     case MW_ACT_SIGMOID: return dy * s * (1.0f - s);
@@ -47,23 +54,27 @@ MW_DEV float mw_act_grad(int act, float s, float dy) {
         float g = mw_sigmoid(s);
         return dy * (g * (1.0f + s * (1.0f - g)));
     }
+    // Both read y: with p ≥ 0, y > 0 exactly where x > 0; below, elu's slope p·eˣ is y + p.
+    case MW_ACT_LEAKY_RELU: return s > 0.0f ? dy : p * dy;
+    case MW_ACT_ELU: return s > 0.0f ? dy : dy * (s + p);
     default: return dy;
     }
 }
 
-template <typename T> MW_DEV void act_fwd(int act, const T* x, T* y, u64 n) {
-    MW_FOR(i, n) y[i] = st<T>(mw_act(act, ld(x[i])));
+template <typename T> MW_DEV void act_fwd(int act, float p, const T* x, T* y, u64 n) {
+    MW_FOR(i, n) y[i] = st<T>(mw_act(act, p, ld(x[i])));
 }
-template <typename T> MW_DEV void act_bwd(int act, const T* saved, const T* dy, T* dx, u64 n) {
-    MW_FOR(i, n) dx[i] = st<T>(mw_act_grad(act, ld(saved[i]), ld(dy[i])));
+template <typename T>
+MW_DEV void act_bwd(int act, float p, const T* saved, const T* dy, T* dx, u64 n) {
+    MW_FOR(i, n) dx[i] = st<T>(mw_act_grad(act, p, ld(saved[i]), ld(dy[i])));
 }
 #define MW_ACT_KERNELS(S, T)                                                                    \
-    extern "C" __global__ void mw_act_fwd_##S(int act, const T* x, T* y, u64 n) {               \
-        act_fwd<T>(act, x, y, n);                                                               \
+    extern "C" __global__ void mw_act_fwd_##S(int act, float p, const T* x, T* y, u64 n) {      \
+        act_fwd<T>(act, p, x, y, n);                                                            \
     }                                                                                           \
-    extern "C" __global__ void mw_act_bwd_##S(int act, const T* saved, const T* dy, T* dx,      \
-                                              u64 n) {                                          \
-        act_bwd<T>(act, saved, dy, dx, n);                                                      \
+    extern "C" __global__ void mw_act_bwd_##S(int act, float p, const T* saved, const T* dy,    \
+                                              T* dx, u64 n) {                                   \
+        act_bwd<T>(act, p, saved, dy, dx, n);                                                   \
     }
 MW_FLOATS(MW_ACT_KERNELS)
 

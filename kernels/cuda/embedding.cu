@@ -3,6 +3,9 @@
 // order of the additions, and so the last bits, may vary from run to run, unlike the CPU's).
 // An id outside 0..vocab cannot raise an error here: its row is left out (zeros forward,
 // nothing backward) and sc->bad_index records 1 + its position for the runtime to report.
+//
+// The positional embedding adds a learned f32 table [len = seq·dim] to every sample of x
+// [rows, len]; its table gradient is mw_column_sums of dy (norm.cu), as a bias's.
 #include "common.cuh"
 
 template <typename T>
@@ -40,3 +43,16 @@ MW_DEV void embedding_bwd(const int* ids, const T* dy, float* dw, u64 tokens, u6
         embedding_bwd<T>(ids, dy, dw, tokens, vocab, dim);                                      \
     }
 MW_FLOATS(MW_EMBEDDING)
+
+// y = x + table per sample; in place when y is x (each element read, then written, by one
+// thread).
+template <typename T>
+MW_DEV void pos_embedding_fwd(const T* x, const float* table, T* y, u64 rows, u64 len) {
+    MW_FOR(i, rows * len) y[i] = st<T>(ld(x[i]) + table[i % len]);
+}
+#define MW_POS_EMBEDDING(S, T)                                                                  \
+    extern "C" __global__ void mw_pos_embedding_fwd_##S(const T* x, const float* table, T* y,   \
+                                                        u64 rows, u64 len) {                    \
+        pos_embedding_fwd<T>(x, table, y, rows, len);                                           \
+    }
+MW_FLOATS(MW_POS_EMBEDDING)

@@ -174,8 +174,8 @@ MW_DEV void ln_fwd(const T* x, T* y, T* x_hat, float* rstd, const float* gamma,
     }
 }
 
-// dgamma += Σ_rows dy·x_hat, dbeta += Σ_rows dy (a channel strip). Run it before mw_ln_bwd
-// when dx is written over dy.
+// dgamma += Σ_rows dy·x_hat, dbeta += Σ_rows dy (a channel strip; dbeta may be null). Run it
+// before mw_ln_bwd when dx is written over dy. Group and RMS norm use it too.
 template <typename T>
 MW_DEV void ln_param_grads(const T* x_hat, const T* dy, float* dgamma, float* dbeta, u64 rows,
                            u64 c) {
@@ -185,7 +185,7 @@ MW_DEV void ln_param_grads(const T* x_hat, const T* dy, float* dgamma, float* db
     float a, b;
     mw_channel_grad_sums(x_hat, dy, rows, c, ch, ok, sh, a, b);
     if (ok && threadIdx.y == 0) {
-        dbeta[ch] += a;
+        if (dbeta) dbeta[ch] += a; // null for RMS norm, which has no shift
         dgamma[ch] += b;
     }
 }
@@ -228,3 +228,87 @@ MW_DEV void ln_bwd(const T* x_hat, const float* rstd, const float* gamma, const 
         ln_bwd<T>(x_hat, rstd, gamma, dy, dx, rows, c);                                         \
     }
 MW_FLOATS(MW_LN)
+
+// ---- group norm and RMS norm -------------------------------------------------------------------
+
+// One warp per (sample, group) of x [samples, spatial, c] with groups of cg = c / groups
+// consecutive channels (kernels/src/norm.rs, GroupNormDims). Element e of a group sits at
+// (e / cg)·c + e % cg within its sample. RMS norm is groups = 1, spatial = 1, center = 0 and
+// beta null: one kernel pair for both, as on the CPU.
+MW_DEV u64 gn_at(u64 e, u64 cg, u64 c, u64 g) { return (e / cg) * c + g * cg + e % cg; }
+
+// Forward: mean (when centring) and variance in f64, rstd = 1/sqrt(var + eps),
+// x_hat = (x − mean)·rstd, y = gamma·x_hat + beta (beta may be null); saves x_hat and rstd.
+template <typename T>
+MW_DEV void gn_fwd(const T* x, T* y, T* x_hat, float* rstd, const float* gamma,
+                   const float* beta, u64 samples, u64 spatial, u64 c, u64 groups, int center,
+                   float eps) {
+    u64 sg = (u64)blockIdx.x * MW_ROW_WARPS + (threadIdx.x >> 5);
+    if (sg >= samples * groups) return; // whole warps: sg is the warp's
+    int lane = threadIdx.x & 31;
+    u64 g = sg % groups, cg = c / groups, len = spatial * cg;
+    u64 base = (sg / groups) * spatial * c;
+    double s = 0.0;
+    for (u64 e = lane; e < len; e += 32) s += (double)ld(x[base + gn_at(e, cg, c, g)]);
+    // `center` is the same for every warp: the reductions stay warp-uniform.
+    double mean = center ? mw_warp_sum(s) / (double)len : 0.0;
+    double v = 0.0;
+    for (u64 e = lane; e < len; e += 32) {
+        double t = (double)ld(x[base + gn_at(e, cg, c, g)]) - mean;
+        v += t * t;
+    }
+    double var = mw_warp_sum(v) / (double)len;
+    float m = (float)mean;
+    float rs = (float)(1.0 / sqrt(var + (double)eps));
+    if (lane == 0) rstd[sg] = rs;
+    for (u64 e = lane; e < len; e += 32) {
+        u64 i = base + gn_at(e, cg, c, g), ch = g * cg + e % cg;
+        float h = (ld(x[i]) - m) * rs;
+        x_hat[i] = st<T>(h);
+        y[i] = st<T>(gamma[ch] * h + (beta ? beta[ch] : 0.0f));
+    }
+}
+
+// dx = rstd·(g − mean(g) − x_hat·mean(g·x_hat)) per (sample, group), g = dy·gamma, without
+// mean(g) when uncentred; sums in f64. The parameter gradients are mw_ln_param_grads over
+// [samples·spatial, c] rows (dbeta null without a shift).
+template <typename T>
+MW_DEV void gn_bwd(const T* x_hat, const float* rstd, const float* gamma, const T* dy, T* dx,
+                   u64 samples, u64 spatial, u64 c, u64 groups, int center) {
+    u64 sg = (u64)blockIdx.x * MW_ROW_WARPS + (threadIdx.x >> 5);
+    if (sg >= samples * groups) return;
+    int lane = threadIdx.x & 31;
+    u64 g = sg % groups, cg = c / groups, len = spatial * cg;
+    u64 base = (sg / groups) * spatial * c;
+    double s1 = 0.0, s2 = 0.0;
+    for (u64 e = lane; e < len; e += 32) {
+        u64 i = base + gn_at(e, cg, c, g);
+        float gv = ld(dy[i]) * gamma[g * cg + e % cg];
+        s1 += (double)gv;
+        s2 += (double)(gv * ld(x_hat[i]));
+    }
+    double t1 = mw_warp_sum(s1), t2 = mw_warp_sum(s2);
+    float m1 = center ? (float)(t1 / (double)len) : 0.0f;
+    float m2 = (float)(t2 / (double)len);
+    float rs = rstd[sg];
+    for (u64 e = lane; e < len; e += 32) {
+        u64 i = base + gn_at(e, cg, c, g);
+        float gv = ld(dy[i]) * gamma[g * cg + e % cg];
+        dx[i] = st<T>(rs * (gv - m1 - ld(x_hat[i]) * m2));
+    }
+}
+
+#define MW_GN(S, T)                                                                             \
+    extern "C" __global__ void mw_gn_fwd_##S(const T* x, T* y, T* x_hat, float* rstd,           \
+                                             const float* gamma, const float* beta,             \
+                                             u64 samples, u64 spatial, u64 c, u64 groups,       \
+                                             int center, float eps) {                           \
+        gn_fwd<T>(x, y, x_hat, rstd, gamma, beta, samples, spatial, c, groups, center, eps);    \
+    }                                                                                           \
+    extern "C" __global__ void mw_gn_bwd_##S(const T* x_hat, const float* rstd,                 \
+                                             const float* gamma, const T* dy, T* dx,            \
+                                             u64 samples, u64 spatial, u64 c, u64 groups,       \
+                                             int center) {                                      \
+        gn_bwd<T>(x_hat, rstd, gamma, dy, dx, samples, spatial, c, groups, center);             \
+    }
+MW_FLOATS(MW_GN)

@@ -104,6 +104,24 @@ macro_rules! pointwise_activation {
     };
 }
 
+#[inline(always)]
+fn relu_f32(x: f32) -> f32 {
+    if x > 0.0 {
+        x
+    } else {
+        0.0
+    }
+}
+
+#[inline(always)]
+fn relu_grad(y: f32, dy: f32) -> f32 {
+    if y > 0.0 {
+        dy
+    } else {
+        0.0
+    }
+}
+
 pointwise_activation!(
     "relu",
     relu_forward,
@@ -111,8 +129,8 @@ pointwise_activation!(
     relu_backward,
     relu_backward_inplace,
     y,
-    |x| if x > 0.0 { x } else { 0.0 },
-    |y, dy| if y > 0.0 { dy } else { 0.0 }
+    relu_f32,
+    relu_grad
 );
 
 pointwise_activation!(
@@ -159,19 +177,6 @@ pointwise_activation!(
     |x, dy| dy * silu_grad_f32(x)
 );
 
-/// A pointwise activation chosen at run time (what a layer's `activation = …` names), so the
-/// executor can dispatch without matching on names. Softmax is not here: it needs the row
-/// length; call [`softmax_forward`] directly.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Activation {
-    Linear,
-    Relu,
-    Sigmoid,
-    Tanh,
-    Gelu,
-    Silu,
-}
-
 /// Which tensor an activation's backward reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Saved {
@@ -183,67 +188,157 @@ pub enum Saved {
     Output,
 }
 
-impl Activation {
-    /// What the backward reads; the planner keeps it alive until the backward step.
-    pub fn saved(self) -> Saved {
-        match self {
-            Activation::Linear => Saved::Nothing,
-            Activation::Relu | Activation::Sigmoid | Activation::Tanh => Saved::Output,
-            Activation::Gelu | Activation::Silu => Saved::Input,
+/// Declares the pointwise activations, one line each: the variant (and the parameter it
+/// carries), its name — the planner's activation of the same name runs it, and its position
+/// in this list is its CUDA code (`MW_ACT_*` in activation.cu) —, what its backward reads,
+/// `f(x)` and `dx(saved, dy)`. Generates [`Activation`] and its dispatch, so the executors
+/// name no activation.
+macro_rules! pointwise_activations {
+    ($($(#[$doc:meta])* $v:ident $({ $p:ident })? = $name:literal, saved $saved:ident,
+       $f:expr, $g:expr;)*) => {
+        /// A pointwise activation chosen at run time (what a layer's `activation = …` names),
+        /// so the executor can dispatch without matching on names. Softmax is not here: it
+        /// needs the row length; call [`softmax_forward`] directly.
+        #[derive(Debug, Clone, Copy, PartialEq)]
+        pub enum Activation {
+            $($(#[$doc])* $v $({ $p: f32 })?,)*
         }
-    }
 
+        impl Activation {
+            /// Every name, in CUDA-code order.
+            pub const NAMES: &'static [&'static str] = &[$($name),*];
+
+            /// The activation called `name`, with `param` as its parameter (ignored by those
+            /// that take none); `None` for a name not listed.
+            pub fn from_name(name: &str, param: f32) -> Option<Activation> {
+                let _ = param; // read only by the activations that take a parameter
+                match name {
+                    $($name => Some(Activation::$v $({ $p: param })?),)*
+                    _ => None,
+                }
+            }
+
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Activation::$v { .. } => $name,)*
+                }
+            }
+
+            /// Its parameter (0 when it takes none).
+            pub fn param(self) -> f32 {
+                match self {
+                    $(Activation::$v $({ $p })? => 0.0 $(+ $p)?,)*
+                }
+            }
+
+            /// What the backward reads; the planner keeps it alive until the backward step.
+            pub fn saved(self) -> Saved {
+                match self {
+                    $(Activation::$v { .. } => Saved::$saved,)*
+                }
+            }
+
+            fn forward_map<T: Element>(self, x: &[T], y: &mut [T]) {
+                match self {
+                    $(Activation::$v $({ $p })? => map1(x, y, $f),)*
+                }
+            }
+
+            fn forward_map_inplace<T: Element>(self, x: &mut [T]) {
+                match self {
+                    $(Activation::$v $({ $p })? => map1_inplace(x, $f),)*
+                }
+            }
+
+            fn backward_map<T: Element>(self, saved: &[T], dy: &[T], dx: &mut [T]) {
+                match self {
+                    $(Activation::$v $({ $p })? => map2(saved, dy, dx, $g),)*
+                }
+            }
+
+            fn backward_map_inplace<T: Element>(self, saved: &[T], dy_dx: &mut [T]) {
+                match self {
+                    $(Activation::$v $({ $p })? => map2_inplace(saved, dy_dx, $g),)*
+                }
+            }
+        }
+    };
+}
+
+pointwise_activations! {
+    /// `y = x` (its in-place forms do nothing).
+    Linear = "linear", saved Nothing, |x| x, |_, dy| dy;
+    Relu = "relu", saved Output, relu_f32, relu_grad;
+    Sigmoid = "sigmoid", saved Output, sigmoid_f32, |y, dy| dy * y * (1.0 - y);
+    Tanh = "tanh", saved Output, f32::tanh, |y, dy| dy * (1.0 - y * y);
+    Gelu = "gelu", saved Input, gelu_f32, |x, dy| dy * gelu_grad_f32(x);
+    Silu = "silu", saved Input, |x| x * sigmoid_f32(x), |x, dy| dy * silu_grad_f32(x);
+    /// `alpha·x` below 0. With `alpha ≥ 0` (the planner checks it) `y > 0` exactly when
+    /// `x > 0`, so the backward reads `y` and the forward may run in place.
+    LeakyRelu { alpha } = "leaky_relu", saved Output,
+        |x| if x > 0.0 { x } else { alpha * x },
+        |y, dy| if y > 0.0 { dy } else { alpha * dy };
+    /// `alpha·(eˣ − 1)` below 0 (`exp_m1`: exact near 0), whose derivative there is
+    /// `alpha·eˣ = y + alpha`, a function of `y`.
+    Elu { alpha } = "elu", saved Output,
+        |x| if x > 0.0 { x } else { alpha * x.exp_m1() },
+        |y, dy| if y > 0.0 { dy } else { dy * (y + alpha) };
+}
+
+impl Activation {
     /// `true` when an in-place forward still leaves the backward what it reads.
     pub fn inplace_safe_for_training(self) -> bool {
         self.saved() != Saved::Input
     }
 
+    /// The code the CUDA kernels take for it (`MW_ACT_*` in activation.cu): its position in
+    /// [`Activation::NAMES`].
+    pub fn code(self) -> i32 {
+        Self::NAMES
+            .iter()
+            .position(|n| *n == self.name())
+            .expect("every activation is named") as i32
+    }
+
     /// Forward, out of place (linear copies).
     pub fn forward<T: Element>(self, x: &[T], y: &mut [T]) -> KResult {
-        match self {
-            Activation::Linear => crate::elementwise::cast(x, y),
-            Activation::Relu => relu_forward(x, y),
-            Activation::Sigmoid => sigmoid_forward(x, y),
-            Activation::Tanh => tanh_forward(x, y),
-            Activation::Gelu => gelu_forward(x, y),
-            Activation::Silu => silu_forward(x, y),
-        }
+        same_len("activation forward", "x", x.len(), "y", y.len())?;
+        self.forward_map(x, y);
+        Ok(())
     }
 
     /// Forward in place (linear does nothing).
     pub fn forward_inplace<T: Element>(self, x: &mut [T]) {
-        match self {
-            Activation::Linear => {}
-            Activation::Relu => relu_inplace(x),
-            Activation::Sigmoid => sigmoid_inplace(x),
-            Activation::Tanh => tanh_inplace(x),
-            Activation::Gelu => gelu_inplace(x),
-            Activation::Silu => silu_inplace(x),
+        if self != Activation::Linear {
+            self.forward_map_inplace(x);
         }
     }
 
     /// Backward; `saved` is `y` or `x` per [`Activation::saved`] (ignored for linear).
     pub fn backward<T: Element>(self, saved: &[T], dy: &[T], dx: &mut [T]) -> KResult {
-        match self {
-            Activation::Linear => crate::elementwise::cast(dy, dx),
-            Activation::Relu => relu_backward(saved, dy, dx),
-            Activation::Sigmoid => sigmoid_backward(saved, dy, dx),
-            Activation::Tanh => tanh_backward(saved, dy, dx),
-            Activation::Gelu => gelu_backward(saved, dy, dx),
-            Activation::Silu => silu_backward(saved, dy, dx),
+        same_len("activation backward", "dy", dy.len(), "dx", dx.len())?;
+        if self == Activation::Linear {
+            return crate::elementwise::cast(dy, dx);
         }
+        same_len("activation backward", "saved", saved.len(), "dy", dy.len())?;
+        self.backward_map(saved, dy, dx);
+        Ok(())
     }
 
     /// Backward writing `dx` over `dy` (linear does nothing).
     pub fn backward_inplace<T: Element>(self, saved: &[T], dy_dx: &mut [T]) -> KResult {
-        match self {
-            Activation::Linear => Ok(()),
-            Activation::Relu => relu_backward_inplace(saved, dy_dx),
-            Activation::Sigmoid => sigmoid_backward_inplace(saved, dy_dx),
-            Activation::Tanh => tanh_backward_inplace(saved, dy_dx),
-            Activation::Gelu => gelu_backward_inplace(saved, dy_dx),
-            Activation::Silu => silu_backward_inplace(saved, dy_dx),
+        if self == Activation::Linear {
+            return Ok(());
         }
+        same_len(
+            "activation backward",
+            "saved",
+            saved.len(),
+            "dy",
+            dy_dx.len(),
+        )?;
+        self.backward_map_inplace(saved, dy_dx);
+        Ok(())
     }
 }
 

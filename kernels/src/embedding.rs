@@ -1,4 +1,5 @@
-//! Embedding lookup forward (row gather) and backward (scatter-add into the f32 master gradient).
+//! Embedding lookup forward (row gather) and backward (scatter-add into the f32 master gradient),
+//! and the learned positional embedding added to its output (GPT-2's `wpe`).
 //!
 //! Weight `W[vocab, dim]`; `ids[tokens]` are `i32` (the planner's integer dtype). Every id is
 //! checked before anything is written: an id outside `0..vocab` is an `Err` naming it.
@@ -96,5 +97,81 @@ pub fn embedding_backward<T: Element>(
                 }
             }
         });
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// positional embedding
+// ---------------------------------------------------------------------------------------------
+
+/// Lengths of a positional embedding over `batch` samples of `len = seq·dim` elements.
+fn pos_check(op: &str, batch: usize, len: usize, x: usize, table: usize, y: usize) -> KResult {
+    let n = batch.saturating_mul(len);
+    check_len(&format!("{op} x"), x, n)?;
+    check_len(&format!("{op} table"), table, len)?;
+    check_len(&format!("{op} y"), y, n)
+}
+
+/// Positional embedding forward: `y[b, i] = x[b, i] + table[i]` for every sample `b` of a
+/// `[batch, len]` input (`len = seq·dim`): one learned f32 vector per position, the same for
+/// every sample, added to the token vectors. Values pass through f32.
+pub fn positional_embedding_forward<T: Element>(
+    batch: usize,
+    len: usize,
+    x: &[T],
+    table: &[f32],
+    y: &mut [T],
+) -> KResult {
+    pos_check(
+        "positional_embedding_forward",
+        batch,
+        len,
+        x.len(),
+        table.len(),
+        y.len(),
+    )?;
+    crate::elementwise::rows(&mut y[..batch * len], len, len, |b, yr| {
+        for ((yo, xi), t) in yr.iter_mut().zip(&x[b * len..(b + 1) * len]).zip(table) {
+            *yo = T::from_f32(xi.to_f32() + t);
+        }
+    });
+    Ok(())
+}
+
+/// [`positional_embedding_forward`] writing `y` over `x` (each element is read, then written).
+pub fn positional_embedding_forward_inplace<T: Element>(
+    batch: usize,
+    len: usize,
+    x_y: &mut [T],
+    table: &[f32],
+) -> KResult {
+    let n = x_y.len();
+    pos_check(
+        "positional_embedding_forward_inplace",
+        batch,
+        len,
+        n,
+        table.len(),
+        n,
+    )?;
+    crate::elementwise::rows(&mut x_y[..batch * len], len, len, |_, yr| {
+        for (v, t) in yr.iter_mut().zip(table) {
+            *v = T::from_f32(v.to_f32() + t);
+        }
+    });
+    Ok(())
+}
+
+/// Positional embedding backward of the table: `dtable[i] += Σ_b dy[b, i]` (accumulated, in
+/// f32, as a bias gradient). `dx` is `dy` itself, the caller's copy (none when in place).
+pub fn positional_embedding_backward<T: Element>(
+    batch: usize,
+    len: usize,
+    dy: &[T],
+    dtable: &mut [f32],
+) -> KResult {
+    let op = "positional_embedding_backward";
+    pos_check(op, batch, len, dy.len(), dtable.len(), dy.len())?;
+    crate::dense::add_column_sums(dy, batch, len, dtable);
     Ok(())
 }

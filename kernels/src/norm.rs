@@ -1,5 +1,6 @@
 //! Normalisation layers: batch norm over NHWC (training with batch statistics and running-stat
-//! update, inference from running stats, backward) and layer norm over the last axis.
+//! update, inference from running stats, backward), layer norm over the last axis, and group
+//! norm with its one-group uncentred case, RMS norm ([`GroupNormDims`], at the end).
 //!
 //! Both see their input as a `[rows, channels]` matrix ([`NormDims`]): batch norm reduces over
 //! `rows = n·h·w` per channel, layer norm over `channels` per row.
@@ -708,5 +709,196 @@ pub fn layer_norm_backward_inplace<T: Element>(
     let op = "layer_norm_backward_inplace";
     ln_backward_check(op, d, x_hat, rstd, gamma, dy_dx.len(), dy_dx.len(), &grads)?;
     ln_backward_core(d, x_hat, rstd, gamma, None, dy_dx, grads);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// group norm and RMS norm
+// ---------------------------------------------------------------------------------------------
+
+/// A group-norm (or RMS-norm) input: `samples` samples of `[spatial, channels]` (NHWC flattens
+/// to `spatial = h·w`), each normalised over each of its `groups` groups of
+/// `channels / groups` consecutive channels — Keras's `GroupNormalization`. RMS norm is its
+/// one-group, uncentred case over the last axis of every row (`samples` rows, `spatial` 1):
+/// one kernel pair serves both, since the two differ only in the mean and the shift.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupNormDims {
+    pub samples: usize,
+    pub spatial: usize,
+    pub channels: usize,
+    pub groups: usize,
+    /// Subtract the group's mean (group norm), or not (RMS norm: `x / sqrt(mean(x²) + ε)`).
+    pub center: bool,
+}
+
+impl GroupNormDims {
+    /// Elements of `x`, saturating (absurd dims then fail every length check).
+    pub fn len(&self) -> usize {
+        self.samples
+            .saturating_mul(self.spatial)
+            .saturating_mul(self.channels)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Entries of `rstd`: one per (sample, group).
+    pub fn stats(&self) -> usize {
+        self.samples.saturating_mul(self.groups)
+    }
+
+    fn sample_len(&self) -> usize {
+        self.spatial.saturating_mul(self.channels)
+    }
+
+    /// The flat indices (within one sample) of group `g`'s elements, in memory order.
+    fn group(&self, g: usize) -> impl Iterator<Item = usize> + Clone {
+        let (c, cg) = (self.channels, self.channels / self.groups);
+        (0..self.spatial).flat_map(move |s| (s * c + g * cg)..(s * c + (g + 1) * cg))
+    }
+}
+
+fn gn_check(d: GroupNormDims, op: &str) -> KResult {
+    if d.groups == 0 || d.channels == 0 || !d.channels.is_multiple_of(d.groups) {
+        return Err(KernelError(format!(
+            "{op}: {} channels do not split into {} groups",
+            d.channels, d.groups
+        )));
+    }
+    Ok(())
+}
+
+/// Group-norm forward (RMS norm when `!d.center` and no `beta`): per sample and group,
+/// `x_hat = (x − mean)·rstd` with `rstd = 1/sqrt(var + epsilon)` (biased variance, statistics
+/// in f64, as layer norm) — or `x_hat = x·rstd`, `rstd = 1/sqrt(mean(x²) + epsilon)` uncentred —
+/// then `y = gamma·x_hat + beta` per channel. Saves `x_hat` (`T`) and `rstd` (f32
+/// `[samples·groups]`).
+#[allow(clippy::too_many_arguments)]
+pub fn group_norm_forward<T: Element>(
+    d: GroupNormDims,
+    epsilon: f32,
+    x: &[T],
+    gamma: &[f32],
+    beta: Option<&[f32]>,
+    y: &mut [T],
+    x_hat: &mut [T],
+    rstd: &mut [f32],
+) -> KResult {
+    let op = "group_norm_forward";
+    gn_check(d, op)?;
+    need(op, "x", x.len(), d.len())?;
+    need(op, "y", y.len(), d.len())?;
+    need(op, "x_hat", x_hat.len(), d.len())?;
+    need(op, "rstd", rstd.len(), d.stats())?;
+    need(op, "gamma", gamma.len(), d.channels)?;
+    if let Some(b) = beta {
+        need(op, "beta", b.len(), d.channels)?;
+    }
+    let (sl, c) = (d.sample_len(), d.channels);
+    rows3(
+        (&mut y[..d.len()], sl),
+        (&mut x_hat[..d.len()], sl),
+        (&mut rstd[..d.stats()], d.groups),
+        3 * sl,
+        |n, yr, hr, sr| {
+            let xs = &x[n * sl..(n + 1) * sl];
+            for (g, rs_out) in sr.iter_mut().enumerate() {
+                let len = d.spatial.saturating_mul(c / d.groups) as f64;
+                let mean = if d.center {
+                    d.group(g).map(|i| xs[i].to_f32() as f64).sum::<f64>() / len
+                } else {
+                    0.0
+                };
+                let var = d
+                    .group(g)
+                    .map(|i| {
+                        let t = xs[i].to_f32() as f64 - mean;
+                        t * t
+                    })
+                    .sum::<f64>()
+                    / len;
+                let (m, rs) = (mean as f32, (1.0 / (var + epsilon as f64).sqrt()) as f32);
+                *rs_out = rs;
+                for i in d.group(g) {
+                    let ch = i % c;
+                    let h = (xs[i].to_f32() - m) * rs;
+                    hr[i] = T::from_f32(h);
+                    let shift = beta.map_or(0.0, |b| b[ch]);
+                    yr[i] = T::from_f32(gamma[ch] * h + shift);
+                }
+            }
+        },
+    );
+    Ok(())
+}
+
+/// Group-norm (and RMS-norm) backward. Reads `x_hat`, `rstd`, `gamma`; with `g = dy·gamma`,
+/// per sample and group `dx = rstd · (g − mean(g) − x_hat · mean(g·x_hat))` (without the
+/// `mean(g)` term when uncentred, whose mean was never subtracted), overwritten;
+/// `dgamma += Σ dy·x_hat` and `dbeta += Σ dy` over samples and positions (accumulated;
+/// `dbeta` absent without a shift). Sums in f64.
+#[allow(clippy::too_many_arguments)]
+pub fn group_norm_backward<T: Element>(
+    d: GroupNormDims,
+    x_hat: &[T],
+    rstd: &[f32],
+    gamma: &[f32],
+    dy: &[T],
+    dx: &mut [T],
+    dgamma: &mut [f32],
+    dbeta: Option<&mut [f32]>,
+) -> KResult {
+    let op = "group_norm_backward";
+    gn_check(d, op)?;
+    need(op, "x_hat", x_hat.len(), d.len())?;
+    need(op, "rstd", rstd.len(), d.stats())?;
+    need(op, "dy", dy.len(), d.len())?;
+    need(op, "dx", dx.len(), d.len())?;
+    need(op, "gamma", gamma.len(), d.channels)?;
+    need(op, "dgamma", dgamma.len(), d.channels)?;
+    if let Some(b) = &dbeta {
+        need(op, "dbeta", b.len(), d.channels)?;
+    }
+    let c = d.channels;
+    // The affine parameters' gradients are per-channel sums over every (sample, position)
+    // row: the layer-norm reduction over `[samples·spatial, channels]`.
+    let rows_dims = NormDims {
+        rows: d.samples.saturating_mul(d.spatial),
+        channels: c,
+    };
+    let mut dbeta = dbeta;
+    for c0 in (0..c).step_by(CB) {
+        let cb = CB.min(c - c0);
+        let s = channel_sums(rows_dims, c0, cb, |r, ch| {
+            let gv = dy[r * c + ch].to_f32() as f64;
+            (gv, gv * x_hat[r * c + ch].to_f32() as f64)
+        });
+        for j in 0..cb {
+            if let Some(b) = dbeta.as_deref_mut() {
+                b[c0 + j] += s[0][j] as f32;
+            }
+            dgamma[c0 + j] += s[1][j] as f32;
+        }
+    }
+    let sl = d.sample_len();
+    rows(&mut dx[..d.len()], sl, 4 * sl, |n, dxr| {
+        let (hs, gs) = (&x_hat[n * sl..(n + 1) * sl], &dy[n * sl..(n + 1) * sl]);
+        let g = |i: usize| gs[i].to_f32() * gamma[i % c];
+        for gi in 0..d.groups {
+            let len = d.spatial.saturating_mul(c / d.groups) as f64;
+            let (mut s1, mut s2) = (0f64, 0f64);
+            for i in d.group(gi) {
+                s1 += g(i) as f64;
+                s2 += (g(i) * hs[i].to_f32()) as f64;
+            }
+            let m1 = if d.center { (s1 / len) as f32 } else { 0.0 };
+            let m2 = (s2 / len) as f32;
+            let rs = rstd[n * d.groups + gi];
+            for i in d.group(gi) {
+                dxr[i] = T::from_f32(rs * (g(i) - m1 - hs[i].to_f32() * m2));
+            }
+        }
+    });
     Ok(())
 }

@@ -372,8 +372,11 @@ fn elementwise() {
 fn act_case<T: Ty>(r: &mut Rng) {
     use k::activation::{Activation as A, Saved};
     let n = 1003;
-    for act in [A::Linear, A::Relu, A::Sigmoid, A::Tanh, A::Gelu, A::Silu] {
-        let code = KArg::I32(l::activation_code(act));
+    // Every activation the kernels list, found by name as the executors find them; those
+    // with a parameter at a value other than their default.
+    for &name in A::NAMES {
+        let act = A::from_name(name, 0.45).unwrap();
+        let (code, param) = (KArg::I32(l::activation_code(act)), KArg::F32(act.param()));
         let x: Vec<T> = r.t(n, -6.0, 6.0);
         let mut want = zeros::<T>(n);
         act.forward(&x, &mut want).unwrap();
@@ -381,14 +384,14 @@ fn act_case<T: Ty>(r: &mut Rng) {
         run(
             &name1("mw_act_fwd", T::F),
             LaunchCfg::pointwise(n as u64),
-            vec![code, p(&x), pm(&mut y), u(n)],
+            vec![code, param, p(&x), pm(&mut y), u(n)],
         );
         close(&format!("{act:?} forward"), &y, &want, T::REL, 1e-6);
         let mut xy = x.clone();
         run(
             &name1("mw_act_fwd", T::F),
             LaunchCfg::pointwise(n as u64).with_blocks(2),
-            vec![code, pm(&mut xy), pm(&mut xy), u(n)],
+            vec![code, param, pm(&mut xy), pm(&mut xy), u(n)],
         );
         close(
             &format!("{act:?} forward in place"),
@@ -410,14 +413,14 @@ fn act_case<T: Ty>(r: &mut Rng) {
         run(
             &name1("mw_act_bwd", T::F),
             LaunchCfg::pointwise(n as u64),
-            vec![code, p(&saved), p(&dy), pm(&mut dx), u(n)],
+            vec![code, param, p(&saved), p(&dy), pm(&mut dx), u(n)],
         );
         close(&format!("{act:?} backward"), &dx, &want_dx, T::REL, 1e-6);
         let mut g = dy.clone();
         run(
             &name1("mw_act_bwd", T::F),
             LaunchCfg::pointwise(n as u64),
-            vec![code, p(&saved), pm(&mut g), pm(&mut g), u(n)],
+            vec![code, param, p(&saved), pm(&mut g), pm(&mut g), u(n)],
         );
         close(
             &format!("{act:?} backward in place"),
@@ -1071,11 +1074,103 @@ fn ln_case<T: Ty>(r: &mut Rng) {
     }
 }
 
+/// Group norm and its uncentred, shift-free case RMS norm (one kernel pair): images in groups
+/// (one, several, one channel each) and rows of one group, odd sizes; the parameter gradients
+/// through `mw_ln_param_grads` over `[samples·spatial, c]` rows, without `dbeta` for RMS norm.
+fn gn_case<T: Ty>(r: &mut Rng) {
+    use k::norm::*;
+    for (samples, spatial, c, groups, center) in [
+        (3usize, 35usize, 12usize, 4usize, true),
+        (2, 9, 6, 1, true),
+        (2, 5, 7, 7, true),
+        (37, 1, 300, 1, false),
+        (5, 1, 5, 1, false),
+    ] {
+        let d = GroupNormDims {
+            samples,
+            spatial,
+            channels: c,
+            groups,
+            center,
+        };
+        let (n, stats) = (d.len(), d.stats());
+        let what = format!("gn {samples}x{spatial}x{c}/{groups} center {center}");
+        let x: Vec<T> = r.t(n, -3.0, 4.0);
+        let gamma = r.vec(c, 0.5, 1.5);
+        let beta = r.vec(c, -0.5, 0.5);
+        let beta_cpu = center.then_some(&beta[..]);
+        let (mut wy, mut wh, mut wr) = (zeros::<T>(n), zeros::<T>(n), vec![0f32; stats]);
+        group_norm_forward(d, 1e-3, &x, &gamma, beta_cpu, &mut wy, &mut wh, &mut wr).unwrap();
+        let (mut y, mut h, mut rs) = (zeros::<T>(n), zeros::<T>(n), vec![0f32; stats]);
+        let beta_gpu = if center { p(&beta) } else { KArg::Ptr(0) };
+        let dims = [
+            u(samples),
+            u(spatial),
+            u(c),
+            u(groups),
+            KArg::I32(center as i32),
+        ];
+        let mut args = vec![
+            p(&x),
+            pm(&mut y),
+            pm(&mut h),
+            pm(&mut rs),
+            p(&gamma),
+            beta_gpu,
+        ];
+        args.extend(dims);
+        args.push(KArg::F32(1e-3));
+        run(
+            &name1("mw_gn_fwd", T::F),
+            LaunchCfg::rows(stats as u64),
+            args,
+        );
+        close(&format!("{what} y"), &y, &wy, T::REL, 1e-5);
+        close(&format!("{what} x_hat"), &h, &wh, T::REL, 1e-5);
+        close(&format!("{what} rstd"), &rs, &wr, 1e-6, 0.0);
+
+        let dy: Vec<T> = r.t(n, -1.0, 1.0);
+        let (dg0, db0) = (r.vec(c, -1.0, 1.0), r.vec(c, -1.0, 1.0));
+        let (mut wdx, mut wdg, mut wdb) = (zeros::<T>(n), dg0.clone(), db0.clone());
+        let wdb_cpu = center.then_some(&mut wdb[..]);
+        group_norm_backward(d, &wh, &wr, &gamma, &dy, &mut wdx, &mut wdg, wdb_cpu).unwrap();
+        let (mut dx, mut dg, mut db) = (zeros::<T>(n), dg0.clone(), db0.clone());
+        let db_gpu = if center { pm(&mut db) } else { KArg::Ptr(0) };
+        run(
+            &name1("mw_ln_param_grads", T::F),
+            LaunchCfg::strip(c as u64, 1),
+            vec![
+                p(&wh),
+                p(&dy),
+                pm(&mut dg),
+                db_gpu,
+                u(samples * spatial),
+                u(c),
+            ],
+        );
+        let mut args = vec![p(&wh), p(&wr), p(&gamma), p(&dy), pm(&mut dx)];
+        args.extend(dims);
+        run(
+            &name1("mw_gn_bwd", T::F),
+            LaunchCfg::rows(stats as u64),
+            args,
+        );
+        close(&format!("{what} dx"), &dx, &wdx, T::REL, 2e-5);
+        close(&format!("{what} dgamma"), &dg, &wdg, 1e-5, 1e-4);
+        // Without a shift nothing may touch dbeta's memory.
+        close(&format!("{what} dbeta"), &db, &wdb, 1e-5, 1e-4);
+        if !center {
+            assert_eq!(db, db0, "{what}: dbeta written without a shift");
+        }
+    }
+}
+
 fn norm() {
     let r = &mut Rng::new(4);
     each!(column_sums_case, r);
     each!(bn_case, r);
     each!(ln_case, r);
+    each!(gn_case, r);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1876,9 +1971,37 @@ fn embedding_case<T: Ty>(r: &mut Rng) {
     assert!(y[3 * dim..4 * dim].iter().all(|v| v.to_f32() == 0.0));
 }
 
+/// The positional embedding's forward out of place and in place (its gradient is
+/// `mw_column_sums`, covered with the norms, and a cast).
+fn pos_embedding_case<T: Ty>(r: &mut Rng) {
+    let (rows, len) = (5usize, 37usize * 3);
+    let x: Vec<T> = r.t(rows * len, -2.0, 2.0);
+    let table = r.vec(len, -1.0, 1.0);
+    let mut want = zeros::<T>(rows * len);
+    k::embedding::positional_embedding_forward(rows, len, &x, &table, &mut want).unwrap();
+    let name = name1("mw_pos_embedding_fwd", T::F);
+    let cfg = LaunchCfg::pointwise((rows * len) as u64);
+    let mut y = zeros::<T>(rows * len);
+    run(
+        &name,
+        cfg,
+        vec![p(&x), p(&table), pm(&mut y), u(rows), u(len)],
+    );
+    close("pos_embedding y", &y, &want, T::REL, 1e-6);
+    let mut xy = x.clone();
+    let (a, b) = (pm(&mut xy), pm(&mut xy));
+    run(
+        &name,
+        cfg.with_blocks(2),
+        vec![a, p(&table), b, u(rows), u(len)],
+    );
+    close("pos_embedding in place", &xy, &want, T::REL, 1e-6);
+}
+
 fn embedding() {
     let r = &mut Rng::new(9);
     each!(embedding_case, r);
+    each!(pos_embedding_case, r);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -128,3 +128,63 @@ fn embedding_rejects_out_of_range_ids_without_writing() {
     assert!(embedding_backward(d, &[0, 1, 2, 3], &y[1..], &mut dw).is_err());
     assert!(embedding_backward(d, &[0, 1, 2, 3], &y, &mut dw[1..]).is_err());
 }
+
+/// The positional embedding: `x + table` per sample (out of place, in place bit-identical, half
+/// storage through f32), the table's gradient against central differences of `Σ y·r`
+/// (accumulated onto what it held), the input's gradient `r` itself, and short slices refused.
+#[test]
+fn positional_embedding_adds_the_table_to_every_sample_and_sums_its_gradient() {
+    let mut rng = Rng::new(71);
+    for (batch, seq, dim) in [(1usize, 1usize, 1usize), (3, 5, 7), (4, 16, 64)] {
+        let len = seq * dim;
+        let what = format!("positional {batch}x{seq}x{dim}");
+        let x = rng.vec(batch * len);
+        let table = rng.vec(len);
+        let mut y = vec![f32::NAN; batch * len];
+        positional_embedding_forward(batch, len, &x, &table, &mut y).unwrap();
+        let want: Vec<f64> = (0..batch * len)
+            .map(|i| x[i] as f64 + table[i % len] as f64)
+            .collect();
+        assert_close(&what, &y, &want, 1e-6, 1e-6);
+        let mut ip = x.clone();
+        positional_embedding_forward_inplace(batch, len, &mut ip, &table).unwrap();
+        assert_eq!(ip, y, "{what} in place");
+        let mut yh = vec![f16::ZERO; batch * len];
+        positional_embedding_forward(batch, len, &to_t::<f16>(&x), &table, &mut yh).unwrap();
+        let want_h: Vec<f32> = to_t::<f16>(&x)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| f16::from_f32(v.to_f32() + table[i % len]).to_f32())
+            .collect();
+        assert_eq!(to_f32(&yh), want_h, "{what} f16");
+
+        let r = rng.vec(batch * len);
+        let start = rng.vec(len);
+        let mut dtable = start.clone();
+        positional_embedding_backward(batch, len, &r, &mut dtable).unwrap();
+        let grad: Vec<f32> = dtable.iter().zip(&start).map(|(a, b)| a - b).collect();
+        check_grad(
+            &format!("{what} dtable"),
+            &table,
+            &grad,
+            &mut rng,
+            20,
+            &mut |t| {
+                let mut yp = vec![0f32; batch * len];
+                positional_embedding_forward(batch, len, &x, t, &mut yp).unwrap();
+                dot(&yp, &r)
+            },
+        );
+        // dx = dy: the objective's gradient in x is r.
+        check_grad(&format!("{what} dx"), &x, &r, &mut rng, 20, &mut |xp| {
+            let mut yp = vec![0f32; batch * len];
+            positional_embedding_forward(batch, len, xp, &table, &mut yp).unwrap();
+            dot(&yp, &r)
+        });
+    }
+    let mut y = vec![0f32; 6];
+    let e = positional_embedding_forward(2, 3, &[0f32; 6], &[0f32; 2], &mut y).unwrap_err();
+    assert!(e.to_string().contains("table"), "{e}");
+    let mut dt = vec![0f32; 3];
+    assert!(positional_embedding_backward(2, 3, &[0f32; 5], &mut dt).is_err());
+}

@@ -294,3 +294,55 @@ fn softmax_backward_matches_finite_differences() {
     assert!(softmax_forward(&[0f32; 5], &mut y, 2, 3).is_err());
     assert!(softmax_backward(&[0f32; 6], &[0f32; 6], &mut y[..5], 2, 3).is_err());
 }
+
+/// The activations with a parameter, at their defaults and at other values (0 included, the
+/// boundary the planner allows), through the enum the executors run: forward against an f64
+/// reference, backward (from the output, as the planner saves it) against central
+/// differences, in-place forms bit-identical.
+#[test]
+fn parameterised_activations_match_references_and_finite_differences() {
+    let mut rng = Rng::new(14);
+    type Reference = fn(f64, f64) -> f64;
+    let cases: [(&str, Reference); 2] = [
+        ("leaky_relu", |x, a| if x > 0.0 { x } else { a * x }),
+        ("elu", |x, a| if x > 0.0 { x } else { a * x.exp_m1() }),
+    ];
+    for (name, reference) in cases {
+        for alpha in [0.0f32, 0.01, 0.3, 1.0, 1.7] {
+            let act = Activation::from_name(name, alpha).unwrap();
+            assert_eq!((act.name(), act.param()), (name, alpha));
+            assert_eq!(act.saved(), Saved::Output);
+            let what = format!("{name}(alpha = {alpha})");
+            let mut x = rng.vec(20_000, -8.0, 8.0);
+            x.extend([-100.0, -30.0, -1e-30, 0.0, 1e-30, 30.0]);
+            let mut y = vec![0f32; x.len()];
+            act.forward(&x, &mut y).unwrap();
+            let want: Vec<f64> = x
+                .iter()
+                .map(|&v| reference(v as f64, alpha as f64))
+                .collect();
+            assert_close(&what, &y, &want, 2e-7, 2e-6);
+            let mut ip = x.clone();
+            act.forward_inplace(&mut ip);
+            assert_eq!(bits(&ip), bits(&y), "{what} in place");
+
+            let n = 257;
+            // Away from the kink at 0, where the one-sided slopes differ.
+            let x = rng.vec_away_from_zero(n, -4.0, 4.0, 0.05);
+            let r = rng.vec(n, -1.0, 1.0);
+            let mut y = vec![0f32; n];
+            act.forward(&x, &mut y).unwrap();
+            let mut dx = vec![f32::NAN; n];
+            act.backward(&y, &r, &mut dx).unwrap();
+            let num = numeric_grad(&x, |xp| {
+                let mut yp = vec![0f32; n];
+                act.forward(xp, &mut yp).unwrap();
+                dot(&yp, &r)
+            });
+            assert_grad(&what, &dx, &num, GRAD_ATOL, GRAD_RTOL);
+            let mut g = r.clone();
+            act.backward_inplace(&y, &mut g).unwrap();
+            assert_eq!(bits(&g), bits(&dx), "{what} backward in place");
+        }
+    }
+}

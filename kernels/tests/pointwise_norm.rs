@@ -561,3 +561,141 @@ fn batch_norm_recompute_without_running_update() {
     assert_eq!(bits(&xh), bits(&o.x_hat));
     assert_eq!(bits(&inv), bits(&o.inv_std));
 }
+
+/// f64 reference of group norm (RMS norm when uncentred, without a shift): the definition,
+/// per sample and group, with no shared code with the kernel.
+fn group_norm_ref(
+    d: GroupNormDims,
+    eps: f64,
+    x: &[f32],
+    gamma: &[f32],
+    beta: Option<&[f32]>,
+) -> Vec<f64> {
+    let (c, cg) = (d.channels, d.channels / d.groups);
+    let mut y = vec![0f64; d.len()];
+    for n in 0..d.samples {
+        for g in 0..d.groups {
+            let idx: Vec<usize> = (0..d.spatial)
+                .flat_map(|s| (0..cg).map(move |j| (n * d.spatial + s) * c + g * cg + j))
+                .collect();
+            let len = idx.len() as f64;
+            let mean = if d.center {
+                idx.iter().map(|&i| x[i] as f64).sum::<f64>() / len
+            } else {
+                0.0
+            };
+            let var = idx
+                .iter()
+                .map(|&i| (x[i] as f64 - mean).powi(2))
+                .sum::<f64>()
+                / len;
+            for &i in &idx {
+                let ch = i % c;
+                let shift = beta.map_or(0.0, |b| b[ch] as f64);
+                y[i] = (x[i] as f64 - mean) / (var + eps).sqrt() * gamma[ch] as f64 + shift;
+            }
+        }
+    }
+    y
+}
+
+fn group_norm_y(
+    d: GroupNormDims,
+    x: &[f32],
+    gamma: &[f32],
+    beta: Option<&[f32]>,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (mut y, mut xh, mut rs) = (
+        vec![0f32; d.len()],
+        vec![0f32; d.len()],
+        vec![0f32; d.stats()],
+    );
+    group_norm_forward(d, 1e-3, x, gamma, beta, &mut y, &mut xh, &mut rs).unwrap();
+    (y, xh, rs)
+}
+
+/// Group norm over images in several groups and RMS norm over rows: forward against the f64
+/// definition, `dx`, `dgamma` and `dbeta` against central differences, the parameter
+/// gradients accumulated.
+#[test]
+fn group_and_rms_norm_match_the_definition_and_finite_differences() {
+    let mut rng = Rng::new(37);
+    for (samples, spatial, channels, groups, center) in [
+        (2usize, 6usize, 8usize, 4usize, true),
+        (3, 5, 6, 1, true),
+        (2, 4, 5, 5, true),
+        (1, 1, 12, 3, true),
+        (7, 1, 13, 1, false),
+        (3, 1, 40, 1, false),
+    ] {
+        let d = GroupNormDims {
+            samples,
+            spatial,
+            channels,
+            groups,
+            center,
+        };
+        let what = format!("{d:?}");
+        let x = rng.vec(d.len(), -2.0, 2.0);
+        let gamma = rng.vec(channels, 0.5, 1.5);
+        let beta_v = rng.vec(channels, -0.5, 0.5);
+        let beta = center.then_some(&beta_v[..]);
+        let (y, xh, rstd) = group_norm_y(d, &x, &gamma, beta);
+        assert_close(
+            &what,
+            &y,
+            &group_norm_ref(d, 1e-3, &x, &gamma, beta),
+            1e-5,
+            1e-5,
+        );
+
+        let r = rng.vec(d.len(), -1.0, 1.0);
+        let mut dx = vec![f32::NAN; d.len()];
+        let (mut dg, mut db) = (vec![0.5f32; channels], vec![0.5f32; channels]);
+        let dbeta = center.then_some(&mut db[..]);
+        group_norm_backward(d, &xh, &rstd, &gamma, &r, &mut dx, &mut dg, dbeta).unwrap();
+        let num_x = numeric_grad(&x, |xp| dot(&group_norm_y(d, xp, &gamma, beta).0, &r));
+        assert_grad(&format!("{what} dx"), &dx, &num_x, GRAD_ATOL, GRAD_RTOL);
+        let num_g = numeric_grad(&gamma, |gp| dot(&group_norm_y(d, &x, gp, beta).0, &r));
+        let dg0: Vec<f32> = dg.iter().map(|v| v - 0.5).collect();
+        assert_grad(
+            &format!("{what} dgamma"),
+            &dg0,
+            &num_g,
+            GRAD_ATOL,
+            GRAD_RTOL,
+        );
+        if center {
+            let num_b = numeric_grad(&beta_v, |bp| {
+                dot(&group_norm_y(d, &x, &gamma, Some(bp)).0, &r)
+            });
+            let db0: Vec<f32> = db.iter().map(|v| v - 0.5).collect();
+            assert_grad(&format!("{what} dbeta"), &db0, &num_b, GRAD_ATOL, GRAD_RTOL);
+        } else {
+            assert!(
+                db.iter().all(|&v| v == 0.5),
+                "{what}: dbeta written without a shift"
+            );
+        }
+    }
+}
+
+#[test]
+fn group_norm_refuses_groups_that_do_not_divide_the_channels() {
+    let d = GroupNormDims {
+        samples: 1,
+        spatial: 2,
+        channels: 6,
+        groups: 4,
+        center: true,
+    };
+    let (x, g) = (vec![1f32; 12], vec![1f32; 6]);
+    let (mut y, mut h, mut r) = (vec![0f32; 12], vec![0f32; 12], vec![0f32; 4]);
+    let e = group_norm_forward(d, 1e-3, &x, &g, None, &mut y, &mut h, &mut r).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("6 channels do not split into 4 groups"),
+        "{e}"
+    );
+    assert!(y.iter().all(|&v| v == 0.0), "an error writes nothing");
+}

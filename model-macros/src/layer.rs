@@ -42,9 +42,73 @@ const DTYPES: [&str; 10] = [
     "f32", "f16", "bf16", "u8", "i32", "float32", "float16", "bfloat16", "uint8", "int32",
 ];
 
+/// `relu`, `leaky_relu` (its parameter at the default), `leaky_relu(0.1)` or
+/// `leaky_relu(alpha = 0.1)`: any activation of the planner's list, with the parameter it
+/// declares.
 fn activation(v: &Val, what: &str) -> syn::Result<Activation> {
     let names = Activation::ALL.map(Activation::name);
-    word(v, what, &names).map(|w| Activation::parse(w).expect("listed"))
+    let (name, args) = match &v.v {
+        V::Call(name, args) => (
+            Val {
+                v: V::Word(name.clone()),
+                tokens: v.tokens.clone(),
+            },
+            Some(args),
+        ),
+        _ => (v.clone(), None),
+    };
+    let act = word(&name, what, &names).map(|w| Activation::parse(w).expect("listed"))?;
+    match args {
+        Some(args) => activation_param(act, v, args),
+        None => Ok(act),
+    }
+}
+
+/// `act` with the parameter `args` give it (by position or by name): a finite number ≥ 0.
+fn activation_param(
+    act: Activation,
+    call: &Val,
+    args: &[(Option<syn::Ident>, Val)],
+) -> syn::Result<Activation> {
+    let a = act.name();
+    let Some((param, _)) = act.param() else {
+        return Err(call.err(format!(
+            "the activation `{a}` takes no parameter: write `{a}`"
+        )));
+    };
+    let mut value: Option<&Val> = None;
+    for (k, (name, v)) in args.iter().enumerate() {
+        match name {
+            Some(n) if n != param => {
+                return Err(syn::Error::new_spanned(
+                    n,
+                    format!(
+                        "unknown parameter `{n}` of the activation `{a}`{}\n= note: its parameter is `{param}`",
+                        crate::diag::did_you_mean(&n.to_string(), [param])
+                    ),
+                ))
+            }
+            _ if value.is_some() || k > 0 => {
+                return Err(v.err(format!(
+                    "the activation `{a}` takes one parameter, `{param}`"
+                )))
+            }
+            _ => value = Some(v),
+        }
+    }
+    let Some(v) = value else {
+        return Ok(act);
+    };
+    let x = float(v, param)?;
+    // A block parameter is checked where the block is used, when its value is known.
+    let allowed = v.is_unknown() || (x.is_finite() && x >= 0.0);
+    if !allowed {
+        return Err(v.err(format!(
+            "`{param}` of `{a}` must be a number ≥ 0 (its backward reads its output), found {}",
+            v.describe()
+        )));
+    }
+    Ok(act.with_param(x))
 }
 
 fn padding(v: &Val, what: &str) -> syn::Result<Padding> {

@@ -115,6 +115,9 @@ pub enum V {
     Word(String),
     Str(String),
     List(Vec<Val>),
+    /// A name with arguments, `leaky_relu(0.1)` or `elu(alpha = 0.5)`: each argument with its
+    /// name when it has one.
+    Call(String, Vec<(Option<syn::Ident>, Val)>),
     /// Depends on a block parameter not known yet (checking a block on its own).
     Unknown,
 }
@@ -142,6 +145,7 @@ impl Val {
             V::Word(w) => format!("`{w}`"),
             V::Str(s) => format!("the string {s:?}"),
             V::List(_) => "a list".to_string(),
+            V::Call(name, _) => format!("`{name}(…)`"),
             V::Unknown => "a block parameter".to_string(),
         }
     }
@@ -212,6 +216,29 @@ pub fn eval_expr(expr: &Expr, env: &Env) -> syn::Result<Val> {
                 .map(|e| eval_expr(e, env))
                 .collect::<syn::Result<_>>()?,
         ),
+        Expr::Call(c) => {
+            let name = match &*c.func {
+                Expr::Path(f) if f.qself.is_none() => f.path.get_ident(),
+                _ => None,
+            };
+            let Some(name) = name else {
+                return Err(syn::Error::new_spanned(expr, VALUE_HELP));
+            };
+            let args = c
+                .args
+                .iter()
+                .map(|a| match a {
+                    Expr::Assign(asg) => match &*asg.left {
+                        Expr::Path(p) if p.path.get_ident().is_some() => {
+                            Ok((p.path.get_ident().cloned(), eval_expr(&asg.right, env)?))
+                        }
+                        _ => Err(syn::Error::new_spanned(a, VALUE_HELP)),
+                    },
+                    _ => Ok((None, eval_expr(a, env)?)),
+                })
+                .collect::<syn::Result<_>>()?;
+            V::Call(name.to_string(), args)
+        }
         _ => return Err(syn::Error::new_spanned(expr, VALUE_HELP)),
     };
     Ok(Val { v, tokens })

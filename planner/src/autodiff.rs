@@ -68,6 +68,11 @@ impl StepGraph {
         let mut backward = Vec::with_capacity(graph.ops.len());
         let mut forward_in_place = Vec::with_capacity(graph.ops.len());
         for op in &graph.ops {
+            if let Op::Activation { act, .. } = op.op {
+                // Its backward reads `y`: only a parameter that keeps `x`'s sign allows that.
+                act.check()
+                    .map_err(|e| PlanError::at(&graph.layers[op.layer].name, e))?;
+            }
             let mut grad_inputs: Vec<bool> = op.inputs.iter().map(|&t| requires_grad[t]).collect();
             let param_grads = op.params.iter().any(|&p| graph.params[p].trainable);
             let needed = (grad_inputs.iter().any(|&g| g) || param_grads) && !op.fused_into_loss;
@@ -237,6 +242,10 @@ fn saved_for_backward(op: &GOp, param_grads: bool, same_dtype: bool) -> Result<S
             let io = LayerNormForward::of(&step).map_err(bad)?;
             rule(vec![io.x_hat, io.rstd], io.y, false, None)
         }
+        Op::GroupNorm { .. } => {
+            let io = GroupNormForward::of(&step).map_err(bad)?;
+            rule(vec![io.x_hat, io.rstd], io.y, false, None)
+        }
         Op::Dropout { .. } => {
             let io = DropoutForward::of(&step).map_err(bad)?;
             rule(vec![io.mask], io.y, true, Some(0))
@@ -263,6 +272,12 @@ fn saved_for_backward(op: &GOp, param_grads: bool, same_dtype: bool) -> Result<S
         Op::Embedding { .. } => {
             let io = EmbeddingForward::of(&step).map_err(bad)?;
             rule(vec![io.ids], io.y, false, None)
+        }
+        Op::PositionalEmbedding { .. } => {
+            // Its backward reads only `dy` (the table's gradient is `dy`'s column sums, `dx`
+            // is `dy`): both passes may run in place.
+            let io = PositionalEmbeddingForward::of(&step).map_err(bad)?;
+            rule(vec![], io.y, same_dtype, same_dtype.then_some(0))
         }
         Op::Attention { dropout, .. } => {
             let io = AttentionForward::of(&step).map_err(bad)?;

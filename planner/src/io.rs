@@ -298,6 +298,10 @@ pub enum StepIo {
     BatchNormInference(BatchNormInferenceForward),
     LayerNorm(LayerNormForward),
     NormBackward(NormBackward),
+    GroupNorm(GroupNormForward),
+    GroupNormBackward(GroupNormBackward),
+    PositionalEmbedding(PositionalEmbeddingForward),
+    PositionalEmbeddingBackward(PositionalEmbeddingBackward),
     Dropout(DropoutForward),
     Add(AddForward),
     Concat(ConcatForward),
@@ -466,12 +470,20 @@ impl StepIo {
             (Op::BatchNorm { .. } | Op::LayerNorm { .. }, true) => {
                 StepIo::NormBackward(NormBackward::of(step)?)
             }
+            (Op::GroupNorm { .. }, false) => StepIo::GroupNorm(GroupNormForward::of(step)?),
+            (Op::GroupNorm { .. }, true) => StepIo::GroupNormBackward(GroupNormBackward::of(step)?),
             (Op::Dropout { .. }, false) => StepIo::Dropout(DropoutForward::of(step)?),
             (Op::Add { .. }, false) => StepIo::Add(AddForward::of(step)?),
             (Op::Concat { .. }, false) => StepIo::Concat(ConcatForward::of(step)?),
             (Op::Concat { .. }, true) => StepIo::ConcatBackward(ConcatBackward::of(step)?),
             (Op::Embedding { .. }, false) => StepIo::Embedding(EmbeddingForward::of(step)?),
             (Op::Embedding { .. }, true) => StepIo::EmbeddingBackward(EmbeddingBackward::of(step)?),
+            (Op::PositionalEmbedding { .. }, false) => {
+                StepIo::PositionalEmbedding(PositionalEmbeddingForward::of(step)?)
+            }
+            (Op::PositionalEmbedding { .. }, true) => {
+                StepIo::PositionalEmbeddingBackward(PositionalEmbeddingBackward::of(step)?)
+            }
             (Op::Attention { .. }, false) => StepIo::Attention(AttentionForward::of(step)?),
             (Op::Attention { .. }, true) => StepIo::AttentionBackward(AttentionBackward::of(step)?),
             (Op::SampleNormal { .. }, false) => {
@@ -492,6 +504,123 @@ impl StepIo {
                 | Op::KlNormal { .. },
                 _,
             ) => return none(),
+        })
+    }
+}
+
+/// Group norm and RMS norm ([`Op::GroupNorm`]): normalised input and per-(sample, group)
+/// `1/σ` for backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupNormForward {
+    pub x: TensorId,
+    pub y: TensorId,
+    pub x_hat: TensorId,
+    pub rstd: TensorId,
+    pub gamma: ParamId,
+    /// Or NONE: RMS norm has no shift.
+    pub beta: ParamId,
+    pub ws: TensorId,
+    pub scratch: TensorId,
+}
+
+/// [`GroupNormForward`]'s backward: `x̂`, `1/σ` and `dy` → `dx`, `dγ` (and `dβ`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupNormBackward {
+    pub x_hat: TensorId,
+    pub rstd: TensorId,
+    pub dy: TensorId,
+    pub dx: TensorId,
+    pub gamma: ParamId,
+    /// Or NONE: RMS norm has no shift.
+    pub beta: ParamId,
+    pub ws: TensorId,
+    pub scratch: TensorId,
+}
+
+impl GroupNormForward {
+    pub fn of(step: &PlanStep) -> Result<Self, IoError> {
+        let l = Lists { step };
+        let r = l.reads(1)?;
+        let (w, ws, scratch) = l.writes(3)?;
+        Ok(GroupNormForward {
+            x: r[0],
+            y: w[0],
+            x_hat: w[1],
+            rstd: w[2],
+            gamma: l.need_param(0)?,
+            beta: l.param(1),
+            ws,
+            scratch,
+        })
+    }
+}
+
+impl GroupNormBackward {
+    pub fn of(step: &PlanStep) -> Result<Self, IoError> {
+        let l = Lists { step };
+        let r = l.reads(3)?;
+        let (w, ws, scratch) = l.writes(1)?;
+        Ok(GroupNormBackward {
+            x_hat: r[0],
+            rstd: r[1],
+            dy: r[2],
+            dx: w[0],
+            gamma: l.need_param(0)?,
+            beta: l.param(1),
+            ws,
+            scratch,
+        })
+    }
+}
+
+/// The positional embedding ([`Op::PositionalEmbedding`]): its table added to `x`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PositionalEmbeddingForward {
+    pub x: TensorId,
+    /// May be `x` (in place).
+    pub y: TensorId,
+    pub table: ParamId,
+    pub ws: TensorId,
+    pub scratch: TensorId,
+}
+
+/// [`PositionalEmbeddingForward`]'s backward: `dx = dy`, the table's gradient summed from `dy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PositionalEmbeddingBackward {
+    pub dy: TensorId,
+    /// May be `dy` (in place).
+    pub dx: TensorId,
+    pub table: ParamId,
+    pub ws: TensorId,
+    pub scratch: TensorId,
+}
+
+impl PositionalEmbeddingForward {
+    pub fn of(step: &PlanStep) -> Result<Self, IoError> {
+        let l = Lists { step };
+        let r = l.reads(1)?;
+        let (w, ws, scratch) = l.writes(1)?;
+        Ok(PositionalEmbeddingForward {
+            x: r[0],
+            y: w[0],
+            table: l.need_param(0)?,
+            ws,
+            scratch,
+        })
+    }
+}
+
+impl PositionalEmbeddingBackward {
+    pub fn of(step: &PlanStep) -> Result<Self, IoError> {
+        let l = Lists { step };
+        let r = l.reads(1)?;
+        let (w, ws, scratch) = l.writes(1)?;
+        Ok(PositionalEmbeddingBackward {
+            dy: r[0],
+            dx: w[0],
+            table: l.need_param(0)?,
+            ws,
+            scratch,
         })
     }
 }

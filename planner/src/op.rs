@@ -13,6 +13,7 @@
 //! ([`Op::scratch_f32_elems`]), each `NONE` when the op needs none. Update steps have no
 //! tensors.
 
+use crate::plan::{RustWriter, ToRust};
 use crate::spec::{Activation, Padding, Reduction};
 
 /// Dimensions of a 2-D convolution or pooling window over NHWC tensors.
@@ -78,41 +79,66 @@ pub const fn transpose_out_len(
     }
 }
 
-/// The operation a step performs.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Op {
+/// Declares the ops, each once: the [`Op`] enum (a variant, its fields and its docs) and its
+/// name in the plan JSON, from which [`Op::name`] and `Op`'s `ToRust` writer (what the macro
+/// emits for `const PLAN`) are generated. A name may read the variant's fields
+/// (`act.name()`).
+macro_rules! ops {
+    ($($(#[$doc:meta])* $v:ident $({ $($f:ident : $t:ty),* $(,)? })? = $name:expr;)*) => {
+        /// The operation a step performs.
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        pub enum Op {
+            $($(#[$doc])* $v $({ $($f: $t),* })?,)*
+        }
+
+        impl Op {
+            /// Name used in the plan JSON.
+            // Each arm binds every field of its variant; a name reads at most one of them.
+            #[allow(unused_variables)]
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $(Op::$v $({ $($f),* })? => $name,)*
+                }
+            }
+        }
+
+        crate::plan::enum_to_rust!(Op, "Op", [$($v $({ $($f),* })?),*]);
+    };
+}
+
+ops! {
     /// Stored input (u8 / float) → compute dtype, times `scale`. fwd: `[x] → [y]`; no bwd.
-    InputCast { elems: usize, scale: f32 },
+    InputCast { elems: usize, scale: f32 } = "input_cast";
     /// Between float dtypes. fwd `[x] → [y]`; bwd `[dy] → [dx]`.
-    Cast { elems: usize },
+    Cast { elems: usize } = "cast";
     /// `y = x·W + b` over `rows` rows. fwd `[x] → [y]`; bwd `[x, dy] → [dx]`.
     Dense {
         rows: usize,
         in_features: usize,
         units: usize,
         bias: bool,
-    },
+    } = "dense";
     /// im2col + GEMM, `chunk` samples lowered at a time. fwd `[x] → [y]`;
     /// bwd `[x, dy] → [dx]`; the im2col columns are the `ws` slot.
     Conv2d {
         dims: Window2d,
         bias: bool,
         chunk: usize,
-    },
+    } = "conv2d";
     /// Direct depthwise conv, `c_out = c_in · multiplier`. fwd `[x] → [y]`; bwd `[x, dy] → [dx]`.
-    DepthwiseConv2d { dims: Window2d, bias: bool },
+    DepthwiseConv2d { dims: Window2d, bias: bool } = "depthwise_conv2d";
     /// Transposed conv (col2im of x·Wᵀ), chunked. fwd `[x] → [y]`; bwd `[x, dy] → [dx]`.
     Conv2dTranspose {
         dims: Window2d,
         bias: bool,
         chunk: usize,
-    },
+    } = "conv2d_transpose";
     /// fwd `[x] → [y, argmax(u8)]`; bwd `[argmax, dy] → [dx]`.
-    MaxPool2d { dims: Window2d },
+    MaxPool2d { dims: Window2d } = "max_pool2d";
     /// fwd `[x] → [y]`; bwd `[dy] → [dx]`.
-    AvgPool2d { dims: Window2d },
+    AvgPool2d { dims: Window2d } = "avg_pool2d";
     /// `[n, hw, c] → [n, c]`. fwd `[x] → [y]`; bwd `[dy] → [dx]`.
-    GlobalAvgPool { n: usize, hw: usize, c: usize },
+    GlobalAvgPool { n: usize, hw: usize, c: usize } = "global_avg_pool";
     /// Training-mode batch norm over `rows × channels`. fwd `[x] → [y, x_hat, mean, inv_std]`
     /// (and the running statistics, persistent, in the forward phase only);
     /// bwd `[x_hat, inv_std, dy] → [dx]`.
@@ -121,40 +147,61 @@ pub enum Op {
         channels: usize,
         momentum: f32,
         epsilon: f32,
-    },
+    } = "batch_norm";
     /// Inference-mode batch norm from the running statistics. fwd `[x] → [y]`; no bwd.
     BatchNormInference {
         rows: usize,
         channels: usize,
         epsilon: f32,
-    },
+    } = "batch_norm_inference";
     /// fwd `[x] → [y, x_hat, rstd]`; bwd `[x_hat, rstd, dy] → [dx]`.
     LayerNorm {
         rows: usize,
         features: usize,
         epsilon: f32,
-    },
+    } = "layer_norm";
+    /// Group normalisation of `[samples, spatial, channels]` per sample over each of `groups`
+    /// groups of consecutive channels, with per-channel γ and β; `center: false` is RMS norm
+    /// (one group per row of the last axis, `spatial` 1, no mean subtracted, no β), so the two
+    /// layers share one op, one walk arm and one kernel pair. fwd `[x] → [y, x_hat, rstd]`
+    /// (`rstd` f32 `[samples·groups]`); bwd `[x_hat, rstd, dy] → [dx]`.
+    GroupNorm {
+        samples: usize,
+        spatial: usize,
+        channels: usize,
+        groups: usize,
+        epsilon: f32,
+        center: bool,
+    } = if *center { "group_norm" } else { "rms_norm" };
     /// Counter-based mask keyed by `key` (the layer) and the step counter, so recompute
     /// reproduces it. fwd `[x] → [y, mask(u8)]`; bwd `[mask, dy] → [dx]`.
-    Dropout { elems: usize, rate: f32, key: u32 },
+    Dropout { elems: usize, rate: f32, key: u32 } = "dropout";
     /// Element-wise activation; softmax is over the last axis of width `cols`.
     /// fwd `[x] → [y]`; bwd `[y or x, dy] → [dx]` (see [`Activation::backward_reads_output`]).
     Activation {
         act: Activation,
         elems: usize,
         cols: usize,
-    },
+    } = act.name();
     /// Sum of `arity` inputs. fwd `[x1, …] → [y]`; no bwd step (the gradient is shared).
-    Add { elems: usize, arity: usize },
+    Add { elems: usize, arity: usize } = "add";
     /// Concatenation of two inputs along the last axis (`rows` rows of widths `a` and `b`).
     /// fwd `[x1, x2] → [y]`; bwd `[dy] → [dx1, dx2]`.
-    Concat { rows: usize, a: usize, b: usize },
+    Concat { rows: usize, a: usize, b: usize } = "concat";
     /// Gather rows of the table. fwd `[ids] → [y]`; bwd `[ids, dy] → []` (table grad only).
     Embedding {
         tokens: usize,
         vocab: usize,
         dim: usize,
-    },
+    } = "embedding";
+    /// A learned table `[seq, dim]` added to every sample of `x [batch, seq, dim]` (GPT-2's
+    /// position embedding `wpe`). fwd `[x] → [y]` (y may be x); bwd `[dy] → [dx]` (dx may be dy),
+    /// the table's gradient the column sums of `dy`.
+    PositionalEmbedding {
+        batch: usize,
+        seq: usize,
+        dim: usize,
+    } = "positional_embedding";
     /// Scaled dot-product self-attention over a packed `qkv [batch, seq, 3·heads·head_dim]`.
     /// With dropout: fwd `[qkv] → [probs, mask, probs_dropped, ctx]`, bwd
     /// `[qkv, probs, mask, probs_dropped, dctx] → [dqkv]`; without: fwd
@@ -168,25 +215,25 @@ pub enum Op {
         causal: bool,
         dropout: f32,
         key: u32,
-    },
+    } = "attention";
     /// `z = mean + exp(log_var/2)·ε`, ε keyed like dropout. fwd `[mean, log_var] → [z]`;
     /// bwd `[log_var, dz] → [dmean, dlog_var]`.
-    SampleNormal { elems: usize, key: u32 },
+    SampleNormal { elems: usize, key: u32 } = "sample_normal";
     /// Gradient accumulation `g = a + b` (bwd phase only): `[a, b] → [g]`.
-    Accumulate { elems: usize },
+    Accumulate { elems: usize } = "accumulate";
     /// Softmax output + integer labels → loss, and the gradient of the softmax's INPUT.
     /// loss `[probs, labels] → [loss, dlogits]`.
     SoftmaxCrossEntropy {
         rows: usize,
         classes: usize,
         weight: f32,
-    },
+    } = "softmax_cross_entropy";
     /// Same from logits (no softmax layer before it). loss `[logits, labels] → [loss, dlogits]`.
     SoftmaxCrossEntropyFromLogits {
         rows: usize,
         classes: usize,
         weight: f32,
-    },
+    } = "softmax_cross_entropy_from_logits";
     /// Sigmoid output + targets → loss, gradient of the sigmoid's INPUT.
     /// loss `[probs, target] → [loss, dlogits]`.
     SigmoidBinaryCrossentropy {
@@ -194,7 +241,7 @@ pub enum Op {
         features: usize,
         reduction: Reduction,
         weight: f32,
-    },
+    } = "sigmoid_binary_crossentropy";
     /// BCE on a linear output read as logits, with the sigmoid fused and numerically stable
     /// (`max(x, 0) − x·t + ln(1 + e^(−|x|))`, gradient `σ(x) − t`; PyTorch's
     /// `BCEWithLogitsLoss`, Keras's `from_logits=True`). loss `[logits, target] → [loss, dlogits]`.
@@ -203,70 +250,35 @@ pub enum Op {
         features: usize,
         reduction: Reduction,
         weight: f32,
-    },
+    } = "binary_crossentropy_from_logits";
     /// BCE on probabilities. loss `[probs, target] → [loss, dprobs]`.
     BinaryCrossentropy {
         rows: usize,
         features: usize,
         reduction: Reduction,
         weight: f32,
-    },
+    } = "binary_crossentropy";
     /// loss `[pred, target] → [loss, dpred]`.
     MeanSquaredError {
         rows: usize,
         features: usize,
         reduction: Reduction,
         weight: f32,
-    },
+    } = "mse";
     /// loss `[mean, log_var] → [loss, dmean, dlog_var]`.
     KlNormal {
         rows: usize,
         features: usize,
         reduction: Reduction,
         weight: f32,
-    },
+    } = "kl_normal";
     /// Mixed precision: are all parameter gradients finite? (update phase, no tensors).
-    CheckFinite,
+    CheckFinite = "check_finite";
     /// Optimizer update of one layer's trainable parameters (update phase, no tensors).
-    Update,
+    Update = "update";
 }
 
 impl Op {
-    /// Name used in the plan JSON.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Op::InputCast { .. } => "input_cast",
-            Op::Cast { .. } => "cast",
-            Op::Dense { .. } => "dense",
-            Op::Conv2d { .. } => "conv2d",
-            Op::DepthwiseConv2d { .. } => "depthwise_conv2d",
-            Op::Conv2dTranspose { .. } => "conv2d_transpose",
-            Op::MaxPool2d { .. } => "max_pool2d",
-            Op::AvgPool2d { .. } => "avg_pool2d",
-            Op::GlobalAvgPool { .. } => "global_avg_pool",
-            Op::BatchNorm { .. } => "batch_norm",
-            Op::BatchNormInference { .. } => "batch_norm_inference",
-            Op::LayerNorm { .. } => "layer_norm",
-            Op::Dropout { .. } => "dropout",
-            Op::Activation { act, .. } => act.name(),
-            Op::Add { .. } => "add",
-            Op::Concat { .. } => "concat",
-            Op::Embedding { .. } => "embedding",
-            Op::Attention { .. } => "attention",
-            Op::SampleNormal { .. } => "sample_normal",
-            Op::Accumulate { .. } => "accumulate",
-            Op::SoftmaxCrossEntropy { .. } => "softmax_cross_entropy",
-            Op::SoftmaxCrossEntropyFromLogits { .. } => "softmax_cross_entropy_from_logits",
-            Op::SigmoidBinaryCrossentropy { .. } => "sigmoid_binary_crossentropy",
-            Op::BinaryCrossentropyFromLogits { .. } => "binary_crossentropy_from_logits",
-            Op::BinaryCrossentropy { .. } => "binary_crossentropy",
-            Op::MeanSquaredError { .. } => "mse",
-            Op::KlNormal { .. } => "kl_normal",
-            Op::CheckFinite => "check_finite",
-            Op::Update => "update",
-        }
-    }
-
     /// Forward multiply-adds ×2 (FLOPs) of one execution, the cost model used to price
     /// recomputation. Element-wise ops count one FLOP per element. Capped at
     /// [`MAX_OP_FLOPS`], so sums over the ops of any model stay inside `u64`.
@@ -322,9 +334,16 @@ impl Op {
             Op::GlobalAvgPool { n, hw, c } => u(n) * u(hw) * u(c),
             Op::BatchNorm { rows, channels, .. } => 8 * u(rows) * u(channels),
             Op::LayerNorm { rows, features, .. } => 8 * u(rows) * u(features),
+            Op::GroupNorm {
+                samples,
+                spatial,
+                channels,
+                ..
+            } => 8 * u(samples) * u(spatial) * u(channels),
             Op::BatchNormInference { rows, channels, .. } => 2 * u(rows) * u(channels),
             Op::Concat { rows, a, b } => u(rows) * u(a.saturating_add(b)),
             Op::Embedding { tokens, dim, .. } => u(s(tokens, dim)),
+            Op::PositionalEmbedding { batch, seq, dim } => u(batch) * u(s(seq, dim)),
             Op::SoftmaxCrossEntropy { rows, classes, .. }
             | Op::SoftmaxCrossEntropyFromLogits { rows, classes, .. } => 4 * u(s(rows, classes)),
             Op::SigmoidBinaryCrossentropy { rows, features, .. }

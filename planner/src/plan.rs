@@ -655,6 +655,8 @@ macro_rules! enum_to_rust {
         }
     };
 }
+// `Op`'s writer is generated with the op list (`crate::op`).
+pub(crate) use enum_to_rust;
 
 enum_to_rust! {
     Optimizer, "Optimizer", [
@@ -663,40 +665,6 @@ enum_to_rust! {
         RmsProp { lr, rho, epsilon, momentum, centered },
         Adam { lr, beta_1, beta_2, epsilon },
         AdamW { lr, beta_1, beta_2, epsilon, weight_decay },
-    ]
-}
-
-enum_to_rust! {
-    Op, "Op", [
-        InputCast { elems, scale },
-        Cast { elems },
-        Dense { rows, in_features, units, bias },
-        Conv2d { dims, bias, chunk },
-        DepthwiseConv2d { dims, bias },
-        Conv2dTranspose { dims, bias, chunk },
-        MaxPool2d { dims },
-        AvgPool2d { dims },
-        GlobalAvgPool { n, hw, c },
-        BatchNorm { rows, channels, momentum, epsilon },
-        BatchNormInference { rows, channels, epsilon },
-        LayerNorm { rows, features, epsilon },
-        Dropout { elems, rate, key },
-        Activation { act, elems, cols },
-        Add { elems, arity },
-        Concat { rows, a, b },
-        Embedding { tokens, vocab, dim },
-        Attention { batch, seq, heads, head_dim, causal, dropout, key },
-        SampleNormal { elems, key },
-        Accumulate { elems },
-        SoftmaxCrossEntropy { rows, classes, weight },
-        SoftmaxCrossEntropyFromLogits { rows, classes, weight },
-        SigmoidBinaryCrossentropy { rows, features, reduction, weight },
-        BinaryCrossentropyFromLogits { rows, features, reduction, weight },
-        BinaryCrossentropy { rows, features, reduction, weight },
-        MeanSquaredError { rows, features, reduction, weight },
-        KlNormal { rows, features, reduction, weight },
-        CheckFinite,
-        Update,
     ]
 }
 

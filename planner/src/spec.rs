@@ -4,24 +4,30 @@
 
 use crate::dtype::{DType, Precision};
 
-/// Declares the activations: the enum, [`Activation::ALL`], each one's DSL name and what
-/// its backward pass reads. A new activation is one line here (and its kernels).
+/// Declares the activations: the enum, [`Activation::ALL`], each one's DSL name, its parameter
+/// (name and Keras's default) when it takes one, and what its backward pass reads. A new
+/// activation is one line here (and its kernels, found by name: `kernels/src/activation.rs`,
+/// `kernels/cuda/activation.cu`).
 macro_rules! activations {
-    ($($(#[$doc:meta])* $v:ident = $name:literal, backward reads $reads:ident;)*) => {
-        /// Activation applied after a layer (Keras's `activation=`).
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    ($($(#[$doc:meta])* $v:ident $(($p:ident = $default:literal))? = $name:literal,
+       backward reads $reads:ident;)*) => {
+        /// Activation applied after a layer (Keras's `activation=`). Equal (and hashed) by
+        /// kind and the bits of its parameter.
+        #[derive(Clone, Copy, Debug)]
         pub enum Activation {
-            $($(#[$doc])* $v,)*
+            $($(#[$doc])* $v $({ $p: f32 })?,)*
         }
 
         impl Activation {
-            /// Every activation, in declaration order (the order the DSL lists them).
-            pub const ALL: [Activation; [$(Activation::$v),*].len()] = [$(Activation::$v),*];
+            /// Every activation, in declaration order (the order the DSL lists them), each
+            /// with its default parameter.
+            pub const ALL: [Activation; [$(stringify!($v)),*].len()] =
+                [$(Activation::$v $({ $p: $default })?),*];
 
             /// The DSL name (`relu`).
             pub const fn name(self) -> &'static str {
                 match self {
-                    $(Activation::$v => $name,)*
+                    $(Activation::$v { .. } => $name,)*
                 }
             }
 
@@ -29,17 +35,42 @@ macro_rules! activations {
             /// tanh, softmax); false when it needs the input (gelu, silu) or nothing.
             pub const fn backward_reads_output(self) -> bool {
                 match self {
-                    $(Activation::$v => matches!(Reads::$reads, Reads::Output),)*
+                    $(Activation::$v { .. } => matches!(Reads::$reads, Reads::Output),)*
                 }
             }
 
             /// The variant's name in Rust source (`Relu`).
             pub const fn variant(self) -> &'static str {
                 match self {
-                    $(Activation::$v => stringify!($v),)*
+                    $(Activation::$v { .. } => stringify!($v),)*
+                }
+            }
+
+            /// Its parameter's name and value (`("alpha", 0.2)`), or `None` when it takes none.
+            pub const fn param(self) -> Option<(&'static str, f32)> {
+                match self {
+                    $(Activation::$v $({ $p })? => param_of!($($p)?),)*
+                }
+            }
+
+            /// The same activation with its parameter at `value` (unchanged without one).
+            pub const fn with_param(self, value: f32) -> Activation {
+                let _ = value; // read only by the activations that take a parameter
+                match self {
+                    $(Activation::$v $({ $p: _ })? => Activation::$v $({ $p: value })?,)*
                 }
             }
         }
+    };
+}
+
+/// `None`, or `Some((name, value))` of the parameter bound as `$p`.
+macro_rules! param_of {
+    () => {
+        None
+    };
+    ($p:ident) => {
+        Some((stringify!($p), $p))
     };
 }
 
@@ -58,13 +89,75 @@ activations! {
     Tanh = "tanh", backward reads Output;
     Gelu = "gelu", backward reads Input;
     Silu = "silu", backward reads Input;
+    /// `x` for `x > 0`, else `alpha·x`. The default slope is Keras's `LeakyReLU` layer's, 0.3
+    /// (the function `keras.activations.leaky_relu` defaults to 0.2, PyTorch's `LeakyReLU`
+    /// to 0.01: write `leaky_relu(alpha = 0.01)` for PyTorch parity).
+    LeakyRelu(alpha = 0.3) = "leaky_relu", backward reads Output;
+    /// `x` for `x > 0`, else `alpha·(eˣ − 1)`; Keras's and PyTorch's default alpha is 1.
+    Elu(alpha = 1.0) = "elu", backward reads Output;
     /// Over the last axis.
     Softmax = "softmax", backward reads Output;
 }
 
 impl Activation {
+    /// The activation called `s`, with its default parameter.
     pub fn parse(s: &str) -> Option<Activation> {
         Activation::ALL.into_iter().find(|a| a.name() == s)
+    }
+
+    /// Its parameter's bits, for equality and hashing.
+    fn param_bits(self) -> Option<u32> {
+        self.param().map(|(_, v)| v.to_bits())
+    }
+
+    /// `Err` with the reason when its parameter is one the kernels cannot take: a parameter
+    /// (leaky relu's slope, elu's scale) must be a finite number ≥ 0, which keeps the sign
+    /// of `y` that of `x`, so a backward that reads `y` sees which side of 0 `x` was on.
+    pub fn check(self) -> Result<(), String> {
+        match self.param() {
+            Some((p, v)) if !(v.is_finite() && v >= 0.0) => Err(format!(
+                "`{}`'s `{p}` must be a finite number ≥ 0 (its backward reads its output), found {v}",
+                self.name()
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// As the DSL writes it: `relu`, `leaky_relu`, or `leaky_relu(alpha = 0.1)` when the
+    /// parameter is not the default.
+    pub fn dsl(self) -> String {
+        let default = Activation::parse(self.name()).and_then(Activation::param);
+        match self.param() {
+            Some((p, v)) if default.map(|(_, d)| d.to_bits()) != Some(v.to_bits()) => {
+                format!("{}({p} = {v:?})", self.name())
+            }
+            _ => self.name().to_string(),
+        }
+    }
+
+    /// How the docs list it: `relu`, or `leaky_relu(alpha = 0.2)` with its default.
+    pub fn signature(self) -> String {
+        let d = Activation::parse(self.name()).unwrap_or(self);
+        match d.param() {
+            Some((p, v)) => format!("{}({p} = {v:?})", d.name()),
+            None => d.name().to_string(),
+        }
+    }
+}
+
+impl PartialEq for Activation {
+    fn eq(&self, other: &Activation) -> bool {
+        std::mem::discriminant(self) == std::mem::discriminant(other)
+            && self.param_bits() == other.param_bits()
+    }
+}
+
+impl Eq for Activation {}
+
+impl std::hash::Hash for Activation {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::mem::discriminant(self).hash(state);
+        self.param_bits().hash(state);
     }
 }
 
@@ -72,6 +165,13 @@ impl crate::plan::ToRust for Activation {
     fn write_rust(&self, w: &mut crate::plan::RustWriter<'_>) {
         w.path("Activation::");
         w.s(self.variant());
+        if let Some((p, v)) = self.param() {
+            w.s("{");
+            w.s(p);
+            w.s(": ");
+            v.write_rust(w);
+            w.s(",}");
+        }
     }
 }
 

@@ -30,8 +30,9 @@ fn names_and_handles_are_unique_and_in_the_dsl_order() {
     assert_eq!(
         names.join(" "),
         "input dense conv2d depthwise_conv2d separable_conv2d conv2d_transpose max_pool2d \
-         avg_pool2d global_avg_pool batch_norm layer_norm dropout flatten reshape add concat \
-         embedding attention activation sample_normal"
+         avg_pool2d global_avg_pool batch_norm layer_norm rms_norm group_norm dropout flatten \
+         reshape add concat embedding positional_embedding attention activation \
+         sample_normal"
     );
     for def in CATALOGUE {
         assert_eq!(def.handle, camel(def.name), "the handle of `{}`", def.name);
@@ -179,6 +180,16 @@ fn the_keras_defaults_are_the_catalogues() {
         LayerKind::layer_norm(),
         LayerKind::LayerNorm { epsilon: 1e-3 }
     );
+    assert_eq!(LayerKind::rms_norm(), default("rms_norm"));
+    assert_eq!(LayerKind::rms_norm(), LayerKind::RmsNorm { epsilon: 1e-6 });
+    assert_eq!(LayerKind::group_norm(), default("group_norm"));
+    assert_eq!(
+        LayerKind::group_norm(),
+        LayerKind::GroupNorm {
+            groups: 32,
+            epsilon: 1e-3
+        }
+    );
     assert_eq!(LayerKind::add(), default("add"));
     // Keras: pool strides default to the pool size, whatever it is.
     let pool = layers::find("max_pool2d").unwrap();
@@ -199,6 +210,14 @@ fn every_layer_model() -> ModelSpec {
         &[],
     );
     m.add("bn", LayerKind::batch_norm(), &[]);
+    m.add(
+        "gn",
+        LayerKind::GroupNorm {
+            groups: 2,
+            epsilon: 1e-4,
+        },
+        &[],
+    );
     m.add(
         "dw",
         LayerKind::depthwise_conv2d(3, 1, Padding::Same, Activation::Linear),
@@ -238,7 +257,9 @@ fn every_layer_model() -> ModelSpec {
         LayerKind::Embedding { vocab: 10, dim: 8 },
         &["ids"],
     );
+    m.add("pos", LayerKind::PositionalEmbedding, &[]);
     m.add("norm", LayerKind::layer_norm(), &[]);
+    m.add("rms", LayerKind::rms_norm(), &[]);
     let attention = LayerKind::Attention {
         heads: 2,
         causal: true,
@@ -259,8 +280,8 @@ fn keras_rule(name: &str, shape: &[usize], layer_kind: &str) -> Fill {
     match (layer_kind, leaf) {
         (_, "bias") | (_, "running_mean") => Fill::Constant(0.0),
         (_, "running_var") => Fill::Constant(1.0),
-        ("batch_norm" | "layer_norm", "weight") => Fill::Constant(1.0),
-        ("embedding", _) => Fill::Uniform(0.05),
+        ("batch_norm" | "layer_norm" | "rms_norm" | "group_norm", "weight") => Fill::Constant(1.0),
+        ("embedding" | "positional_embedding", _) => Fill::Uniform(0.05),
         _ => Fill::Uniform(layers::glorot_limit(shape)),
     }
 }
@@ -388,7 +409,8 @@ fn the_docs_table_has_a_row_per_entry_with_its_options_and_defaults() {
     }
     assert_eq!(
         aliases_doc(),
-        "Activations: `linear`, `relu`, `sigmoid`, `tanh`, `gelu`, `silu` and `softmax`. \
+        "Activations: `linear`, `relu`, `sigmoid`, `tanh`, `gelu`, `silu`, \
+         `leaky_relu(alpha = 0.3)`, `elu(alpha = 1.0)` and `softmax`. \
          Aliases: `kernel` for `kernel_size`, `stride` for `strides`, `multiplier` for \
          `depth_multiplier`, `pool` for `pool_size`, `shape` for `target_shape`, `vocab` for \
          `input_dim`, `dim` for `output_dim`, `heads` for `num_heads` and `use_causal_mask` \

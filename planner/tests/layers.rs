@@ -169,6 +169,116 @@ fn layer_norm_and_dropout() {
 }
 
 #[test]
+fn rms_norm_has_a_scale_only_and_keeps_x_hat_and_one_rstd_per_row() {
+    let p = one(LayerKind::rms_norm(), &[6, 10]);
+    assert_eq!(row(&p, "layer").params, 10); // γ only: no shift
+    assert_eq!(kept(&p, "layer"), 2 * f32s(N * 60) + f32s(N * 6));
+    let fwd: Vec<_> = p.steps.iter().filter(|s| s.layer == "layer").collect();
+    assert_eq!(fwd[0].op.name(), "rms_norm");
+    assert_eq!(
+        fwd[0].op,
+        memwise_plan::Op::GroupNorm {
+            samples: N * 6,
+            spatial: 1,
+            channels: 10,
+            groups: 1,
+            epsilon: 1e-6,
+            center: false
+        }
+    );
+    assert_eq!(
+        &fwd[0].params[..],
+        &[p.params
+            .iter()
+            .position(|q| q.name == "layer.weight")
+            .unwrap() as u32]
+    );
+}
+
+#[test]
+fn group_norm_normalises_per_sample_and_group_with_a_scale_and_shift_per_channel() {
+    let p = one(
+        LayerKind::GroupNorm {
+            groups: 2,
+            epsilon: 1e-3,
+        },
+        &[5, 5, 4],
+    );
+    assert_eq!(row(&p, "layer").params, 8); // γ and β per channel
+                                            // x_hat, one rstd per (sample, group), and the output (the head's input).
+    assert_eq!(kept(&p, "layer"), 2 * f32s(N * 100) + f32s(N * 2));
+    let step = p.steps.iter().find(|s| s.layer == "layer").unwrap();
+    assert_eq!(step.op.name(), "group_norm");
+    assert_eq!(
+        step.op,
+        memwise_plan::Op::GroupNorm {
+            samples: N,
+            spatial: 25,
+            channels: 4,
+            groups: 2,
+            epsilon: 1e-3,
+            center: true
+        }
+    );
+}
+
+#[test]
+fn group_norm_needs_groups_that_divide_the_channels() {
+    let mut m = ModelSpec::new("Groups", N);
+    m.input("x", &[4, 4, 6], DType::F32, 1.0);
+    // Keras's default, 32 groups, cannot split 6 channels.
+    m.add("gn", LayerKind::group_norm(), &[]);
+    let e = plan(&m).unwrap_err().to_string();
+    assert!(
+        e.contains("`group_norm` splits the last axis of its input into 32 groups")
+            && e.contains("with 6 channels")
+            && e.contains("`groups` must divide the channels"),
+        "{e}"
+    );
+}
+
+#[test]
+fn positional_embedding_adds_a_table_per_position_in_place_and_keeps_nothing() {
+    let mut m = ModelSpec::new("Pos", N);
+    m.input("ids", &[12], DType::I32, 1.0);
+    m.add("emb", LayerKind::Embedding { vocab: 50, dim: 16 }, &[]);
+    m.add("pos", LayerKind::PositionalEmbedding, &[]);
+    m.add("head", LayerKind::dense(50, Activation::Softmax), &[]);
+    m.input("next", &[12], DType::I32, 1.0);
+    m.loss
+        .push(LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["head", "next"]));
+    let p = plan(&m).unwrap();
+    assert_eq!(row(&p, "pos").params, 12 * 16); // one vector per position
+    let table = p.params.iter().find(|q| q.name == "pos.weight").unwrap();
+    assert_eq!(&table.shape[..], &[12, 16]);
+    let fwd = p.steps.iter().find(|s| s.layer == "pos").unwrap();
+    assert_eq!(
+        fwd.op,
+        memwise_plan::Op::PositionalEmbedding {
+            batch: N,
+            seq: 12,
+            dim: 16
+        }
+    );
+    // Its backward reads only dy: it saves nothing of its own (what is kept is its output, the
+    // head's input), and both passes run in place.
+    assert_eq!(kept(&p, "pos"), f32s(N * 12 * 16));
+    assert!(row(&p, "pos").in_place);
+}
+
+#[test]
+fn positional_embedding_reads_token_vectors() {
+    let mut m = ModelSpec::new("Pos", N);
+    m.input("ids", &[12], DType::I32, 1.0);
+    m.add("pos", LayerKind::PositionalEmbedding, &[]);
+    let e = plan(&m).unwrap_err().to_string();
+    assert!(
+        e.contains("`ids` is [12] of i32 values: put an `embedding` before it"),
+        "{e}"
+    );
+}
+
+#[test]
 fn views_own_no_bytes() {
     let mut m = ModelSpec::new("Views", N);
     m.input("x", &[4, 6], DType::F32, 1.0);

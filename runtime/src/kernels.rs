@@ -39,6 +39,19 @@ impl From<RuntimeError> for OpError {
 /// What an op method returns.
 pub type OpResult = std::result::Result<(), OpError>;
 
+/// The kernels' pointwise activation that runs `act`: the one of the same name, with `act`'s
+/// parameter. Matched by name, so a new activation needs no arm in either executor. Softmax
+/// (rows, not elements) has kernels of its own and is not one.
+pub fn pointwise(act: Activation) -> std::result::Result<k::activation::Activation, OpError> {
+    let param = act.param().map_or(0.0, |(_, v)| v);
+    k::activation::Activation::from_name(act.name(), param).ok_or_else(|| {
+        OpError::Kernel(k::KernelError(format!(
+            "no pointwise kernel runs the activation `{}`",
+            act.name()
+        )))
+    })
+}
+
 /// The per-step scalars every kernel may read, set by the walk before a step.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepScalars {
@@ -169,12 +182,26 @@ pub trait Kernels {
         epsilon: f32,
     ) -> OpResult;
     fn layer_norm(&self, io: &LayerNormForward, d: k::norm::NormDims, epsilon: f32) -> OpResult;
+    /// Group norm, or RMS norm (`d.center` false and no `io.beta`).
+    fn group_norm(
+        &self,
+        io: &GroupNormForward,
+        d: k::norm::GroupNormDims,
+        epsilon: f32,
+    ) -> OpResult;
     fn dropout(&self, io: &DropoutForward, rate: f32, key: k::random::RngKey) -> OpResult;
     /// Element-wise activation, or softmax over rows of `cols`.
     fn activation(&self, io: &UnaryForward, act: Activation, rows: usize, cols: usize) -> OpResult;
     fn add(&self, io: &AddForward) -> OpResult;
     fn concat(&self, io: &ConcatForward, rows: usize, a: usize, b: usize) -> OpResult;
     fn embedding(&self, io: &EmbeddingForward, d: k::embedding::EmbeddingDims) -> OpResult;
+    /// `y = x + table` per sample of `batch` samples of `len` elements; `y` may be `x`.
+    fn positional_embedding(
+        &self,
+        io: &PositionalEmbeddingForward,
+        batch: usize,
+        len: usize,
+    ) -> OpResult;
     fn attention(
         &self,
         io: &AttentionForward,
@@ -217,6 +244,7 @@ pub trait Kernels {
     ) -> OpResult;
     fn batch_norm_backward(&self, io: &NormBackward, d: k::norm::NormDims) -> OpResult;
     fn layer_norm_backward(&self, io: &NormBackward, d: k::norm::NormDims) -> OpResult;
+    fn group_norm_backward(&self, io: &GroupNormBackward, d: k::norm::GroupNormDims) -> OpResult;
     fn dropout_backward(&self, io: &SavedBackward, rate: f32) -> OpResult;
     fn activation_backward(
         &self,
@@ -230,6 +258,13 @@ pub trait Kernels {
         &self,
         io: &EmbeddingBackward,
         d: k::embedding::EmbeddingDims,
+    ) -> OpResult;
+    /// The table's gradient (accumulated) and `dx = dy`; `dx` may be `dy`.
+    fn positional_embedding_backward(
+        &self,
+        io: &PositionalEmbeddingBackward,
+        batch: usize,
+        len: usize,
     ) -> OpResult;
     fn attention_backward(
         &self,
@@ -280,4 +315,40 @@ pub trait Kernels {
     /// The optimizer update of one layer's parameters (skipped when the step is flagged
     /// non-finite) and their 16-bit copies.
     fn update(&self, step: &PlanStep, u: UpdateStep<'_>) -> OpResult;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both executors run every activation but softmax by name through [`pointwise`], not by
+    /// an arm per activation: so a planner activation without a kernel would compile and fail
+    /// at its model's first step. This test is that check, at `cargo test` time.
+    #[test]
+    fn every_activation_but_softmax_has_a_pointwise_kernel_and_every_kernel_an_activation() {
+        for act in Activation::ALL {
+            let found = pointwise(act);
+            if act == Activation::Softmax {
+                assert!(
+                    found.is_err(),
+                    "softmax runs over rows, not as a pointwise kernel"
+                );
+                continue;
+            }
+            let kernel = found.unwrap_or_else(|_| panic!("no kernel runs `{}`", act.name()));
+            assert_eq!(kernel.name(), act.name());
+            assert_eq!(kernel.param(), act.param().map_or(0.0, |(_, v)| v));
+            // A parameter other than the default reaches the kernel too.
+            if let Some((_, v)) = act.param() {
+                let moved = pointwise(act.with_param(v + 0.25)).unwrap();
+                assert_eq!(moved.param(), v + 0.25, "`{}`'s parameter", act.name());
+            }
+        }
+        for name in k::activation::Activation::NAMES {
+            assert!(
+                Activation::parse(name).is_some(),
+                "the kernel `{name}` runs no planner activation"
+            );
+        }
+    }
 }

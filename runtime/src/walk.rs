@@ -416,6 +416,24 @@ fn forward<K: Kernels>(
             },
             epsilon,
         ),
+        Op::GroupNorm {
+            samples,
+            spatial,
+            channels,
+            groups,
+            epsilon,
+            center,
+        } => k.group_norm(
+            &GroupNormForward::of(s).map_err(io_err)?,
+            k::norm::GroupNormDims {
+                samples,
+                spatial,
+                channels,
+                groups,
+                center,
+            },
+            epsilon,
+        ),
         Op::Dropout { rate, key: l, .. } => k.dropout(
             &DropoutForward::of(s).map_err(io_err)?,
             rate,
@@ -432,6 +450,11 @@ fn forward<K: Kernels>(
         Op::Embedding { tokens, vocab, dim } => k.embedding(
             &EmbeddingForward::of(s).map_err(io_err)?,
             k::embedding::EmbeddingDims { tokens, vocab, dim },
+        ),
+        Op::PositionalEmbedding { batch, seq, dim } => k.positional_embedding(
+            &PositionalEmbeddingForward::of(s).map_err(io_err)?,
+            batch,
+            seq.saturating_mul(dim),
         ),
         Op::Attention {
             batch,
@@ -514,6 +537,23 @@ fn backward<K: Kernels>(
                 channels: features,
             },
         ),
+        Op::GroupNorm {
+            samples,
+            spatial,
+            channels,
+            groups,
+            center,
+            ..
+        } => k.group_norm_backward(
+            &GroupNormBackward::of(s).map_err(io_err)?,
+            k::norm::GroupNormDims {
+                samples,
+                spatial,
+                channels,
+                groups,
+                center,
+            },
+        ),
         Op::Dropout { rate, .. } => {
             k.dropout_backward(&SavedBackward::of(s).map_err(io_err)?, rate)
         }
@@ -541,6 +581,11 @@ fn backward<K: Kernels>(
             &AttentionBackward::of(s).map_err(io_err)?,
             attention_dims(batch, seq, heads, head_dim).0,
             dropout,
+        ),
+        Op::PositionalEmbedding { batch, seq, dim } => k.positional_embedding_backward(
+            &PositionalEmbeddingBackward::of(s).map_err(io_err)?,
+            batch,
+            seq.saturating_mul(dim),
         ),
         Op::SampleNormal { key: l, .. } => k.sample_normal_backward(
             &SampleNormalBackward::of(s).map_err(io_err)?,
@@ -647,11 +692,13 @@ fn loss<K: Kernels>(k: &K, s: &PlanStep) -> std::result::Result<(), OpError> {
         | Op::BatchNorm { .. }
         | Op::BatchNormInference { .. }
         | Op::LayerNorm { .. }
+        | Op::GroupNorm { .. }
         | Op::Dropout { .. }
         | Op::Activation { .. }
         | Op::Add { .. }
         | Op::Concat { .. }
         | Op::Embedding { .. }
+        | Op::PositionalEmbedding { .. }
         | Op::Attention { .. }
         | Op::SampleNormal { .. }
         | Op::Accumulate { .. }
@@ -682,11 +729,13 @@ fn update<K: Kernels>(k: &K, s: &PlanStep) -> std::result::Result<(), OpError> {
         | Op::BatchNorm { .. }
         | Op::BatchNormInference { .. }
         | Op::LayerNorm { .. }
+        | Op::GroupNorm { .. }
         | Op::Dropout { .. }
         | Op::Activation { .. }
         | Op::Add { .. }
         | Op::Concat { .. }
         | Op::Embedding { .. }
+        | Op::PositionalEmbedding { .. }
         | Op::Attention { .. }
         | Op::SampleNormal { .. }
         | Op::Accumulate { .. }

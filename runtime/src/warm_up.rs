@@ -126,6 +126,11 @@ fn image_model() -> ModelSpec {
         &["pixels"],
     );
     m.add("bn", LayerKind::batch_norm(), &[]);
+    let groups = LayerKind::GroupNorm {
+        groups: 2,
+        epsilon: 1e-3,
+    };
+    m.add("gn", groups, &[]);
     m.add("relu", LayerKind::Activation(Activation::Relu), &[]);
     m.add(
         "dw",
@@ -178,15 +183,17 @@ fn image_model() -> ModelSpec {
     m
 }
 
-/// Sequence layers: token ids through an embedding, layer norm and causal attention with
-/// dropout, and a VAE head (sampling, KL divergence).
+/// Sequence layers: token ids through an embedding and a positional one, layer and RMS norm
+/// and causal attention with dropout, and a VAE head (sampling, KL divergence).
 fn sequence_model() -> ModelSpec {
     let mut m = ModelSpec::new("WarmUpSequence", 2);
     m.input("ids", &[4], DType::I32, 1.0);
     m.input("next", &[4], DType::I32, 1.0);
     m.input("x", &[8], DType::F32, 1.0);
     m.add("embed", LayerKind::Embedding { vocab: 8, dim: 8 }, &["ids"]);
+    m.add("positions", LayerKind::PositionalEmbedding, &[]);
     m.add("norm", LayerKind::layer_norm(), &[]);
+    m.add("rms", LayerKind::rms_norm(), &[]);
     let attention = LayerKind::Attention {
         heads: 2,
         causal: true,

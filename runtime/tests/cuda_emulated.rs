@@ -417,6 +417,139 @@ fn random_models_train_the_same_on_the_emulated_device() {
     );
 }
 
+/// The layers and activations added through the catalogue and the one walk (issue 13), each
+/// in a model of its own, in float32 and mixed precision: the emulated device must train them
+/// as the CPU does. The random generators do not draw them (their plans are pinned), so they
+/// are named here.
+fn new_layer_models() -> Vec<(&'static str, ModelSpec)> {
+    use memwise_plan::{Activation as A, LayerKind, LossKind, LossTerm};
+    let mut out = Vec::new();
+    for precision in [Precision::Float32, Precision::MixedFloat16] {
+        let mut m = ModelSpec::new("Activations", 4);
+        m.precision = precision;
+        m.input("x", &[24], DType::F32, 1.0);
+        m.input("y", &[8], DType::F32, 1.0);
+        m.add(
+            "leaky",
+            LayerKind::dense(32, A::LeakyRelu { alpha: 0.1 }),
+            &["x"],
+        );
+        m.add("elu", LayerKind::dense(32, A::Elu { alpha: 0.7 }), &[]);
+        m.add(
+            "leaky_default",
+            LayerKind::Activation(A::parse("leaky_relu").unwrap()),
+            &[],
+        );
+        m.add("out", LayerKind::dense(8, A::Linear), &[]);
+        m.loss
+            .push(LossTerm::new(LossKind::MeanSquaredError).on(&["out", "y"]));
+        out.push(("activations", m));
+
+        let mut m = ModelSpec::new("RmsNorm", 4);
+        m.precision = precision;
+        m.input("x", &[6, 20], DType::F32, 1.0);
+        m.input("y", &[6, 8], DType::F32, 1.0);
+        m.add("proj", LayerKind::dense(16, A::Linear), &["x"]);
+        m.add("rms", LayerKind::rms_norm(), &[]);
+        m.add("out", LayerKind::dense(8, A::Linear), &[]);
+        m.loss
+            .push(LossTerm::new(LossKind::MeanSquaredError).on(&["out", "y"]));
+        out.push(("rms_norm", m));
+
+        // A small convnet with group norm in two groups and in one group per channel (Keras's
+        // InstanceNorm), batch 3 so that per-sample statistics differ from batch ones.
+        let mut m = ModelSpec::new("GroupNorm", 3);
+        m.precision = precision;
+        m.input("image", &[6, 6, 3], DType::U8, 1.0 / 255.0);
+        m.input("label", &[], DType::I32, 1.0);
+        let conv = |f| LayerKind::conv2d(f, 3, 1, memwise_plan::Padding::Same, A::Linear);
+        m.add("conv", conv(8), &["image"]);
+        m.add(
+            "gn",
+            LayerKind::GroupNorm {
+                groups: 2,
+                epsilon: 1e-3,
+            },
+            &[],
+        );
+        m.add("act", LayerKind::Activation(A::Elu { alpha: 1.0 }), &[]);
+        m.add("conv_2", conv(4), &[]);
+        m.add(
+            "instance",
+            LayerKind::GroupNorm {
+                groups: 4,
+                epsilon: 1e-5,
+            },
+            &[],
+        );
+        m.add("gap", LayerKind::GlobalAvgPool, &[]);
+        m.add("probs", LayerKind::dense(5, A::Softmax), &[]);
+        m.loss
+            .push(LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["probs", "label"]));
+        out.push(("group_norm", m));
+
+        // A GPT's input as GPT-2 writes it: token vectors plus learned positions, then RMS
+        // norm; the positional embedding runs in place on both passes.
+        let mut m = ModelSpec::new("Positions", 3);
+        m.precision = precision;
+        m.input("ids", &[10], DType::I32, 1.0);
+        m.input("next", &[10], DType::I32, 1.0);
+        m.add("tok", LayerKind::Embedding { vocab: 17, dim: 12 }, &["ids"]);
+        m.add("pos", LayerKind::PositionalEmbedding, &[]);
+        m.add("rms", LayerKind::rms_norm(), &[]);
+        m.add("logits", LayerKind::dense(17, A::Linear), &[]);
+        let scce = LossKind::SparseCategoricalCrossentropy;
+        m.loss.push(LossTerm::new(scce).on(&["logits", "next"]));
+        out.push(("positional_embedding", m));
+    }
+    out
+}
+
+/// The new normalisations' scales start at ones and their shifts at zeros on both devices, as
+/// their catalogue entries declare (`runtime/src/init.rs` once had to be told by name, and a
+/// norm forgotten there started from Glorot noise).
+#[test]
+fn the_new_layers_start_from_their_catalogue_initialisers() {
+    for (name, spec) in new_layer_models() {
+        let p = plan(&spec).unwrap();
+        let cpu = Executor::new(p.clone(), &Device::cpu(), 5).unwrap();
+        let gpu = GpuExecutor::new(p.clone(), &Device::cpu(), EmuBackend::default(), 5).unwrap();
+        for prm in p.params.iter() {
+            let (c, g) = (cpu.param(&prm.name).unwrap(), gpu.param(&prm.name).unwrap());
+            assert_eq!(
+                c, g,
+                "{name}: `{}` starts differently on the device",
+                prm.name
+            );
+            let want = match prm.name.rsplit_once('.').map(|(l, _)| l) {
+                Some("rms" | "gn" | "instance") if prm.name.ends_with(".weight") => Some(1.0),
+                Some("rms" | "gn" | "instance") if prm.name.ends_with(".bias") => Some(0.0),
+                _ => None,
+            };
+            if let Some(v) = want {
+                assert!(c.iter().all(|&x| x == v), "{name}: `{}` = {c:?}", prm.name);
+            }
+            // Keras's embedding initialiser, uniform in ±0.05, for the position table too.
+            if prm.name == "pos.weight" {
+                let spread = c.iter().fold(0f32, |m, &x| m.max(x.abs()));
+                assert!(
+                    spread <= 0.05 && spread > 0.04,
+                    "{name}: `pos.weight` spread {spread}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_new_layers_train_the_same_on_the_emulated_device() {
+    for (name, spec) in new_layer_models() {
+        let name = format!("{name} ({:?})", spec.precision);
+        compare(&name, &spec, 3, true).unwrap();
+        compare(&format!("{name}, no graph"), &spec, 2, false).unwrap();
+    }
+}
+
 #[test]
 fn a_plan_larger_than_the_device_is_refused_before_allocating() {
     let p = plan(&zoo::mnist_mlp(16)).unwrap();

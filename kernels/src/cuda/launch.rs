@@ -362,17 +362,10 @@ impl KernelCall {
     }
 }
 
-/// The activation code the pointwise activation kernels take (`MW_ACT_*` in activation.cu).
+/// The activation code the pointwise activation kernels take (`MW_ACT_*` in activation.cu):
+/// [`crate::activation::Activation::code`]. Its parameter is the kernels' next argument.
 pub fn activation_code(a: crate::activation::Activation) -> i32 {
-    use crate::activation::Activation as A;
-    match a {
-        A::Linear => 0,
-        A::Relu => 1,
-        A::Sigmoid => 2,
-        A::Tanh => 3,
-        A::Gelu => 4,
-        A::Silu => 5,
-    }
+    a.code()
 }
 
 /// Adam's bias-corrected step size `lr·sqrt(1 − β₂ᵗ)/(1 − β₁ᵗ)` for update `step` (1-based),

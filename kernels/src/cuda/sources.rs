@@ -7,13 +7,30 @@
 /// `kernels/cuda/common.cuh`.
 pub const COMMON: &str = include_str!("../../cuda/common.cuh");
 
-/// One `.cu` file: its module name (the file stem), its text, and the name prefixes of the
-/// kernels it defines.
+/// One `.cu` file: its module name (the file stem) and its text.
 #[derive(Clone, Copy, Debug)]
 pub struct Source {
     pub module: &'static str,
     pub text: &'static str,
-    pub prefixes: &'static [&'static str],
+}
+
+impl Source {
+    /// The kernels this file defines, read from its `__global__ void NAME(` lines: a name, or
+    /// for kernels stamped out per storage type by a macro the name's fixed part (`mw_act_fwd_`
+    /// of `mw_act_fwd_##S`). Read from the text, so a new kernel needs no list here.
+    pub fn kernel_prefixes(&self) -> impl Iterator<Item = &'static str> {
+        let text = self.text;
+        let marker = "__global__ void ";
+        text.match_indices(marker)
+            .map(move |(at, _)| {
+                let rest = &text[at + marker.len()..];
+                let end = rest
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(rest.len());
+                &rest[..end]
+            })
+            .filter(|p| !p.is_empty())
+    }
 }
 
 /// Every kernel source.
@@ -21,63 +38,50 @@ pub const SOURCES: &[Source] = &[
     Source {
         module: "elementwise",
         text: include_str!("../../cuda/elementwise.cu"),
-        prefixes: &[
-            "mw_cast_",
-            "mw_add_n_",
-            "mw_accumulate_",
-            "mw_concat_",
-            "mw_bias_add_",
-            "mw_all_finite_",
-            "mw_copy_",
-        ],
     },
     Source {
         module: "activation",
         text: include_str!("../../cuda/activation.cu"),
-        prefixes: &["mw_act_", "mw_softmax_", "mw_causal_mask_"],
     },
     Source {
         module: "loss",
         text: include_str!("../../cuda/loss.cu"),
-        prefixes: &["mw_scce_", "mw_elem_loss_", "mw_kl_"],
     },
     Source {
         module: "norm",
         text: include_str!("../../cuda/norm.cu"),
-        prefixes: &["mw_column_sums_", "mw_bn_", "mw_ln_"],
     },
     Source {
         module: "pool",
         text: include_str!("../../cuda/pool.cu"),
-        prefixes: &["mw_maxpool_", "mw_avgpool_", "mw_gap_"],
     },
     Source {
         module: "conv",
         text: include_str!("../../cuda/conv.cu"),
-        prefixes: &["mw_im2col_", "mw_col2im_", "mw_dw_"],
     },
     Source {
         module: "random",
         text: include_str!("../../cuda/random.cu"),
-        prefixes: &["mw_philox_", "mw_dropout_", "mw_sample_normal_"],
     },
     Source {
         module: "optimizer",
         text: include_str!("../../cuda/optimizer.cu"),
-        prefixes: &["mw_sgd", "mw_rmsprop", "mw_adam"],
     },
     Source {
         module: "embedding",
         text: include_str!("../../cuda/embedding.cu"),
-        prefixes: &["mw_embedding_"],
     },
 ];
 
-/// The source that defines kernel `name`, by its prefix.
+/// The source that defines kernel `name`: the one with the longest of
+/// [`Source::kernel_prefixes`] that `name` starts with.
 pub fn source_of(kernel: &str) -> Option<&'static Source> {
     SOURCES
         .iter()
-        .find(|s| s.prefixes.iter().any(|p| kernel.starts_with(p)))
+        .flat_map(|s| s.kernel_prefixes().map(move |p| (p, s)))
+        .filter(|(p, _)| kernel.starts_with(p))
+        .max_by_key(|(p, _)| p.len())
+        .map(|(_, s)| s)
 }
 
 /// What NVRTC compiles for module `module`: `common.cuh`, then the file without its

@@ -246,7 +246,7 @@ impl OptValue {
             OptValue::Float(x) => format!("{x:?}"),
             OptValue::Bool(b) => b.to_string(),
             OptValue::Shape(s) => format!("{s:?}"),
-            OptValue::Activation(a) => a.name().to_string(),
+            OptValue::Activation(a) => a.dsl(),
             OptValue::Padding(p) => p.name().to_string(),
             OptValue::DType(d) => d.name().to_string(),
             OptValue::Int(n) => n.to_string(),

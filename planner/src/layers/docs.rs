@@ -85,7 +85,10 @@ pub fn layer_table() -> String {
 
 /// The sentences after the table: the activations, and the aliases options accept.
 pub fn aliases_doc() -> String {
-    let activations: Vec<String> = Activation::ALL.iter().map(|a| code(a.name())).collect();
+    let activations: Vec<String> = Activation::ALL
+        .iter()
+        .map(|a| code(&a.signature()))
+        .collect();
     let mut aliases: Vec<String> = Vec::new();
     for def in CATALOGUE {
         for o in def.options {

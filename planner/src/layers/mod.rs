@@ -155,6 +155,10 @@ catalogue! {
     /// Batch normalisation in training mode over the last axis (Keras defaults 0.99, 1e-3).
     batch_norm::BatchNorm { momentum: f32, epsilon: f32 },
     layer_norm::LayerNorm { epsilon: f32 },
+    /// Root-mean-square normalisation over the last axis (Keras default epsilon 1e-6).
+    rms_norm::RmsNorm { epsilon: f32 },
+    /// Group normalisation over channel groups, per sample (Keras defaults 32 groups, 1e-3).
+    group_norm::GroupNorm { groups: usize, epsilon: f32 },
     dropout::Dropout { rate: f32 },
     /// A view: no op, no new bytes.
     flatten::Flatten,
@@ -166,6 +170,8 @@ catalogue! {
     concat::Concat,
     /// Token ids (i32) → vectors.
     embedding::Embedding { vocab: usize, dim: usize },
+    /// A learned position table added to token vectors `[seq, dim]` (GPT-2's `wpe`).
+    positional_embedding::PositionalEmbedding,
     /// Multi-head self-attention over `[seq, hidden]`: fused QKV projection, scaled
     /// dot-product attention (optionally causal, with dropout on the probabilities) and an
     /// output projection.

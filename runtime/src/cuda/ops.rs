@@ -27,18 +27,12 @@ use super::{dev, p, u, Backend, CudaKernels};
 use crate::cpu::Opt;
 use crate::error::Result;
 use crate::executor::Batch;
-use crate::kernels::{BceInput, Kernels, OpResult, StepFlags, StepScalars, UpdateStep};
+use crate::kernels::{pointwise, BceInput, Kernels, OpResult, StepFlags, StepScalars, UpdateStep};
 
-fn act_code(a: Act) -> i32 {
-    use k::activation::Activation as A;
-    kl::activation_code(match a {
-        Act::Linear | Act::Softmax => A::Linear,
-        Act::Relu => A::Relu,
-        Act::Sigmoid => A::Sigmoid,
-        Act::Tanh => A::Tanh,
-        Act::Gelu => A::Gelu,
-        Act::Silu => A::Silu,
-    })
+/// The code and parameter the pointwise activation kernels take for `act`.
+fn act_args(act: Act) -> std::result::Result<[KArg; 2], crate::kernels::OpError> {
+    let a = pointwise(act)?;
+    Ok([KArg::I32(kl::activation_code(a)), KArg::F32(a.param())])
 }
 
 /// `1 / √head_dim`, the attention scores' scale.
@@ -590,6 +584,53 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         Ok(())
     }
 
+    fn group_norm(
+        &self,
+        io: &GroupNormForward,
+        d: k::norm::GroupNormDims,
+        epsilon: f32,
+    ) -> OpResult {
+        self.k(
+            name1("mw_gn_fwd", self.ft(io.y)?),
+            LaunchCfg::rows(d.stats() as u64),
+            vec![
+                p(self.t(io.x)?),
+                p(self.t(io.y)?),
+                p(self.t(io.x_hat)?),
+                p(self.t(io.rstd)?),
+                p(self.pv(io.gamma)),
+                p(self.pv_or_null(io.beta)),
+                u(d.samples),
+                u(d.spatial),
+                u(d.channels),
+                u(d.groups),
+                KArg::I32(d.center as i32),
+                KArg::F32(epsilon),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn positional_embedding(
+        &self,
+        io: &PositionalEmbeddingForward,
+        batch: usize,
+        len: usize,
+    ) -> OpResult {
+        self.k(
+            name1("mw_pos_embedding_fwd", self.ft(io.y)?),
+            LaunchCfg::pointwise(batch.saturating_mul(len) as u64),
+            vec![
+                p(self.t(io.x)?),
+                p(self.pv(io.table)),
+                p(self.t(io.y)?),
+                u(batch),
+                u(len),
+            ],
+        )?;
+        Ok(())
+    }
+
     fn dropout(&self, io: &DropoutForward, rate: f32, key: k::random::RngKey) -> OpResult {
         let n = self.elems(io.y)?;
         let [seed, layer] = self.key_args(key);
@@ -620,15 +661,11 @@ impl<B: Backend> Kernels for CudaKernels<B> {
             return Ok(());
         }
         let n = self.elems(io.y)?;
+        let [code, param] = act_args(act)?;
         self.k(
             name1("mw_act_fwd", self.ft(io.y)?),
             LaunchCfg::pointwise(n as u64),
-            vec![
-                KArg::I32(act_code(act)),
-                p(self.t(io.x)?),
-                p(self.t(io.y)?),
-                u(n),
-            ],
+            vec![code, param, p(self.t(io.x)?), p(self.t(io.y)?), u(n)],
         )?;
         Ok(())
     }
@@ -991,6 +1028,69 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         Ok(())
     }
 
+    fn group_norm_backward(&self, io: &GroupNormBackward, d: k::norm::GroupNormDims) -> OpResult {
+        let t = self.ft(io.x_hat)?;
+        let (h, dy) = (self.t(io.x_hat)?, self.t(io.dy)?);
+        // RMS norm has no shift: the parameter-gradient kernel skips a null dbeta.
+        let dbeta = match io.beta {
+            NONE => 0,
+            beta => self.pg(beta)?,
+        };
+        // The affine gradients are layer norm's per-channel sums over every (sample,
+        // position) row, so its kernel serves.
+        self.k(
+            name1("mw_ln_param_grads", t),
+            LaunchCfg::strip(d.channels as u64, 1),
+            vec![
+                p(h),
+                p(dy),
+                p(self.pg(io.gamma)?),
+                p(dbeta),
+                u(d.samples.saturating_mul(d.spatial)),
+                u(d.channels),
+            ],
+        )?;
+        self.k(
+            name1("mw_gn_bwd", t),
+            LaunchCfg::rows(d.stats() as u64),
+            vec![
+                p(h),
+                p(self.t(io.rstd)?),
+                p(self.pv(io.gamma)),
+                p(dy),
+                p(self.t(io.dx)?),
+                u(d.samples),
+                u(d.spatial),
+                u(d.channels),
+                u(d.groups),
+                KArg::I32(d.center as i32),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn positional_embedding_backward(
+        &self,
+        io: &PositionalEmbeddingBackward,
+        batch: usize,
+        len: usize,
+    ) -> OpResult {
+        let t = self.ft(io.dy)?;
+        let dy = self.t(io.dy)?;
+        // The table's gradient is dy's column sums, as a bias's.
+        self.bias_grad(t, dy, batch, len, io.table)?;
+        // dx = dy: nothing to move when the plan put one over the other.
+        if io.dx != NONE && self.t(io.dx)? != dy {
+            let n = batch.saturating_mul(len);
+            self.k(
+                name2("mw_cast", t, t),
+                LaunchCfg::pointwise(n as u64),
+                vec![p(dy), p(self.t(io.dx)?), u(n)],
+            )?;
+        }
+        Ok(())
+    }
+
     fn dropout_backward(&self, io: &SavedBackward, rate: f32) -> OpResult {
         let n = self.elems(io.dy)?;
         self.k(
@@ -1034,11 +1134,13 @@ impl<B: Backend> Kernels for CudaKernels<B> {
             return Ok(());
         }
         let n = self.elems(io.dy)?;
+        let [code, param] = act_args(act)?;
         self.k(
             name1("mw_act_bwd", self.ft(io.dy)?),
             LaunchCfg::pointwise(n as u64),
             vec![
-                KArg::I32(act_code(act)),
+                code,
+                param,
                 p(self.t(io.saved)?),
                 p(self.t(io.dy)?),
                 p(self.t(io.dx)?),

@@ -113,7 +113,8 @@ impl<'a> Bytes<'a> {
 }
 
 const DTYPES: [DType; 5] = [DType::F32, DType::F16, DType::BF16, DType::U8, DType::I32];
-const ACTIVATIONS: [Activation; 7] = Activation::ALL;
+// Every activation, however many the planner declares.
+const ACTIVATIONS: [Activation; Activation::ALL.len()] = Activation::ALL;
 const PADDINGS: [Padding; 2] = [Padding::Same, Padding::Valid];
 const LOSSES: [LossKind; 4] = [
     LossKind::SparseCategoricalCrossentropy,

@@ -1,0 +1,11 @@
+use memwise::prelude::*;
+
+#[memwise::model(batch = 32, loss = mse)]
+struct Net {
+    #[input(shape = [784])]
+    pixels: Input,
+    #[dense(512, activation = elu(alpha = -1.0))]
+    hidden: Dense,
+}
+
+fn main() {}
