@@ -2,8 +2,10 @@
 //! weight and bias parameters, and the "op with weights, then activation" lowering.
 
 use super::{Init, LayerKind, OptValue, OptionDef, OptionType, ParamDef};
+use crate::dtype::DType;
 use crate::error::PlanError;
-use crate::graph::{LayerCx, Value};
+use crate::graph::{prod, LayerCx, TensorId, Value};
+
 use crate::op::{Op, Window2d};
 use crate::spec::{Activation, Padding};
 
@@ -230,4 +232,34 @@ pub(super) fn pool(
     let shape = vec![d.n, d.out_h(), d.out_w(), c];
     let y = cx.tensor("out", shape.clone(), cx.dtype);
     Ok((d, x.tensor, Value { tensor: y, shape }))
+}
+
+/// What a normalisation over the last axis starts from: its input cast to the compute dtype,
+/// the axis's width, the rows, and the tensors the op writes — the output, x̂ and the per-row
+/// 1/σ (float32) — made in that order (the plan's tensor order).
+pub(super) struct LastAxisNorm {
+    pub x: Value,
+    pub features: usize,
+    pub rows: usize,
+    pub y: TensorId,
+    pub x_hat: TensorId,
+    pub rstd: TensorId,
+}
+
+pub(super) fn last_axis_norm(cx: &mut LayerCx<'_, '_>) -> Result<LastAxisNorm, PlanError> {
+    let (v, _) = cx.input(0);
+    let x = cx.cast(&v)?;
+    let features = *x.shape.last().unwrap_or(&1);
+    let rows = prod(&x.shape) / features.max(1);
+    let y = cx.tensor("out", x.shape.clone(), cx.dtype);
+    let x_hat = cx.tensor("x_hat", x.shape.clone(), cx.dtype);
+    let rstd = cx.tensor("rstd", vec![rows], DType::F32);
+    Ok(LastAxisNorm {
+        x,
+        features,
+        rows,
+        y,
+        x_hat,
+        rstd,
+    })
 }

@@ -1,5 +1,5 @@
 //! `layer_norm`: layer normalisation over the last axis, with a learned scale and shift.
-use super::common::{BIAS, SCALE};
+use super::common::{last_axis_norm, LastAxisNorm, BIAS, SCALE};
 use super::prelude::*;
 
 /// Keras's `LayerNormalization` default (PyTorch uses 1e-5; say `epsilon = 1e-5` for
@@ -37,13 +37,14 @@ pub(super) fn lower(cx: &mut LayerCx<'_, '_>, kind: &LayerKind) -> Result<Value,
     let LayerKind::LayerNorm { epsilon } = *kind else {
         unreachable!("layer_norm lowers layer_norm layers")
     };
-    let (v, _) = cx.input(0);
-    let x = cx.cast(&v)?;
-    let f = *x.shape.last().unwrap_or(&1);
-    let rows = prod(&x.shape) / f.max(1);
-    let y = cx.tensor("out", x.shape.clone(), cx.dtype);
-    let xh = cx.tensor("x_hat", x.shape.clone(), cx.dtype);
-    let rstd = cx.tensor("rstd", vec![rows], DType::F32);
+    let LastAxisNorm {
+        x,
+        features: f,
+        rows,
+        y,
+        x_hat: xh,
+        rstd,
+    } = last_axis_norm(cx)?;
     let ps: Vec<usize> = PARAMS.iter().map(|p| cx.param(p, vec![f])).collect();
     cx.push(
         Op::LayerNorm {

@@ -1,6 +1,6 @@
 //! `rms_norm`: root-mean-square normalisation over the last axis, with a learned scale and no
 //! shift (Keras's `RMSNormalization`, PyTorch's `nn.RMSNorm`, LLaMA's pre-norm).
-use super::common::SCALE;
+use super::common::{last_axis_norm, LastAxisNorm, SCALE};
 use super::prelude::*;
 
 /// Keras's `RMSNormalization` default (PyTorch's `nn.RMSNorm` uses the dtype's machine
@@ -38,13 +38,14 @@ pub(super) fn lower(cx: &mut LayerCx<'_, '_>, kind: &LayerKind) -> Result<Value,
     let LayerKind::RmsNorm { epsilon } = *kind else {
         unreachable!("rms_norm lowers rms_norm layers")
     };
-    let (v, _) = cx.input(0);
-    let x = cx.cast(&v)?;
-    let f = *x.shape.last().unwrap_or(&1);
-    let rows = prod(&x.shape) / f.max(1);
-    let y = cx.tensor("out", x.shape.clone(), cx.dtype);
-    let xh = cx.tensor("x_hat", x.shape.clone(), cx.dtype);
-    let rstd = cx.tensor("rstd", vec![rows], DType::F32);
+    let LastAxisNorm {
+        x,
+        features: f,
+        rows,
+        y,
+        x_hat: xh,
+        rstd,
+    } = last_axis_norm(cx)?;
     let gamma = cx.param(&SCALE, vec![f]);
     cx.push(
         Op::GroupNorm {
