@@ -41,7 +41,7 @@ SRC="${MEMWISE_CUDA_SRC:-kernels/cuda}"  # (another folder only to test this scr
 mkdir -p "$OUT"
 ARCH=sm_90
 # Kernels whose registers and spills are printed (the ones a training step runs most).
-HOT='mw_(cast_u8_f32|cast_f32_f16|act_fwd_f32|act_bwd_f32|softmax_f32_f32|softmax_bwd_f32_f32_f32|scce_f32_f32|bn_train_fwd_f32|bn_bwd_f32|ln_fwd_f32|ln_bwd_f32|column_sums_f32|maxpool_fwd_f32|maxpool_bwd_f32|im2col_f16|col2im_f16|dw_fwd_f32|dropout_fwd_f16|adam|sgd|rmsprop|all_finite_f32|bias_add_f16)$'
+HOT='mw_(cast_u8_f32|cast_f32_f16|act_fwd_f32|act_bwd_f32|softmax_f32_f32|softmax_bwd_f32_f32_f32|scce_f32_f32|bn_train_fwd_f32|bn_bwd_f32|ln_fwd_f32|ln_bwd_f32|column_sums_f32|maxpool_fwd_f32|maxpool_bwd_f32|im2col_f16|col2im_f16|dw_fwd_f32|dropout_fwd_f16|adam|sgd|rmsprop|all_finite_f32|bias_add_f16|flash_fwd_f32|flash_bwd_dkv_f32|flash_bwd_dq_f32)$'
 
 fail=0
 echo "== nvcc -arch=$ARCH -cubin (ptxas -v)"

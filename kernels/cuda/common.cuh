@@ -130,6 +130,50 @@ struct MwScalars {
     int bad_index;      // 1 + position of an out-of-range label or id (0: none)
 };
 
+// ---- counter-based random numbers (kernels/src/random.rs) -----------------------------------
+
+// Philox4x32-10 with the CPU's counter layout (random.cu says more): element e of stream
+// (seed, layer, step) is word e % 4 of block e / 4, block b's counter [b, step lo, step hi,
+// layer], key [seed lo, seed hi]. Shared by random.cu (dropout, sampling) and attention.cu
+// (attention dropout), so both draw exactly `RngKey::uniform_at`.
+#define MW_PHILOX_M0 0xD2511F53u
+#define MW_PHILOX_M1 0xCD9E8D57u
+#define MW_PHILOX_W0 0x9E3779B9u
+#define MW_PHILOX_W1 0xBB67AE85u
+
+struct MwWords {
+    u32 w[4];
+};
+
+MW_DEV MwWords mw_philox(u32 c0, u32 c1, u32 c2, u32 c3, u32 k0, u32 k1) {
+#pragma unroll
+    for (int round = 0; round < 10; round++) {
+        if (round > 0) {
+            k0 += MW_PHILOX_W0;
+            k1 += MW_PHILOX_W1;
+        }
+        u32 hi0 = __umulhi(MW_PHILOX_M0, c0), lo0 = MW_PHILOX_M0 * c0;
+        u32 hi1 = __umulhi(MW_PHILOX_M1, c2), lo1 = MW_PHILOX_M1 * c2;
+        u32 n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+        c0 = n0;
+        c1 = lo1;
+        c2 = n2;
+        c3 = lo0;
+    }
+    MwWords r;
+    r.w[0] = c0;
+    r.w[1] = c1;
+    r.w[2] = c2;
+    r.w[3] = c3;
+    return r;
+}
+
+// The 4 words of block `b` of stream (seed, layer, step).
+MW_DEV MwWords mw_rng_block(u64 b, u64 seed, u32 layer, u64 step) {
+    return mw_philox((u32)b, (u32)step, (u32)(step >> 32), layer, (u32)seed, (u32)(seed >> 32));
+}
+
+MW_DEV float mw_unit(u32 w) { return (float)(w >> 8) * (1.0f / 16777216.0f); }
 // ---- indexing ------------------------------------------------------------------------------
 
 MW_DEV u64 mw_tid() { return (u64)blockIdx.x * blockDim.x + threadIdx.x; }

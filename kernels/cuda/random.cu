@@ -13,44 +13,9 @@
 // every replay.
 #include "common.cuh"
 
-#define MW_PHILOX_M0 0xD2511F53u
-#define MW_PHILOX_M1 0xCD9E8D57u
-#define MW_PHILOX_W0 0x9E3779B9u
-#define MW_PHILOX_W1 0xBB67AE85u
+// Philox4x32-10 (`mw_philox`, `mw_rng_block`) and `mw_unit` are in common.cuh, shared with
+// the attention dropout (attention.cu).
 
-struct MwWords {
-    u32 w[4];
-};
-
-MW_DEV MwWords mw_philox(u32 c0, u32 c1, u32 c2, u32 c3, u32 k0, u32 k1) {
-#pragma unroll
-    for (int round = 0; round < 10; round++) {
-        if (round > 0) {
-            k0 += MW_PHILOX_W0;
-            k1 += MW_PHILOX_W1;
-        }
-        u32 hi0 = __umulhi(MW_PHILOX_M0, c0), lo0 = MW_PHILOX_M0 * c0;
-        u32 hi1 = __umulhi(MW_PHILOX_M1, c2), lo1 = MW_PHILOX_M1 * c2;
-        u32 n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
-        c0 = n0;
-        c1 = lo1;
-        c2 = n2;
-        c3 = lo0;
-    }
-    MwWords r;
-    r.w[0] = c0;
-    r.w[1] = c1;
-    r.w[2] = c2;
-    r.w[3] = c3;
-    return r;
-}
-
-// The 4 words of block `b` of stream (seed, layer, step).
-MW_DEV MwWords mw_rng_block(u64 b, u64 seed, u32 layer, u64 step) {
-    return mw_philox((u32)b, (u32)step, (u32)(step >> 32), layer, (u32)seed, (u32)(seed >> 32));
-}
-
-MW_DEV float mw_unit(u32 w) { return (float)(w >> 8) * (1.0f / 16777216.0f); }
 MW_DEV float mw_unit_open0(u32 w) { return (float)((w >> 8) + 1) * (1.0f / 16777216.0f); }
 
 MW_DEV void mw_box_muller(u32 w1, u32 w2, float* a, float* b) {

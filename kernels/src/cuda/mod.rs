@@ -6,6 +6,7 @@
 //! (`kernels/cuda-emu`, `tests/cuda_emulation.rs`) runs every kernel through exactly the
 //! [`launch::KernelCall`]s a device would get, on the CPU, against the CPU kernels.
 
+pub mod flash;
 pub mod launch;
 pub mod module_cache;
 pub mod sources;

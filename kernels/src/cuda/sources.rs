@@ -71,6 +71,10 @@ pub const SOURCES: &[Source] = &[
         module: "embedding",
         text: include_str!("../../cuda/embedding.cu"),
     },
+    Source {
+        module: "attention",
+        text: include_str!("../../cuda/attention.cu"),
+    },
 ];
 
 /// The source that defines kernel `name`: the one with the longest of
