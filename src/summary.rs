@@ -271,6 +271,8 @@ impl<'a> Summary<'a> {
                         format_bytes(l.saved_bytes),
                         if l.checkpointed {
                             format!("yes, recomputes {}", format_bytes(l.recomputed_bytes))
+                        } else if l.recomputes_in_backward {
+                            "attention probabilities in backward".to_string()
                         } else {
                             String::new()
                         },
@@ -301,6 +303,12 @@ impl<'a> Summary<'a> {
                             flags.push(' ');
                         }
                         flags.push('H');
+                    }
+                    if l.recomputes_in_backward {
+                        if !flags.is_empty() {
+                            flags.push(' ');
+                        }
+                        flags.push('R');
                     }
                     vec![
                         fit(format!("{} ({})", l.name, l.kind), 28),
@@ -357,6 +365,18 @@ impl<'a> Summary<'a> {
                 f,
                 "Saved: kept for backward. Flags: C checkpointed (recomputed), I in-place, H half"
             )?;
+            if self
+                .plan
+                .memory
+                .layers
+                .iter()
+                .any(|l| l.recomputes_in_backward)
+            {
+                writeln!(
+                    f,
+                    "       R memory-efficient attention: probabilities recomputed in backward"
+                )?;
+            }
         }
         Ok(())
     }

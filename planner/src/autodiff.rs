@@ -161,7 +161,7 @@ impl StepGraph {
 /// The outputs of an op that carry gradients (not masks, indices or statistics).
 pub fn primary_outputs<'a>(op: &Op, outputs: &'a [TensorId]) -> &'a [TensorId] {
     match op {
-        Op::Attention { .. } => &outputs[outputs.len() - 1..],
+        Op::Attention { .. } | Op::FlashAttention { .. } => &outputs[outputs.len() - 1..],
         _ => &outputs[..1.min(outputs.len())],
     }
 }
@@ -286,6 +286,12 @@ fn saved_for_backward(op: &GOp, param_grads: bool, same_dtype: bool) -> Result<S
                 saved.extend([io.mask, io.probs_dropped]);
             }
             rule(saved, io.ctx, false, None)
+        }
+        Op::FlashAttention { .. } => {
+            // The output is the out projection's input, kept for its weight gradient anyway;
+            // the log-sum-exp is batch·heads·seq f32.
+            let io = FlashAttentionForward::of(&step).map_err(bad)?;
+            rule(vec![io.qkv, io.lse, io.ctx], io.ctx, false, None)
         }
         Op::SampleNormal { .. } => {
             let io = SampleNormalForward::of(&step).map_err(bad)?;

@@ -7,6 +7,7 @@ use std::borrow::Cow;
 use crate::arena::ArenaPlan;
 use crate::graph::Graph;
 use crate::liveness::{align_up, Lifetimes};
+use crate::op::Op;
 use crate::plan::{
     LayerMemory, MemoryReport, Phase, PlanParam, PlanStep, PlanTensor, Role, StaticPlan, NONE,
     NO_OFFSET,
@@ -280,6 +281,9 @@ fn layer_rows(spec: &ModelSpec, graph: &Graph, plan: &StaticPlan) -> Vec<LayerMe
                 recomputed_bytes,
                 checkpointed: l.checkpoint.is_some(),
                 in_place,
+                recomputes_in_backward: graph.ops[l.ops.clone()]
+                    .iter()
+                    .any(|o| matches!(o.op, Op::FlashAttention { .. })),
                 forward_flops: graph.ops[l.ops.clone()]
                     .iter()
                     .map(|o| o.op.forward_flops())

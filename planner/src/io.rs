@@ -285,6 +285,13 @@ io_struct! {
     }
 }
 
+positional_io! {
+    /// Memory-efficient attention: the log-sum-exp per query row (f32) and the context.
+    FlashAttentionForward: reads [qkv], writes [lse, ctx];
+    /// [`FlashAttentionForward`]'s backward: recomputes the probabilities from `qkv` and `lse`.
+    FlashAttentionBackward: reads [qkv, lse, ctx, dctx], writes [dqkv];
+}
+
 /// A decoded step: its op's tensors and parameters by name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StepIo {
@@ -310,6 +317,8 @@ pub enum StepIo {
     EmbeddingBackward(EmbeddingBackward),
     Attention(AttentionForward),
     AttentionBackward(AttentionBackward),
+    FlashAttention(FlashAttentionForward),
+    FlashAttentionBackward(FlashAttentionBackward),
     SampleNormal(SampleNormalForward),
     SampleNormalBackward(SampleNormalBackward),
     Accumulate(AccumulateIo),
@@ -486,6 +495,12 @@ impl StepIo {
             }
             (Op::Attention { .. }, false) => StepIo::Attention(AttentionForward::of(step)?),
             (Op::Attention { .. }, true) => StepIo::AttentionBackward(AttentionBackward::of(step)?),
+            (Op::FlashAttention { .. }, false) => {
+                StepIo::FlashAttention(FlashAttentionForward::of(step)?)
+            }
+            (Op::FlashAttention { .. }, true) => {
+                StepIo::FlashAttentionBackward(FlashAttentionBackward::of(step)?)
+            }
             (Op::SampleNormal { .. }, false) => {
                 StepIo::SampleNormal(SampleNormalForward::of(step)?)
             }

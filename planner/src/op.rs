@@ -216,6 +216,22 @@ ops! {
         dropout: f32,
         key: u32,
     } = "attention";
+    /// The same function as [`Op::Attention`], memory-efficient (FlashAttention): it keeps
+    /// one f32 log-sum-exp per query row instead of the `[seq, seq]` probabilities, and its
+    /// backward recomputes the scores tile by tile (the dropout mask from the counter-based
+    /// stream, element `((b·heads + head)·seq + i)·seq + j` as the materialised mask's).
+    /// fwd `[qkv] → [lse, ctx]` (`lse [batch, heads, seq]` f32), bwd
+    /// `[qkv, lse, ctx, dctx] → [dqkv]`. The f32 scratch ([`flash_attention_scratch_elems`])
+    /// holds `dctx·ctx` per row and the kernels' tile lanes.
+    FlashAttention {
+        batch: usize,
+        seq: usize,
+        heads: usize,
+        head_dim: usize,
+        causal: bool,
+        dropout: f32,
+        key: u32,
+    } = "flash_attention";
     /// `z = mean + exp(log_var/2)·ε`, ε keyed like dropout. fwd `[mean, log_var] → [z]`;
     /// bwd `[log_var, dz] → [dmean, dlog_var]`.
     SampleNormal { elems: usize, key: u32 } = "sample_normal";
@@ -315,6 +331,13 @@ impl Op {
                 u(d.n) * u(d.out_h()) * u(d.out_w()) * u(d.kh) * u(d.kw) * u(d.c_out)
             }
             Op::Attention {
+                batch,
+                seq,
+                heads,
+                head_dim,
+                ..
+            }
+            | Op::FlashAttention {
                 batch,
                 seq,
                 heads,
@@ -444,6 +467,36 @@ pub const GEMM_BLOCK: usize = 256;
 /// Attention runs at most this many (batch, head) pairs at once, each with its own scratch.
 pub const ATTENTION_LANES: usize = 8;
 
+/// Query and key rows per tile of the memory-efficient attention kernels.
+pub const FLASH_TILE: usize = 64;
+/// Lanes of tile scratch the memory-efficient attention provisions on the CPU.
+pub const FLASH_LANES: usize = 8;
+/// The largest head size the memory-efficient attention's CUDA kernels take (their tiles sit
+/// in shared memory); the planner lowers larger heads to [`Op::Attention`].
+pub const FLASH_MAX_HEAD_DIM: usize = 128;
+
+/// f32 scratch of [`Op::FlashAttention`] (forward and backward): `dctx·ctx` per query row
+/// (`batch·heads·seq`), then up to [`FLASH_LANES`] lanes, one per unit of work (a query tile
+/// of a (batch, head) pair) when there are fewer, each the larger of the forward's tiles
+/// (`t = min(seq, FLASH_TILE)` rows: q, k, v and the output accumulator, `t·head_dim` each, the score tile and three
+/// row vectors) and the backward's (the pair's `seq·head_dim` dq, six tiles, one row vector).
+/// The kernels' `flash_scratch_len` is this function; a runtime test holds them equal.
+pub const fn flash_attention_scratch_elems(
+    batch: usize,
+    seq: usize,
+    heads: usize,
+    head_dim: usize,
+) -> usize {
+    let t = if seq == 0 { 1 } else { min(seq, FLASH_TILE) };
+    let d = head_dim;
+    let pairs = batch.saturating_mul(heads);
+    let units = pairs.saturating_mul(seq.div_ceil(t));
+    let fwd = 4 * t * d + t * t + 3 * t;
+    let bwd = sat_prod(&[seq, d]).saturating_add(6 * t * d + t);
+    let lane = if fwd > bwd { fwd } else { bwd };
+    sat_prod(&[pairs, seq]).saturating_add(min(units, FLASH_LANES).saturating_mul(lane))
+}
+
 /// f32 scratch elements of an `m×n×k` GEMM whose operands `a`, `b` and result `c` are
 /// (`true`) or are not (`false`) 16-bit.
 pub const fn gemm_scratch_elems(m: usize, n: usize, k: usize, a: bool, b: bool, c: bool) -> usize {
@@ -532,6 +585,13 @@ impl Op {
                 );
                 lane * min(batch.saturating_mul(heads), ATTENTION_LANES)
             }
+            Op::FlashAttention {
+                batch,
+                seq,
+                heads,
+                head_dim,
+                ..
+            } => flash_attention_scratch_elems(batch, seq, heads, head_dim),
             _ => 0,
         }
     }

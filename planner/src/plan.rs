@@ -150,6 +150,9 @@ pub struct LayerMemory {
     pub checkpointed: bool,
     /// Some op of the layer writes over its input.
     pub in_place: bool,
+    /// Its backward recomputes what the forward did not keep: the memory-efficient
+    /// attention's probabilities ([`crate::Op::FlashAttention`]), rebuilt tile by tile.
+    pub recomputes_in_backward: bool,
     pub forward_flops: u64,
 }
 
@@ -583,6 +586,7 @@ struct_to_rust!(
         recomputed_bytes,
         checkpointed,
         in_place,
+        recomputes_in_backward,
         forward_flops
     ]
 );

@@ -210,6 +210,16 @@ pub trait Kernels {
         dropout: f32,
         key: k::random::RngKey,
     ) -> OpResult;
+    /// Memory-efficient attention: `ctx` and one f32 log-sum-exp per query row
+    /// (`kernels::flash_attention`'s contract).
+    fn flash_attention(
+        &self,
+        io: &FlashAttentionForward,
+        d: k::attention::AttentionDims,
+        causal: bool,
+        dropout: f32,
+        key: k::random::RngKey,
+    ) -> OpResult;
     fn sample_normal(&self, io: &SampleNormalForward, key: k::random::RngKey) -> OpResult;
 
     // ---- backward ----
@@ -271,6 +281,16 @@ pub trait Kernels {
         io: &AttentionBackward,
         d: k::attention::AttentionDims,
         dropout: f32,
+    ) -> OpResult;
+    /// Recomputes the probabilities tile by tile (the dropout mask from `key`) and overwrites
+    /// `dqkv`.
+    fn flash_attention_backward(
+        &self,
+        io: &FlashAttentionBackward,
+        d: k::attention::AttentionDims,
+        causal: bool,
+        dropout: f32,
+        key: k::random::RngKey,
     ) -> OpResult;
     fn sample_normal_backward(&self, io: &SampleNormalBackward, key: k::random::RngKey)
         -> OpResult;

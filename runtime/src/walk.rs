@@ -339,6 +339,60 @@ fn not_in_phase(s: &PlanStep) -> OpError {
     )))
 }
 
+/// Both attention ops, forward and backward (the backward of the materialising one draws
+/// nothing: its mask is saved).
+fn attention<K: Kernels>(
+    k: &K,
+    s: &PlanStep,
+    seed: u64,
+    step: u64,
+) -> std::result::Result<(), OpError> {
+    let backward = s.phase == Phase::Backward;
+    let (flash, batch, seq, heads, head_dim, causal, dropout, l) = match s.op {
+        Op::Attention {
+            batch,
+            seq,
+            heads,
+            head_dim,
+            causal,
+            dropout,
+            key,
+        } => (false, batch, seq, heads, head_dim, causal, dropout, key),
+        Op::FlashAttention {
+            batch,
+            seq,
+            heads,
+            head_dim,
+            causal,
+            dropout,
+            key,
+        } => (true, batch, seq, heads, head_dim, causal, dropout, key),
+        _ => return Err(not_in_phase(s)),
+    };
+    let d = attention_dims(batch, seq, heads, head_dim).0;
+    let key = key(seed, l, step);
+    match (flash, backward) {
+        (false, false) => k.attention(
+            &AttentionForward::of(s).map_err(io_err)?,
+            d,
+            causal,
+            dropout,
+            key,
+        ),
+        (false, true) => {
+            k.attention_backward(&AttentionBackward::of(s).map_err(io_err)?, d, dropout)
+        }
+        (true, false) => {
+            let io = FlashAttentionForward::of(s).map_err(io_err)?;
+            k.flash_attention(&io, d, causal, dropout, key)
+        }
+        (true, true) => {
+            let io = FlashAttentionBackward::of(s).map_err(io_err)?;
+            k.flash_attention_backward(&io, d, causal, dropout, key)
+        }
+    }
+}
+
 fn forward<K: Kernels>(
     k: &K,
     s: &PlanStep,
@@ -456,21 +510,7 @@ fn forward<K: Kernels>(
             batch,
             seq.saturating_mul(dim),
         ),
-        Op::Attention {
-            batch,
-            seq,
-            heads,
-            head_dim,
-            causal,
-            dropout,
-            key: l,
-        } => k.attention(
-            &AttentionForward::of(s).map_err(io_err)?,
-            attention_dims(batch, seq, heads, head_dim).0,
-            causal,
-            dropout,
-            key(seed, l, step),
-        ),
+        Op::Attention { .. } | Op::FlashAttention { .. } => attention(k, s, seed, step),
         Op::SampleNormal { key: l, .. } => k.sample_normal(
             &SampleNormalForward::of(s).map_err(io_err)?,
             key(seed, l, step),
@@ -570,18 +610,7 @@ fn backward<K: Kernels>(
             &EmbeddingBackward::of(s).map_err(io_err)?,
             k::embedding::EmbeddingDims { tokens, vocab, dim },
         ),
-        Op::Attention {
-            batch,
-            seq,
-            heads,
-            head_dim,
-            dropout,
-            ..
-        } => k.attention_backward(
-            &AttentionBackward::of(s).map_err(io_err)?,
-            attention_dims(batch, seq, heads, head_dim).0,
-            dropout,
-        ),
+        Op::Attention { .. } | Op::FlashAttention { .. } => attention(k, s, seed, step),
         Op::PositionalEmbedding { batch, seq, dim } => k.positional_embedding_backward(
             &PositionalEmbeddingBackward::of(s).map_err(io_err)?,
             batch,
@@ -700,6 +729,7 @@ fn loss<K: Kernels>(k: &K, s: &PlanStep) -> std::result::Result<(), OpError> {
         | Op::Embedding { .. }
         | Op::PositionalEmbedding { .. }
         | Op::Attention { .. }
+        | Op::FlashAttention { .. }
         | Op::SampleNormal { .. }
         | Op::Accumulate { .. }
         | Op::CheckFinite
@@ -737,6 +767,7 @@ fn update<K: Kernels>(k: &K, s: &PlanStep) -> std::result::Result<(), OpError> {
         | Op::Embedding { .. }
         | Op::PositionalEmbedding { .. }
         | Op::Attention { .. }
+        | Op::FlashAttention { .. }
         | Op::SampleNormal { .. }
         | Op::Accumulate { .. }
         | memwise_plan::loss_ops!()

@@ -501,8 +501,44 @@ fn new_layer_models() -> Vec<(&'static str, ModelSpec)> {
         let scce = LossKind::SparseCategoricalCrossentropy;
         m.loss.push(LossTerm::new(scce).on(&["logits", "next"]));
         out.push(("positional_embedding", m));
+
+        // Attention long enough for the memory-efficient kernels (issue 19): 70 positions
+        // cross the CPU's 64-row tile and the CUDA kernels' 32- and 16-row tiles; causal, with
+        // dropout on the probabilities (regenerated in the backward from the stream).
+        let mut m = ModelSpec::new("FlashAttention", 2);
+        m.precision = precision;
+        m.input("x", &[70, 24], DType::F32, 1.0);
+        m.input("y", &[70, 24], DType::F32, 1.0);
+        let attention = |causal, dropout| LayerKind::Attention {
+            heads: 3,
+            causal,
+            dropout,
+        };
+        m.add("attn", attention(true, 0.1), &["x"]);
+        m.add("attn_2", attention(false, 0.0), &[]);
+        m.loss
+            .push(LossTerm::new(LossKind::MeanSquaredError).on(&["attn_2", "y"]));
+        out.push(("flash_attention", m));
     }
     out
+}
+
+/// The attention model above plans the memory-efficient op for both its layers (else the
+/// comparison below would not cover it).
+#[test]
+fn long_attention_plans_the_memory_efficient_op() {
+    for (name, spec) in new_layer_models() {
+        if name == "flash_attention" {
+            let p = plan(&spec).unwrap();
+            let flash = p
+                .steps
+                .iter()
+                .filter(|s| s.phase == memwise_plan::Phase::Forward)
+                .filter(|s| matches!(s.op, memwise_plan::Op::FlashAttention { .. }))
+                .count();
+            assert_eq!(flash, 2, "{:?}", spec.precision);
+        }
+    }
 }
 
 /// The new normalisations' scales start at ones and their shifts at zeros on both devices, as

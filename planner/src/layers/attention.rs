@@ -2,6 +2,7 @@
 //! scaled dot-product attention (optionally causal, with dropout on the probabilities),
 //! and an output projection.
 use super::prelude::*;
+use crate::op::{flash_attention_scratch_elems, FLASH_MAX_HEAD_DIM};
 
 const QKV_WEIGHT: ParamDef = ParamDef::trainable("qkv.weight", Init::GlorotUniform).gemm();
 const QKV_BIAS: ParamDef = ParamDef::trainable("qkv.bias", Init::Zeros);
@@ -85,24 +86,37 @@ pub(super) fn lower(cx: &mut LayerCx<'_, '_>, kind: &LayerKind) -> Result<Value,
         bias: true,
     };
     cx.push(projection(3 * h), vec![x.tensor], vec![qkv], vec![wq, bq]);
-    let probs = cx.tensor("probs", vec![b, heads, s, s], dt);
     let ctx_shape = vec![b, s, h];
-    let mut outs = vec![probs];
-    if dropout > 0.0 {
-        outs.push(cx.tensor("probs_mask", vec![b, heads, s, s], DType::U8));
-        outs.push(cx.tensor("probs_dropped", vec![b, heads, s, s], dt));
-    }
+    let (op, mut outs) = if flash_keeps_less(b, s, heads, h / heads, dropout, dt) {
+        let op = Op::FlashAttention {
+            batch: b,
+            seq: s,
+            heads,
+            head_dim: h / heads,
+            causal,
+            dropout,
+            key: cx.key(),
+        };
+        (op, vec![cx.tensor("lse", vec![b, heads, s], DType::F32)])
+    } else {
+        let mut outs = vec![cx.tensor("probs", vec![b, heads, s, s], dt)];
+        if dropout > 0.0 {
+            outs.push(cx.tensor("probs_mask", vec![b, heads, s, s], DType::U8));
+            outs.push(cx.tensor("probs_dropped", vec![b, heads, s, s], dt));
+        }
+        let op = Op::Attention {
+            batch: b,
+            seq: s,
+            heads,
+            head_dim: h / heads,
+            causal,
+            dropout,
+            key: cx.key(),
+        };
+        (op, outs)
+    };
     let ctx = cx.tensor("ctx", ctx_shape.clone(), dt);
     outs.push(ctx);
-    let op = Op::Attention {
-        batch: b,
-        seq: s,
-        heads,
-        head_dim: h / heads,
-        causal,
-        dropout,
-        key: cx.key(),
-    };
     cx.push(op, vec![qkv], outs, vec![]);
     let y = cx.tensor("out", ctx_shape.clone(), dt);
     let wo = cx.param(&OUT_WEIGHT, vec![h, h]);
@@ -112,4 +126,31 @@ pub(super) fn lower(cx: &mut LayerCx<'_, '_>, kind: &LayerKind) -> Result<Value,
         tensor: y,
         shape: ctx_shape,
     })
+}
+
+/// Whether the memory-efficient attention ([`Op::FlashAttention`]) needs fewer bytes than the
+/// materialising one ([`Op::Attention`]) for this shape: what each keeps for the backward
+/// (the log-sum-exp against the probabilities, with dropout their mask and dropped copy) plus
+/// its workspace and scratch (the materialising backward's `[b, heads, s, s]` score gradients).
+/// Both keep `qkv` and the context. Heads wider than [`FLASH_MAX_HEAD_DIM`] stay materialised.
+fn flash_keeps_less(b: usize, s: usize, heads: usize, hd: usize, dropout: f32, dt: DType) -> bool {
+    if hd > FLASH_MAX_HEAD_DIM {
+        return false;
+    }
+    let scores = (b * heads * s * s) as u64;
+    let kept = scores * dt.size() + if dropout > 0.0 { scores * (1 + dt.size()) } else { 0 };
+    let materialised = Op::Attention {
+        batch: b,
+        seq: s,
+        heads,
+        head_dim: hd,
+        causal: false,
+        dropout,
+        key: 0,
+    };
+    let mat_ws = materialised.workspace_elems(true) as u64 * dt.size()
+        + 4 * materialised.scratch_f32_elems(dt) as u64;
+    let flash = 4 * (b * heads * s) as u64
+        + 4 * flash_attention_scratch_elems(b, s, heads, hd) as u64;
+    flash < kept + mat_ws
 }

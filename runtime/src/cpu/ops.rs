@@ -641,6 +641,34 @@ impl Kernels for CpuKernels {
         Ok(())
     }
 
+    fn flash_attention(
+        &self,
+        io: &FlashAttentionForward,
+        d: k::attention::AttentionDims,
+        causal: bool,
+        dropout: f32,
+        key: k::random::RngKey,
+    ) -> OpResult {
+        let scale = 1.0 / (d.head_dim() as f32).sqrt();
+        let dropout =
+            (dropout > 0.0).then_some(k::flash_attention::FlashDropout { key, rate: dropout });
+        unsafe {
+            with_float!(self.dtype(io.ctx), T, {
+                k::flash_attention::flash_attention_forward::<T>(
+                    d,
+                    self.r::<T>(io.qkv)?,
+                    self.w::<T>(io.ctx)?,
+                    self.w::<f32>(io.lse)?,
+                    scale,
+                    causal,
+                    dropout,
+                    self.ws::<f32>(io.scratch)?,
+                )?
+            })
+        }
+        Ok(())
+    }
+
     fn sample_normal(&self, io: &SampleNormalForward, key: k::random::RngKey) -> OpResult {
         unsafe {
             with_float!(self.dtype(io.z), T, {
@@ -989,6 +1017,36 @@ impl Kernels for CpuKernels {
                 }
                 k::activation::softmax_backward_inplace::<T, T>(probs, dp, rows, d.seq)?;
                 k::attention::scores_backward::<T>(d, dp, qkv, dqkv, scale, sc)?
+            })
+        }
+        Ok(())
+    }
+
+    fn flash_attention_backward(
+        &self,
+        io: &FlashAttentionBackward,
+        d: k::attention::AttentionDims,
+        causal: bool,
+        dropout: f32,
+        key: k::random::RngKey,
+    ) -> OpResult {
+        let scale = 1.0 / (d.head_dim() as f32).sqrt();
+        let dropout =
+            (dropout > 0.0).then_some(k::flash_attention::FlashDropout { key, rate: dropout });
+        unsafe {
+            with_float!(self.dtype(io.qkv), T, {
+                k::flash_attention::flash_attention_backward::<T>(
+                    d,
+                    self.r::<T>(io.qkv)?,
+                    self.r::<T>(io.ctx)?,
+                    self.r::<f32>(io.lse)?,
+                    self.r::<T>(io.dctx)?,
+                    self.w::<T>(io.dqkv)?,
+                    scale,
+                    causal,
+                    dropout,
+                    self.ws::<f32>(io.scratch)?,
+                )?
             })
         }
         Ok(())

@@ -14,6 +14,7 @@ use std::borrow::Cow;
 
 use memwise_kernels as k;
 use memwise_kernels::cublas_map::{self as cm, Operand};
+use memwise_kernels::cuda::flash;
 use memwise_kernels::cuda::launch::{
     self as kl, name1, name2, name3, Float, KArg, LaunchCfg, MwDepthwise, MwGeom, MwPool,
 };
@@ -116,6 +117,40 @@ impl<B: Backend> CudaKernels<B> {
             LaunchCfg::strip(cols as u64, 1),
             vec![p(dy), u(rows), u(cols), p(self.pg(bias)?)],
         )
+    }
+
+    /// The flash kernels' dims and dropout stream; dims they do not take are an error (the
+    /// planner lowers those to the materialising attention).
+    fn flash_dims(
+        &self,
+        d: &k::attention::AttentionDims,
+        causal: bool,
+        rate: f32,
+        key: k::random::RngKey,
+    ) -> Result<(flash::FlashDims, flash::FlashDropout)> {
+        let fd = flash::FlashDims {
+            batch: d.batch,
+            seq: d.seq,
+            heads: d.heads,
+            head_dim: d.head_dim(),
+            causal,
+        };
+        if !fd.supported() {
+            return Err(dev(format!(
+                "flash attention: the CUDA kernels do not take {fd:?}"
+            )));
+        }
+        let drop = if rate > 0.0 {
+            flash::FlashDropout {
+                rate,
+                seed: key.seed,
+                layer: key.layer,
+                scalars: self.scalars,
+            }
+        } else {
+            flash::FlashDropout::NONE
+        };
+        Ok((fd, drop))
     }
 
     fn key_args(&self, key: k::random::RngKey) -> [KArg; 2] {
@@ -793,6 +828,29 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         Ok(())
     }
 
+    fn flash_attention(
+        &self,
+        io: &FlashAttentionForward,
+        d: k::attention::AttentionDims,
+        causal: bool,
+        dropout: f32,
+        key: k::random::RngKey,
+    ) -> OpResult {
+        let (fd, drop) = self.flash_dims(&d, causal, dropout, key)?;
+        let (qkv, ctx, lse) = (self.t(io.qkv)?, self.t(io.ctx)?, self.t(io.lse)?);
+        let call = flash::forward(
+            self.ft(io.ctx)?,
+            &fd,
+            attention_scale(&d),
+            &drop,
+            qkv,
+            ctx,
+            lse,
+        );
+        self.k(call.name, call.cfg, call.args)?;
+        Ok(())
+    }
+
     fn sample_normal(&self, io: &SampleNormalForward, key: k::random::RngKey) -> OpResult {
         let n = self.elems(io.z)?;
         let [seed, layer] = self.key_args(key);
@@ -1233,6 +1291,33 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         )?;
         for g in cm::attention_scores_backward(&d, scale) {
             self.gemm(&g, &bufs)?;
+        }
+        Ok(())
+    }
+
+    fn flash_attention_backward(
+        &self,
+        io: &FlashAttentionBackward,
+        d: k::attention::AttentionDims,
+        causal: bool,
+        dropout: f32,
+        key: k::random::RngKey,
+    ) -> OpResult {
+        let (fd, drop) = self.flash_dims(&d, causal, dropout, key)?;
+        let calls = flash::backward(
+            self.ft(io.qkv)?,
+            &fd,
+            attention_scale(&d),
+            &drop,
+            self.t(io.qkv)?,
+            self.t(io.ctx)?,
+            self.t(io.lse)?,
+            self.t(io.dctx)?,
+            self.t(io.scratch)?,
+            self.t(io.dqkv)?,
+        );
+        for call in calls {
+            self.k(call.name, call.cfg, call.args)?;
         }
         Ok(())
     }

@@ -1,0 +1,478 @@
+//! Memory-efficient attention (FlashAttention-style): the forward keeps the output and one
+//! log-sum-exp per query row, never the `[seq, seq]` probabilities; the backward recomputes
+//! them tile by tile from `q`, `k` and the log-sum-exp.
+//!
+//! Layout as [`crate::attention`]: `qkv [b, s, 3h]` (q, k, v in column blocks of `h`, head `i`
+//! at columns `i·d..(i+1)·d` of each), `ctx [b, s, h]`; `lse [b, heads, s]` is f32 whatever the
+//! storage type. For pair (batch item, head) and query row `i`:
+//!
+//! - `s_ij = scale · q_i·k_j` over `j < s` (`j ≤ i` when causal);
+//! - `lse_i = m_i + ln Σ_j exp(s_ij − m_i)` with `m_i = max_j s_ij`, `p_ij = exp(s_ij − lse_i)`;
+//! - with dropout rate `r`: element `e = ((b·heads + head)·s + i)·s + j` of the layer's random
+//!   stream is kept when its uniform is `≥ r` (exactly [`crate::random::dropout_mask`]'s rule
+//!   over the materialised `[b, heads, s, s]` probabilities), `pd_ij = kept · p_ij / (1 − r)`;
+//! - `ctx_i = Σ_j pd_ij · v_j`.
+//!
+//! The backward, with `Dr_i = dctx_i·ctx_i`: `dp_ij = kept · (dctx_i·v_j) / (1 − r)`,
+//! `ds_ij = p_ij (dp_ij − Dr_i)`, `dq_i = scale Σ_j ds_ij k_j`, `dk_j = scale Σ_i ds_ij q_i`,
+//! `dv_j = Σ_i pd_ij dctx_i`; it overwrites all of `dqkv`.
+//!
+//! The CUDA kernels (`kernels/cuda/attention.cu`) follow the same contract. On the CPU the
+//! forward runs (pair, query tile) units in parallel, the backward whole pairs (each lane
+//! holds its pair's `dq` in f32); both convert tiles to f32 in a lane of the f32 scratch, whose
+//! first `b·heads·s` floats hold `Dr`. Nothing here calls the `gemm` crate: the inner products
+//! are `head_dim`-long dot products and AXPYs in eight lanes, so the kernels hold no heap.
+
+use crate::attention::AttentionDims;
+use crate::gemm::{for_each_lane, load_f32};
+use crate::random::{unit_f32, RngKey};
+use crate::{check_len, Element, KResult, KernelError};
+use rayon::prelude::*;
+
+/// Query and key rows per tile (fewer for a shorter sequence: [`tile`]).
+pub const FLASH_TILE: usize = 64;
+
+/// The tile rows for a sequence of `seq`: [`FLASH_TILE`], or the whole sequence when shorter.
+pub const fn tile(seq: usize) -> usize {
+    if seq < FLASH_TILE {
+        if seq == 0 {
+            1
+        } else {
+            seq
+        }
+    } else {
+        FLASH_TILE
+    }
+}
+/// Lanes of scratch the planner provisions: at most this many units run at once.
+pub const FLASH_LANES: usize = 8;
+
+/// f32 elements of one lane: the larger of the forward's (q tile, k and v tiles, the score
+/// tile, the output accumulator, row max and sum, the dropout multipliers) and the backward's
+/// (the pair's `dq`, the k, v, dk and dv tiles, the q and dctx tiles, the multipliers).
+pub const fn flash_lane_len(seq: usize, head_dim: usize) -> usize {
+    let (t, d) = (tile(seq), head_dim);
+    let fwd = 4 * t * d + t * t + 3 * t;
+    let bwd = seq * d + 6 * t * d + t;
+    if fwd > bwd {
+        fwd
+    } else {
+        bwd
+    }
+}
+
+/// The f32 scratch the kernels here need: `Dr` (`batch·heads·seq`) and up to [`FLASH_LANES`]
+/// lanes (fewer when there are fewer units of work). More lanes than that are not used; at
+/// least one must fit.
+pub const fn flash_scratch_len(d: AttentionDims) -> usize {
+    let pairs = d.batch * d.heads;
+    let units = pairs * d.seq.div_ceil(tile(d.seq));
+    let lanes = if units < FLASH_LANES {
+        units
+    } else {
+        FLASH_LANES
+    };
+    pairs * d.seq + lanes * flash_lane_len(d.seq, d.hidden / if d.heads == 0 { 1 } else { d.heads })
+}
+
+/// The rate and stream of the attention dropout (`None`: no dropout).
+#[derive(Clone, Copy, Debug)]
+pub struct FlashDropout {
+    pub key: RngKey,
+    pub rate: f32,
+}
+
+/// A pointer the parallel units write through at disjoint rows.
+#[derive(Clone, Copy)]
+struct Shared<T>(*mut T);
+// SAFETY: every unit writes rows no other unit touches; the slice outlives the parallel loop.
+unsafe impl<T: Send> Send for Shared<T> {}
+unsafe impl<T: Send> Sync for Shared<T> {}
+
+struct Geometry {
+    s: usize,
+    h: usize,
+    hd: usize,
+    heads: usize,
+    /// Rows per tile ([`tile`]).
+    t: usize,
+    scale: f32,
+    causal: bool,
+}
+
+impl Geometry {
+    /// Offset of row `i`, part `part` (0 q, 1 k, 2 v) of pair `(b, head)` in `qkv`.
+    fn qkv_row(&self, b: usize, head: usize, part: usize, i: usize) -> usize {
+        (b * self.s + i) * 3 * self.h + part * self.h + head * self.hd
+    }
+    /// Offset of row `i` of head `head` of batch item `b` in `ctx`.
+    fn ctx_row(&self, b: usize, head: usize, i: usize) -> usize {
+        (b * self.s + i) * self.h + head * self.hd
+    }
+    /// Keys row `i` sees in the tile starting at `k0` of `kn` rows.
+    fn visible(&self, i: usize, k0: usize, kn: usize) -> usize {
+        if self.causal {
+            (i + 1).saturating_sub(k0).min(kn)
+        } else {
+            kn
+        }
+    }
+}
+
+fn check(
+    what: &str,
+    d: AttentionDims,
+    qkv: usize,
+    ctx: usize,
+    lse: usize,
+    dropout: Option<FlashDropout>,
+) -> KResult {
+    if d.heads == 0 || d.head_dim() * d.heads != d.hidden {
+        return Err(KernelError(format!(
+            "{what}: hidden {} is not a multiple of heads {}",
+            d.hidden, d.heads
+        )));
+    }
+    check_len(&format!("{what} qkv"), qkv, d.qkv_len())?;
+    check_len(&format!("{what} ctx"), ctx, d.ctx_len())?;
+    check_len(&format!("{what} lse"), lse, d.batch * d.heads * d.seq)?;
+    if let Some(dr) = dropout {
+        if !(0.0..1.0).contains(&dr.rate) {
+            return Err(KernelError(format!(
+                "{what}: dropout rate {} must be in [0, 1)",
+                dr.rate
+            )));
+        }
+        if d.scores_len() as u64 > crate::random::MAX_STREAM_ELEMENTS {
+            return Err(KernelError(format!(
+                "{what}: {} attention probabilities exceed one random stream's 2^34",
+                d.scores_len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn lanes_ws<'a>(
+    what: &str,
+    d: AttentionDims,
+    ws: &'a mut [f32],
+) -> Result<&'a mut [f32], KernelError> {
+    let dr = d.batch * d.heads * d.seq;
+    check_len(
+        &format!("{what} scratch"),
+        ws.len(),
+        dr + flash_lane_len(d.seq, d.head_dim()),
+    )?;
+    Ok(ws)
+}
+
+/// `Σ a_c·b_c` in eight independent sums (vectorises; the order is fixed, so CPU results do
+/// not depend on the thread count).
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ar, br) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut tail = 0f32;
+    for (x, y) in ar.iter().zip(br) {
+        tail += x * y;
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+/// `y += alpha·x`.
+#[inline(always)]
+fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+    for (yi, xi) in y.iter_mut().zip(x) {
+        *yi += alpha * xi;
+    }
+}
+
+/// `mul[c] = 1/(1−r)` when element `base + c` of the stream is kept, else 0; all ones without
+/// dropout.
+fn dropout_row(dropout: Option<FlashDropout>, base: u64, mul: &mut [f32]) {
+    let Some(FlashDropout { key, rate }) = dropout else {
+        mul.fill(1.0);
+        return;
+    };
+    let scale = 1.0 / (1.0 - rate);
+    let (mut block, mut words) = (u64::MAX, [0u32; 4]);
+    for (c, m) in mul.iter_mut().enumerate() {
+        let e = base + c as u64;
+        if e / 4 != block {
+            block = e / 4;
+            words = key.block(block as u32);
+        }
+        *m = if unit_f32(words[(e % 4) as usize]) >= rate {
+            scale
+        } else {
+            0.0
+        };
+    }
+}
+
+/// Loads `n` rows of `len` elements, `stride` apart from `src[at..]`, into `dst` (row-major).
+fn load_rows<T: Element>(
+    src: &[T],
+    at: usize,
+    stride: usize,
+    n: usize,
+    len: usize,
+    dst: &mut [f32],
+) {
+    for r in 0..n {
+        let o = at + r * stride;
+        load_f32(&src[o..o + len], &mut dst[r * len..(r + 1) * len]);
+    }
+}
+
+/// Splits `w` into consecutive slices of the given lengths.
+fn split<const N: usize>(mut w: &mut [f32], lens: [usize; N]) -> [&mut [f32]; N] {
+    lens.map(|n| {
+        let (a, b) = std::mem::take(&mut w).split_at_mut(n);
+        w = b;
+        a
+    })
+}
+
+/// Forward: writes `ctx` and `lse` (see the module docs). `ws`: [`flash_scratch_len`] f32
+/// (at least `Dr` and one lane). Every length is checked before anything is written.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attention_forward<T: Element>(
+    d: AttentionDims,
+    qkv: &[T],
+    ctx: &mut [T],
+    lse: &mut [f32],
+    scale: f32,
+    causal: bool,
+    dropout: Option<FlashDropout>,
+    ws: &mut [f32],
+) -> KResult {
+    let what = "flash_attention_forward";
+    check(what, d, qkv.len(), ctx.len(), lse.len(), dropout)?;
+    let ws = lanes_ws(what, d, ws)?;
+    let g = Geometry {
+        s: d.seq,
+        h: d.hidden,
+        hd: d.head_dim(),
+        heads: d.heads,
+        t: tile(d.seq),
+        scale,
+        causal,
+    };
+    let tiles = d.seq.div_ceil(g.t);
+    let units = d.batch * d.heads * tiles;
+    let (ctx_p, lse_p) = (Shared(ctx.as_mut_ptr()), Shared(lse.as_mut_ptr()));
+    let lanes = &mut ws[d.batch * d.heads * d.seq..];
+    for_each_lane(units, flash_lane_len(d.seq, g.hd), lanes, |u, w| {
+        let (pair, q0) = (u / tiles, (u % tiles) * g.t);
+        // SAFETY: unit `u` writes rows q0.. of its pair only.
+        unsafe { forward_tile(&g, qkv, ctx_p, lse_p, pair, q0, dropout, w) };
+    });
+    Ok(())
+}
+
+/// One query tile of one pair: the online softmax over the key tiles it sees.
+#[allow(clippy::too_many_arguments)]
+unsafe fn forward_tile<T: Element>(
+    g: &Geometry,
+    qkv: &[T],
+    ctx: Shared<T>,
+    lse: Shared<f32>,
+    pair: usize,
+    q0: usize,
+    dropout: Option<FlashDropout>,
+    w: &mut [f32],
+) {
+    let (t, hd) = (g.t, g.hd);
+    let (b, head) = (pair / g.heads, pair % g.heads);
+    let qn = t.min(g.s - q0);
+    let [q, k, v, sc, acc, m, l, mul] = split(w, [t * hd, t * hd, t * hd, t * t, t * hd, t, t, t]);
+    load_rows(qkv, g.qkv_row(b, head, 0, q0), 3 * g.h, qn, hd, q);
+    acc.fill(0.0);
+    m.fill(f32::NEG_INFINITY);
+    l.fill(0.0);
+    let kend = if g.causal { q0 + qn } else { g.s };
+    for k0 in (0..kend).step_by(t) {
+        let kn = t.min(kend - k0);
+        load_rows(qkv, g.qkv_row(b, head, 1, k0), 3 * g.h, kn, hd, k);
+        load_rows(qkv, g.qkv_row(b, head, 2, k0), 3 * g.h, kn, hd, v);
+        for r in 0..qn {
+            let i = q0 + r;
+            let jn = g.visible(i, k0, kn);
+            if jn == 0 {
+                continue;
+            }
+            let (qr, srow) = (&q[r * hd..(r + 1) * hd], &mut sc[r * t..r * t + jn]);
+            let mut mx = m[r];
+            for (c, sv) in srow.iter_mut().enumerate() {
+                *sv = g.scale * dot(qr, &k[c * hd..(c + 1) * hd]);
+                mx = mx.max(*sv);
+            }
+            let alpha = (m[r] - mx).exp();
+            let ar = &mut acc[r * hd..(r + 1) * hd];
+            ar.iter_mut().for_each(|a| *a *= alpha);
+            dropout_row(
+                dropout,
+                ((pair * g.s + i) * g.s + k0) as u64,
+                &mut mul[..jn],
+            );
+            let mut sum = 0f32;
+            for (c, sv) in srow.iter().enumerate() {
+                let p = (sv - mx).exp();
+                sum += p;
+                let pd = p * mul[c];
+                if pd != 0.0 {
+                    axpy(pd, &v[c * hd..(c + 1) * hd], ar);
+                }
+            }
+            l[r] = l[r] * alpha + sum;
+            m[r] = mx;
+        }
+    }
+    for r in 0..qn {
+        let i = q0 + r;
+        let inv = 1.0 / l[r];
+        let out = ctx.0.add(g.ctx_row(b, head, i));
+        for (c, a) in acc[r * hd..(r + 1) * hd].iter().enumerate() {
+            *out.add(c) = T::from_f32(a * inv);
+        }
+        *lse.0.add(pair * g.s + i) = m[r] + l[r].ln();
+    }
+}
+
+/// Backward: overwrites `dqkv` from `qkv`, the forward's `ctx` and `lse`, and `dctx` (see the
+/// module docs). `ws` as [`flash_attention_forward`]'s.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attention_backward<T: Element>(
+    d: AttentionDims,
+    qkv: &[T],
+    ctx: &[T],
+    lse: &[f32],
+    dctx: &[T],
+    dqkv: &mut [T],
+    scale: f32,
+    causal: bool,
+    dropout: Option<FlashDropout>,
+    ws: &mut [f32],
+) -> KResult {
+    let what = "flash_attention_backward";
+    check(what, d, qkv.len(), ctx.len(), lse.len(), dropout)?;
+    check_len(&format!("{what} dctx"), dctx.len(), d.ctx_len())?;
+    check_len(&format!("{what} dqkv"), dqkv.len(), d.qkv_len())?;
+    let ws = lanes_ws(what, d, ws)?;
+    let g = Geometry {
+        s: d.seq,
+        h: d.hidden,
+        hd: d.head_dim(),
+        heads: d.heads,
+        t: tile(d.seq),
+        scale,
+        causal,
+    };
+    let pairs = d.batch * d.heads;
+    let (dr, lanes) = ws.split_at_mut(pairs * d.seq);
+    dr.par_chunks_mut(d.seq).enumerate().for_each(|(pair, dr)| {
+        let (b, head) = (pair / g.heads, pair % g.heads);
+        for (i, v) in dr.iter_mut().enumerate() {
+            let o = g.ctx_row(b, head, i);
+            *v = (0..g.hd)
+                .map(|c| dctx[o + c].to_f32() * ctx[o + c].to_f32())
+                .sum();
+        }
+    });
+    let dr: &[f32] = dr;
+    let out = Shared(dqkv.as_mut_ptr());
+    for_each_lane(pairs, flash_lane_len(d.seq, g.hd), lanes, |pair, w| {
+        // SAFETY: pair `pair` writes its own head's columns of dqkv only.
+        unsafe { backward_pair(&g, qkv, lse, dctx, dr, out, pair, dropout, w) };
+    });
+    Ok(())
+}
+
+/// One pair's backward: key tiles outermost (their dk, dv accumulate in the lane), the pair's
+/// dq in the lane too, written once at the end.
+#[allow(clippy::too_many_arguments)]
+unsafe fn backward_pair<T: Element>(
+    g: &Geometry,
+    qkv: &[T],
+    lse: &[f32],
+    dctx: &[T],
+    dr: &[f32],
+    dqkv: Shared<T>,
+    pair: usize,
+    dropout: Option<FlashDropout>,
+    w: &mut [f32],
+) {
+    let (t, hd) = (g.t, g.hd);
+    let (b, head) = (pair / g.heads, pair % g.heads);
+    let [dq, k, v, dk, dv, q, dout, mul] = split(
+        w,
+        [g.s * hd, t * hd, t * hd, t * hd, t * hd, t * hd, t * hd, t],
+    );
+    dq.fill(0.0);
+    for k0 in (0..g.s).step_by(t) {
+        let kn = t.min(g.s - k0);
+        load_rows(qkv, g.qkv_row(b, head, 1, k0), 3 * g.h, kn, hd, k);
+        load_rows(qkv, g.qkv_row(b, head, 2, k0), 3 * g.h, kn, hd, v);
+        dk.fill(0.0);
+        dv.fill(0.0);
+        // Causal: query rows before the tile see none of its keys.
+        let first = if g.causal { k0 / t * t } else { 0 };
+        for q0 in (first..g.s).step_by(t) {
+            let qn = t.min(g.s - q0);
+            load_rows(qkv, g.qkv_row(b, head, 0, q0), 3 * g.h, qn, hd, q);
+            load_rows(dctx, g.ctx_row(b, head, q0), g.h, qn, hd, dout);
+            for r in 0..qn {
+                let i = q0 + r;
+                let jn = g.visible(i, k0, kn);
+                if jn == 0 {
+                    continue;
+                }
+                let (qr, dor) = (&q[r * hd..(r + 1) * hd], &dout[r * hd..(r + 1) * hd]);
+                let (li, di) = (lse[pair * g.s + i], dr[pair * g.s + i]);
+                dropout_row(
+                    dropout,
+                    ((pair * g.s + i) * g.s + k0) as u64,
+                    &mut mul[..jn],
+                );
+                let dqr = &mut dq[i * hd..(i + 1) * hd];
+                for c in 0..jn {
+                    let (kc, vc) = (&k[c * hd..(c + 1) * hd], &v[c * hd..(c + 1) * hd]);
+                    let p = (g.scale * dot(qr, kc) - li).exp();
+                    let dp = dot(dor, vc) * mul[c];
+                    let ds = g.scale * p * (dp - di);
+                    axpy(p * mul[c], dor, &mut dv[c * hd..(c + 1) * hd]);
+                    axpy(ds, kc, dqr);
+                    axpy(ds, qr, &mut dk[c * hd..(c + 1) * hd]);
+                }
+            }
+        }
+        store_rows(dk, kn, hd, dqkv, g.qkv_row(b, head, 1, k0), 3 * g.h);
+        store_rows(dv, kn, hd, dqkv, g.qkv_row(b, head, 2, k0), 3 * g.h);
+    }
+    store_rows(dq, g.s, hd, dqkv, g.qkv_row(b, head, 0, 0), 3 * g.h);
+}
+
+/// Stores `n` rows of `len` f32 from `src` to `dst + at`, rows `stride` apart.
+unsafe fn store_rows<T: Element>(
+    src: &[f32],
+    n: usize,
+    len: usize,
+    dst: Shared<T>,
+    at: usize,
+    stride: usize,
+) {
+    for r in 0..n {
+        let o = dst.0.add(at + r * stride);
+        for (c, x) in src[r * len..(r + 1) * len].iter().enumerate() {
+            *o.add(c) = T::from_f32(*x);
+        }
+    }
+}
