@@ -371,4 +371,43 @@ mod tests {
             );
         }
     }
+
+    /// The planner sizes the memory-efficient attention's scratch and the kernels cut it into
+    /// `Dr` and lanes: the two formulas, written on either side of the device boundary, agree
+    /// on every shape (and the CUDA kernels' `Dr` fits in it), and on the largest head the
+    /// CUDA kernels take.
+    #[test]
+    fn the_planned_flash_scratch_is_what_the_kernels_use() {
+        use k::flash_attention as fa;
+        assert_eq!(memwise_plan::op::FLASH_TILE, fa::FLASH_TILE);
+        assert_eq!(memwise_plan::op::FLASH_LANES, fa::FLASH_LANES);
+        assert_eq!(
+            memwise_plan::op::FLASH_MAX_HEAD_DIM,
+            k::cuda::flash::MAX_HEAD_DIM
+        );
+        for batch in [1, 2, 5] {
+            for seq in [1, 3, 63, 64, 65, 200, 1024] {
+                for (heads, head_dim) in [(1, 4), (3, 8), (12, 64), (2, 128)] {
+                    let d = k::attention::AttentionDims {
+                        batch,
+                        seq,
+                        hidden: heads * head_dim,
+                        heads,
+                    };
+                    let planned = memwise_plan::op::flash_attention_scratch_elems(
+                        batch, seq, heads, head_dim,
+                    );
+                    assert_eq!(planned, fa::flash_scratch_len(d), "{d:?}");
+                    let cuda = k::cuda::flash::FlashDims {
+                        batch,
+                        seq,
+                        heads,
+                        head_dim,
+                        causal: false,
+                    };
+                    assert!(cuda.scratch_f32_elems() <= planned);
+                }
+            }
+        }
+    }
 }
