@@ -185,7 +185,7 @@ MW_DEV void flash_fwd(const T* qkv, T* ctx, float* lse, int batch, int seq, int 
         m = mn;
 #pragma unroll
         for (int k = 0; k < CPT; k++) acc[k] *= alpha;
-        __syncthreads(); // ps is written
+        __syncwarp(); // row r's ps is written (by lanes of this warp)
         for (int jr = 0; jr < BK; jr++) {
             float pj = ps[r][jr];
 #pragma unroll
@@ -238,6 +238,12 @@ struct MwFaBwdTiles {
     float lses[MW_FA_BWD_B];
     float drs[MW_FA_BWD_B];
 };
+
+static_assert(sizeof(MwFaBwdTiles) <= 48 * 1024, "static shared memory of a backward block");
+static_assert(sizeof(float) * (MW_FA_FWD_BQ * MW_FA_PAD + 2 * MW_FA_FWD_BK * MW_FA_PAD +
+                               MW_FA_FWD_BQ * (MW_FA_FWD_BK + 1)) <=
+                  48 * 1024,
+              "static shared memory of a forward block");
 
 template <typename T>
 MW_DEV void mw_fa_load_queries(MwFaBwdTiles& t, const MwFa& f, const T* qb, const T* dob,

@@ -4,7 +4,7 @@
 //! the S×S scores materialised, softmax, the dropout mask from `RngKey::uniform_at`, the
 //! context, and the analytic backward. f32 / f16 / bf16 storage, with and without the causal
 //! mask and dropout, sequences that are not multiples of the tiles (1, 7, 33, 70) and head dims
-//! 8, 16, 64, 128.
+//! 5, 8, 16, 64, 128.
 //!
 //! Outputs are prefilled with NaN, so an element a kernel does not write fails the
 //! comparison (the backward overwrites all of `dqkv`); the scratch past Dr must stay as it
@@ -365,7 +365,15 @@ fn case<T: Ty>(rng: &mut Rng, seq: usize, head_dim: usize, causal: bool, rate: f
 
 fn all_cases<T: Ty>(seed: u64) {
     let rng = &mut Rng(seed);
-    for (seq, head_dim) in [(1, 8), (7, 16), (33, 64), (70, 8), (17, 128), (40, 16)] {
+    for (seq, head_dim) in [
+        (1, 8),
+        (7, 16),
+        (33, 64),
+        (70, 8),
+        (17, 128),
+        (40, 16),
+        (9, 5),
+    ] {
         for causal in [false, true] {
             for rate in [0.0, 0.25] {
                 case::<T>(rng, seq, head_dim, causal, rate);

@@ -35,7 +35,6 @@ impl FlashDims {
             && self.heads >= 1
             && ((self.batch * self.heads) as u64) < (1 << 31)
             && self.seq.div_ceil(BWD_TILE) <= 65535
-            && (self.batch * self.heads * self.seq * self.head_dim * 3) as u64 <= i32::MAX as u64
     }
 
     /// f32 elements of scratch the backward needs: Dr, `batch·heads·seq`.
