@@ -20,13 +20,16 @@
 //! The CUDA kernels (`kernels/cuda/attention.cu`) follow the same contract. On the CPU the
 //! forward runs (pair, query tile) units in parallel, the backward whole pairs (each lane
 //! holds its pair's `dq` in f32); both convert tiles to f32 in a lane of the f32 scratch, whose
-//! first `b·heads·s` floats hold `Dr`. Nothing here calls the `gemm` crate: the inner products
-//! are `head_dim`-long dot products and AXPYs in eight lanes, so the kernels hold no heap.
+//! first `b·heads·s` floats hold `Dr`. The tile products are single-threaded f32 GEMMs of the
+//! `gemm` crate ([`flash_forward_heap_bytes`] and [`flash_backward_heap_bytes`] give the heap
+//! they hold).
 
 use crate::attention::AttentionDims;
-use crate::gemm::{for_each_lane, load_f32};
+use crate::gemm::{for_each_lane, gemm_core, lanes_at_once, load_f32, Mat, MatMut};
+use crate::gemm_heap::{gemm_core_heap_bytes, Strides};
 use crate::random::{unit_f32, RngKey};
 use crate::{check_len, Element, KResult, KernelError};
+use gemm::Parallelism;
 use rayon::prelude::*;
 
 /// Query and key rows per tile (fewer for a shorter sequence: [`tile`]).
@@ -47,32 +50,76 @@ pub const fn tile(seq: usize) -> usize {
 /// Lanes of scratch the planner provisions: at most this many units run at once.
 pub const FLASH_LANES: usize = 8;
 
-/// f32 elements of one lane: the larger of the forward's (q tile, k and v tiles, the score
-/// tile, the output accumulator, row max and sum, the dropout multipliers) and the backward's
-/// (the pair's `dq`, the k, v, dk and dv tiles, the q and dctx tiles, the multipliers).
-pub const fn flash_lane_len(seq: usize, head_dim: usize) -> usize {
-    let (t, d) = (tile(seq), head_dim);
-    let fwd = 4 * t * d + t * t + 3 * t;
-    let bwd = seq * d + 6 * t * d + t;
-    if fwd > bwd {
-        fwd
-    } else {
-        bwd
-    }
+/// f32 elements of one forward lane: the q, k and v tiles, the output accumulator, the score
+/// tile, the row max and sum, the dropout multipliers.
+pub const fn forward_lane_len(seq: usize, head_dim: usize) -> usize {
+    let t = tile(seq);
+    4 * t * head_dim + t * t + 3 * t
 }
 
-/// The f32 scratch the kernels here need: `Dr` (`batch·heads·seq`) and up to [`FLASH_LANES`]
-/// lanes (fewer when there are fewer units of work). More lanes than that are not used; at
-/// least one must fit.
+/// f32 elements of one backward lane: the pair's `dq`, the k, v, dk, dv, q and dctx tiles, the
+/// probabilities (then their dropped copy) and their gradient, the dropout multipliers.
+pub const fn backward_lane_len(seq: usize, head_dim: usize) -> usize {
+    let t = tile(seq);
+    seq * head_dim + 6 * t * head_dim + 2 * t * t + t
+}
+
+/// The f32 scratch the kernels here need: `Dr` (`batch·heads·seq`), then the larger of the
+/// forward's lanes (one per (pair, query tile), at most [`FLASH_LANES`]) and the backward's
+/// (one per pair, at most [`FLASH_LANES`]). More lanes than that are not used; at least one
+/// must fit.
 pub const fn flash_scratch_len(d: AttentionDims) -> usize {
     let pairs = d.batch * d.heads;
-    let units = pairs * d.seq.div_ceil(tile(d.seq));
-    let lanes = if units < FLASH_LANES {
+    let hd = d.hidden / if d.heads == 0 { 1 } else { d.heads };
+    let fwd = lanes_for(pairs * d.seq.div_ceil(tile(d.seq))) * forward_lane_len(d.seq, hd);
+    let bwd = lanes_for(pairs) * backward_lane_len(d.seq, hd);
+    pairs * d.seq + if fwd > bwd { fwd } else { bwd }
+}
+
+const fn lanes_for(units: usize) -> usize {
+    if units < FLASH_LANES {
         units
     } else {
         FLASH_LANES
-    };
-    pairs * d.seq + lanes * flash_lane_len(d.seq, d.hidden / if d.heads == 0 { 1 } else { d.heads })
+    }
+}
+
+/// Peak heap bytes the `gemm` crate holds during one [`flash_attention_forward`] with
+/// `ws_len` elements of scratch: the larger of its two tile GEMMs (`Q·Kᵀ`, `P·V`), times the
+/// units that can run at once.
+pub fn flash_forward_heap_bytes(d: AttentionDims, ws_len: usize) -> usize {
+    let (t, hd) = (tile(d.seq), d.head_dim());
+    let (r, c) = (Strides::row_major, |ld| Strides::new(1, ld));
+    let scores = tile_heap(t, t, hd, r(hd), c(hd), 0.0, r(t));
+    let context = tile_heap(t, hd, t, r(t), r(hd), 1.0, r(hd));
+    let units = d.batch * d.heads * d.seq.div_ceil(t);
+    running(d, units, forward_lane_len(d.seq, hd), ws_len) * scores.max(context)
+}
+
+/// Peak heap bytes the `gemm` crate holds during one [`flash_attention_backward`]: the largest
+/// of its five tile GEMMs, times the pairs that can run at once.
+pub fn flash_backward_heap_bytes(d: AttentionDims, ws_len: usize) -> usize {
+    let (t, hd) = (tile(d.seq), d.head_dim());
+    let (r, c) = (Strides::row_major, |ld| Strides::new(1, ld));
+    let peak = [
+        tile_heap(t, t, hd, r(hd), c(hd), 0.0, r(t)),
+        tile_heap(t, hd, t, c(t), r(hd), 1.0, r(hd)),
+        tile_heap(t, hd, t, r(t), r(hd), 1.0, r(hd)),
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0);
+    running(d, d.batch * d.heads, backward_lane_len(d.seq, hd), ws_len) * peak
+}
+
+fn tile_heap(m: usize, n: usize, k: usize, a: Strides, b: Strides, beta: f32, c: Strides) -> usize {
+    gemm_core_heap_bytes::<f32, f32, f32>(m, n, k, a, b, beta, c, false, Parallelism::None)
+}
+
+/// Units of `count` that run at once on lanes of `lane` elements in a scratch of `ws_len`.
+fn running(d: AttentionDims, count: usize, lane: usize, ws_len: usize) -> usize {
+    let lanes = ws_len.saturating_sub(d.batch * d.heads * d.seq);
+    lanes_at_once(count, lane, lanes)
 }
 
 /// The rate and stream of the attention dropout (`None`: no dropout).
@@ -156,42 +203,12 @@ fn check(
 fn lanes_ws<'a>(
     what: &str,
     d: AttentionDims,
+    lane: usize,
     ws: &'a mut [f32],
 ) -> Result<&'a mut [f32], KernelError> {
     let dr = d.batch * d.heads * d.seq;
-    check_len(
-        &format!("{what} scratch"),
-        ws.len(),
-        dr + flash_lane_len(d.seq, d.head_dim()),
-    )?;
+    check_len(&format!("{what} scratch"), ws.len(), dr + lane)?;
     Ok(ws)
-}
-
-/// `Σ a_c·b_c` in eight independent sums (vectorises; the order is fixed, so CPU results do
-/// not depend on the thread count).
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ar, br) = (ac.remainder(), bc.remainder());
-    for (x, y) in ac.zip(bc) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    let mut tail = 0f32;
-    for (x, y) in ar.iter().zip(br) {
-        tail += x * y;
-    }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
-}
-
-/// `y += alpha·x`.
-#[inline(always)]
-fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
-    for (yi, xi) in y.iter_mut().zip(x) {
-        *yi += alpha * xi;
-    }
 }
 
 /// `mul[c] = 1/(1−r)` when element `base + c` of the stream is kept, else 0; all ones without
@@ -256,7 +273,8 @@ pub fn flash_attention_forward<T: Element>(
 ) -> KResult {
     let what = "flash_attention_forward";
     check(what, d, qkv.len(), ctx.len(), lse.len(), dropout)?;
-    let ws = lanes_ws(what, d, ws)?;
+    let lane = forward_lane_len(d.seq, d.head_dim());
+    let ws = lanes_ws(what, d, lane, ws)?;
     let g = Geometry {
         s: d.seq,
         h: d.hidden,
@@ -270,7 +288,7 @@ pub fn flash_attention_forward<T: Element>(
     let units = d.batch * d.heads * tiles;
     let (ctx_p, lse_p) = (Shared(ctx.as_mut_ptr()), Shared(lse.as_mut_ptr()));
     let lanes = &mut ws[d.batch * d.heads * d.seq..];
-    for_each_lane(units, flash_lane_len(d.seq, g.hd), lanes, |u, w| {
+    for_each_lane(units, lane, lanes, |u, w| {
         let (pair, q0) = (u / tiles, (u % tiles) * g.t);
         // SAFETY: unit `u` writes rows q0.. of its pair only.
         unsafe { forward_tile(&g, qkv, ctx_p, lse_p, pair, q0, dropout, w) };
@@ -303,38 +321,55 @@ unsafe fn forward_tile<T: Element>(
         let kn = t.min(kend - k0);
         load_rows(qkv, g.qkv_row(b, head, 1, k0), 3 * g.h, kn, hd, k);
         load_rows(qkv, g.qkv_row(b, head, 2, k0), 3 * g.h, kn, hd, v);
+        // S = scale·Q·Kᵀ, then each row becomes its dropped, unnormalised probabilities.
+        tile_gemm(
+            qn,
+            kn,
+            hd,
+            g.scale,
+            rows(q, hd),
+            cols(k, hd),
+            0.0,
+            rows_mut(sc, t),
+        );
         for r in 0..qn {
             let i = q0 + r;
             let jn = g.visible(i, k0, kn);
+            let srow = &mut sc[r * t..r * t + kn];
+            srow[jn..].fill(0.0);
             if jn == 0 {
                 continue;
             }
-            let (qr, srow) = (&q[r * hd..(r + 1) * hd], &mut sc[r * t..r * t + jn]);
-            let mut mx = m[r];
-            for (c, sv) in srow.iter_mut().enumerate() {
-                *sv = g.scale * dot(qr, &k[c * hd..(c + 1) * hd]);
-                mx = mx.max(*sv);
-            }
+            let mx = srow[..jn].iter().fold(m[r], |a, &x| a.max(x));
             let alpha = (m[r] - mx).exp();
-            let ar = &mut acc[r * hd..(r + 1) * hd];
-            ar.iter_mut().for_each(|a| *a *= alpha);
+            acc[r * hd..(r + 1) * hd]
+                .iter_mut()
+                .for_each(|a| *a *= alpha);
             dropout_row(
                 dropout,
                 ((pair * g.s + i) * g.s + k0) as u64,
                 &mut mul[..jn],
             );
             let mut sum = 0f32;
-            for (c, sv) in srow.iter().enumerate() {
-                let p = (sv - mx).exp();
+            for (sv, mu) in srow[..jn].iter_mut().zip(&mul[..jn]) {
+                let p = (*sv - mx).exp();
                 sum += p;
-                let pd = p * mul[c];
-                if pd != 0.0 {
-                    axpy(pd, &v[c * hd..(c + 1) * hd], ar);
-                }
+                *sv = p * mu;
             }
             l[r] = l[r] * alpha + sum;
             m[r] = mx;
         }
+        // acc += P·V.
+        tile_gemm(
+            qn,
+            hd,
+            kn,
+            1.0,
+            rows(sc, t),
+            rows(v, hd),
+            1.0,
+            rows_mut(acc, hd),
+        );
     }
     for r in 0..qn {
         let i = q0 + r;
@@ -366,7 +401,8 @@ pub fn flash_attention_backward<T: Element>(
     check(what, d, qkv.len(), ctx.len(), lse.len(), dropout)?;
     check_len(&format!("{what} dctx"), dctx.len(), d.ctx_len())?;
     check_len(&format!("{what} dqkv"), dqkv.len(), d.qkv_len())?;
-    let ws = lanes_ws(what, d, ws)?;
+    let lane = backward_lane_len(d.seq, d.head_dim());
+    let ws = lanes_ws(what, d, lane, ws)?;
     let g = Geometry {
         s: d.seq,
         h: d.hidden,
@@ -389,7 +425,7 @@ pub fn flash_attention_backward<T: Element>(
     });
     let dr: &[f32] = dr;
     let out = Shared(dqkv.as_mut_ptr());
-    for_each_lane(pairs, flash_lane_len(d.seq, g.hd), lanes, |pair, w| {
+    for_each_lane(pairs, lane, lanes, |pair, w| {
         // SAFETY: pair `pair` writes its own head's columns of dqkv only.
         unsafe { backward_pair(&g, qkv, lse, dctx, dr, out, pair, dropout, w) };
     });
@@ -397,7 +433,8 @@ pub fn flash_attention_backward<T: Element>(
 }
 
 /// One pair's backward: key tiles outermost (their dk, dv accumulate in the lane), the pair's
-/// dq in the lane too, written once at the end.
+/// dq in the lane too, written once at the end. Five tile GEMMs per (key tile, query tile):
+/// `S = scale·Q·Kᵀ`, `dPd = dO·Vᵀ`, `dV += Pdᵀ·dO`, `dQ += dS·K`, `dK += dSᵀ·Q`.
 #[allow(clippy::too_many_arguments)]
 unsafe fn backward_pair<T: Element>(
     g: &Geometry,
@@ -412,9 +449,21 @@ unsafe fn backward_pair<T: Element>(
 ) {
     let (t, hd) = (g.t, g.hd);
     let (b, head) = (pair / g.heads, pair % g.heads);
-    let [dq, k, v, dk, dv, q, dout, mul] = split(
+    let tt = t * t;
+    let [dq, k, v, dk, dv, q, dout, p, ds, mul] = split(
         w,
-        [g.s * hd, t * hd, t * hd, t * hd, t * hd, t * hd, t * hd, t],
+        [
+            g.s * hd,
+            t * hd,
+            t * hd,
+            t * hd,
+            t * hd,
+            t * hd,
+            t * hd,
+            tt,
+            tt,
+            t,
+        ],
     );
     dq.fill(0.0);
     for k0 in (0..g.s).step_by(t) {
@@ -424,40 +473,137 @@ unsafe fn backward_pair<T: Element>(
         dk.fill(0.0);
         dv.fill(0.0);
         // Causal: query rows before the tile see none of its keys.
-        let first = if g.causal { k0 / t * t } else { 0 };
+        let first = if g.causal { k0 } else { 0 };
         for q0 in (first..g.s).step_by(t) {
             let qn = t.min(g.s - q0);
             load_rows(qkv, g.qkv_row(b, head, 0, q0), 3 * g.h, qn, hd, q);
             load_rows(dctx, g.ctx_row(b, head, q0), g.h, qn, hd, dout);
+            tile_gemm(
+                qn,
+                kn,
+                hd,
+                g.scale,
+                rows(q, hd),
+                cols(k, hd),
+                0.0,
+                rows_mut(p, t),
+            );
+            tile_gemm(
+                qn,
+                kn,
+                hd,
+                1.0,
+                rows(dout, hd),
+                cols(v, hd),
+                0.0,
+                rows_mut(ds, t),
+            );
             for r in 0..qn {
                 let i = q0 + r;
                 let jn = g.visible(i, k0, kn);
-                if jn == 0 {
-                    continue;
-                }
-                let (qr, dor) = (&q[r * hd..(r + 1) * hd], &dout[r * hd..(r + 1) * hd]);
                 let (li, di) = (lse[pair * g.s + i], dr[pair * g.s + i]);
                 dropout_row(
                     dropout,
                     ((pair * g.s + i) * g.s + k0) as u64,
                     &mut mul[..jn],
                 );
-                let dqr = &mut dq[i * hd..(i + 1) * hd];
-                for c in 0..jn {
-                    let (kc, vc) = (&k[c * hd..(c + 1) * hd], &v[c * hd..(c + 1) * hd]);
-                    let p = (g.scale * dot(qr, kc) - li).exp();
-                    let dp = dot(dor, vc) * mul[c];
-                    let ds = g.scale * p * (dp - di);
-                    axpy(p * mul[c], dor, &mut dv[c * hd..(c + 1) * hd]);
-                    axpy(ds, kc, dqr);
-                    axpy(ds, qr, &mut dk[c * hd..(c + 1) * hd]);
+                let row = r * t..r * t + kn;
+                // The scores become the dropped probabilities, dO·Vᵀ becomes dS.
+                let (pr, dsr) = (&mut p[row.clone()], &mut ds[row]);
+                for c in 0..kn {
+                    if c < jn {
+                        let pv = (pr[c] - li).exp();
+                        pr[c] = pv * mul[c];
+                        dsr[c] = g.scale * pv * (dsr[c] * mul[c] - di);
+                    } else {
+                        (pr[c], dsr[c]) = (0.0, 0.0);
+                    }
                 }
             }
+            tile_gemm(
+                kn,
+                hd,
+                qn,
+                1.0,
+                cols(p, t),
+                rows(dout, hd),
+                1.0,
+                rows_mut(dv, hd),
+            );
+            let dq_rows = rows_mut(&mut dq[q0 * hd..], hd);
+            tile_gemm(qn, hd, kn, 1.0, rows(ds, t), rows(k, hd), 1.0, dq_rows);
+            tile_gemm(
+                kn,
+                hd,
+                qn,
+                1.0,
+                cols(ds, t),
+                rows(q, hd),
+                1.0,
+                rows_mut(dk, hd),
+            );
         }
         store_rows(dk, kn, hd, dqkv, g.qkv_row(b, head, 1, k0), 3 * g.h);
         store_rows(dv, kn, hd, dqkv, g.qkv_row(b, head, 2, k0), 3 * g.h);
     }
     store_rows(dq, g.s, hd, dqkv, g.qkv_row(b, head, 0, 0), 3 * g.h);
+}
+
+/// The row-major view of `x` whose rows are `ld` apart.
+fn rows(x: &[f32], ld: usize) -> Mat<f32> {
+    Mat {
+        ptr: x.as_ptr(),
+        rs: ld,
+        cs: 1,
+    }
+}
+
+/// The transposed view of the row-major `x` whose rows are `ld` apart.
+fn cols(x: &[f32], ld: usize) -> Mat<f32> {
+    Mat {
+        ptr: x.as_ptr(),
+        rs: 1,
+        cs: ld,
+    }
+}
+
+fn rows_mut(x: &mut [f32], ld: usize) -> MatMut<f32> {
+    MatMut {
+        ptr: x.as_mut_ptr(),
+        rs: ld,
+        cs: 1,
+    }
+}
+
+/// `c = alpha·a·b + beta·c` of f32 tiles in a lane, single-threaded (the units run in
+/// parallel).
+///
+/// # Safety
+/// The views are valid for `m×k`, `k×n` and `m×n`, and `c` overlaps neither `a` nor `b`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_gemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: Mat<f32>,
+    b: Mat<f32>,
+    beta: f32,
+    c: MatMut<f32>,
+) {
+    gemm_core(
+        m,
+        n,
+        k,
+        alpha,
+        a,
+        b,
+        beta,
+        c,
+        None,
+        &mut [],
+        Parallelism::None,
+    )
 }
 
 /// Stores `n` rows of `len` f32 from `src` to `dst + at`, rows `stride` apart.

@@ -862,6 +862,58 @@ fn attention_matches_its_heap_functions() {
     assert_varied("attention", &values, 6);
 }
 
+/// The memory-efficient attention: f32 tile GEMMs in lanes, whatever the storage.
+#[test]
+fn flash_attention_matches_its_heap_functions() {
+    use memwise_kernels::flash_attention::*;
+    let _serial = serial();
+    let att = |batch, seq, hidden, heads| AttentionDims {
+        batch,
+        seq,
+        hidden,
+        heads,
+    };
+    for (d, reach) in [
+        (att(2, 16, 32, 4), false),
+        (att(1, 70, 48, 3), false),
+        (att(2, 200, 128, 2), true),
+        (att(1, 130, 256, 2), true),
+    ] {
+        let qkv = fill::<f16>(d.qkv_len());
+        let (dctx, mut ctx, mut dqkv) = (
+            fill::<f16>(d.ctx_len()),
+            fill::<f16>(d.ctx_len()),
+            fill::<f16>(d.qkv_len()),
+        );
+        let mut lse = vec![0f32; d.batch * d.heads * d.seq];
+        let ws_len = flash_scratch_len(d);
+        let mut ws = vec![0f32; ws_len];
+        let name = format!("flash_attention {d:?}");
+        lanes(
+            &format!("{name} forward"),
+            reach,
+            || flash_forward_heap_bytes(d, ws_len),
+            || {
+                flash_attention_forward(d, &qkv, &mut ctx, &mut lse, 0.3, true, None, &mut ws)
+                    .unwrap()
+            },
+        );
+        let lse_in = lse.clone();
+        let ctx_in = ctx.clone();
+        lanes(
+            &format!("{name} backward"),
+            reach,
+            || flash_backward_heap_bytes(d, ws_len),
+            || {
+                flash_attention_backward(
+                    d, &qkv, &ctx_in, &lse_in, &dctx, &mut dqkv, 0.3, true, None, &mut ws,
+                )
+                .unwrap()
+            },
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Outside the pool
 

@@ -121,7 +121,8 @@ fn flash_matches_the_materialising_attention_on_random_shapes() {
                 let want = materialised(d, &qkv, &dctx, causal, rate);
                 // One lane, and all of them: the result must not depend on the lanes.
                 for lanes in [1, FLASH_LANES] {
-                    let ws = b * heads * s + lanes * flash_lane_len(s, hd);
+                    let lane = forward_lane_len(s, hd).max(backward_lane_len(s, hd));
+                    let ws = b * heads * s + lanes * lane;
                     let (got, _) = flash::<f32>(d, &qkv, &dctx, causal, rate, ws);
                     let what = format!("b{b} s{s} h{heads} d{hd} causal {causal} rate {rate}");
                     let (ec, eg) = (rel(&got.ctx, &want.ctx), rel(&got.dqkv, &want.dqkv));
@@ -220,10 +221,18 @@ fn flash_refuses_bad_arguments_and_writes_nothing() {
 
 #[test]
 fn the_planned_scratch_holds_dr_and_the_lanes() {
+    // 6 pairs, 2 query tiles each: 8 forward lanes (12 units), 6 backward lanes (6 pairs).
     let d = dims(2, 100, 3, 16);
-    let lane = flash_lane_len(100, 16);
-    assert_eq!(flash_scratch_len(d), 2 * 3 * 100 + FLASH_LANES * lane);
-    // Fewer units than lanes: one lane per unit.
+    let (fwd, bwd) = (forward_lane_len(100, 16), backward_lane_len(100, 16));
+    assert_eq!(fwd, 4 * 64 * 16 + 64 * 64 + 3 * 64);
+    assert_eq!(bwd, 100 * 16 + 6 * 64 * 16 + 2 * 64 * 64 + 64);
+    assert_eq!(
+        flash_scratch_len(d),
+        2 * 3 * 100 + (FLASH_LANES * fwd).max(6 * bwd)
+    );
+    // A sequence shorter than a tile: tiles of the sequence's length, one lane per unit.
     let small = dims(1, 10, 1, 16);
-    assert_eq!(flash_scratch_len(small), 10 + flash_lane_len(10, 16));
+    let (fwd, bwd) = (forward_lane_len(10, 16), backward_lane_len(10, 16));
+    assert_eq!(fwd, 4 * 10 * 16 + 100 + 30);
+    assert_eq!(flash_scratch_len(small), 10 + fwd.max(bwd));
 }

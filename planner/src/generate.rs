@@ -590,7 +590,10 @@ impl Gen {
             1 => {
                 let divisors: Vec<usize> = (1..=4).filter(|&h| d.is_multiple_of(h)).collect();
                 let heads = self.rng.pick(&divisors);
-                if !self.fits(heads * s * s) || !self.fits(3 * s * d) {
+                // The memory-efficient attention's scratch too, should the planner pick it.
+                let flash =
+                    crate::op::flash_attention_scratch_elems(self.spec.batch, s, heads, d / heads);
+                if !self.fits(heads * s * s) || !self.fits(3 * s * d) || flash > MAX_ELEMS {
                     return None;
                 }
                 let dropout = if self.rng.chance(0.5) { 0.0 } else { 0.1 };

@@ -476,10 +476,11 @@ pub const FLASH_LANES: usize = 8;
 pub const FLASH_MAX_HEAD_DIM: usize = 128;
 
 /// f32 scratch of [`Op::FlashAttention`] (forward and backward): `dctx·ctx` per query row
-/// (`batch·heads·seq`), then up to [`FLASH_LANES`] lanes, one per unit of work (a query tile
-/// of a (batch, head) pair) when there are fewer, each the larger of the forward's tiles
-/// (`t = min(seq, FLASH_TILE)` rows: q, k, v and the output accumulator, `t·head_dim` each, the score tile and three
-/// row vectors) and the backward's (the pair's `seq·head_dim` dq, six tiles, one row vector).
+/// (`batch·heads·seq`), then the larger of the forward's lanes and the backward's. With
+/// `t = min(seq, FLASH_TILE)` rows per tile: a forward lane per (pair, query tile), at most
+/// [`FLASH_LANES`], holds the q, k, v tiles and the output accumulator (`t·head_dim` each), the
+/// score tile and three row vectors; a backward lane per pair, at most [`FLASH_LANES`], holds
+/// the pair's `seq·head_dim` dq, six `t·head_dim` tiles, two `t·t` tiles and one row vector.
 /// The kernels' `flash_scratch_len` is this function; a runtime test holds them equal.
 pub const fn flash_attention_scratch_elems(
     batch: usize,
@@ -491,10 +492,10 @@ pub const fn flash_attention_scratch_elems(
     let d = head_dim;
     let pairs = batch.saturating_mul(heads);
     let units = pairs.saturating_mul(seq.div_ceil(t));
-    let fwd = 4 * t * d + t * t + 3 * t;
-    let bwd = sat_prod(&[seq, d]).saturating_add(6 * t * d + t);
-    let lane = if fwd > bwd { fwd } else { bwd };
-    sat_prod(&[pairs, seq]).saturating_add(min(units, FLASH_LANES).saturating_mul(lane))
+    let fwd = min(units, FLASH_LANES).saturating_mul(4 * t * d + t * t + 3 * t);
+    let bwd_lane = sat_prod(&[seq, d]).saturating_add(6 * t * d + 2 * t * t + t);
+    let bwd = min(pairs, FLASH_LANES).saturating_mul(bwd_lane);
+    sat_prod(&[pairs, seq]).saturating_add(if fwd > bwd { fwd } else { bwd })
 }
 
 /// f32 scratch elements of an `m×n×k` GEMM whose operands `a`, `b` and result `c` are

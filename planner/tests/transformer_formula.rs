@@ -9,17 +9,24 @@
 
 use memwise_plan::*;
 
-const S: usize = 64; // sequence
+const S: usize = 64; // sequence: long enough for the memory-efficient attention
+/// A sequence so short that the materialising attention needs fewer bytes (its `s²` terms
+/// are smaller than the memory-efficient kernels' tiles): the plan keeps eq. 2.
+const SHORT: usize = 16;
 const B: usize = 2; // batch
 const H: usize = 64; // hidden
 const A: usize = 4; // heads
 
 /// `blocks` pre-LN GPT blocks in float16, each optionally one checkpoint segment.
 fn gpt(blocks: usize, checkpoint: bool) -> ModelSpec {
+    gpt_of(S, blocks, checkpoint)
+}
+
+fn gpt_of(seq: usize, blocks: usize, checkpoint: bool) -> ModelSpec {
     let mut m = ModelSpec::new("Gpt", B);
     m.precision = Precision::MixedFloat16;
-    m.input("x", &[S, H], DType::F16, 1.0);
-    m.input("target", &[S, H], DType::F16, 1.0);
+    m.input("x", &[seq, H], DType::F16, 1.0);
+    m.input("target", &[seq, H], DType::F16, 1.0);
     let mut prev = "x".to_string();
     for k in 0..blocks {
         let n = |s: &str| format!("b{k}_{s}");
@@ -75,54 +82,66 @@ fn kept_at_loss(plan: &StaticPlan, prefix: &str) -> Vec<(String, u64)> {
 
 #[test]
 fn transformer_layer_keeps_exactly_the_formula_plus_layer_norm_statistics() {
-    let plan = plan(&gpt(3, false)).expect("plans");
-    // The middle block: neither the model input nor the loss input sits inside it.
-    let kept = kept_at_loss(&plan, "b1_");
-    let (s, b, h, a) = (S as u64, B as u64, H as u64, A as u64);
-    let sbh = s * b * h;
-    let formula = sbh * 34;
-    // Term by term, as the paper lists them (bytes), the attention core's `5·a·s²·b`
-    // (softmax output 2·a·s²·b, its dropout mask a·s²·b, the dropped copy 2·a·s²·b) recomputed:
-    let expect: &[(&str, u64)] = &[
-        ("b1_ln1.x_hat", 2 * sbh), // LayerNorm 1 input (we keep the normalised input: same size)
-        ("b1_ln1.out", 2 * sbh),   // QKV projection input
-        ("b1_attn.qkv", 6 * sbh),  // Q, K (for QKᵀ) and V (for attention over values)
-        ("b1_attn.ctx", 2 * sbh),  // output projection input
-        ("b1_drop1.mask", sbh),    // dropout mask
-        ("b1_ln2.x_hat", 2 * sbh), // LayerNorm 2 input
-        ("b1_ln2.out", 2 * sbh),   // MLP first linear input
-        ("b1_mlp1.linear", 8 * sbh), // GeLU input
-        ("b1_mlp1.out", 8 * sbh),  // MLP second linear input
-        ("b1_drop2.mask", sbh),    // dropout mask
-    ];
-    let expected_sum: u64 = expect.iter().map(|e| e.1).sum();
-    assert_eq!(
-        expected_sum, formula,
-        "the term list is the paper's selective-recompute formula"
-    );
-    // What the paper leaves out by its own statement ("small buffers like LayerNorm mean
-    // and variance"): one f32 reciprocal standard deviation per row per LayerNorm, and the
-    // attention's f32 log-sum-exp per row and head that replaces the probabilities.
-    let stats: &[(&str, u64)] = &[
-        ("b1_ln1.rstd", 4 * s * b),
-        ("b1_ln2.rstd", 4 * s * b),
-        ("b1_attn.lse", 4 * a * s * b),
-    ];
-    let mut want: Vec<(String, u64)> = expect
-        .iter()
-        .chain(stats)
-        .map(|(n, b)| (n.to_string(), *b))
-        .collect();
-    want.sort();
-    let mut got = kept.clone();
-    got.sort();
-    assert_eq!(got, want, "every kept tensor accounted for, nothing more");
-    let total: u64 = kept.iter().map(|k| k.1).sum();
-    assert_eq!(total, formula + 8 * s * b + 4 * a * s * b);
-    assert!(plan
-        .steps
-        .iter()
-        .any(|st| matches!(st.op, Op::FlashAttention { .. })));
+    // Eq. 6 at the longer sequence (the memory-efficient attention), eq. 2 at the short one.
+    for (seq, flash) in [(S, true), (SHORT, false)] {
+        let plan = plan(&gpt_of(seq, 3, false)).expect("plans");
+        // The middle block: neither the model input nor the loss input sits inside it.
+        let kept = kept_at_loss(&plan, "b1_");
+        let (s, b, h, a) = (seq as u64, B as u64, H as u64, A as u64);
+        let sbh = s * b * h;
+        // Term by term, as the paper lists them (bytes):
+        let mut expect: Vec<(&str, u64)> = vec![
+            ("b1_ln1.x_hat", 2 * sbh), // LayerNorm 1 input (we keep the normalised input)
+            ("b1_ln1.out", 2 * sbh),   // QKV projection input
+            ("b1_attn.qkv", 6 * sbh),  // Q, K (for QKᵀ) and V (for attention over values)
+            ("b1_attn.ctx", 2 * sbh),  // output projection input
+            ("b1_drop1.mask", sbh),    // dropout mask
+            ("b1_ln2.x_hat", 2 * sbh), // LayerNorm 2 input
+            ("b1_ln2.out", 2 * sbh),   // MLP first linear input
+            ("b1_mlp1.linear", 8 * sbh), // GeLU input
+            ("b1_mlp1.out", 8 * sbh),  // MLP second linear input
+            ("b1_drop2.mask", sbh),    // dropout mask
+        ];
+        // What the paper leaves out by its own statement ("small buffers like LayerNorm mean
+        // and variance"): one f32 reciprocal standard deviation per row per LayerNorm.
+        let mut stats = vec![("b1_ln1.rstd", 4 * s * b), ("b1_ln2.rstd", 4 * s * b)];
+        let formula = if flash {
+            // Eq. 6: the attention core's 5·a·s²·b recomputed; one f32 log-sum-exp per row
+            // and head instead.
+            stats.push(("b1_attn.lse", 4 * a * s * b));
+            sbh * 34
+        } else {
+            expect.extend([
+                ("b1_attn.probs", 2 * a * s * s * b),         // softmax output
+                ("b1_attn.probs_mask", a * s * s * b),        // attention dropout mask
+                ("b1_attn.probs_dropped", 2 * a * s * s * b), // its output (over values)
+            ]);
+            sbh * 34 + 5 * a * s * s * b
+        };
+        let expected_sum: u64 = expect.iter().map(|e| e.1).sum();
+        assert_eq!(
+            expected_sum, formula,
+            "the term list is the paper's formula"
+        );
+        // Tensors sit at 256-byte offsets: a short sequence's `1/σ` rows (128 bytes) take 256.
+        let mut want: Vec<(String, u64)> = expect
+            .iter()
+            .chain(&stats)
+            .map(|(n, b)| (n.to_string(), b.div_ceil(256) * 256))
+            .collect();
+        want.sort();
+        let mut got = kept.clone();
+        got.sort();
+        assert_eq!(
+            got, want,
+            "s = {seq}: every kept tensor accounted for, nothing more"
+        );
+        let uses_flash = plan
+            .steps
+            .iter()
+            .any(|st| matches!(st.op, Op::FlashAttention { .. }));
+        assert_eq!(uses_flash, flash, "s = {seq}");
+    }
 }
 
 #[test]

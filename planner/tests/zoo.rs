@@ -2,7 +2,9 @@
 //! published numbers (or a hand count where none is published); key layers have the output
 //! shapes of their source architectures.
 
-use memwise_plan::{arena, plan, zoo, Activation, DType, LayerKind, ModelSpec, Phase, StaticPlan};
+use memwise_plan::{
+    arena, plan, zoo, Activation, DType, LayerKind, ModelSpec, Op, Phase, StaticPlan,
+};
 
 fn planned(spec: &ModelSpec) -> StaticPlan {
     let p = plan(spec).unwrap_or_else(|e| panic!("{}: {e}", spec.name));
@@ -230,22 +232,31 @@ fn gpt2_stack_runs_in_mixed_float16() {
     for l in p.memory.layers.iter() {
         assert_eq!(l.dtype, DType::F16, "{}", l.name);
     }
-    // The attention probabilities: batch × heads × seq × seq in f16, plus the u8 dropout mask.
-    let probs = p
+    // The memory-efficient attention: one f32 log-sum-exp per row and head (batch × heads ×
+    // seq), not the f16 batch × heads × seq × seq probabilities and their u8 dropout mask.
+    let lse = p
         .tensors
         .iter()
-        .find(|t| t.name == "h0_attn.probs")
-        .expect("probs");
+        .find(|t| t.name == "h0_attn.lse")
+        .expect("lse");
     assert_eq!(
-        (probs.shape.to_vec(), probs.dtype),
-        (vec![2, 12, 1024, 1024], DType::F16)
+        (lse.shape.to_vec(), lse.dtype),
+        (vec![2, 12, 1024], DType::F32)
     );
-    let mask = p
+    assert!(!p
         .tensors
         .iter()
-        .find(|t| t.name == "h0_attn.probs_mask")
-        .expect("mask");
-    assert_eq!(mask.dtype, DType::U8);
+        .any(|t| t.name.starts_with("h0_attn.probs")));
+    assert!(p.steps.iter().any(|s| matches!(
+        s.op,
+        Op::FlashAttention {
+            seq: 1024,
+            heads: 12,
+            head_dim: 64,
+            causal: true,
+            ..
+        }
+    )));
 }
 
 #[test]

@@ -120,6 +120,22 @@ fn step_heap(plan: &StaticPlan, s: &PlanStep) -> usize {
                 }
             })
         }
+        // f32 tiles in the lanes whatever the storage: no per-float dispatch.
+        Op::FlashAttention {
+            batch,
+            seq,
+            heads,
+            head_dim,
+            ..
+        } => {
+            let (d, _) = attention_dims(batch, seq, heads, head_dim);
+            let ws = s.op.scratch_f32_elems(dt);
+            if backward {
+                k::flash_attention::flash_backward_heap_bytes(d, ws)
+            } else {
+                k::flash_attention::flash_forward_heap_bytes(d, ws)
+            }
+        }
         _ => 0,
     }
 }

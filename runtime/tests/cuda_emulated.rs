@@ -536,7 +536,12 @@ fn long_attention_plans_the_memory_efficient_op() {
                 .filter(|s| s.phase == memwise_plan::Phase::Forward)
                 .filter(|s| matches!(s.op, memwise_plan::Op::FlashAttention { .. }))
                 .count();
-            assert_eq!(flash, 2, "{:?}", spec.precision);
+            let ops: Vec<_> = p
+                .steps
+                .iter()
+                .map(|s| (s.phase, s.op.name(), s.layer.to_string()))
+                .collect();
+            assert_eq!(flash, 2, "{:?} {ops:?}", spec.precision);
         }
     }
 }

@@ -266,6 +266,11 @@ pub struct LayerCx<'b, 'a> {
 }
 
 impl<'a> LayerCx<'_, 'a> {
+    /// The model being built.
+    pub fn spec(&self) -> &'a ModelSpec {
+        self.b.spec
+    }
+
     /// Input `k` and the name of the layer that makes it (its count is already checked).
     pub fn input(&self, k: usize) -> (Value, &'a str) {
         self.inputs[k].clone()

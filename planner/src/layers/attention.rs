@@ -87,7 +87,13 @@ pub(super) fn lower(cx: &mut LayerCx<'_, '_>, kind: &LayerKind) -> Result<Value,
     };
     cx.push(projection(3 * h), vec![x.tensor], vec![qkv], vec![wq, bq]);
     let ctx_shape = vec![b, s, h];
-    let (op, mut outs) = if flash_keeps_less(b, s, heads, h / heads, dropout, dt) {
+    let layers = cx
+        .spec()
+        .layers
+        .iter()
+        .filter(|l| matches!(l.kind, LayerKind::Attention { .. }))
+        .count();
+    let (op, mut outs) = if flash_keeps_less(b, s, heads, h / heads, dropout, dt, layers) {
         let op = Op::FlashAttention {
             batch: b,
             seq: s,
@@ -129,11 +135,21 @@ pub(super) fn lower(cx: &mut LayerCx<'_, '_>, kind: &LayerKind) -> Result<Value,
 }
 
 /// Whether the memory-efficient attention ([`Op::FlashAttention`]) needs fewer bytes than the
-/// materialising one ([`Op::Attention`]) for this shape: what each keeps for the backward
-/// (the log-sum-exp against the probabilities, with dropout their mask and dropped copy) plus
-/// its workspace and scratch (the materialising backward's `[b, heads, s, s]` score gradients).
-/// Both keep `qkv` and the context. Heads wider than [`FLASH_MAX_HEAD_DIM`] stay materialised.
-fn flash_keeps_less(b: usize, s: usize, heads: usize, hd: usize, dropout: f32, dt: DType) -> bool {
+/// materialising one ([`Op::Attention`]) for this shape in a model of `layers` attention
+/// layers: what each keeps for the backward (the log-sum-exp against the probabilities, with
+/// dropout their mask and dropped copy), which adds up over the layers until the backward,
+/// plus its workspace and scratch (the materialising backward's `[b, heads, s, s]` score
+/// gradients), which one layer at a time uses. Both keep `qkv` and the context. Heads wider
+/// than [`FLASH_MAX_HEAD_DIM`] stay materialised.
+fn flash_keeps_less(
+    b: usize,
+    s: usize,
+    heads: usize,
+    hd: usize,
+    dropout: f32,
+    dt: DType,
+    layers: usize,
+) -> bool {
     if hd > FLASH_MAX_HEAD_DIM {
         return false;
     }
@@ -150,7 +166,7 @@ fn flash_keeps_less(b: usize, s: usize, heads: usize, hd: usize, dropout: f32, d
     };
     let mat_ws = materialised.workspace_elems(true) as u64 * dt.size()
         + 4 * materialised.scratch_f32_elems(dt) as u64;
-    let flash = 4 * (b * heads * s) as u64
-        + 4 * flash_attention_scratch_elems(b, s, heads, hd) as u64;
-    flash < kept + mat_ws
+    let flash_ws = 4 * flash_attention_scratch_elems(b, s, heads, hd) as u64;
+    let n = layers.max(1) as u64;
+    n * 4 * (b * heads * s) as u64 + flash_ws < n * kept + mat_ws
 }
