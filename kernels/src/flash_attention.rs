@@ -32,36 +32,37 @@ use crate::{check_len, Element, KResult, KernelError};
 use gemm::Parallelism;
 use rayon::prelude::*;
 
-/// Query and key rows per tile (fewer for a shorter sequence: [`tile`]).
-pub const FLASH_TILE: usize = 64;
+/// Query rows per tile (fewer for a shorter sequence: [`tiles`]). The forward's unit of
+/// parallel work is one query tile of one (batch, head) pair.
+pub const FLASH_TILE_Q: usize = 64;
+/// Key rows per tile. Wider key tiles (128, 256), for longer tile GEMMs, measured no faster at
+/// GPT-2's shape on this machine, and cost scratch.
+pub const FLASH_TILE_K: usize = 64;
 
-/// The tile rows for a sequence of `seq`: [`FLASH_TILE`], or the whole sequence when shorter.
-pub const fn tile(seq: usize) -> usize {
-    if seq < FLASH_TILE {
-        if seq == 0 {
-            1
-        } else {
-            seq
-        }
-    } else {
-        FLASH_TILE
-    }
+/// The query and key tile rows for a sequence of `seq`: [`FLASH_TILE_Q`] and
+/// [`FLASH_TILE_K`], or the whole sequence when shorter.
+pub const fn tiles(seq: usize) -> (usize, usize) {
+    let s = if seq == 0 { 1 } else { seq };
+    let q = if s < FLASH_TILE_Q { s } else { FLASH_TILE_Q };
+    let k = if s < FLASH_TILE_K { s } else { FLASH_TILE_K };
+    (q, k)
 }
 /// Lanes of scratch the planner provisions: at most this many units run at once.
 pub const FLASH_LANES: usize = 8;
 
-/// f32 elements of one forward lane: the q, k and v tiles, the output accumulator, the score
-/// tile, the row max and sum, the dropout multipliers.
+/// f32 elements of one forward lane: the q tile and the output accumulator (`tq·head_dim`
+/// each), the k and v tiles (`tk·head_dim`), the score tile (`tq·tk`), the row max and sum,
+/// the dropout multipliers of a row.
 pub const fn forward_lane_len(seq: usize, head_dim: usize) -> usize {
-    let t = tile(seq);
-    4 * t * head_dim + t * t + 3 * t
+    let (tq, tk) = tiles(seq);
+    2 * tq * head_dim + 2 * tk * head_dim + tq * tk + 2 * tq + tk
 }
 
 /// f32 elements of one backward lane: the pair's `dq`, the k, v, dk, dv, q and dctx tiles, the
 /// probabilities (then their dropped copy) and their gradient, the dropout multipliers.
 pub const fn backward_lane_len(seq: usize, head_dim: usize) -> usize {
-    let t = tile(seq);
-    seq * head_dim + 6 * t * head_dim + 2 * t * t + t
+    let (tq, tk) = tiles(seq);
+    seq * head_dim + 4 * tk * head_dim + 2 * tq * head_dim + 2 * tq * tk + tk
 }
 
 /// The f32 scratch the kernels here need: `Dr` (`batch·heads·seq`), then the larger of the
@@ -71,7 +72,7 @@ pub const fn backward_lane_len(seq: usize, head_dim: usize) -> usize {
 pub const fn flash_scratch_len(d: AttentionDims) -> usize {
     let pairs = d.batch * d.heads;
     let hd = d.hidden / if d.heads == 0 { 1 } else { d.heads };
-    let fwd = lanes_for(pairs * d.seq.div_ceil(tile(d.seq))) * forward_lane_len(d.seq, hd);
+    let fwd = lanes_for(pairs * d.seq.div_ceil(tiles(d.seq).0)) * forward_lane_len(d.seq, hd);
     let bwd = lanes_for(pairs) * backward_lane_len(d.seq, hd);
     pairs * d.seq + if fwd > bwd { fwd } else { bwd }
 }
@@ -88,23 +89,23 @@ const fn lanes_for(units: usize) -> usize {
 /// `ws_len` elements of scratch: the larger of its two tile GEMMs (`Q·Kᵀ`, `P·V`), times the
 /// units that can run at once.
 pub fn flash_forward_heap_bytes(d: AttentionDims, ws_len: usize) -> usize {
-    let (t, hd) = (tile(d.seq), d.head_dim());
+    let ((tq, tk), hd) = (tiles(d.seq), d.head_dim());
     let (r, c) = (Strides::row_major, |ld| Strides::new(1, ld));
-    let scores = tile_heap(t, t, hd, r(hd), c(hd), 0.0, r(t));
-    let context = tile_heap(t, hd, t, r(t), r(hd), 1.0, r(hd));
-    let units = d.batch * d.heads * d.seq.div_ceil(t);
+    let scores = tile_heap(tq, tk, hd, r(hd), c(hd), 0.0, r(tk));
+    let context = tile_heap(tq, hd, tk, r(tk), r(hd), 1.0, r(hd));
+    let units = d.batch * d.heads * d.seq.div_ceil(tq);
     running(d, units, forward_lane_len(d.seq, hd), ws_len) * scores.max(context)
 }
 
 /// Peak heap bytes the `gemm` crate holds during one [`flash_attention_backward`]: the largest
 /// of its five tile GEMMs, times the pairs that can run at once.
 pub fn flash_backward_heap_bytes(d: AttentionDims, ws_len: usize) -> usize {
-    let (t, hd) = (tile(d.seq), d.head_dim());
+    let ((tq, tk), hd) = (tiles(d.seq), d.head_dim());
     let (r, c) = (Strides::row_major, |ld| Strides::new(1, ld));
     let peak = [
-        tile_heap(t, t, hd, r(hd), c(hd), 0.0, r(t)),
-        tile_heap(t, hd, t, c(t), r(hd), 1.0, r(hd)),
-        tile_heap(t, hd, t, r(t), r(hd), 1.0, r(hd)),
+        tile_heap(tq, tk, hd, r(hd), c(hd), 0.0, r(tk)),
+        tile_heap(tk, hd, tq, c(tk), r(hd), 1.0, r(hd)),
+        tile_heap(tq, hd, tk, r(tk), r(hd), 1.0, r(hd)),
     ]
     .into_iter()
     .max()
@@ -141,8 +142,10 @@ struct Geometry {
     h: usize,
     hd: usize,
     heads: usize,
-    /// Rows per tile ([`tile`]).
+    /// Query rows per tile ([`tiles`]).
     t: usize,
+    /// Key rows per tile.
+    tk: usize,
     scale: f32,
     causal: bool,
 }
@@ -209,6 +212,62 @@ fn lanes_ws<'a>(
     let dr = d.batch * d.heads * d.seq;
     check_len(&format!("{what} scratch"), ws.len(), dr + lane)?;
     Ok(ws)
+}
+
+/// `e^x` in f32 to about 1 ulp (a relative 2e-7), branch-free so that a loop of it
+/// vectorises: `2^n · e^f` with `n = round(x·log2 e)`, `f = x − n·ln 2` (ln 2 in two parts)
+/// and a degree-7 polynomial for `e^f`. Below −87.3 it gives 0 (where `exp` leaves the
+/// normal range), above 88.72 infinity, NaN stays NaN; the inputs here are `s − max ≤ 0`.
+#[inline(always)]
+pub fn fast_exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    // ln 2 in two parts (Cody and Waite): n·LN2_HI is exact for the n here.
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // Adding and subtracting 1.5·2^23 rounds to the nearest integer.
+    const ROUND: f32 = 12_582_912.0;
+    let xc = x.clamp(-87.3, 88.3);
+    let n = (xc * LOG2E + ROUND) - ROUND;
+    let f = (xc - n * LN2_HI) - n * LN2_LO;
+    // e^f, |f| ≤ ln2/2: Taylor to degree 7 (the next term is below 4e-9).
+    let mut p = 1.0 / 5040.0;
+    for c in [
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+        1.0,
+        1.0,
+    ] {
+        p = p * f + c;
+    }
+    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    let y = p * scale;
+    if x.is_nan() {
+        x
+    } else if x < -87.3 {
+        0.0
+    } else if x > 88.72 {
+        f32::INFINITY
+    } else {
+        y
+    }
+}
+
+/// `Σ x` in eight independent sums (vectorises; a fixed order, so the result does not depend
+/// on the thread count).
+#[inline(always)]
+fn sum8(x: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let chunks = x.chunks_exact(8);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for l in 0..8 {
+            acc[l] += c[l];
+        }
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }
 
 /// `mul[c] = 1/(1−r)` when element `base + c` of the stream is kept, else 0; all ones without
@@ -280,7 +339,8 @@ pub fn flash_attention_forward<T: Element>(
         h: d.hidden,
         hd: d.head_dim(),
         heads: d.heads,
-        t: tile(d.seq),
+        t: tiles(d.seq).0,
+        tk: tiles(d.seq).1,
         scale,
         causal,
     };
@@ -308,17 +368,18 @@ unsafe fn forward_tile<T: Element>(
     dropout: Option<FlashDropout>,
     w: &mut [f32],
 ) {
-    let (t, hd) = (g.t, g.hd);
+    let (t, tk, hd) = (g.t, g.tk, g.hd);
     let (b, head) = (pair / g.heads, pair % g.heads);
     let qn = t.min(g.s - q0);
-    let [q, k, v, sc, acc, m, l, mul] = split(w, [t * hd, t * hd, t * hd, t * t, t * hd, t, t, t]);
+    let lens = [t * hd, tk * hd, tk * hd, t * tk, t * hd, t, t, tk];
+    let [q, k, v, sc, acc, m, l, mul] = split(w, lens);
     load_rows(qkv, g.qkv_row(b, head, 0, q0), 3 * g.h, qn, hd, q);
     acc.fill(0.0);
     m.fill(f32::NEG_INFINITY);
     l.fill(0.0);
     let kend = if g.causal { q0 + qn } else { g.s };
-    for k0 in (0..kend).step_by(t) {
-        let kn = t.min(kend - k0);
+    for k0 in (0..kend).step_by(tk) {
+        let kn = tk.min(kend - k0);
         load_rows(qkv, g.qkv_row(b, head, 1, k0), 3 * g.h, kn, hd, k);
         load_rows(qkv, g.qkv_row(b, head, 2, k0), 3 * g.h, kn, hd, v);
         // S = scale·Q·Kᵀ, then each row becomes its dropped, unnormalised probabilities.
@@ -330,18 +391,18 @@ unsafe fn forward_tile<T: Element>(
             rows(q, hd),
             cols(k, hd),
             0.0,
-            rows_mut(sc, t),
+            rows_mut(sc, tk),
         );
         for r in 0..qn {
             let i = q0 + r;
             let jn = g.visible(i, k0, kn);
-            let srow = &mut sc[r * t..r * t + kn];
+            let srow = &mut sc[r * tk..r * tk + kn];
             srow[jn..].fill(0.0);
             if jn == 0 {
                 continue;
             }
             let mx = srow[..jn].iter().fold(m[r], |a, &x| a.max(x));
-            let alpha = (m[r] - mx).exp();
+            let alpha = fast_exp(m[r] - mx);
             acc[r * hd..(r + 1) * hd]
                 .iter_mut()
                 .for_each(|a| *a *= alpha);
@@ -350,11 +411,11 @@ unsafe fn forward_tile<T: Element>(
                 ((pair * g.s + i) * g.s + k0) as u64,
                 &mut mul[..jn],
             );
-            let mut sum = 0f32;
-            for (sv, mu) in srow[..jn].iter_mut().zip(&mul[..jn]) {
-                let p = (*sv - mx).exp();
-                sum += p;
-                *sv = p * mu;
+            let p = &mut srow[..jn];
+            p.iter_mut().for_each(|x| *x = fast_exp(*x - mx));
+            let sum = sum8(p);
+            if dropout.is_some() {
+                p.iter_mut().zip(&mul[..jn]).for_each(|(x, mu)| *x *= mu);
             }
             l[r] = l[r] * alpha + sum;
             m[r] = mx;
@@ -365,7 +426,7 @@ unsafe fn forward_tile<T: Element>(
             hd,
             kn,
             1.0,
-            rows(sc, t),
+            rows(sc, tk),
             rows(v, hd),
             1.0,
             rows_mut(acc, hd),
@@ -408,7 +469,8 @@ pub fn flash_attention_backward<T: Element>(
         h: d.hidden,
         hd: d.head_dim(),
         heads: d.heads,
-        t: tile(d.seq),
+        t: tiles(d.seq).0,
+        tk: tiles(d.seq).1,
         scale,
         causal,
     };
@@ -447,33 +509,30 @@ unsafe fn backward_pair<T: Element>(
     dropout: Option<FlashDropout>,
     w: &mut [f32],
 ) {
-    let (t, hd) = (g.t, g.hd);
+    let (t, tk, hd) = (g.t, g.tk, g.hd);
     let (b, head) = (pair / g.heads, pair % g.heads);
-    let tt = t * t;
-    let [dq, k, v, dk, dv, q, dout, p, ds, mul] = split(
-        w,
-        [
-            g.s * hd,
-            t * hd,
-            t * hd,
-            t * hd,
-            t * hd,
-            t * hd,
-            t * hd,
-            tt,
-            tt,
-            t,
-        ],
-    );
+    let lens = [
+        g.s * hd,
+        tk * hd,
+        tk * hd,
+        tk * hd,
+        tk * hd,
+        t * hd,
+        t * hd,
+        t * tk,
+        t * tk,
+        tk,
+    ];
+    let [dq, k, v, dk, dv, q, dout, p, ds, mul] = split(w, lens);
     dq.fill(0.0);
-    for k0 in (0..g.s).step_by(t) {
-        let kn = t.min(g.s - k0);
+    for k0 in (0..g.s).step_by(tk) {
+        let kn = tk.min(g.s - k0);
         load_rows(qkv, g.qkv_row(b, head, 1, k0), 3 * g.h, kn, hd, k);
         load_rows(qkv, g.qkv_row(b, head, 2, k0), 3 * g.h, kn, hd, v);
         dk.fill(0.0);
         dv.fill(0.0);
         // Causal: query rows before the tile see none of its keys.
-        let first = if g.causal { k0 } else { 0 };
+        let first = if g.causal { k0 / t * t } else { 0 };
         for q0 in (first..g.s).step_by(t) {
             let qn = t.min(g.s - q0);
             load_rows(qkv, g.qkv_row(b, head, 0, q0), 3 * g.h, qn, hd, q);
@@ -486,7 +545,7 @@ unsafe fn backward_pair<T: Element>(
                 rows(q, hd),
                 cols(k, hd),
                 0.0,
-                rows_mut(p, t),
+                rows_mut(p, tk),
             );
             tile_gemm(
                 qn,
@@ -496,7 +555,7 @@ unsafe fn backward_pair<T: Element>(
                 rows(dout, hd),
                 cols(v, hd),
                 0.0,
-                rows_mut(ds, t),
+                rows_mut(ds, tk),
             );
             for r in 0..qn {
                 let i = q0 + r;
@@ -507,37 +566,36 @@ unsafe fn backward_pair<T: Element>(
                     ((pair * g.s + i) * g.s + k0) as u64,
                     &mut mul[..jn],
                 );
-                let row = r * t..r * t + kn;
+                let row = r * tk..r * tk + kn;
                 // The scores become the dropped probabilities, dO·Vᵀ becomes dS.
                 let (pr, dsr) = (&mut p[row.clone()], &mut ds[row]);
-                for c in 0..kn {
-                    if c < jn {
-                        let pv = (pr[c] - li).exp();
-                        pr[c] = pv * mul[c];
-                        dsr[c] = g.scale * pv * (dsr[c] * mul[c] - di);
-                    } else {
-                        (pr[c], dsr[c]) = (0.0, 0.0);
-                    }
+                let (pv, dv_) = (&mut pr[..jn], &mut dsr[..jn]);
+                for ((pc, dc), mu) in pv.iter_mut().zip(dv_.iter_mut()).zip(&mul[..jn]) {
+                    let e = fast_exp(*pc - li);
+                    *pc = e * mu;
+                    *dc = g.scale * e * (*dc * mu - di);
                 }
+                pr[jn..].fill(0.0);
+                dsr[jn..].fill(0.0);
             }
             tile_gemm(
                 kn,
                 hd,
                 qn,
                 1.0,
-                cols(p, t),
+                cols(p, tk),
                 rows(dout, hd),
                 1.0,
                 rows_mut(dv, hd),
             );
             let dq_rows = rows_mut(&mut dq[q0 * hd..], hd);
-            tile_gemm(qn, hd, kn, 1.0, rows(ds, t), rows(k, hd), 1.0, dq_rows);
+            tile_gemm(qn, hd, kn, 1.0, rows(ds, tk), rows(k, hd), 1.0, dq_rows);
             tile_gemm(
                 kn,
                 hd,
                 qn,
                 1.0,
-                cols(ds, t),
+                cols(ds, tk),
                 rows(q, hd),
                 1.0,
                 rows_mut(dk, hd),

@@ -111,6 +111,8 @@ fn flash_matches_the_materialising_attention_on_random_shapes() {
         (2, 65, 1, 12),
         (1, 130, 2, 64),
         (3, 33, 4, 5),
+        // Several key tiles, the last one partial.
+        (1, 600, 1, 8),
     ];
     for &(b, s, heads, hd) in &shapes {
         let d = dims(b, s, heads, hd);
@@ -224,15 +226,35 @@ fn the_planned_scratch_holds_dr_and_the_lanes() {
     // 6 pairs, 2 query tiles each: 8 forward lanes (12 units), 6 backward lanes (6 pairs).
     let d = dims(2, 100, 3, 16);
     let (fwd, bwd) = (forward_lane_len(100, 16), backward_lane_len(100, 16));
-    assert_eq!(fwd, 4 * 64 * 16 + 64 * 64 + 3 * 64);
-    assert_eq!(bwd, 100 * 16 + 6 * 64 * 16 + 2 * 64 * 64 + 64);
+    let (tq, tk) = tiles(100);
+    assert_eq!((tq, tk), (FLASH_TILE_Q.min(100), FLASH_TILE_K.min(100)));
+    assert_eq!(fwd, 2 * tq * 16 + 2 * tk * 16 + tq * tk + 2 * tq + tk);
+    assert_eq!(bwd, 100 * 16 + 4 * tk * 16 + 2 * tq * 16 + 2 * tq * tk + tk);
     assert_eq!(
         flash_scratch_len(d),
         2 * 3 * 100 + (FLASH_LANES * fwd).max(6 * bwd)
     );
+    assert_eq!(tiles(1024), (FLASH_TILE_Q, FLASH_TILE_K));
     // A sequence shorter than a tile: tiles of the sequence's length, one lane per unit.
     let small = dims(1, 10, 1, 16);
     let (fwd, bwd) = (forward_lane_len(10, 16), backward_lane_len(10, 16));
     assert_eq!(fwd, 4 * 10 * 16 + 100 + 30);
     assert_eq!(flash_scratch_len(small), 10 + fwd.max(bwd));
+}
+
+#[test]
+fn the_fast_exponential_is_within_two_ulps_of_exp() {
+    let mut worst = 0f64;
+    let mut x = -87.0f32;
+    while x <= 88.0 {
+        let (got, want) = (fast_exp(x) as f64, (x as f64).exp());
+        worst = worst.max((got - want).abs() / want);
+        x += 0.0137;
+    }
+    assert!(worst < 2.5e-7, "worst relative error {worst:e}");
+    assert_eq!(fast_exp(0.0), 1.0);
+    assert_eq!(fast_exp(-100.0), 0.0);
+    assert_eq!(fast_exp(89.0), f32::INFINITY);
+    assert_eq!(fast_exp(f32::NEG_INFINITY), 0.0);
+    assert!(fast_exp(f32::NAN).is_nan());
 }

@@ -467,8 +467,12 @@ pub const GEMM_BLOCK: usize = 256;
 /// Attention runs at most this many (batch, head) pairs at once, each with its own scratch.
 pub const ATTENTION_LANES: usize = 8;
 
-/// Query and key rows per tile of the memory-efficient attention kernels.
-pub const FLASH_TILE: usize = 64;
+/// Query rows per tile of the memory-efficient attention kernels (fewer when the sequence is
+/// shorter).
+pub const FLASH_TILE_Q: usize = 64;
+/// Key rows per tile of the memory-efficient attention kernels (fewer when the sequence is
+/// shorter).
+pub const FLASH_TILE_K: usize = 64;
 /// Lanes of tile scratch the memory-efficient attention provisions on the CPU.
 pub const FLASH_LANES: usize = 8;
 /// The largest head size the memory-efficient attention's CUDA kernels take (their tiles sit
@@ -477,23 +481,26 @@ pub const FLASH_MAX_HEAD_DIM: usize = 128;
 
 /// f32 scratch of [`Op::FlashAttention`] (forward and backward): `dctx·ctx` per query row
 /// (`batch·heads·seq`), then the larger of the forward's lanes and the backward's. With
-/// `t = min(seq, FLASH_TILE)` rows per tile: a forward lane per (pair, query tile), at most
-/// [`FLASH_LANES`], holds the q, k, v tiles and the output accumulator (`t·head_dim` each), the
-/// score tile and three row vectors; a backward lane per pair, at most [`FLASH_LANES`], holds
-/// the pair's `seq·head_dim` dq, six `t·head_dim` tiles, two `t·t` tiles and one row vector.
-/// The kernels' `flash_scratch_len` is this function; a runtime test holds them equal.
+/// `tq = min(seq, FLASH_TILE_Q)` query and `tk = min(seq, FLASH_TILE_K)` key rows per tile: a
+/// forward lane per (pair, query tile), at most [`FLASH_LANES`], holds the q tile and the
+/// output accumulator (`tq·head_dim` each), the k and v tiles (`tk·head_dim`), the score tile
+/// (`tq·tk`), two row vectors and a row of dropout multipliers; a backward lane per pair, at
+/// most [`FLASH_LANES`], holds the pair's `seq·head_dim` dq, four `tk·head_dim` and two
+/// `tq·head_dim` tiles, two `tq·tk` tiles and a row of multipliers. The kernels'
+/// `flash_scratch_len` is this function; a runtime test holds them equal.
 pub const fn flash_attention_scratch_elems(
     batch: usize,
     seq: usize,
     heads: usize,
     head_dim: usize,
 ) -> usize {
-    let t = if seq == 0 { 1 } else { min(seq, FLASH_TILE) };
-    let d = head_dim;
+    let s = if seq == 0 { 1 } else { seq };
+    let (tq, tk, d) = (min(s, FLASH_TILE_Q), min(s, FLASH_TILE_K), head_dim);
     let pairs = batch.saturating_mul(heads);
-    let units = pairs.saturating_mul(seq.div_ceil(t));
-    let fwd = min(units, FLASH_LANES).saturating_mul(4 * t * d + t * t + 3 * t);
-    let bwd_lane = sat_prod(&[seq, d]).saturating_add(6 * t * d + 2 * t * t + t);
+    let units = pairs.saturating_mul(seq.div_ceil(tq));
+    let fwd_lane = 2 * tq * d + 2 * tk * d + tq * tk + 2 * tq + tk;
+    let fwd = min(units, FLASH_LANES).saturating_mul(fwd_lane);
+    let bwd_lane = sat_prod(&[seq, d]).saturating_add(4 * tk * d + 2 * tq * d + 2 * tq * tk + tk);
     let bwd = min(pairs, FLASH_LANES).saturating_mul(bwd_lane);
     sat_prod(&[pairs, seq]).saturating_add(if fwd > bwd { fwd } else { bwd })
 }

@@ -379,14 +379,15 @@ mod tests {
     #[test]
     fn the_planned_flash_scratch_is_what_the_kernels_use() {
         use k::flash_attention as fa;
-        assert_eq!(memwise_plan::op::FLASH_TILE, fa::FLASH_TILE);
+        assert_eq!(memwise_plan::op::FLASH_TILE_Q, fa::FLASH_TILE_Q);
+        assert_eq!(memwise_plan::op::FLASH_TILE_K, fa::FLASH_TILE_K);
         assert_eq!(memwise_plan::op::FLASH_LANES, fa::FLASH_LANES);
         assert_eq!(
             memwise_plan::op::FLASH_MAX_HEAD_DIM,
             k::cuda::flash::MAX_HEAD_DIM
         );
         for batch in [1, 2, 5] {
-            for seq in [1, 3, 63, 64, 65, 200, 1024] {
+            for seq in [1, 3, 63, 64, 65, 200, 255, 256, 257, 1024, 1100] {
                 for (heads, head_dim) in [(1, 4), (3, 8), (12, 64), (2, 128)] {
                     let d = k::attention::AttentionDims {
                         batch,
