@@ -144,14 +144,16 @@ def torch_block_kept(batch: int, dropout: float) -> tuple[int, str]:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         y = block(x)
-    names, todo = set(), [y.grad_fn]
+    seen, names, todo = set(), set(), [y.grad_fn]
     while todo:
         node = todo.pop()
-        if node is None or node.name() in names:
+        if node is None or id(node) in seen:
             continue
+        seen.add(id(node))
         names.add(node.name())
         todo.extend(n for n, _ in node.next_functions)
-    backend = next((n for n in sorted(names) if "Attention" in n or "Softmax" in n), "?")
+    flash = any("FlashAttention" in n for n in names)
+    backend = "flash" if flash else "math (materialising)"
     return sum(saved.values()), backend
 
 

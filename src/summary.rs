@@ -521,4 +521,24 @@ mod tests {
         assert_eq!(wrap("aa bb cc", 5), "aa bb\n  cc");
         assert_eq!(wrap("aa", 5), "aa");
     }
+
+    /// A layer whose backward recomputes the attention probabilities is flagged `R`, with the
+    /// legend line; a model without one shows neither.
+    #[test]
+    fn the_memory_efficient_attention_is_flagged() {
+        let gpt = memwise_plan::plan(&memwise_plan::zoo::gpt2_stack(1, 1)).unwrap();
+        let text = Summary::new(&gpt).to_string();
+        let attn = text.lines().find(|l| l.starts_with("h0_attn (")).unwrap();
+        assert!(attn.trim_end().ends_with("H R"), "{attn}");
+        assert!(text.contains("R memory-efficient attention"), "{text}");
+        let wide = Summary::new(&gpt).wide().to_string();
+        assert!(
+            wide.contains("attention probabilities in backward"),
+            "{wide}"
+        );
+        let mlp = memwise_plan::plan(&memwise_plan::zoo::mnist_mlp(8)).unwrap();
+        assert!(!Summary::new(&mlp)
+            .to_string()
+            .contains("R memory-efficient"));
+    }
 }
