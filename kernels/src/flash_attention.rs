@@ -226,7 +226,9 @@ pub fn fast_exp(x: f32) -> f32 {
     const LN2_LO: f32 = -2.121_944_4e-4;
     // Adding and subtracting 1.5·2^23 rounds to the nearest integer.
     const ROUND: f32 = 12_582_912.0;
-    let xc = x.clamp(-87.3, 88.3);
+    // Comparisons, not `clamp`/`max` (whose NaN rules keep the loop from vectorising).
+    let xc = if x < -87.3 { -87.3 } else { x };
+    let xc = if xc > 88.3 { 88.3 } else { xc };
     let n = (xc * LOG2E + ROUND) - ROUND;
     let f = (xc - n * LN2_HI) - n * LN2_LO;
     // e^f, |f| ≤ ln2/2: Taylor to degree 7 (the next term is below 4e-9).
@@ -242,14 +244,17 @@ pub fn fast_exp(x: f32) -> f32 {
     ] {
         p = p * f + c;
     }
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // SAFETY: the clamp keeps n in −126..=128, well inside i32 (a plain conversion, where
+    // `as` would add saturation checks that stop the loop vectorising).
+    let ni = unsafe { n.to_int_unchecked::<i32>() };
+    let scale = f32::from_bits(((ni + 127) as u32) << 23);
     let y = p * scale;
-    if x.is_nan() {
+    let y = if x < -87.3 { 0.0 } else { y };
+    let y = if x > 88.72 { f32::INFINITY } else { y };
+    // NaN (the only value unequal to itself) stays NaN.
+    #[allow(clippy::eq_op)]
+    if x != x {
         x
-    } else if x < -87.3 {
-        0.0
-    } else if x > 88.72 {
-        f32::INFINITY
     } else {
         y
     }
