@@ -151,6 +151,20 @@ struct Geometry {
 }
 
 impl Geometry {
+    fn new(d: AttentionDims, scale: f32, causal: bool) -> Self {
+        let (t, tk) = tiles(d.seq);
+        Geometry {
+            s: d.seq,
+            h: d.hidden,
+            hd: d.head_dim(),
+            heads: d.heads,
+            t,
+            tk,
+            scale,
+            causal,
+        }
+    }
+
     /// Offset of row `i`, part `part` (0 q, 1 k, 2 v) of pair `(b, head)` in `qkv`.
     fn qkv_row(&self, b: usize, head: usize, part: usize, i: usize) -> usize {
         (b * self.s + i) * 3 * self.h + part * self.h + head * self.hd
@@ -339,16 +353,7 @@ pub fn flash_attention_forward<T: Element>(
     check(what, d, qkv.len(), ctx.len(), lse.len(), dropout)?;
     let lane = forward_lane_len(d.seq, d.head_dim());
     let ws = lanes_ws(what, d, lane, ws)?;
-    let g = Geometry {
-        s: d.seq,
-        h: d.hidden,
-        hd: d.head_dim(),
-        heads: d.heads,
-        t: tiles(d.seq).0,
-        tk: tiles(d.seq).1,
-        scale,
-        causal,
-    };
+    let g = Geometry::new(d, scale, causal);
     let tiles = d.seq.div_ceil(g.t);
     let units = d.batch * d.heads * tiles;
     let (ctx_p, lse_p) = (Shared(ctx.as_mut_ptr()), Shared(lse.as_mut_ptr()));
@@ -469,16 +474,7 @@ pub fn flash_attention_backward<T: Element>(
     check_len(&format!("{what} dqkv"), dqkv.len(), d.qkv_len())?;
     let lane = backward_lane_len(d.seq, d.head_dim());
     let ws = lanes_ws(what, d, lane, ws)?;
-    let g = Geometry {
-        s: d.seq,
-        h: d.hidden,
-        hd: d.head_dim(),
-        heads: d.heads,
-        t: tiles(d.seq).0,
-        tk: tiles(d.seq).1,
-        scale,
-        causal,
-    };
+    let g = Geometry::new(d, scale, causal);
     let pairs = d.batch * d.heads;
     let (dr, lanes) = ws.split_at_mut(pairs * d.seq);
     dr.par_chunks_mut(d.seq).enumerate().for_each(|(pair, dr)| {
