@@ -44,6 +44,10 @@ impl AttentionDims {
     pub fn head_dim(&self) -> usize {
         self.hidden / self.heads.max(1)
     }
+    /// The scores' scale, `1/sqrt(head_dim)` in f32: the one definition both devices use.
+    pub fn scale(&self) -> f32 {
+        1.0 / (self.head_dim() as f32).sqrt()
+    }
     /// Elements of `qkv` / `dqkv`: `batch·seq·3·hidden`.
     pub fn qkv_len(&self) -> usize {
         self.batch * self.seq * 3 * self.hidden

@@ -217,15 +217,17 @@ fn check(
     Ok(())
 }
 
-fn lanes_ws<'a>(
+/// The scratch split into `Dr` (`batch·heads·seq`) and the lanes, after checking that it holds
+/// `Dr` and at least one lane of `lane` elements.
+fn split_scratch<'a>(
     what: &str,
     d: AttentionDims,
     lane: usize,
     ws: &'a mut [f32],
-) -> Result<&'a mut [f32], KernelError> {
+) -> Result<(&'a mut [f32], &'a mut [f32]), KernelError> {
     let dr = d.batch * d.heads * d.seq;
     check_len(&format!("{what} scratch"), ws.len(), dr + lane)?;
-    Ok(ws)
+    Ok(ws.split_at_mut(dr))
 }
 
 /// `e^x` in f32 to about 1 ulp (a relative 2e-7), branch-free so that a loop of it
@@ -352,12 +354,11 @@ pub fn flash_attention_forward<T: Element>(
     let what = "flash_attention_forward";
     check(what, d, qkv.len(), ctx.len(), lse.len(), dropout)?;
     let lane = forward_lane_len(d.seq, d.head_dim());
-    let ws = lanes_ws(what, d, lane, ws)?;
+    let (_, lanes) = split_scratch(what, d, lane, ws)?;
     let g = Geometry::new(d, scale, causal);
     let tiles = d.seq.div_ceil(g.t);
     let units = d.batch * d.heads * tiles;
     let (ctx_p, lse_p) = (Shared(ctx.as_mut_ptr()), Shared(lse.as_mut_ptr()));
-    let lanes = &mut ws[d.batch * d.heads * d.seq..];
     for_each_lane(units, lane, lanes, |u, w| {
         let (pair, q0) = (u / tiles, (u % tiles) * g.t);
         // SAFETY: unit `u` writes rows q0.. of its pair only.
@@ -473,10 +474,9 @@ pub fn flash_attention_backward<T: Element>(
     check_len(&format!("{what} dctx"), dctx.len(), d.ctx_len())?;
     check_len(&format!("{what} dqkv"), dqkv.len(), d.qkv_len())?;
     let lane = backward_lane_len(d.seq, d.head_dim());
-    let ws = lanes_ws(what, d, lane, ws)?;
+    let (dr, lanes) = split_scratch(what, d, lane, ws)?;
     let g = Geometry::new(d, scale, causal);
     let pairs = d.batch * d.heads;
-    let (dr, lanes) = ws.split_at_mut(pairs * d.seq);
     dr.par_chunks_mut(d.seq).enumerate().for_each(|(pair, dr)| {
         let (b, head) = (pair / g.heads, pair % g.heads);
         for (i, v) in dr.iter_mut().enumerate() {

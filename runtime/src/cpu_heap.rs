@@ -108,7 +108,7 @@ fn step_heap(plan: &StaticPlan, s: &PlanStep) -> usize {
             head_dim,
             ..
         } => {
-            let (d, _) = attention_dims(batch, seq, heads, head_dim);
+            let d = attention_dims(batch, seq, heads, head_dim);
             let ws = s.op.scratch_f32_elems(dt);
             per_float!(dt, T, {
                 if backward {
@@ -128,7 +128,7 @@ fn step_heap(plan: &StaticPlan, s: &PlanStep) -> usize {
             head_dim,
             ..
         } => {
-            let (d, _) = attention_dims(batch, seq, heads, head_dim);
+            let d = attention_dims(batch, seq, heads, head_dim);
             let ws = s.op.scratch_f32_elems(dt);
             if backward {
                 k::flash_attention::flash_backward_heap_bytes(d, ws)

@@ -266,20 +266,19 @@ pub(crate) fn readable_prediction(plan: &StaticPlan, len: usize) -> Result<&Plan
     Ok(t)
 }
 
-/// An attention step's GEMM geometry and its score scale, 1/√head_dim.
+/// An attention step's geometry (its score scale is `AttentionDims::scale`).
 pub(crate) fn attention_dims(
     batch: usize,
     seq: usize,
     heads: usize,
     head_dim: usize,
-) -> (k::attention::AttentionDims, f32) {
-    let d = k::attention::AttentionDims {
+) -> k::attention::AttentionDims {
+    k::attention::AttentionDims {
         batch,
         seq,
         hidden: heads * head_dim,
         heads,
-    };
-    (d, 1.0 / (head_dim as f32).sqrt())
+    }
 }
 
 /// Checks `inputs` against `plan`'s inputs before anything is copied or run: their count,

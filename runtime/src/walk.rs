@@ -369,7 +369,7 @@ fn attention<K: Kernels>(
         } => (true, batch, seq, heads, head_dim, causal, dropout, key),
         _ => return Err(not_in_phase(s)),
     };
-    let d = attention_dims(batch, seq, heads, head_dim).0;
+    let d = attention_dims(batch, seq, heads, head_dim);
     let key = key(seed, l, step);
     match (flash, backward) {
         (false, false) => k.attention(

@@ -611,7 +611,7 @@ impl Kernels for CpuKernels {
         dropout: f32,
         key: k::random::RngKey,
     ) -> OpResult {
-        let scale = 1.0 / ((d.hidden / d.heads.max(1)) as f32).sqrt();
+        let scale = d.scale();
         let rows = d.batch * d.heads * d.seq;
         unsafe {
             with_float!(self.dtype(io.probs), T, {
@@ -649,7 +649,7 @@ impl Kernels for CpuKernels {
         dropout: f32,
         key: k::random::RngKey,
     ) -> OpResult {
-        let scale = 1.0 / (d.head_dim() as f32).sqrt();
+        let scale = d.scale();
         let dropout =
             (dropout > 0.0).then_some(k::flash_attention::FlashDropout { key, rate: dropout });
         unsafe {
@@ -996,7 +996,7 @@ impl Kernels for CpuKernels {
         d: k::attention::AttentionDims,
         dropout: f32,
     ) -> OpResult {
-        let scale = 1.0 / ((d.hidden / d.heads.max(1)) as f32).sqrt();
+        let scale = d.scale();
         let rows = d.batch * d.heads * d.seq;
         unsafe {
             with_float!(self.dtype(io.qkv), T, {
@@ -1030,7 +1030,7 @@ impl Kernels for CpuKernels {
         dropout: f32,
         key: k::random::RngKey,
     ) -> OpResult {
-        let scale = 1.0 / (d.head_dim() as f32).sqrt();
+        let scale = d.scale();
         let dropout =
             (dropout > 0.0).then_some(k::flash_attention::FlashDropout { key, rate: dropout });
         unsafe {

@@ -594,10 +594,14 @@ impl<B: Backend> CudaKernels<B> {
 
     /// Launches kernel `name`.
     fn k(&self, name: String, cfg: LaunchCfg, args: Vec<KArg>) -> Result<()> {
-        let call = KernelCall::new(name, cfg, args);
+        self.launch(&KernelCall::new(name, cfg, args))
+    }
+
+    /// Launches a prepared call (the launch helpers of `kernels::cuda`, e.g. `flash`).
+    fn launch(&self, call: &KernelCall) -> Result<()> {
         // SAFETY: every pointer argument is an address inside the two regions, at a tensor's
         // or parameter's planned offset, sized by the plan for the dims passed.
-        unsafe { self.backend.launch(&call).map_err(dev) }
+        unsafe { self.backend.launch(call).map_err(dev) }
     }
 
     /// Runs row-major GEMM `g`, resolving its operands with `buf` to (address, type).

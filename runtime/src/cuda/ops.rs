@@ -36,11 +36,6 @@ fn act_args(act: Act) -> std::result::Result<[KArg; 2], crate::kernels::OpError>
     Ok([KArg::I32(kl::activation_code(a)), KArg::F32(a.param())])
 }
 
-/// `1 / √head_dim`, the attention scores' scale.
-fn attention_scale(d: &k::attention::AttentionDims) -> f32 {
-    1.0 / (d.head_dim() as f32).sqrt()
-}
-
 /// The addresses of a linear op's GEMM operands (dense, conv, transposed conv), of storage
 /// type `t`; the weight gradient is f32.
 struct LinearAddrs {
@@ -770,7 +765,7 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         key: k::random::RngKey,
     ) -> OpResult {
         let t = self.ft(io.probs)?;
-        let (scale, seq) = (attention_scale(&d), d.seq);
+        let (scale, seq) = (d.scale(), d.seq);
         let (qkv, probs) = (self.t(io.qkv)?, self.t(io.probs)?);
         let (used, ctx) = if dropout > 0.0 {
             (self.t(io.probs_dropped)?, self.t(io.ctx)?)
@@ -838,16 +833,8 @@ impl<B: Backend> Kernels for CudaKernels<B> {
     ) -> OpResult {
         let (fd, drop) = self.flash_dims(&d, causal, dropout, key)?;
         let (qkv, ctx, lse) = (self.t(io.qkv)?, self.t(io.ctx)?, self.t(io.lse)?);
-        let call = flash::forward(
-            self.ft(io.ctx)?,
-            &fd,
-            attention_scale(&d),
-            &drop,
-            qkv,
-            ctx,
-            lse,
-        );
-        self.k(call.name, call.cfg, call.args)?;
+        let call = flash::forward(self.ft(io.ctx)?, &fd, d.scale(), &drop, qkv, ctx, lse);
+        self.launch(&call)?;
         Ok(())
     }
 
@@ -1251,7 +1238,7 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         dropout: f32,
     ) -> OpResult {
         let t = self.ft(io.qkv)?;
-        let scale = attention_scale(&d);
+        let scale = d.scale();
         let (qkv, probs) = (self.t(io.qkv)?, self.t(io.probs)?);
         let (used, dctx) = if dropout > 0.0 {
             (self.t(io.probs_dropped)?, self.t(io.dctx)?)
@@ -1307,7 +1294,7 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         let calls = flash::backward(
             self.ft(io.qkv)?,
             &fd,
-            attention_scale(&d),
+            d.scale(),
             &drop,
             self.t(io.qkv)?,
             self.t(io.ctx)?,
@@ -1317,7 +1304,7 @@ impl<B: Backend> Kernels for CudaKernels<B> {
             self.t(io.dqkv)?,
         );
         for call in calls {
-            self.k(call.name, call.cfg, call.args)?;
+            self.launch(&call)?;
         }
         Ok(())
     }
