@@ -78,6 +78,16 @@ fn fit(s: String, max: usize) -> String {
 
 /// `text` broken at spaces into lines of at most `width` characters, continuation lines
 /// indented by two.
+/// What a layer flagged `R` rebuilds for its backward, by its kind.
+fn rebuilt_in_backward(kind: &str) -> &'static str {
+    match kind {
+        k if k.contains("attention") => "attention probabilities in backward",
+        "batch_norm" => "x̂ from its input in backward",
+        "input" => "float copy cast again in backward",
+        _ => "activation output again in backward",
+    }
+}
+
 fn wrap(text: &str, width: usize) -> String {
     let mut out = String::new();
     let mut line = String::new();
@@ -272,7 +282,7 @@ impl<'a> Summary<'a> {
                         if l.checkpointed {
                             format!("yes, recomputes {}", format_bytes(l.recomputed_bytes))
                         } else if l.recomputes_in_backward {
-                            "attention probabilities in backward".to_string()
+                            rebuilt_in_backward(&l.kind).to_string()
                         } else {
                             String::new()
                         },
@@ -374,7 +384,8 @@ impl<'a> Summary<'a> {
             {
                 writeln!(
                     f,
-                    "       R memory-efficient attention: probabilities recomputed in backward"
+                    "       R rebuilt for backward from what is kept: attention probabilities,\n\
+                     \x20        batch norm's x̂, a u8 input's float copy, a GELU output"
                 )?;
             }
         }
@@ -530,15 +541,49 @@ mod tests {
         let text = Summary::new(&gpt).to_string();
         let attn = text.lines().find(|l| l.starts_with("h0_attn (")).unwrap();
         assert!(attn.trim_end().ends_with("H R"), "{attn}");
-        assert!(text.contains("R memory-efficient attention"), "{text}");
+        assert!(text.contains("R rebuilt for backward"), "{text}");
         let wide = Summary::new(&gpt).wide().to_string();
         assert!(
             wide.contains("attention probabilities in backward"),
             "{wide}"
         );
+        // The MLP's u8 input is cast again for its first layer's backward: flagged too.
         let mlp = memwise_plan::plan(&memwise_plan::zoo::mnist_mlp(8)).unwrap();
-        assert!(!Summary::new(&mlp)
+        let text = Summary::new(&mlp).to_string();
+        let pixels = text.lines().find(|l| l.starts_with("pixels (")).unwrap();
+        assert!(pixels.trim_end().ends_with('R'), "{pixels}");
+        assert!(Summary::new(&mlp)
+            .wide()
             .to_string()
-            .contains("R memory-efficient"));
+            .contains("float copy cast again in backward"));
+        // With a float32 input there is nothing to rebuild.
+        let mut f32_input = memwise_plan::zoo::mnist_mlp(8);
+        if let memwise_plan::LayerKind::Input { dtype, .. } = &mut f32_input.layers[0].kind {
+            *dtype = memwise_plan::DType::F32;
+        }
+        let plain = memwise_plan::plan(&f32_input).unwrap();
+        assert!(!Summary::new(&plain).to_string().contains("R rebuilt"));
+    }
+
+    /// A batch norm whose input the shortcut convolution keeps rebuilds x̂: flagged `R`.
+    #[test]
+    fn a_batch_norm_that_rebuilds_x_hat_is_flagged() {
+        use memwise_plan::{Activation, DType, LayerKind, LossKind, LossTerm, ModelSpec, Padding};
+        let conv = || LayerKind::conv2d(4, 1, 1, Padding::Valid, Activation::Linear);
+        let mut m = ModelSpec::new("Residual", 2);
+        m.input("x", &[3, 3, 4], DType::F32, 1.0);
+        m.add("pre", conv(), &["x"]);
+        m.add("bn", LayerKind::batch_norm(), &["pre"]);
+        m.add("shortcut", conv(), &["pre"]);
+        m.add("sum", LayerKind::add(), &["bn", "shortcut"]);
+        m.input("y", &[3, 3, 4], DType::F32, 1.0);
+        m.loss
+            .push(LossTerm::new(LossKind::MeanSquaredError).on(&["sum", "y"]));
+        let p = memwise_plan::plan(&m).unwrap();
+        let text = Summary::new(&p).to_string();
+        let bn = text.lines().find(|l| l.starts_with("bn (")).unwrap();
+        assert!(bn.trim_end().ends_with('R'), "{bn}");
+        let wide = Summary::new(&p).wide().to_string();
+        assert!(wide.contains("x̂ from its input in backward"), "{wide}");
     }
 }

@@ -24,7 +24,7 @@ struct Mlp {
     probs: Dense,
 }
 
-#[memwise::model(batch = 1024, loss = mse(out, target), budget = "18 MiB", checkpoint = auto)]
+#[memwise::model(batch = 1024, loss = mse(out, target), budget = "15 MiB", checkpoint = auto)]
 struct Auto {
     #[input(shape = [512])]
     x: Input,
@@ -221,7 +221,7 @@ fn max_batch_is_the_largest_batch_that_fits() {
     const { assert!(Mlp::MAX_BATCH > 128) };
 
     // checkpoint = auto: the largest batch with the checkpoints chosen at that batch.
-    let budget = 18u64 << 20;
+    let budget = 15u64 << 20;
     assert_eq!(Some(Auto::MAX_BATCH), <Auto as Model>::max_batch(budget));
     const { assert!(Auto::MAX_BATCH >= 1024) };
     // `Plain` keeps the checkpoints chosen at batch 1024; without any it fits less.

@@ -70,7 +70,7 @@ fn the_readme_training_walkthrough_is_the_example() {
 }
 
 /// The model of `tests/pass/checkpoint_auto.rs`, which the README's budget section quotes.
-#[memwise::model(batch = 1024, loss = mse(out, target), budget = "18 MiB", checkpoint = auto)]
+#[memwise::model(batch = 1024, loss = mse(out, target), budget = "15 MiB", checkpoint = auto)]
 struct AutoNet {
     #[input(shape = [512])]
     x: Input,

@@ -32,7 +32,7 @@ MW_FLOATS(MW_COLUMN_SUMS)
 
 // Training forward over x [rows, c]: batch mean and biased variance per channel (two f64
 // passes), x_hat = (x − mean_hi − mean_lo)·inv_std (the mean applied as an f32 hi/lo pair, as
-// on the CPU), y = gamma·x_hat + beta; saves mean (hi) and inv_std; moves the running
+// on the CPU), y = gamma·x_hat + beta; saves mean ([2, c]: hi, then lo) and inv_std; moves the running
 // statistics unless they are null (a recompute must not move them twice).
 template <typename T>
 MW_DEV void bn_train_fwd(const T* x, T* y, T* x_hat, float* mean, float* inv_std,
@@ -58,6 +58,7 @@ MW_DEV void bn_train_fwd(const T* x, T* y, T* x_hat, float* mean, float* inv_std
     float inv = (float)(1.0 / sqrt(var + (double)eps));
     if (threadIdx.y == 0) {
         mean[ch] = hi;
+        mean[c + ch] = lo;
         inv_std[ch] = inv;
         if (run_mean) {
             run_mean[ch] = run_mean[ch] * momentum + (float)mu * (1.0f - momentum);
@@ -86,30 +87,50 @@ MW_DEV void bn_infer(const T* x, T* y, const float* gamma, const float* beta, co
 // Σ dy and Σ dy·x_hat down channel `ch` of `[rows, c]` tensors, summed in f64 over the block's
 // channel strip (`ok`: the channel exists). Every thread of the block calls it: the strip sums
 // synchronise.
-template <typename T>
-MW_DEV void mw_channel_grad_sums(const T* x_hat, const T* dy, u64 rows, u64 c, u64 ch, bool ok,
+// `hat(i)` is x̂ at element i (MwKeptHat or MwRebuiltHat below).
+template <typename T, typename H>
+MW_DEV void mw_channel_grad_sums(H hat, const T* dy, u64 rows, u64 c, u64 ch, bool ok,
                                  double (*sh)[33], float& sum_dy, float& sum_dyh) {
     double s1 = 0.0, s2 = 0.0;
     if (ok)
         for (u64 r = threadIdx.y; r < rows; r += MW_STRIP_Y) {
             double g = (double)ld(dy[r * c + ch]);
             s1 += g;
-            s2 += g * (double)ld(x_hat[r * c + ch]);
+            s2 += g * (double)hat(r * c + ch);
         }
     sum_dy = (float)mw_strip_sum(s1, sh);
     sum_dyh = (float)mw_strip_sum(s2, sh);
 }
 
+// x̂ as the forward kept it.
+template <typename T> struct MwKeptHat {
+    const T* x_hat;
+    MW_DEV float operator()(u64 i) const { return ld(x_hat[i]); }
+};
+
+// x̂ rebuilt from batch norm's input exactly as its forward computed it: (x − hi − lo)·inv_std,
+// rounded to T (kernels/src/norm.rs, batch_norm_backward_rebuild).
+template <typename T> struct MwRebuiltHat {
+    const T* x;
+    const float* mean; // [2, c]: hi, then lo
+    const float* inv_std;
+    u64 c;
+    MW_DEV float operator()(u64 i) const {
+        u64 ch = i % c;
+        return ld(st<T>((ld(x[i]) - mean[ch] - mean[c + ch]) * inv_std[ch]));
+    }
+};
+
 // Backward: dx = gamma·inv_std·(dy − (Σdy + x_hat·Σ(dy·x_hat))/rows) (overwritten),
-// dgamma += Σ dy·x_hat, dbeta += Σ dy.
-template <typename T>
-MW_DEV void bn_bwd(const T* x_hat, const float* inv_std, const float* gamma, const T* dy, T* dx,
+// dgamma += Σ dy·x_hat, dbeta += Σ dy; `hat(i)` is x̂ at element i.
+template <typename T, typename H>
+MW_DEV void bn_bwd(H hat, const float* inv_std, const float* gamma, const T* dy, T* dx,
                    float* dgamma, float* dbeta, u64 rows, u64 c) {
     __shared__ double sh[MW_STRIP_Y][33];
     u64 ch = (u64)blockIdx.x * 32 + threadIdx.x;
     bool ok = ch < c;
     float sum_dy, sum_dyh;
-    mw_channel_grad_sums(x_hat, dy, rows, c, ch, ok, sh, sum_dy, sum_dyh);
+    mw_channel_grad_sums(hat, dy, rows, c, ch, ok, sh, sum_dy, sum_dyh);
     if (!ok) return;
     if (threadIdx.y == 0) {
         dbeta[ch] += sum_dy;
@@ -119,7 +140,7 @@ MW_DEV void bn_bwd(const T* x_hat, const float* inv_std, const float* gamma, con
     float inv_m = 1.0f / (float)rows;
     for (u64 r = threadIdx.y; r < rows; r += MW_STRIP_Y) {
         float g = ld(dy[r * c + ch]);
-        float h = ld(x_hat[r * c + ch]);
+        float h = hat(r * c + ch);
         dx[r * c + ch] = st<T>(coef * (g - (sum_dy + h * sum_dyh) * inv_m));
     }
 }
@@ -140,7 +161,13 @@ MW_DEV void bn_bwd(const T* x_hat, const float* inv_std, const float* gamma, con
     extern "C" __global__ void mw_bn_bwd_##S(const T* x_hat, const float* inv_std,              \
                                              const float* gamma, const T* dy, T* dx,            \
                                              float* dgamma, float* dbeta, u64 rows, u64 c) {    \
-        bn_bwd<T>(x_hat, inv_std, gamma, dy, dx, dgamma, dbeta, rows, c);                       \
+        bn_bwd<T>(MwKeptHat<T>{x_hat}, inv_std, gamma, dy, dx, dgamma, dbeta, rows, c);         \
+    }                                                                                           \
+    extern "C" __global__ void mw_bn_bwd_rebuild_##S(                                           \
+        const T* x, const float* mean, const float* inv_std, const float* gamma, const T* dy,   \
+        T* dx, float* dgamma, float* dbeta, u64 rows, u64 c) {                                  \
+        bn_bwd<T>(MwRebuiltHat<T>{x, mean, inv_std, c}, inv_std, gamma, dy, dx, dgamma, dbeta,  \
+                  rows, c);                                                                     \
     }
 MW_FLOATS(MW_BN)
 
@@ -183,7 +210,7 @@ MW_DEV void ln_param_grads(const T* x_hat, const T* dy, float* dgamma, float* db
     u64 ch = (u64)blockIdx.x * 32 + threadIdx.x;
     bool ok = ch < c;
     float a, b;
-    mw_channel_grad_sums(x_hat, dy, rows, c, ch, ok, sh, a, b);
+    mw_channel_grad_sums(MwKeptHat<T>{x_hat}, dy, rows, c, ch, ok, sh, a, b);
     if (ok && threadIdx.y == 0) {
         if (dbeta) dbeta[ch] += a; // null for RMS norm, which has no shift
         dgamma[ch] += b;

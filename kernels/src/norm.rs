@@ -5,8 +5,10 @@
 //! Both see their input as a `[rows, channels]` matrix ([`NormDims`]): batch norm reduces over
 //! `rows = n·h·w` per channel, layer norm over `channels` per row.
 //!
-//! Saved for backward: batch norm keeps `x_hat` (storage type `T`) and `inv_std` (f32 `[c]`);
-//! layer norm keeps `x_hat` (`T`) and `rstd` (f32 `[rows]`). Neither needs `x`, so the forwards
+//! Saved for backward: batch norm keeps `x_hat` (storage type `T`) and `inv_std` (f32 `[c]`),
+//! or, where the input is kept for another op anyway, the input and its hi/lo `mean`, from
+//! which [`batch_norm_backward_rebuild`] rebuilds `x_hat`; layer norm keeps `x_hat` (`T`) and
+//! `rstd` (f32 `[rows]`). Neither needs `x` in its forward's output, so the forwards
 //! have `*_inplace` variants that write `y` over `x`, and the backwards have `*_inplace`
 //! variants that write `dx` over `dy`. `dx` is overwritten; `dgamma`/`dbeta` (f32 master
 //! gradients) are ACCUMULATED (`+=`).
@@ -93,7 +95,8 @@ pub struct AffineGrads<'a> {
 pub struct BatchNormSaved<'a, T> {
     /// `(x − mean) · inv_std`, `[rows, channels]`.
     pub x_hat: &'a mut [T],
-    /// Batch mean (rounded to f32), `[channels]` (not read by backward; for inspection).
+    /// Batch mean as an f32 hi/lo pair, `[2, channels]` (hi then lo): what
+    /// [`batch_norm_backward_rebuild`] rebuilds `x_hat` with.
     pub mean: &'a mut [f32],
     /// `1 / sqrt(var + epsilon)`, `[channels]`.
     pub inv_std: &'a mut [f32],
@@ -196,6 +199,7 @@ fn bn_train_core<T: Element>(
                 lo[j] = (mu[j] - hi[j] as f64) as f32;
                 inv[j] = (1.0 / (var + cfg.epsilon as f64).sqrt()) as f32;
                 saved.mean[ch] = hi[j];
+                saved.mean[c + ch] = lo[j];
                 saved.inv_std[ch] = inv[j];
                 let k = cfg.momentum;
                 if let Some(run) = running.as_mut() {
@@ -240,7 +244,7 @@ fn bn_train_check<T>(
     need(op, "x", x_len, d.len())?;
     need(op, "y", y_len, d.len())?;
     need(op, "x_hat", saved.x_hat.len(), d.len())?;
-    need(op, "mean", saved.mean.len(), c)?;
+    need(op, "mean", saved.mean.len(), 2 * c)?;
     need(op, "inv_std", saved.inv_std.len(), c)?;
     if let Some(run) = running {
         need(op, "running mean", run.mean.len(), c)?;
@@ -410,7 +414,32 @@ pub fn batch_norm_backward<T: Element>(
 ) -> KResult {
     let op = "batch_norm_backward";
     bn_backward_check(op, d, x_hat, inv_std, gamma, dy.len(), dx.len(), &grads)?;
-    bn_backward_core(d, x_hat, inv_std, gamma, Some(dy), dx, grads);
+    let hat = |i: usize, _| x_hat[i].to_f32();
+    bn_backward_core(d, hat, inv_std, gamma, Some(dy), dx, grads);
+    Ok(())
+}
+
+/// [`batch_norm_backward`] rebuilding `x_hat` from the input `x` and the forward's `mean`
+/// (f32 `[2, channels]`, hi then lo) and `inv_std`, exactly as the forward computed it
+/// (`(x − hi − lo)·inv_std`, rounded to `T`): the same gradients, without keeping `x_hat`.
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm_backward_rebuild<T: Element>(
+    d: NormDims,
+    x: &[T],
+    mean: &[f32],
+    inv_std: &[f32],
+    gamma: &[f32],
+    dy: &[T],
+    dx: &mut [T],
+    grads: AffineGrads,
+) -> KResult {
+    let op = "batch_norm_backward_rebuild";
+    bn_backward_check(op, d, x, inv_std, gamma, dy.len(), dx.len(), &grads)?;
+    need(op, "mean", mean.len(), 2 * d.channels)?;
+    let (hi, lo) = mean.split_at(d.channels);
+    let hat =
+        |i: usize, ch: usize| T::from_f32((x[i].to_f32() - hi[ch] - lo[ch]) * inv_std[ch]).to_f32();
+    bn_backward_core(d, hat, inv_std, gamma, Some(dy), dx, grads);
     Ok(())
 }
 
@@ -434,13 +463,15 @@ pub fn batch_norm_backward_inplace<T: Element>(
         dy_dx.len(),
         &grads,
     )?;
-    bn_backward_core(d, x_hat, inv_std, gamma, None, dy_dx, grads);
+    let hat = |i: usize, _| x_hat[i].to_f32();
+    bn_backward_core(d, hat, inv_std, gamma, None, dy_dx, grads);
     Ok(())
 }
 
+/// `hat(i, channel)` is x̂ at element `i` (kept, or rebuilt from the input).
 fn bn_backward_core<T: Element>(
     d: NormDims,
-    x_hat: &[T],
+    hat: impl Fn(usize, usize) -> f32 + Sync + Send,
     inv_std: &[f32],
     gamma: &[f32],
     dy: Option<&[T]>,
@@ -460,7 +491,7 @@ fn bn_backward_core<T: Element>(
             let mut b = [0f32; CB];
             let s = channel_sums(d, c0, cb, |r, ch| {
                 let gv = g[r * c + ch].to_f32() as f64;
-                (gv, gv * x_hat[r * c + ch].to_f32() as f64)
+                (gv, gv * hat(r * c + ch, ch) as f64)
             });
             for j in 0..cb {
                 a[j] = s[0][j] as f32;
@@ -488,7 +519,7 @@ fn bn_backward_core<T: Element>(
                     None => dxr[ch],
                 }
                 .to_f32();
-                let h = x_hat[r * c + ch].to_f32();
+                let h = hat(r * c + ch, ch);
                 let v = blk_coef[j] * (g - (sum_dy[j] + h * sum_dyh[j]) * inv_m);
                 dxr[ch] = T::from_f32(v);
             }

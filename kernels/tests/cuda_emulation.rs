@@ -848,7 +848,7 @@ fn bn_case<T: Ty>(r: &mut Rng) {
         let (mut wy, mut wh, mut wmean, mut winv) = (
             zeros::<T>(rows * c),
             zeros::<T>(rows * c),
-            vec![0f32; c],
+            vec![0f32; 2 * c],
             vec![0f32; c],
         );
         let (mut wrm, mut wrv) = (rm0.clone(), rv0.clone());
@@ -878,7 +878,7 @@ fn bn_case<T: Ty>(r: &mut Rng) {
             zeros::<T>(rows * c)
         };
         let xin = if in_place { pm(&mut y) } else { p(&x) };
-        let (mut h, mut mean, mut inv) = (zeros::<T>(rows * c), vec![0f32; c], vec![0f32; c]);
+        let (mut h, mut mean, mut inv) = (zeros::<T>(rows * c), vec![0f32; 2 * c], vec![0f32; c]);
         let (mut rm, mut rv) = (rm0.clone(), rv0.clone());
         let (prm, prv) = if running {
             (pm(&mut rm), pm(&mut rv))
@@ -989,6 +989,47 @@ fn bn_case<T: Ty>(r: &mut Rng) {
         close("bn dgamma", &dg, &wdg, 1e-5, 1e-4);
         close("bn dbeta", &db, &wdb, 1e-5, 1e-4);
     }
+    // Backward rebuilding x̂ from the input and a hi/lo mean (with a large offset, where the
+    // lo half matters), against the CPU's rebuild.
+    let x: Vec<T> = r.t(rows * c, 40.0, 44.0);
+    let mean: Vec<f32> = (0..2 * c)
+        .map(|i| if i < c { 42.0 + i as f32 * 1e-3 } else { 3e-7 })
+        .collect();
+    let (mut wdx, mut wdg, mut wdb) = (zeros::<T>(rows * c), dg0.clone(), db0.clone());
+    k::norm::batch_norm_backward_rebuild(
+        d,
+        &x,
+        &mean,
+        &inv,
+        &gamma,
+        &dy,
+        &mut wdx,
+        AffineGrads {
+            dgamma: &mut wdg,
+            dbeta: &mut wdb,
+        },
+    )
+    .unwrap();
+    let (mut dx, mut dg, mut db) = (zeros::<T>(rows * c), dg0.clone(), db0.clone());
+    run(
+        &name1("mw_bn_bwd_rebuild", T::F),
+        LaunchCfg::strip(c as u64, 1),
+        vec![
+            p(&x),
+            p(&mean),
+            p(&inv),
+            p(&gamma),
+            p(&dy),
+            pm(&mut dx),
+            pm(&mut dg),
+            pm(&mut db),
+            u(rows),
+            u(c),
+        ],
+    );
+    close("bn rebuild dx", &dx, &wdx, T::REL, 2e-5);
+    close("bn rebuild dgamma", &dg, &wdg, 1e-5, 1e-4);
+    close("bn rebuild dbeta", &db, &wdb, 1e-5, 1e-4);
 }
 
 fn ln_case<T: Ty>(r: &mut Rng) {

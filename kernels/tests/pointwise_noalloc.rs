@@ -78,6 +78,7 @@ fn all_kernels(n: usize) -> usize {
         vec![0f32; cols],
         vec![1f32; cols],
     );
+    let mut bn_mean = vec![0f32; 2 * cols];
     let mut rstd = vec![0f32; rows];
     let mut st = [vec![0f32; n], vec![0f32; n], vec![0f32; n]];
     let mut p = vec![0.1f32; n];
@@ -136,7 +137,7 @@ fn all_kernels(n: usize) -> usize {
             &mut y,
             BatchNormSaved {
                 x_hat: &mut z,
-                mean: &mut c1,
+                mean: &mut bn_mean,
                 inv_std: &mut c2,
             },
             Some(RunningStats {

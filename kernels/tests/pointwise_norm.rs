@@ -20,7 +20,7 @@ fn bn_train(d: NormDims, x: &[f32], gamma: &[f32], beta: &[f32]) -> Bn {
     let mut o = Bn {
         y: vec![f32::NAN; m],
         x_hat: vec![f32::NAN; m],
-        mean: vec![f32::NAN; c],
+        mean: vec![f32::NAN; 2 * c],
         inv_std: vec![f32::NAN; c],
         rm: vec![0.0; c], // Keras initialisers: moving_mean 0, moving_variance 1
         rv: vec![1.0; c],
@@ -142,7 +142,93 @@ fn batch_norm_backward_matches_finite_differences() {
         assert_eq!(bits(&ip), bits(&dx));
         assert_eq!(bits(&g2), bits(&dgamma));
         assert_eq!(bits(&b2), bits(&dbeta));
+
+        // Rebuilding x̂ from the input and the hi/lo mean gives the same bits too.
+        let mut rebuilt = vec![f32::NAN; d.len()];
+        let (mut g3, mut b3) = (vec![1.0f32; d.channels], vec![1.0f32; d.channels]);
+        batch_norm_backward_rebuild(
+            d,
+            &x,
+            &o.mean,
+            &o.inv_std,
+            &gamma,
+            &r,
+            &mut rebuilt,
+            AffineGrads {
+                dgamma: &mut g3,
+                dbeta: &mut b3,
+            },
+        )
+        .unwrap();
+        assert_eq!(bits(&rebuilt), bits(&dx));
+        assert_eq!(bits(&g3), bits(&dgamma));
+        assert_eq!(bits(&b3), bits(&dbeta));
     }
+}
+
+/// The rebuilt x̂ is the kept one bit for bit in 16-bit storage and with a large offset
+/// (|mean| ≫ σ, where only the hi/lo mean reproduces the forward's rounding), and a short
+/// mean is refused.
+#[test]
+fn batch_norm_backward_rebuild_matches_the_kept_x_hat_in_half_precision() {
+    use half::f16;
+    let d = NormDims {
+        rows: 37,
+        channels: 5,
+    };
+    let mut rng = Rng::new(38);
+    let x: Vec<f16> = rng
+        .vec(d.len(), -1.0, 1.0)
+        .iter()
+        .enumerate()
+        .map(|(i, v)| f16::from_f32(v + 300.0 * (i % 5) as f32))
+        .collect();
+    let (gamma, beta) = (rng.vec(5, 0.5, 1.5), rng.vec(5, -0.5, 0.5));
+    let dy: Vec<f16> = rng
+        .vec(d.len(), -1.0, 1.0)
+        .into_iter()
+        .map(f16::from_f32)
+        .collect();
+    let (mut y, mut xh) = (vec![f16::ZERO; d.len()], vec![f16::ZERO; d.len()]);
+    let (mut mean, mut inv) = (vec![0f32; 10], vec![0f32; 5]);
+    batch_norm_train_forward(
+        d,
+        BatchNormConfig::KERAS,
+        &x,
+        Affine {
+            gamma: &gamma,
+            beta: &beta,
+        },
+        &mut y,
+        BatchNormSaved {
+            x_hat: &mut xh,
+            mean: &mut mean,
+            inv_std: &mut inv,
+        },
+        None,
+    )
+    .unwrap();
+    let backward = |rebuild: bool, mean: &[f32]| {
+        let mut dx = vec![f16::ZERO; d.len()];
+        let (mut dg, mut db) = (vec![0f32; 5], vec![0f32; 5]);
+        let grads = AffineGrads {
+            dgamma: &mut dg,
+            dbeta: &mut db,
+        };
+        let r = if rebuild {
+            batch_norm_backward_rebuild(d, &x, mean, &inv, &gamma, &dy, &mut dx, grads)
+        } else {
+            batch_norm_backward(d, &xh, &inv, &gamma, &dy, &mut dx, grads)
+        };
+        r.map(|()| (dx, dg, db))
+    };
+    let (kept, rebuilt) = (
+        backward(false, &mean).unwrap(),
+        backward(true, &mean).unwrap(),
+    );
+    assert_eq!(kept, rebuilt);
+    let err = backward(true, &mean[..5]).unwrap_err().to_string();
+    assert!(err.contains("mean"), "{err}");
 }
 
 #[test]
@@ -153,7 +239,7 @@ fn batch_norm_inplace_forward_and_inference() {
     let mut xy = x.clone();
     let (mut xh, mut mean, mut inv) = (
         vec![0f32; d.len()],
-        vec![0f32; d.channels],
+        vec![0f32; 2 * d.channels],
         vec![0f32; d.channels],
     );
     let (mut rm, mut rv) = (vec![0f32; d.channels], vec![1f32; d.channels]);
@@ -284,7 +370,7 @@ fn batch_norm_errors() {
     let (g, b) = ([1f32; 2], [0f32; 2]);
     let mut y = [0f32; 8];
     let (mut xh, mut mean, mut inv, mut rm, mut rv) =
-        ([0f32; 8], [0f32; 2], [0f32; 2], [0f32; 2], [0f32; 1]);
+        ([0f32; 8], [0f32; 4], [0f32; 2], [0f32; 2], [0f32; 1]);
     let e = batch_norm_train_forward(
         d,
         BatchNormConfig::KERAS,
@@ -539,7 +625,7 @@ fn batch_norm_recompute_without_running_update() {
     let o = bn_train(d, &x, &gamma, &beta);
     let mut y = vec![0f32; d.len()];
     let mut xh = vec![0f32; d.len()];
-    let (mut mean, mut inv) = (vec![0f32; d.channels], vec![0f32; d.channels]);
+    let (mut mean, mut inv) = (vec![0f32; 2 * d.channels], vec![0f32; d.channels]);
     batch_norm_train_forward(
         d,
         BatchNormConfig::KERAS,

@@ -40,8 +40,8 @@ fn measure(name: &str, spec: &ModelSpec) -> Row {
     times.sort_by(f64::total_cmp);
     let p = last.expect("planned");
     // The same buffers, for the greedy-by-size baseline and the buffer count.
-    let g = graph::Graph::build(spec).expect("planned");
-    let sg = autodiff::StepGraph::build(&g, spec).expect("planned");
+    let mut g = graph::Graph::build(spec).expect("planned");
+    let sg = autodiff::StepGraph::build(&mut g, spec).expect("planned");
     let s = schedule::Schedule::build(&g, &sg);
     let life = liveness::Lifetimes::compute(&s, ALIGNMENT);
     let a = arena::ArenaPlan::build(&s, &life, ALIGNMENT);

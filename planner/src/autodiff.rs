@@ -41,8 +41,10 @@ pub struct StepGraph {
 }
 
 impl StepGraph {
-    /// Derives the backward rules of `graph`.
-    pub fn build(graph: &Graph, spec: &ModelSpec) -> Result<StepGraph, PlanError> {
+    /// Derives the backward rules of `graph`, and settles per batch norm whether its
+    /// backward rebuilds x̂ from its input (writing the choice into the op, so every later
+    /// stage and the executors read it from there).
+    pub fn build(graph: &mut Graph, spec: &ModelSpec) -> Result<StepGraph, PlanError> {
         let mut requires_grad = vec![false; graph.tensors.len()];
         for op in &graph.ops {
             let has_trainable = op.params.iter().any(|&p| graph.params[p].trainable);
@@ -113,6 +115,7 @@ impl StepGraph {
                 in_place: in_place_bwd,
             }));
         }
+        rebuild_x_hat_from_kept_inputs(graph, &mut backward)?;
         let loss_scaling = graph.tensors.iter().any(|t| t.dtype == DType::F16)
             || spec
                 .layers
@@ -156,6 +159,38 @@ impl StepGraph {
             training: false,
         }
     }
+}
+
+/// A batch norm whose input another op's backward reads anyway (the shortcut convolution of
+/// a residual block, a ReLU that keeps its output) keeps that input, its mean and 1/σ, and
+/// its backward rebuilds x̂ — as PyTorch's does — instead of keeping x̂ beside the input: one
+/// activation fewer kept for backward, for one subtract and multiply per element. Elsewhere
+/// keeping x̂ costs the same bytes as keeping the input and saves that arithmetic.
+fn rebuild_x_hat_from_kept_inputs(
+    graph: &mut Graph,
+    backward: &mut [Option<BackwardRule>],
+) -> Result<(), PlanError> {
+    for i in 0..graph.ops.len() {
+        let op = &graph.ops[i];
+        let (Op::BatchNorm { .. }, Some(x)) = (op.op, op.inputs.first().copied()) else {
+            continue;
+        };
+        let kept_elsewhere = backward
+            .iter()
+            .enumerate()
+            .any(|(j, r)| j != i && r.as_ref().is_some_and(|r| r.saved.contains(&x)));
+        if backward[i].is_none() || !kept_elsewhere {
+            continue;
+        }
+        if let Op::BatchNorm { rebuild_x_hat, .. } = &mut graph.ops[i].op {
+            *rebuild_x_hat = true;
+        }
+        let rule = saved_for_backward(&graph.ops[i], true, true)?;
+        if let Some(b) = backward[i].as_mut() {
+            b.saved = rule.saved;
+        }
+    }
+    Ok(())
 }
 
 /// The outputs of an op that carry gradients (not masks, indices or statistics).
@@ -234,9 +269,14 @@ fn saved_for_backward(op: &GOp, param_grads: bool, same_dtype: bool) -> Result<S
             let io = MaxPoolForward::of(&step).map_err(bad)?;
             rule(vec![io.argmax], io.y, false, None)
         }
-        Op::BatchNorm { .. } => {
+        Op::BatchNorm { rebuild_x_hat, .. } => {
             let io = BatchNormForward::of(&step).map_err(bad)?;
-            rule(vec![io.x_hat, io.inv_std], io.y, false, None)
+            let saved = if rebuild_x_hat {
+                vec![io.x, io.mean, io.inv_std]
+            } else {
+                vec![io.x_hat, io.inv_std]
+            };
+            rule(saved, io.y, false, None)
         }
         Op::LayerNorm { .. } => {
             let io = LayerNormForward::of(&step).map_err(bad)?;

@@ -216,11 +216,37 @@ pub fn assemble(
     plan
 }
 
+/// The layer's backward (or a recompute step just before it, outside any checkpoint) remakes
+/// what its forward did not keep: the memory-efficient attention's probabilities, batch norm's
+/// x̂ from its kept input, a u8 input's float copy, a GELU or SiLU output from its kept input.
+fn rebuilds_in_backward(graph: &Graph, plan: &StaticPlan, l: &crate::graph::GLayer) -> bool {
+    let rebuilding_op = graph.ops[l.ops.clone()].iter().any(|o| {
+        matches!(
+            o.op,
+            Op::FlashAttention { .. }
+                | Op::BatchNorm {
+                    rebuild_x_hat: true,
+                    ..
+                }
+        )
+    });
+    let redone = l.checkpoint.is_none()
+        && plan
+            .steps
+            .iter()
+            .any(|s| s.phase == Phase::Recompute && s.layer == l.name.as_str());
+    rebuilding_op || redone
+}
+
 fn layer_rows(spec: &ModelSpec, graph: &Graph, plan: &StaticPlan) -> Vec<LayerMemory> {
     let slots = spec.optimizer.state_slots();
     let read_in_backward: Vec<bool> = {
         let mut v = vec![false; plan.tensors.len()];
-        for s in plan.steps.iter().filter(|s| s.phase == Phase::Backward) {
+        // A recompute step's reads are kept for the backward too: a checkpoint segment's
+        // input, a u8 model input whose cast is redone.
+        let for_backward =
+            |s: &&crate::plan::PlanStep| matches!(s.phase, Phase::Backward | Phase::Recompute);
+        for s in plan.steps.iter().filter(for_backward) {
             for &r in s.reads.iter().filter(|&&r| r != NONE) {
                 v[r as usize] = true;
             }
@@ -281,9 +307,7 @@ fn layer_rows(spec: &ModelSpec, graph: &Graph, plan: &StaticPlan) -> Vec<LayerMe
                 recomputed_bytes,
                 checkpointed: l.checkpoint.is_some(),
                 in_place,
-                recomputes_in_backward: graph.ops[l.ops.clone()]
-                    .iter()
-                    .any(|o| matches!(o.op, Op::FlashAttention { .. })),
+                recomputes_in_backward: rebuilds_in_backward(graph, plan, l),
                 forward_flops: graph.ops[l.ops.clone()]
                     .iter()
                     .map(|o| o.op.forward_flops())

@@ -185,6 +185,11 @@ positional_io! {
     /// Batch norm (training) or layer norm backward: `x̂`, `1/σ` and `dy` → `dx`, `dγ`, `dβ`.
     NormBackward: reads [x_hat, inv_std, dy], writes [dx],
         params [gamma = need(0), beta = need(1)];
+    /// Batch-norm backward that rebuilds `x̂ = (x − mean)·1/σ` from the input another op
+    /// keeps ([`Op::BatchNorm`]'s `rebuild_x_hat`): `x`, the hi/lo mean, `1/σ` and `dy` →
+    /// `dx`, `dγ`, `dβ`.
+    BatchNormRebuildBackward: reads [x, mean, inv_std, dy], writes [dx],
+        params [gamma = need(0), beta = need(1)];
     /// Inference-mode batch norm from the running statistics.
     BatchNormInferenceForward: reads [x], writes [y],
         params [gamma = need(0), beta = need(1), running_mean = need(2), running_var = need(3)];
@@ -305,6 +310,7 @@ pub enum StepIo {
     BatchNormInference(BatchNormInferenceForward),
     LayerNorm(LayerNormForward),
     NormBackward(NormBackward),
+    BatchNormRebuildBackward(BatchNormRebuildBackward),
     GroupNorm(GroupNormForward),
     GroupNormBackward(GroupNormBackward),
     PositionalEmbedding(PositionalEmbeddingForward),
@@ -476,6 +482,13 @@ impl StepIo {
                 StepIo::BatchNormInference(BatchNormInferenceForward::of(step)?)
             }
             (Op::LayerNorm { .. }, false) => StepIo::LayerNorm(LayerNormForward::of(step)?),
+            (
+                Op::BatchNorm {
+                    rebuild_x_hat: true,
+                    ..
+                },
+                true,
+            ) => StepIo::BatchNormRebuildBackward(BatchNormRebuildBackward::of(step)?),
             (Op::BatchNorm { .. } | Op::LayerNorm { .. }, true) => {
                 StepIo::NormBackward(NormBackward::of(step)?)
             }

@@ -59,8 +59,8 @@ pub fn plan_inference(spec: &ModelSpec) -> Result<StaticPlan, PlanError> {
 /// Plans one training step of `spec`: every step, every tensor's lifetime and offset,
 /// and the memory report. The plan is validated before it is returned.
 pub fn plan(spec: &ModelSpec) -> Result<StaticPlan, PlanError> {
-    let graph = graph::Graph::build(spec)?;
-    let step = autodiff::StepGraph::build(&graph, spec)?;
+    let mut graph = graph::Graph::build(spec)?;
+    let step = autodiff::StepGraph::build(&mut graph, spec)?;
     finish(spec, &graph, &step)
 }
 

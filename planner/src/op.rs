@@ -140,13 +140,16 @@ ops! {
     /// `[n, hw, c] → [n, c]`. fwd `[x] → [y]`; bwd `[dy] → [dx]`.
     GlobalAvgPool { n: usize, hw: usize, c: usize } = "global_avg_pool";
     /// Training-mode batch norm over `rows × channels`. fwd `[x] → [y, x_hat, mean, inv_std]`
-    /// (and the running statistics, persistent, in the forward phase only);
-    /// bwd `[x_hat, inv_std, dy] → [dx]`.
+    /// (`mean` f32 `[2, channels]`: the batch mean as an f32 hi/lo pair; the running
+    /// statistics, persistent, move in the forward phase only); bwd `[x_hat, inv_std, dy] →
+    /// [dx]`, or with `rebuild_x_hat` `[x, mean, inv_std, dy] → [dx]`: another op keeps the
+    /// input for its backward anyway, so x̂ is rebuilt from it instead of kept.
     BatchNorm {
         rows: usize,
         channels: usize,
         momentum: f32,
         epsilon: f32,
+        rebuild_x_hat: bool,
     } = "batch_norm";
     /// Inference-mode batch norm from the running statistics. fwd `[x] → [y]`; no bwd.
     BatchNormInference {

@@ -151,7 +151,10 @@ pub struct LayerMemory {
     /// Some op of the layer writes over its input.
     pub in_place: bool,
     /// Its backward recomputes what the forward did not keep: the memory-efficient
-    /// attention's probabilities ([`crate::Op::FlashAttention`]), rebuilt tile by tile.
+    /// attention's probabilities ([`crate::Op::FlashAttention`]), rebuilt tile by tile;
+    /// batch norm's x̂, rebuilt from the input another op keeps ([`crate::Op::BatchNorm`]'s
+    /// `rebuild_x_hat`); or, in a recompute step of a layer that is not checkpointed, a u8
+    /// input's float copy or a GELU/SiLU output, remade from what is kept.
     pub recomputes_in_backward: bool,
     pub forward_flops: u64,
 }
@@ -266,6 +269,22 @@ impl StaticPlan {
             .fold(0u64, |a, s| a.saturating_add(s.op.forward_flops()))
     }
 
+    /// FLOPs the recompute steps of checkpointed layers spend: what checkpointing costs. The
+    /// recompute steps every plan has (a u8 input cast again, a GELU output remade from its
+    /// kept input for the next layer's backward) are the plan's, not a checkpoint's.
+    pub fn checkpoint_recompute_flops(&self) -> u64 {
+        let checkpointed = |name: &str| {
+            self.memory
+                .layers
+                .iter()
+                .any(|l| l.checkpointed && l.name == name)
+        };
+        self.steps
+            .iter()
+            .filter(|s| s.phase == Phase::Recompute && checkpointed(&s.layer))
+            .fold(0u64, |a, s| a.saturating_add(s.op.forward_flops()))
+    }
+
     /// What checkpointing costs, the one figure the summary and `checkpoint = auto` report:
     /// the FLOPs of the recompute steps as a percentage of the forward pass's.
     pub fn recompute_percent(&self) -> f64 {
@@ -273,7 +292,7 @@ impl StaticPlan {
         if forward == 0 {
             0.0
         } else {
-            100.0 * self.phase_flops(Phase::Recompute) as f64 / forward as f64
+            100.0 * self.checkpoint_recompute_flops() as f64 / forward as f64
         }
     }
 

@@ -58,6 +58,18 @@ pub struct Schedule {
     pub segments: Vec<Vec<usize>>,
 }
 
+impl Schedule {
+    /// Step `i` recomputes for a checkpoint segment: a recompute step of a checkpointed
+    /// layer, not one that redoes a cheap tensor every plan redoes ([`redone_in_backward`]).
+    pub fn checkpoint_recompute(&self, i: usize) -> bool {
+        let st = &self.steps[i];
+        st.phase == Phase::Recompute
+            && st
+                .layer
+                .is_some_and(|l| self.segments.iter().any(|s| s.contains(&l)))
+    }
+}
+
 struct Ctx<'a> {
     graph: &'a Graph,
     tensors: Vec<STensor>,
@@ -355,6 +367,7 @@ fn backward_steps(
 ) {
     let graph = cx.graph;
     let saved_outside = saved_outside_their_segment(graph, step, seg_of_layer);
+    let redone = redone_in_backward(graph, step, seg_of_layer);
     let mut recomputed: HashMap<TensorId, u32> = HashMap::new();
     let mut seg_done = vec![false; segments.len()];
     for o in (0..graph.ops.len()).rev() {
@@ -384,20 +397,68 @@ fn backward_steps(
         if let Some(s) = seg_of_layer[op.layer] {
             if !seg_done[s] {
                 seg_done[s] = true;
-                recompute_segment(
-                    cx,
-                    graph,
-                    step,
-                    &segments[s],
+                let seg = Segment {
+                    layers: &segments[s],
+                    id: s,
                     seg_of_layer,
-                    s,
-                    &saved_outside,
-                    &mut recomputed,
-                );
+                    saved_outside: &saved_outside,
+                    redone: &redone,
+                };
+                recompute_segment(cx, step, &seg, &mut recomputed);
+            }
+        }
+        for &t in &rule.saved {
+            if redone[t] && !recomputed.contains_key(&t) {
+                if let Some(p) = graph.ops.iter().position(|p| p.outputs.contains(&t)) {
+                    recompute_op(cx, step, p, &redone, &mut recomputed);
+                }
             }
         }
         backward_step(cx, o, rule, dys, &recomputed);
     }
+}
+
+/// Per graph tensor: redone just before the first backward that reads it (or the checkpoint
+/// segment recompute that does, [`recompute_op`]) instead of kept from the forward, because
+/// what it is made from is kept anyway and remaking it costs a few operations per element:
+///
+/// - a widened model input (a u8 image scaled to f32) that the first layer's weight gradient
+///   reads: the u8 input is kept instead, at a quarter of the bytes;
+/// - the output of an activation whose own backward keeps its input (GELU, SiLU), where the
+///   next layer's weight gradient reads it: the selective recomputation of Korthikanti et
+///   al. 2022 applied to the MLP — only the input is kept. Not when the activation's layer is
+///   checkpointed: its input is not kept then.
+///
+/// What a block keeps then depends only on its own checkpointing, as the checkpoint solver
+/// assumes.
+fn redone_in_backward(
+    graph: &Graph,
+    step: &StepGraph,
+    seg_of_layer: &[Option<usize>],
+) -> Vec<bool> {
+    let saved = |t: TensorId| step.backward.iter().flatten().any(|r| r.saved.contains(&t));
+    let mut again = vec![false; graph.tensors.len()];
+    for (o, op) in graph.ops.iter().enumerate() {
+        let (Some(&x), Some(&y)) = (op.inputs.first(), op.outputs.first()) else {
+            continue;
+        };
+        again[y] = match op.op {
+            Op::InputCast { .. } => {
+                graph.tensors[x].dtype.size() < graph.tensors[y].dtype.size() && saved(y)
+            }
+            Op::Activation { act, .. } => {
+                let keeps_input = step.backward[o]
+                    .as_ref()
+                    .is_some_and(|r| r.saved.contains(&x));
+                !act.backward_reads_output()
+                    && keeps_input
+                    && seg_of_layer[op.layer].is_none()
+                    && saved(y)
+            }
+            _ => false,
+        };
+    }
+    again
 }
 
 /// Op `o`'s backward step: it reads what the op saved (or its recomputed copy) and the
@@ -508,20 +569,30 @@ fn update_steps(cx: &mut Ctx<'_>, step: &StepGraph) -> Vec<bool> {
     has_grad
 }
 
+/// One checkpoint segment, as [`recompute_segment`] needs it.
+struct Segment<'a> {
+    /// Its layers.
+    layers: &'a [usize],
+    /// Its index, and every layer's segment.
+    id: usize,
+    seg_of_layer: &'a [Option<usize>],
+    /// Per tensor: a backward outside its own segment keeps it.
+    saved_outside: &'a [bool],
+    /// Per tensor: redone before its readers ([`redone_in_backward`]).
+    redone: &'a [bool],
+}
+
 /// Emits the recompute steps of one checkpoint segment: the ops whose outputs the
 /// segment's backward reads, and the ops those depend on inside the segment.
-#[allow(clippy::too_many_arguments)]
 fn recompute_segment(
     cx: &mut Ctx<'_>,
-    graph: &Graph,
     step: &StepGraph,
-    layers: &[usize],
-    seg_of_layer: &[Option<usize>],
-    seg: usize,
-    saved_outside: &[bool],
+    seg: &Segment<'_>,
     recomputed: &mut HashMap<TensorId, u32>,
 ) {
-    let in_seg = |o: usize| seg_of_layer[graph.ops[o].layer] == Some(seg);
+    let graph = cx.graph;
+    let (layers, saved_outside) = (seg.layers, seg.saved_outside);
+    let in_seg = |o: usize| seg.seg_of_layer[graph.ops[o].layer] == Some(seg.id);
     let ops: Vec<usize> = (0..graph.ops.len())
         .filter(|&o| layers.contains(&graph.ops[o].layer) && in_seg(o))
         .collect();
@@ -557,42 +628,62 @@ fn recompute_segment(
         }
     }
     for &o in &ops {
-        if !run[o] {
-            continue;
+        if run[o] {
+            recompute_op(cx, step, o, seg.redone, recomputed);
         }
-        let op = &graph.ops[o];
-        let reads: Vec<u32> = op
-            .inputs
-            .iter()
-            .map(|t| recomputed.get(t).copied().unwrap_or(*t as u32))
-            .collect();
-        let mut writes = Vec::new();
-        for &t in &op.outputs {
-            let g = &graph.tensors[t];
-            let r = cx.new_tensor(
-                format!("{}@recompute", g.name),
-                Some(g.layer),
-                Role::Recomputed,
-                g.dtype,
-                g.shape.clone(),
-            );
-            recomputed.insert(t, r);
-            writes.push(r);
-        }
-        let dt = graph.tensors[op.outputs[0]].dtype;
-        cx.trailing(&mut writes, Some(op.layer), &op.op, false, dt, ".recompute");
-        let in_place = match step.forward_in_place[o] {
-            Some(k) => vec![(k, 0)],
-            None => vec![],
-        };
-        cx.steps.push(SStep {
-            phase: crate::plan::Phase::Recompute,
-            layer: Some(op.layer),
-            op: op.op,
-            reads,
-            writes,
-            params: op.params.iter().map(|&p| p as u32).collect(),
-            in_place,
-        });
     }
+}
+
+/// One recompute step of op `o`: its forward again, reading the recomputed copies of its
+/// inputs where there are any (an input that is redone is redone first), into fresh
+/// tensors its backward readers take instead.
+fn recompute_op(
+    cx: &mut Ctx<'_>,
+    step: &StepGraph,
+    o: usize,
+    redone: &[bool],
+    recomputed: &mut HashMap<TensorId, u32>,
+) {
+    let graph = cx.graph;
+    let op = &graph.ops[o];
+    for &t in &op.inputs {
+        if redone[t] && !recomputed.contains_key(&t) {
+            if let Some(p) = graph.ops.iter().position(|p| p.outputs.contains(&t)) {
+                recompute_op(cx, step, p, redone, recomputed);
+            }
+        }
+    }
+    let reads: Vec<u32> = op
+        .inputs
+        .iter()
+        .map(|t| recomputed.get(t).copied().unwrap_or(*t as u32))
+        .collect();
+    let mut writes = Vec::new();
+    for &t in &op.outputs {
+        let g = &graph.tensors[t];
+        let r = cx.new_tensor(
+            format!("{}@recompute", g.name),
+            Some(g.layer),
+            Role::Recomputed,
+            g.dtype,
+            g.shape.clone(),
+        );
+        recomputed.insert(t, r);
+        writes.push(r);
+    }
+    let dt = graph.tensors[op.outputs[0]].dtype;
+    cx.trailing(&mut writes, Some(op.layer), &op.op, false, dt, ".recompute");
+    let in_place = match step.forward_in_place[o] {
+        Some(k) => vec![(k, 0)],
+        None => vec![],
+    };
+    cx.steps.push(SStep {
+        phase: crate::plan::Phase::Recompute,
+        layer: Some(op.layer),
+        op: op.op,
+        reads,
+        writes,
+        params: op.params.iter().map(|&p| p as u32).collect(),
+        in_place,
+    });
 }

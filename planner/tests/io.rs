@@ -2,7 +2,7 @@
 //! inference), random models of every layer kind, and the checkpointed zoo (recompute steps).
 
 use memwise_plan::io::StepIo;
-use memwise_plan::{plan, plan_inference, zoo, StaticPlan};
+use memwise_plan::{plan, plan_inference, zoo, Op, Phase, StaticPlan};
 
 fn decode_all(p: &StaticPlan) -> usize {
     for s in p.steps.iter() {
@@ -43,4 +43,31 @@ fn every_generated_step_decodes() {
         }
     }
     assert!(decoded > 0);
+}
+
+/// The generated models the poisoned-arena and emulated-device tests train include batch
+/// norms that rebuild x̂ from an input another op keeps, and ones that keep x̂.
+#[test]
+fn generated_models_cover_both_batch_norm_backwards() {
+    let (mut rebuild, mut keep) = (0, 0);
+    for seed in 0..150u64 {
+        for spec in [
+            memwise_plan::generate::random_chain(seed),
+            memwise_plan::generate::random_dag(seed),
+        ] {
+            let Ok(p) = plan(&spec) else { continue };
+            for s in p.steps.iter().filter(|s| s.phase == Phase::Backward) {
+                match s.op {
+                    Op::BatchNorm {
+                        rebuild_x_hat: true,
+                        ..
+                    } => rebuild += 1,
+                    Op::BatchNorm { .. } => keep += 1,
+                    _ => {}
+                }
+            }
+        }
+    }
+    println!("batch norm backwards: {rebuild} rebuild x̂, {keep} keep it");
+    assert!(rebuild >= 5 && keep >= 5, "{rebuild} rebuild, {keep} keep");
 }

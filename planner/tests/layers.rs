@@ -61,9 +61,22 @@ fn dense_relu() {
 }
 
 #[test]
-fn dense_gelu_keeps_input_and_output() {
+fn dense_gelu_keeps_its_input_and_remakes_its_output() {
+    // GELU's backward keeps its input; its output, the head's input, is remade from it just
+    // before the head's backward instead of kept.
     let p = one(LayerKind::dense(24, Activation::Gelu), &[13]);
-    assert_eq!(kept(&p, "layer"), 2 * f32s(N * 24));
+    assert_eq!(kept(&p, "layer"), f32s(N * 24));
+    let redo = p
+        .steps
+        .iter()
+        .position(|s| s.phase == Phase::Recompute && s.layer == "layer")
+        .expect("the GELU is redone");
+    assert_eq!(p.steps[redo].op.name(), "gelu");
+    assert_eq!(
+        (p.steps[redo + 1].phase, &*p.steps[redo + 1].layer),
+        (Phase::Backward, "head")
+    );
+    assert_eq!(p.checkpoint_recompute_flops(), 0);
 }
 
 #[test]
@@ -155,6 +168,69 @@ fn batch_norm_keeps_normalised_input_and_inv_std() {
     assert_eq!(p.trainable_count, (3 * 3 + 3) + 2 * 3 + 75 + 1); // pre, bn, head
                                                                  // x_hat + inv_std + its output (the head's input)
     assert_eq!(kept(&p, "layer"), f32s(N * 75) + f32s(3) + f32s(N * 75));
+}
+
+/// A residual block's batch norm: its input is also the shortcut convolution's, which keeps
+/// it for its weight gradient, so the batch norm keeps its hi/lo mean and 1/σ beside it and
+/// rebuilds x̂ in backward instead of keeping x̂ — while the same batch norm without the
+/// shortcut keeps x̂.
+#[test]
+fn batch_norm_rebuilds_x_hat_when_its_input_is_kept_anyway() {
+    let block = |shortcut: bool| {
+        let mut m = ModelSpec::new("Residual", N);
+        m.input("x", &[5, 5, 3], DType::F32, 1.0);
+        m.add(
+            "pre",
+            LayerKind::conv2d(3, 1, 1, Padding::Valid, Activation::Linear),
+            &["x"],
+        );
+        m.add("layer", LayerKind::batch_norm(), &["pre"]);
+        let side = if shortcut { "pre" } else { "layer" };
+        m.add(
+            "side",
+            LayerKind::conv2d(3, 1, 1, Padding::Valid, Activation::Linear),
+            &[side],
+        );
+        m.add("sum", LayerKind::add(), &["layer", "side"]);
+        m.add("flat", LayerKind::Flatten, &[]);
+        m.add("head", LayerKind::dense(1, Activation::Linear), &[]);
+        m.input("y", &[1], DType::F32, 1.0);
+        m.loss
+            .push(LossTerm::new(LossKind::MeanSquaredError).on(&["head", "y"]));
+        plan(&m).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let rebuilds = |p: &StaticPlan| {
+        p.steps.iter().any(|s| {
+            matches!(
+                s.op,
+                Op::BatchNorm {
+                    rebuild_x_hat: true,
+                    ..
+                }
+            ) && s.phase == Phase::Backward
+        })
+    };
+    let residual = block(true);
+    assert!(rebuilds(&residual));
+    assert!(row(&residual, "layer").recomputes_in_backward);
+    // The hi/lo mean and 1/σ; the input is the `pre` layer's (kept by `side` anyway).
+    assert_eq!(kept(&residual, "layer"), f32s(2 * 3) + f32s(3));
+    assert_eq!(kept(&residual, "pre"), f32s(N * 75));
+    // Its backward reads the input, the mean, 1/σ and dy.
+    let bwd = residual
+        .steps
+        .iter()
+        .find(|s| s.layer == "layer" && s.phase == Phase::Backward)
+        .unwrap();
+    let name = |id: u32| residual.tensors[id as usize].name.to_string();
+    let reads: Vec<String> = bwd.reads.iter().map(|&t| name(t)).collect();
+    assert_eq!(reads[..3], ["pre.out", "layer.mean", "layer.inv_std"]);
+
+    let plain = block(false);
+    assert!(!rebuilds(&plain));
+    assert!(!row(&plain, "layer").recomputes_in_backward);
+    // x̂ and 1/σ (its output is `side`'s input, kept by `side`).
+    assert_eq!(kept(&plain, "layer"), f32s(N * 75) + f32s(3) + f32s(N * 75));
 }
 
 #[test]
@@ -471,4 +547,38 @@ fn plan_for_another_batch_scales_activations() {
     let b = plan(&m.with_batch(128)).unwrap();
     assert_eq!(a.memory.params, b.memory.params);
     assert!(b.memory.activations_peak > a.memory.activations_peak * 19 / 10);
+}
+
+/// A u8 model input scaled to f32 is kept as u8: the first dense layer's weight gradient
+/// reads the input cast again just before that backward, and the forward's f32 copy dies
+/// after its one forward reader — a quarter of the bytes, for one multiply per element.
+#[test]
+fn a_u8_input_is_kept_as_u8_and_cast_again_for_the_first_backward() {
+    let p = plan(&zoo::mnist_mlp(N)).unwrap();
+    let by_name = |n: &str| p.tensors.iter().find(|t| t.name == n).unwrap();
+    let loss = p.steps.iter().position(|s| s.phase == Phase::Loss).unwrap() as u32;
+    let (raw, scaled) = (by_name("pixels"), by_name("pixels.scaled"));
+    assert!(raw.last > loss, "the u8 input lives into the backward");
+    assert!(scaled.last < loss, "the f32 copy dies in the forward");
+    assert_eq!(raw.bytes, u8s(N * 784));
+    assert_eq!(row(&p, "pixels").saved_bytes, u8s(N * 784));
+    let again = by_name("pixels.scaled@recompute");
+    let redo = &p.steps[again.first as usize];
+    assert_eq!(
+        (redo.phase, redo.op.name()),
+        (Phase::Recompute, "input_cast")
+    );
+    let bwd = &p.steps[redo.index as usize + 1];
+    assert_eq!((bwd.phase, &*bwd.layer), (Phase::Backward, "hidden"));
+    assert_eq!(bwd.reads[0], again.id);
+    // It is not a checkpoint's cost.
+    assert_eq!(p.checkpoint_recompute_flops(), 0);
+    assert!(p.phase_flops(Phase::Recompute) > 0);
+    // A float32 input has no cast to redo.
+    let mut f32_input = zoo::mnist_mlp(N);
+    if let LayerKind::Input { dtype, .. } = &mut f32_input.layers[0].kind {
+        *dtype = DType::F32;
+    }
+    let q = plan(&f32_input).unwrap();
+    assert!(q.steps.iter().all(|s| s.phase != Phase::Recompute));
 }

@@ -253,6 +253,12 @@ pub trait Kernels {
         c: usize,
     ) -> OpResult;
     fn batch_norm_backward(&self, io: &NormBackward, d: k::norm::NormDims) -> OpResult;
+    /// Batch-norm backward rebuilding x̂ from the input another op keeps.
+    fn batch_norm_backward_rebuild(
+        &self,
+        io: &BatchNormRebuildBackward,
+        d: k::norm::NormDims,
+    ) -> OpResult;
     fn layer_norm_backward(&self, io: &NormBackward, d: k::norm::NormDims) -> OpResult;
     fn group_norm_backward(&self, io: &GroupNormBackward, d: k::norm::GroupNormDims) -> OpResult;
     fn dropout_backward(&self, io: &SavedBackward, rate: f32) -> OpResult;

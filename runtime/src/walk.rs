@@ -443,6 +443,7 @@ fn forward<K: Kernels>(
             channels,
             momentum,
             epsilon,
+            ..
         } => k.batch_norm(
             &BatchNormForward::of(s).map_err(io_err)?,
             k::norm::NormDims { rows, channels },
@@ -566,7 +567,21 @@ fn backward<K: Kernels>(
         Op::GlobalAvgPool { n, hw, c } => {
             k.global_avg_pool_backward(&UnaryBackward::of(s).map_err(io_err)?, n, hw, c)
         }
-        Op::BatchNorm { rows, channels, .. } => k.batch_norm_backward(
+        Op::BatchNorm {
+            rows,
+            channels,
+            rebuild_x_hat: true,
+            ..
+        } => k.batch_norm_backward_rebuild(
+            &BatchNormRebuildBackward::of(s).map_err(io_err)?,
+            k::norm::NormDims { rows, channels },
+        ),
+        Op::BatchNorm {
+            rows,
+            channels,
+            rebuild_x_hat: false,
+            ..
+        } => k.batch_norm_backward(
             &NormBackward::of(s).map_err(io_err)?,
             k::norm::NormDims { rows, channels },
         ),

@@ -192,7 +192,7 @@ fn a_plan_over_the_device_memory_limit_is_refused_before_allocating() {
     assert!(
         e.contains("needs")
             && e.contains("1 MiB available")
-            && e.contains("5.55 MiB")
+            && e.contains("5.39 MiB")
             && e.contains("nothing was allocated"),
         "{e}"
     );

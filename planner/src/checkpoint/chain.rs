@@ -285,6 +285,13 @@ impl Solver {
                 Phase::Update => 0,
             };
         }
+        // A tensor redone for a backward (schedule.rs, `redone_in_backward`) is redone in the
+        // region of the step it precedes, whichever block its layer is in.
+        for i in (0..n.saturating_sub(1)).rev() {
+            if s.steps[i].phase == Phase::Recompute && !s.checkpoint_recompute(i) {
+                region[i] = region[i + 1];
+            }
+        }
         // The first step of the backward pass: what is live there is kept across it.
         let lambda = last_loss.map_or(n, |l| l + 1);
         let nt = s.tensors.len();
@@ -345,7 +352,7 @@ impl Solver {
         let mut cost = vec![0u64; nb];
         for i in 0..n {
             peak[region[i]] = peak[region[i]].max(live[i]);
-            if s.steps[i].phase == Phase::Recompute {
+            if s.checkpoint_recompute(i) {
                 cost[region[i]] += s.steps[i].op.forward_flops();
             }
         }

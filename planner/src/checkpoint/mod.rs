@@ -314,8 +314,8 @@ pub fn with_segments(spec: &ModelSpec, segments: &[Vec<String>]) -> ModelSpec {
 /// Persistent bytes plus the arena's lower bound of `spec` as declared: what the solver's
 /// objective counts, without packing the arena.
 pub fn lower_bound_total(spec: &ModelSpec) -> Result<u64, PlanError> {
-    let g = Graph::build(spec)?;
-    let st = StepGraph::build(&g, spec)?;
+    let mut g = Graph::build(spec)?;
+    let st = StepGraph::build(&mut g, spec)?;
     let s = Schedule::build(&g, &st);
     let life = Lifetimes::compute(&s, ALIGNMENT);
     Ok(persistent_bytes(spec, &g, &s) + arena_lower_bound(&life))

@@ -136,8 +136,8 @@ impl Solver {
         for l in spec.layers.iter_mut() {
             l.checkpoint = None;
         }
-        let graph = Graph::build(&spec)?;
-        let step = StepGraph::build(&graph, &spec)?;
+        let mut graph = Graph::build(&spec)?;
+        let step = StepGraph::build(&mut graph, &spec)?;
         let (lunits, inputs_first) = layer_units(&spec, &graph);
         let mut unit_of_layer = vec![0usize; spec.layers.len()];
         for (u, ls) in lunits.iter().enumerate() {
@@ -330,12 +330,11 @@ impl Solver {
     }
 }
 
-/// Forward FLOPs of a schedule's recompute steps.
+/// Forward FLOPs of a schedule's checkpoint recompute steps.
 pub(super) fn recompute_flops(s: &Schedule) -> u64 {
-    s.steps
-        .iter()
-        .filter(|st| st.phase == Phase::Recompute)
-        .map(|st| st.op.forward_flops())
+    (0..s.steps.len())
+        .filter(|&i| s.checkpoint_recompute(i))
+        .map(|i| s.steps[i].op.forward_flops())
         .sum()
 }
 
@@ -389,7 +388,7 @@ impl Solver {
         };
         let plan = crate::plan(&choice.apply(&self.spec))?;
         choice.total = plan.memory.total;
-        choice.recompute_flops = plan.phase_flops(Phase::Recompute);
+        choice.recompute_flops = plan.checkpoint_recompute_flops();
         choice.forward_flops = plan.phase_flops(Phase::Forward);
         choice.unchecked_total = crate::plan(&self.spec)?.memory.total;
         Ok(choice)

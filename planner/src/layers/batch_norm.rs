@@ -71,7 +71,9 @@ pub(super) fn lower(cx: &mut LayerCx<'_, '_>, kind: &LayerKind) -> Result<Value,
         });
     }
     let xh = cx.tensor("x_hat", x.shape.clone(), cx.dtype);
-    let mean = cx.tensor("mean", vec![c], DType::F32);
+    // The mean as an f32 hi/lo pair: a backward that rebuilds x̂ subtracts both, as the
+    // forward did.
+    let mean = cx.tensor("mean", vec![2, c], DType::F32);
     let inv = cx.tensor("inv_std", vec![c], DType::F32);
     cx.push(
         Op::BatchNorm {
@@ -79,6 +81,8 @@ pub(super) fn lower(cx: &mut LayerCx<'_, '_>, kind: &LayerKind) -> Result<Value,
             channels: c,
             momentum,
             epsilon,
+            // The step graph decides, once it knows what the other ops keep.
+            rebuild_x_hat: false,
         },
         vec![x.tensor],
         vec![y, xh, mean, inv],

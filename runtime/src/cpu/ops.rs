@@ -835,6 +835,32 @@ impl Kernels for CpuKernels {
         self.norm_backward(io, d, true)
     }
 
+    fn batch_norm_backward_rebuild(
+        &self,
+        io: &BatchNormRebuildBackward,
+        d: k::norm::NormDims,
+    ) -> OpResult {
+        unsafe {
+            with_float!(self.dtype(io.x), T, {
+                let grads = k::norm::AffineGrads {
+                    dgamma: self.grad_mut(io.gamma)?,
+                    dbeta: self.grad_mut(io.beta)?,
+                };
+                k::norm::batch_norm_backward_rebuild::<T>(
+                    d,
+                    self.r::<T>(io.x)?,
+                    self.r::<f32>(io.mean)?,
+                    self.r::<f32>(io.inv_std)?,
+                    self.pf32(io.gamma)?,
+                    self.r::<T>(io.dy)?,
+                    self.w::<T>(io.dx)?,
+                    grads,
+                )?
+            })
+        }
+        Ok(())
+    }
+
     fn group_norm_backward(&self, io: &GroupNormBackward, d: k::norm::GroupNormDims) -> OpResult {
         unsafe {
             with_float!(self.dtype(io.x_hat), T, {

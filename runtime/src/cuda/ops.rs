@@ -1041,6 +1041,30 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         Ok(())
     }
 
+    fn batch_norm_backward_rebuild(
+        &self,
+        io: &BatchNormRebuildBackward,
+        d: k::norm::NormDims,
+    ) -> OpResult {
+        self.k(
+            name1("mw_bn_bwd_rebuild", self.ft(io.x)?),
+            LaunchCfg::strip(d.channels as u64, 1),
+            vec![
+                p(self.t(io.x)?),
+                p(self.t(io.mean)?),
+                p(self.t(io.inv_std)?),
+                p(self.pv(io.gamma)),
+                p(self.t(io.dy)?),
+                p(self.t(io.dx)?),
+                p(self.pg(io.gamma)?),
+                p(self.pg(io.beta)?),
+                u(d.rows),
+                u(d.channels),
+            ],
+        )?;
+        Ok(())
+    }
+
     fn layer_norm_backward(&self, io: &NormBackward, d: k::norm::NormDims) -> OpResult {
         let t = self.ft(io.x_hat)?;
         let (rows, features) = (d.rows, d.channels);
