@@ -423,7 +423,8 @@ fn backward_steps(
 /// what it is made from is kept anyway and remaking it costs a few operations per element:
 ///
 /// - a widened model input (a u8 image scaled to f32) that the first layer's weight gradient
-///   reads: the u8 input is kept instead, at a quarter of the bytes;
+///   reads: the u8 input is kept instead, at a quarter of the bytes (unless a loss reads the
+///   float copy, which then lives up to the backward anyway);
 /// - the output of an activation whose own backward keeps its input (GELU, SiLU), where the
 ///   next layer's weight gradient reads it: the selective recomputation of Korthikanti et
 ///   al. 2022 applied to the MLP — only the input is kept. Not when the activation's layer is
@@ -444,7 +445,12 @@ fn redone_in_backward(
         };
         again[y] = match op.op {
             Op::InputCast { .. } => {
-                graph.tensors[x].dtype.size() < graph.tensors[y].dtype.size() && saved(y)
+                // A loss that reads the float copy (an autoencoder's target) keeps it up to
+                // the backward anyway: keeping the u8 input too would add to it.
+                let loss_reads = graph.losses.iter().any(|l| l.reads.contains(&y));
+                graph.tensors[x].dtype.size() < graph.tensors[y].dtype.size()
+                    && saved(y)
+                    && !loss_reads
             }
             Op::Activation { act, .. } => {
                 let keeps_input = step.backward[o]
