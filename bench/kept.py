@@ -14,7 +14,10 @@ padded copy is counted as the tensor it pads, which is what PyTorch's own (symme
 would keep.
 
     bash bench/setup.sh                      # once
-    bench/.venv/bin/python bench/kept.py [--models convnet vae mnist_mlp] [--markdown]
+    bench/.venv/bin/python bench/kept.py [--models convnet vae mnist_mlp gpt] [--markdown]
+
+``gpt`` is `examples/user_models.rs`'s two-block mixed-float16 TinyGpt (sequence 32), against a
+float16 PyTorch twin written here (``torch_gpt_kept``).
 """
 
 from __future__ import annotations
@@ -91,31 +94,98 @@ def torch_kept(model: str, work: Path) -> dict[str, int]:
     return {f"{desc} #{i}": n for i, (n, desc) in enumerate(saved.values())}
 
 
+def torch_gpt_kept(batch: int = 32, seq: int = 32) -> dict[str, int]:
+    """The same for a twin of `examples/user_models.rs`'s TinyGpt: token and learned position
+    embeddings, two pre-norm blocks (LayerNorm, causal 4-head attention through PyTorch's
+    `scaled_dot_product_attention`, GELU MLP of 256), a final RMS norm, all in float16 as
+    memwise's `mixed_float16` stores them, and the logits dense layer in float32 (its `#[f32]`),
+    with sparse cross-entropy. Its weights are random: only the saved tensors' sizes are
+    compared."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    h, heads, vocab = 64, 4, 256
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1, self.ln_2 = nn.LayerNorm(h, eps=1e-5), nn.LayerNorm(h, eps=1e-5)
+            self.qkv, self.out = nn.Linear(h, 3 * h), nn.Linear(h, h)
+            self.fc, self.proj = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+
+        def forward(self, x):
+            b = x.shape[0]
+            q, k, v = self.qkv(self.ln_1(x)).view(b, seq, 3, heads, h // heads).permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.out(a.transpose(1, 2).reshape(b, seq, h))
+            return x + self.proj(F.gelu(self.fc(self.ln_2(x))))
+
+    class Gpt(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.wpe = nn.Embedding(vocab, h), nn.Parameter(torch.randn(seq, h))
+            self.blocks = nn.ModuleList([Block(), Block()])
+            self.ln_f = nn.RMSNorm(h, eps=1e-5)
+
+        def forward(self, ids):
+            x = self.embed(ids) + self.wpe
+            for blk in self.blocks:
+                x = blk(x)
+            return self.ln_f(x)
+
+    torch.manual_seed(0)
+    net = Gpt().half()
+    logits = nn.Linear(h, vocab)
+    params = {p.untyped_storage().data_ptr() for m in (net, logits) for p in m.parameters()}
+    ids = torch.randint(0, vocab, (batch, seq))
+    target = torch.randint(0, vocab, (batch, seq))
+    saved: dict[int, tuple[int, str]] = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in params:
+            saved.setdefault(s.data_ptr(), (s.nbytes(), f"{tuple(t.shape)} {t.dtype}"))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = logits(net(ids).float())
+        loss = F.cross_entropy(y.view(-1, vocab), target.view(-1))
+    loss.backward()
+    return {f"{desc} #{i}": n for i, (n, desc) in enumerate(saved.values())}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", nargs="+", default=["mnist_mlp", "vae", "convnet"],
-                    choices=["mnist_mlp", "vae", "convnet"])
+    ap.add_argument("--models", nargs="+", default=["mnist_mlp", "vae", "convnet", "gpt"],
+                    choices=["mnist_mlp", "vae", "convnet", "gpt"])
     ap.add_argument("--no-build", action="store_true", help="use the examples already built")
     ap.add_argument("--markdown", action="store_true", help="print a table for docs/BENCHMARKS.md")
     ap.add_argument("--verbose", action="store_true", help="list every kept tensor")
     a = ap.parse_args(argv)
     if not a.no_build:
-        compare.build(a.models)
+        compare.build(["user_models" if m == "gpt" else m for m in a.models])
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for model in a.models:
-            exe = compare.target_dir() / "release" / "examples" / model
             plan_path = work / f"{model}.plan.json"
-            cmd = [str(exe), "--device", "cpu", "--no-shuffle", "--steps", "1",
-                   "--plan-json", str(plan_path),
-                   "--save-initial-weights", str(work / f"{model}.init.safetensors"),
-                   "--dump-batches", str(work / f"{model}.batches.safetensors")]
+            if model == "gpt":
+                exe = compare.target_dir() / "release" / "examples" / "user_models"
+                cmd = [str(exe), "--model", "gpt", "--device", "cpu", "--steps", "1",
+                       "--plan-json", str(plan_path)]
+            else:
+                exe = compare.target_dir() / "release" / "examples" / model
+                cmd = [str(exe), "--device", "cpu", "--no-shuffle", "--steps", "1",
+                       "--plan-json", str(plan_path),
+                       "--save-initial-weights", str(work / f"{model}.init.safetensors"),
+                       "--dump-batches", str(work / f"{model}.batches.safetensors")]
             r = subprocess.run(cmd, capture_output=True, text=True)
             if r.returncode != 0:
                 sys.exit(f"{' '.join(cmd)} failed:\n{r.stderr}")
             plan = json.loads(plan_path.read_text())
-            mine, theirs = memwise_kept(plan), torch_kept(model, work)
+            mine = memwise_kept(plan)
+            theirs = torch_gpt_kept() if model == "gpt" else torch_kept(model, work)
             if a.verbose:
                 for name, n in sorted(mine.items(), key=lambda kv: -kv[1]):
                     print(f"  memwise {model:10} {n:>12,}  {name}")
