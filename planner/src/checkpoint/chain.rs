@@ -254,44 +254,7 @@ impl Solver {
         let of_layer = |l: Option<usize>| l.map(|l| block_of_unit[self.unit_of_layer[l]]);
         let last_block = nb - 1;
         let n = s.steps.len();
-        let mut region = vec![0usize; n];
-        let mut current: Option<usize> = None;
-        let mut last_loss: Option<usize> = None;
-        // An input layer declared late (a loss target) casts where it is declared: its step
-        // belongs to the block running then.
-        let mut forward_block = 0usize;
-        for (i, st) in s.steps.iter().enumerate() {
-            region[i] = match st.phase {
-                Phase::Forward => {
-                    let b = of_layer(st.layer).unwrap_or(0);
-                    if b != 0 {
-                        forward_block = b;
-                    }
-                    forward_block
-                }
-                Phase::Loss => {
-                    last_loss = Some(i);
-                    last_block
-                }
-                Phase::Recompute => of_layer(st.layer).unwrap_or(last_block),
-                Phase::Backward if matches!(st.op, Op::Accumulate { .. }) => {
-                    current.unwrap_or(last_block)
-                }
-                Phase::Backward => {
-                    let b = of_layer(st.layer).unwrap_or(last_block);
-                    current = Some(b);
-                    b
-                }
-                Phase::Update => 0,
-            };
-        }
-        // A tensor redone for a backward (schedule.rs, `redone_in_backward`) is redone in the
-        // region of the step it precedes, whichever block its layer is in.
-        for i in (0..n.saturating_sub(1)).rev() {
-            if s.steps[i].phase == Phase::Recompute && !s.checkpoint_recompute(i) {
-                region[i] = region[i + 1];
-            }
-        }
+        let (region, last_loss) = step_regions(s, &of_layer, last_block);
         // The first step of the backward pass: what is live there is kept across it.
         let lambda = last_loss.map_or(n, |l| l + 1);
         let nt = s.tensors.len();
@@ -514,4 +477,52 @@ pub(super) fn blocks_to_segments(blocks: &[Block]) -> Vec<(usize, usize)> {
         .filter(|b| b.ckpt)
         .map(|b| (b.start, b.end))
         .collect()
+}
+
+/// The region of every step of `s` (see `Solver::measure`), and the last loss step.
+fn step_regions(
+    s: &Schedule,
+    of_layer: &dyn Fn(Option<usize>) -> Option<usize>,
+    last_block: usize,
+) -> (Vec<usize>, Option<usize>) {
+    let n = s.steps.len();
+    let mut region = vec![0usize; n];
+    let mut current: Option<usize> = None;
+    let mut last_loss: Option<usize> = None;
+    // An input layer declared late (a loss target) casts where it is declared: its step
+    // belongs to the block running then.
+    let mut forward_block = 0usize;
+    for (i, st) in s.steps.iter().enumerate() {
+        region[i] = match st.phase {
+            Phase::Forward => {
+                let b = of_layer(st.layer).unwrap_or(0);
+                if b != 0 {
+                    forward_block = b;
+                }
+                forward_block
+            }
+            Phase::Loss => {
+                last_loss = Some(i);
+                last_block
+            }
+            Phase::Recompute => of_layer(st.layer).unwrap_or(last_block),
+            Phase::Backward if matches!(st.op, Op::Accumulate { .. }) => {
+                current.unwrap_or(last_block)
+            }
+            Phase::Backward => {
+                let b = of_layer(st.layer).unwrap_or(last_block);
+                current = Some(b);
+                b
+            }
+            Phase::Update => 0,
+        };
+    }
+    // A tensor redone for a backward (schedule.rs, `redone_in_backward`) is redone in the
+    // region of the step it precedes, whichever block its layer is in.
+    for i in (0..n.saturating_sub(1)).rev() {
+        if s.steps[i].phase == Phase::Recompute && !s.checkpoint_recompute(i) {
+            region[i] = region[i + 1];
+        }
+    }
+    (region, last_loss)
 }
