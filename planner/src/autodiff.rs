@@ -185,6 +185,7 @@ fn rebuild_x_hat_from_kept_inputs(
         if let Op::BatchNorm { rebuild_x_hat, .. } = &mut graph.ops[i].op {
             *rebuild_x_hat = true;
         }
+        // Batch norm's rule depends on neither flag.
         let rule = saved_for_backward(&graph.ops[i], true, true)?;
         if let Some(b) = backward[i].as_mut() {
             b.saved = rule.saved;

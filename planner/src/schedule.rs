@@ -437,7 +437,12 @@ fn redone_in_backward(
     step: &StepGraph,
     seg_of_layer: &[Option<usize>],
 ) -> Vec<bool> {
-    let saved = |t: TensorId| step.backward.iter().flatten().any(|r| r.saved.contains(&t));
+    let mut saved = vec![false; graph.tensors.len()];
+    for r in step.backward.iter().flatten() {
+        for &t in &r.saved {
+            saved[t] = true;
+        }
+    }
     let mut again = vec![false; graph.tensors.len()];
     for (o, op) in graph.ops.iter().enumerate() {
         let (Some(&x), Some(&y)) = (op.inputs.first(), op.outputs.first()) else {
@@ -449,7 +454,7 @@ fn redone_in_backward(
                 // the backward anyway: keeping the u8 input too would add to it.
                 let loss_reads = graph.losses.iter().any(|l| l.reads.contains(&y));
                 graph.tensors[x].dtype.size() < graph.tensors[y].dtype.size()
-                    && saved(y)
+                    && saved[y]
                     && !loss_reads
             }
             Op::Activation { act, .. } => {
@@ -459,7 +464,7 @@ fn redone_in_backward(
                 !act.backward_reads_output()
                     && keeps_input
                     && seg_of_layer[op.layer].is_none()
-                    && saved(y)
+                    && saved[y]
             }
             _ => false,
         };
