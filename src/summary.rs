@@ -82,7 +82,7 @@ fn fit(s: String, max: usize) -> String {
 fn rebuilt_in_backward(kind: &str) -> &'static str {
     match kind {
         k if k.contains("attention") => "attention probabilities in backward",
-        "batch_norm" => "x̂ from its input in backward",
+        "batch_norm" | "layer_norm" => "x̂ from its input in backward",
         "input" => "float copy cast again in backward",
         _ => "activation output again in backward",
     }
@@ -385,7 +385,7 @@ impl<'a> Summary<'a> {
                 writeln!(
                     f,
                     "       R rebuilt for backward from what is kept: attention probabilities,\n\
-                     \x20        batch norm's x̂, a u8 input's float copy, a GELU output"
+                     \x20        a norm's x̂, a u8 input's float copy, a GELU output"
                 )?;
             }
         }

@@ -173,6 +173,14 @@ MW_FLOATS(MW_BN)
 
 // ---- layer norm --------------------------------------------------------------------------------
 
+// A row's mean in f64 over the warp's lanes: the forward's, and the one a rebuilding backward
+// recomputes (mw_ln_mean: the same sums in the same order, so the same bits).
+template <typename T> MW_DEV double ln_row_mean(const T* xr, u64 c, int lane) {
+    double s = 0.0;
+    for (u64 j = lane; j < c; j += 32) s += (double)ld(xr[j]);
+    return mw_warp_sum(s) / (double)c;
+}
+
 // Forward per row: mean and biased variance in f64, rstd = 1/sqrt(var + eps),
 // x_hat = (x − mean)·rstd, y = gamma·x_hat + beta; saves x_hat and rstd.
 template <typename T>
@@ -182,9 +190,7 @@ MW_DEV void ln_fwd(const T* x, T* y, T* x_hat, float* rstd, const float* gamma,
     if (r >= rows) return;
     int lane = threadIdx.x & 31;
     const T* xr = x + r * c;
-    double s = 0.0;
-    for (u64 j = lane; j < c; j += 32) s += (double)ld(xr[j]);
-    double mean = mw_warp_sum(s) / (double)c;
+    double mean = ln_row_mean(xr, c, lane);
     double v = 0.0;
     for (u64 j = lane; j < c; j += 32) {
         double t = (double)ld(xr[j]) - mean;
@@ -203,24 +209,48 @@ MW_DEV void ln_fwd(const T* x, T* y, T* x_hat, float* rstd, const float* gamma,
 
 // dgamma += Σ_rows dy·x_hat, dbeta += Σ_rows dy (a channel strip; dbeta may be null). Run it
 // before mw_ln_bwd when dx is written over dy. Group and RMS norm use it too.
-template <typename T>
-MW_DEV void ln_param_grads(const T* x_hat, const T* dy, float* dgamma, float* dbeta, u64 rows,
-                           u64 c) {
+// `hat(i)` is x̂ at element i (MwKeptHat, or MwRowRebuiltHat below).
+template <typename T, typename H>
+MW_DEV void ln_param_grads(H hat, const T* dy, float* dgamma, float* dbeta, u64 rows, u64 c) {
     __shared__ double sh[MW_STRIP_Y][33];
     u64 ch = (u64)blockIdx.x * 32 + threadIdx.x;
     bool ok = ch < c;
     float a, b;
-    mw_channel_grad_sums(MwKeptHat<T>{x_hat}, dy, rows, c, ch, ok, sh, a, b);
+    mw_channel_grad_sums(hat, dy, rows, c, ch, ok, sh, a, b);
     if (ok && threadIdx.y == 0) {
         if (dbeta) dbeta[ch] += a; // null for RMS norm, which has no shift
         dgamma[ch] += b;
     }
 }
 
-// dx = rstd·(g − mean(g) − x_hat·mean(g·x_hat)) per row, g = dy·gamma (overwritten; dx may be dy).
-template <typename T>
-MW_DEV void ln_bwd(const T* x_hat, const float* rstd, const float* gamma, const T* dy, T* dx,
-                   u64 rows, u64 c) {
+// x̂ rebuilt from layer norm's input exactly as its forward computed it: (x − mean)·rstd per
+// row, rounded to T, from the means mw_ln_mean recomputed (kernels/src/norm.rs,
+// layer_norm_backward_rebuild).
+template <typename T> struct MwRowRebuiltHat {
+    const T* x;
+    const float* mean; // [rows]
+    const float* rstd; // [rows]
+    u64 c;
+    MW_DEV float operator()(u64 i) const {
+        u64 r = i / c;
+        return ld(st<T>((ld(x[i]) - mean[r]) * rstd[r]));
+    }
+};
+
+// One warp per row: the row's mean as the forward computed it, for MwRowRebuiltHat.
+template <typename T> MW_DEV void ln_mean(const T* x, float* mean, u64 rows, u64 c) {
+    u64 r = (u64)blockIdx.x * MW_ROW_WARPS + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    int lane = threadIdx.x & 31;
+    float m = (float)ln_row_mean(x + r * c, c, lane);
+    if (lane == 0) mean[r] = m;
+}
+
+// dx = rstd·(g − mean(g) − x_hat·mean(g·x_hat)) per row, g = dy·gamma (overwritten; dx may be dy);
+// `hat(i)` is x̂ at element i.
+template <typename T, typename H>
+MW_DEV void ln_bwd(H hat, const float* rstd, const float* gamma, const T* dy, T* dx, u64 rows,
+                   u64 c) {
     u64 r = (u64)blockIdx.x * MW_ROW_WARPS + (threadIdx.x >> 5);
     if (r >= rows) return;
     int lane = threadIdx.x & 31;
@@ -228,14 +258,14 @@ MW_DEV void ln_bwd(const T* x_hat, const float* rstd, const float* gamma, const 
     for (u64 j = lane; j < c; j += 32) {
         float g = ld(dy[r * c + j]) * gamma[j];
         s1 += g;
-        s2 += g * ld(x_hat[r * c + j]);
+        s2 += g * hat(r * c + j);
     }
     float inv_c = 1.0f / (float)c;
     float m1 = mw_warp_sum(s1) * inv_c, m2 = mw_warp_sum(s2) * inv_c;
     float rs = rstd[r];
     for (u64 j = lane; j < c; j += 32) {
         float g = ld(dy[r * c + j]) * gamma[j];
-        dx[r * c + j] = st<T>(rs * (g - m1 - ld(x_hat[r * c + j]) * m2));
+        dx[r * c + j] = st<T>(rs * (g - m1 - hat(r * c + j) * m2));
     }
 }
 
@@ -247,12 +277,25 @@ MW_DEV void ln_bwd(const T* x_hat, const float* rstd, const float* gamma, const 
     }                                                                                           \
     extern "C" __global__ void mw_ln_param_grads_##S(const T* x_hat, const T* dy, float* dgamma, \
                                                      float* dbeta, u64 rows, u64 c) {           \
-        ln_param_grads<T>(x_hat, dy, dgamma, dbeta, rows, c);                                   \
+        ln_param_grads<T>(MwKeptHat<T>{x_hat}, dy, dgamma, dbeta, rows, c);                     \
     }                                                                                           \
     extern "C" __global__ void mw_ln_bwd_##S(const T* x_hat, const float* rstd,                 \
                                              const float* gamma, const T* dy, T* dx, u64 rows,  \
                                              u64 c) {                                           \
-        ln_bwd<T>(x_hat, rstd, gamma, dy, dx, rows, c);                                         \
+        ln_bwd<T>(MwKeptHat<T>{x_hat}, rstd, gamma, dy, dx, rows, c);                           \
+    }                                                                                           \
+    extern "C" __global__ void mw_ln_mean_##S(const T* x, float* mean, u64 rows, u64 c) {       \
+        ln_mean<T>(x, mean, rows, c);                                                           \
+    }                                                                                           \
+    extern "C" __global__ void mw_ln_param_grads_rebuild_##S(                                   \
+        const T* x, const float* mean, const float* rstd, const T* dy, float* dgamma,           \
+        float* dbeta, u64 rows, u64 c) {                                                        \
+        ln_param_grads<T>(MwRowRebuiltHat<T>{x, mean, rstd, c}, dy, dgamma, dbeta, rows, c);    \
+    }                                                                                           \
+    extern "C" __global__ void mw_ln_bwd_rebuild_##S(const T* x, const float* mean,             \
+                                                     const float* rstd, const float* gamma,     \
+                                                     const T* dy, T* dx, u64 rows, u64 c) {     \
+        ln_bwd<T>(MwRowRebuiltHat<T>{x, mean, rstd, c}, rstd, gamma, dy, dx, rows, c);          \
     }
 MW_FLOATS(MW_LN)
 

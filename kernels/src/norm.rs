@@ -8,7 +8,8 @@
 //! Saved for backward: batch norm keeps `x_hat` (storage type `T`) and `inv_std` (f32 `[c]`),
 //! or, where the input is kept for another op anyway, the input and its hi/lo `mean`, from
 //! which [`batch_norm_backward_rebuild`] rebuilds `x_hat`; layer norm keeps `x_hat` (`T`) and
-//! `rstd` (f32 `[rows]`). Neither needs `x` in its forward's output, so the forwards
+//! `rstd` (f32 `[rows]`), or the input and `rstd`, from which
+//! [`layer_norm_backward_rebuild`] recomputes each row's mean and rebuilds `x_hat`. Neither needs `x` in its forward's output, so the forwards
 //! have `*_inplace` variants that write `y` over `x`, and the backwards have `*_inplace`
 //! variants that write `dx` over `dy`. `dx` is overwritten; `dgamma`/`dbeta` (f32 master
 //! gradients) are ACCUMULATED (`+=`).
@@ -531,10 +532,17 @@ fn bn_backward_core<T: Element>(
 // layer norm
 // ---------------------------------------------------------------------------------------------
 
+/// A row's mean in f64: the forward's, and the one a rebuilding backward recomputes (the same
+/// sum in the same order, so the same bits).
+#[inline]
+fn row_mean(xr: impl Iterator<Item = f32>, n: usize) -> f64 {
+    xr.map(|v| v as f64).sum::<f64>() / n as f64
+}
+
 /// Per-row mean and rstd in f64, two passes.
 #[inline]
 fn row_stats(xr: impl Iterator<Item = f32> + Clone, n: usize, epsilon: f32) -> (f32, f32) {
-    let mean = xr.clone().map(|v| v as f64).sum::<f64>() / n as f64;
+    let mean = row_mean(xr.clone(), n);
     let var = xr
         .map(|v| {
             let t = v as f64 - mean;
@@ -655,7 +663,7 @@ fn ln_backward_check<T>(
 
 fn ln_backward_core<T: Element>(
     d: NormDims,
-    x_hat: &[T],
+    hat: impl Fn(usize) -> f32 + Sync,
     rstd: &[f32],
     gamma: &[f32],
     dy: Option<&[T]>,
@@ -676,7 +684,7 @@ fn ln_backward_core<T: Element>(
             let cb = CB.min(c - c0);
             let s = channel_sums(d, c0, cb, |r, ch| {
                 let gv = g[r * c + ch].to_f32() as f64;
-                (gv, gv * x_hat[r * c + ch].to_f32() as f64)
+                (gv, gv * hat(r * c + ch) as f64)
             });
             for j in 0..cb {
                 grads.dbeta[c0 + j] += s[0][j] as f32;
@@ -686,7 +694,6 @@ fn ln_backward_core<T: Element>(
     }
     let inv_c = 1.0 / c as f32;
     rows(&mut dx[..d.len()], c, 3 * c, |r, dxr| {
-        let hr = &x_hat[r * c..(r + 1) * c];
         let grad = |ch: usize, dxr: &[T]| -> f32 {
             match dy {
                 Some(g) => g[r * c + ch],
@@ -699,13 +706,13 @@ fn ln_backward_core<T: Element>(
         for ch in 0..c {
             let g = grad(ch, dxr);
             s1 += g;
-            s2 += g * hr[ch].to_f32();
+            s2 += g * hat(r * c + ch);
         }
         let (m1, m2) = (s1 * inv_c, s2 * inv_c);
         let rs = rstd[r];
         for ch in 0..c {
             let g = grad(ch, dxr);
-            dxr[ch] = T::from_f32(rs * (g - m1 - hr[ch].to_f32() * m2));
+            dxr[ch] = T::from_f32(rs * (g - m1 - hat(r * c + ch) * m2));
         }
     });
 }
@@ -724,7 +731,38 @@ pub fn layer_norm_backward<T: Element>(
 ) -> KResult {
     let op = "layer_norm_backward";
     ln_backward_check(op, d, x_hat, rstd, gamma, dy.len(), dx.len(), &grads)?;
-    ln_backward_core(d, x_hat, rstd, gamma, Some(dy), dx, grads);
+    ln_backward_core(d, |i| x_hat[i].to_f32(), rstd, gamma, Some(dy), dx, grads);
+    Ok(())
+}
+
+/// [`layer_norm_backward`] rebuilding `x_hat` from the input `x`: each row's mean is
+/// recomputed into `mean` (f32 scratch, `[rows]`) exactly as the forward computed it, then
+/// `x_hat = (x − mean)·rstd` rounded to `T` — the forward's bits, so the same gradients,
+/// without keeping `x_hat`.
+#[allow(clippy::too_many_arguments)]
+pub fn layer_norm_backward_rebuild<T: Element>(
+    d: NormDims,
+    x: &[T],
+    rstd: &[f32],
+    gamma: &[f32],
+    dy: &[T],
+    dx: &mut [T],
+    mean: &mut [f32],
+    grads: AffineGrads,
+) -> KResult {
+    let op = "layer_norm_backward_rebuild";
+    ln_backward_check(op, d, x, rstd, gamma, dy.len(), dx.len(), &grads)?;
+    need(op, "mean", mean.len(), d.rows)?;
+    let c = d.channels;
+    if c == 0 {
+        return Err(KernelError(format!("{op}: 0 features per row")));
+    }
+    rows(&mut mean[..d.rows], 1, c, |r, m| {
+        m[0] = row_mean(x[r * c..(r + 1) * c].iter().map(|v| v.to_f32()), c) as f32;
+    });
+    let mean = &*mean;
+    let hat = |i: usize| T::from_f32((x[i].to_f32() - mean[i / c]) * rstd[i / c]).to_f32();
+    ln_backward_core(d, hat, rstd, gamma, Some(dy), dx, grads);
     Ok(())
 }
 
@@ -739,7 +777,7 @@ pub fn layer_norm_backward_inplace<T: Element>(
 ) -> KResult {
     let op = "layer_norm_backward_inplace";
     ln_backward_check(op, d, x_hat, rstd, gamma, dy_dx.len(), dy_dx.len(), &grads)?;
-    ln_backward_core(d, x_hat, rstd, gamma, None, dy_dx, grads);
+    ln_backward_core(d, |i| x_hat[i].to_f32(), rstd, gamma, None, dy_dx, grads);
     Ok(())
 }
 

@@ -1112,7 +1112,76 @@ fn ln_case<T: Ty>(r: &mut Rng) {
             close("ln dgamma", &dg, &wdg, 1e-5, 1e-4);
             close("ln dbeta", &db, &wdb, 1e-5, 1e-4);
         }
+        ln_rebuild_case(d, &x, &gamma, &dy, (&wr, &rs), (&dg0, &db0));
     }
+}
+
+/// Layer-norm backward rebuilding x̂ from the input (the row means recomputed into scratch),
+/// against the CPU's rebuild; each side reads its own forward's `rstd` (`cpu_gpu`).
+fn ln_rebuild_case<T: Ty>(
+    d: memwise_kernels::norm::NormDims,
+    x: &[T],
+    gamma: &[f32],
+    dy: &[T],
+    (cpu_rs, gpu_rs): (&[f32], &[f32]),
+    (dg0, db0): (&[f32], &[f32]),
+) {
+    let (rows, c) = (d.rows, d.channels);
+    let (mut wdx, mut wdg, mut wdb) = (zeros::<T>(rows * c), dg0.to_vec(), db0.to_vec());
+    let mut wmean = vec![0f32; rows];
+    k::norm::layer_norm_backward_rebuild(
+        d,
+        x,
+        cpu_rs,
+        gamma,
+        dy,
+        &mut wdx,
+        &mut wmean,
+        k::norm::AffineGrads {
+            dgamma: &mut wdg,
+            dbeta: &mut wdb,
+        },
+    )
+    .unwrap();
+    let mut mean = vec![f32::NAN; rows];
+    run(
+        &name1("mw_ln_mean", T::F),
+        LaunchCfg::rows(rows as u64),
+        vec![p(x), pm(&mut mean), u(rows), u(c)],
+    );
+    close("ln rebuild mean", &mean, &wmean, 1e-6, 1e-6);
+    let (mut dx, mut dg, mut db) = (zeros::<T>(rows * c), dg0.to_vec(), db0.to_vec());
+    run(
+        &name1("mw_ln_param_grads_rebuild", T::F),
+        LaunchCfg::strip(c as u64, 1),
+        vec![
+            p(x),
+            p(&mean),
+            p(gpu_rs),
+            p(dy),
+            pm(&mut dg),
+            pm(&mut db),
+            u(rows),
+            u(c),
+        ],
+    );
+    run(
+        &name1("mw_ln_bwd_rebuild", T::F),
+        LaunchCfg::rows(rows as u64),
+        vec![
+            p(x),
+            p(&mean),
+            p(gpu_rs),
+            p(gamma),
+            p(dy),
+            pm(&mut dx),
+            u(rows),
+            u(c),
+        ],
+    );
+    close("ln rebuild dx", &dx, &wdx, T::REL, 2e-5);
+    close("ln rebuild dgamma", &dg, &wdg, 1e-5, 1e-4);
+    close("ln rebuild dbeta", &db, &wdb, 1e-5, 1e-4);
 }
 
 /// Group norm and its uncentred, shift-free case RMS norm (one kernel pair): images in groups

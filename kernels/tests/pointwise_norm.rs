@@ -231,6 +231,64 @@ fn batch_norm_backward_rebuild_matches_the_kept_x_hat_in_half_precision() {
     assert!(err.contains("mean"), "{err}");
 }
 
+/// The layer-norm backward that recomputes each row's mean and rebuilds x̂ from the input gives
+/// the kept-x̂ backward's bits, in f32 and in f16 with |mean| ≫ σ (where a mean computed any
+/// other way would round x̂ differently); a short mean scratch is refused.
+#[test]
+fn layer_norm_backward_rebuild_matches_the_kept_x_hat() {
+    fn case<T: memwise_kernels::Element + std::fmt::Debug + PartialEq>(offset: f32) {
+        let d = NormDims {
+            rows: 23,
+            channels: 70,
+        };
+        let mut rng = Rng::new(41);
+        let x: Vec<T> = rng
+            .vec(d.len(), -1.0, 1.0)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| T::from_f32(v + offset * (i / 70 % 3) as f32))
+            .collect();
+        let (gamma, beta) = (rng.vec(70, 0.5, 1.5), rng.vec(70, -0.5, 0.5));
+        let dy: Vec<T> = rng
+            .vec(d.len(), -1.0, 1.0)
+            .into_iter()
+            .map(T::from_f32)
+            .collect();
+        let (mut y, mut xh) = (
+            vec![T::from_f32(0.0); d.len()],
+            vec![T::from_f32(0.0); d.len()],
+        );
+        let mut rstd = vec![0f32; d.rows];
+        let affine = Affine {
+            gamma: &gamma,
+            beta: &beta,
+        };
+        layer_norm_forward(d, 1e-5, &x, affine, &mut y, &mut xh, &mut rstd).unwrap();
+        let backward = |rebuild: bool, mean_len: usize| {
+            let mut dx = vec![T::from_f32(0.0); d.len()];
+            let (mut dg, mut db) = (vec![0f32; 70], vec![0f32; 70]);
+            let mut mean = vec![f32::NAN; mean_len];
+            let grads = AffineGrads {
+                dgamma: &mut dg,
+                dbeta: &mut db,
+            };
+            let r = if rebuild {
+                layer_norm_backward_rebuild(d, &x, &rstd, &gamma, &dy, &mut dx, &mut mean, grads)
+            } else {
+                layer_norm_backward(d, &xh, &rstd, &gamma, &dy, &mut dx, grads)
+            };
+            r.map(|()| (dx, dg, db))
+        };
+        let (kept, rebuilt) = (backward(false, 0).unwrap(), backward(true, d.rows).unwrap());
+        assert_eq!(kept, rebuilt);
+        let err = backward(true, d.rows - 1).unwrap_err().to_string();
+        assert!(err.contains("mean"), "{err}");
+    }
+    case::<f32>(0.0);
+    case::<f32>(1000.0);
+    case::<half::f16>(300.0);
+}
+
 #[test]
 fn batch_norm_inplace_forward_and_inference() {
     let mut rng = Rng::new(32);

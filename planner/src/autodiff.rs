@@ -161,10 +161,12 @@ impl StepGraph {
     }
 }
 
-/// A batch norm whose input another op's backward reads anyway (the shortcut convolution of
-/// a residual block, a ReLU that keeps its output) keeps that input, its mean and 1/σ, and
-/// its backward rebuilds x̂ — as PyTorch's does — instead of keeping x̂ beside the input: one
-/// activation fewer kept for backward, for one subtract and multiply per element. Elsewhere
+/// A batch or layer norm whose input another op's backward reads anyway (the shortcut
+/// convolution of a residual block, a ReLU that keeps its output) keeps that input and its
+/// statistics, and its backward rebuilds x̂ — as PyTorch's does — instead of keeping x̂ beside
+/// the input: one activation fewer kept for backward, for one subtract and multiply per
+/// element (and, for layer norm, one more pass over each row for its mean, which batch norm
+/// keeps as a per-channel pair but a per-row mean would cost a tensor per row). Elsewhere
 /// keeping x̂ costs the same bytes as keeping the input and saves that arithmetic.
 fn rebuild_x_hat_from_kept_inputs(
     graph: &mut Graph,
@@ -172,7 +174,9 @@ fn rebuild_x_hat_from_kept_inputs(
 ) -> Result<(), PlanError> {
     for i in 0..graph.ops.len() {
         let op = &graph.ops[i];
-        let (Op::BatchNorm { .. }, Some(x)) = (op.op, op.inputs.first().copied()) else {
+        let (Op::BatchNorm { .. } | Op::LayerNorm { .. }, Some(x)) =
+            (op.op, op.inputs.first().copied())
+        else {
             continue;
         };
         let kept_elsewhere = backward
@@ -182,10 +186,12 @@ fn rebuild_x_hat_from_kept_inputs(
         if backward[i].is_none() || !kept_elsewhere {
             continue;
         }
-        if let Op::BatchNorm { rebuild_x_hat, .. } = &mut graph.ops[i].op {
+        if let Op::BatchNorm { rebuild_x_hat, .. } | Op::LayerNorm { rebuild_x_hat, .. } =
+            &mut graph.ops[i].op
+        {
             *rebuild_x_hat = true;
         }
-        // Batch norm's rule depends on neither flag.
+        // The norms' rules depend on neither flag.
         let rule = saved_for_backward(&graph.ops[i], true, true)?;
         if let Some(b) = backward[i].as_mut() {
             b.saved = rule.saved;
@@ -279,9 +285,14 @@ fn saved_for_backward(op: &GOp, param_grads: bool, same_dtype: bool) -> Result<S
             };
             rule(saved, io.y, false, None)
         }
-        Op::LayerNorm { .. } => {
+        Op::LayerNorm { rebuild_x_hat, .. } => {
             let io = LayerNormForward::of(&step).map_err(bad)?;
-            rule(vec![io.x_hat, io.rstd], io.y, false, None)
+            let saved = if rebuild_x_hat {
+                vec![io.x, io.rstd]
+            } else {
+                vec![io.x_hat, io.rstd]
+            };
+            rule(saved, io.y, false, None)
         }
         Op::GroupNorm { .. } => {
             let io = GroupNormForward::of(&step).map_err(bad)?;

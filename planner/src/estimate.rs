@@ -217,14 +217,18 @@ pub fn assemble(
 }
 
 /// The layer's backward (or a recompute step just before it, outside any checkpoint) remakes
-/// what its forward did not keep: the memory-efficient attention's probabilities, batch norm's
-/// x̂ from its kept input, a u8 input's float copy, a GELU or SiLU output from its kept input.
+/// what its forward did not keep: the memory-efficient attention's probabilities, a batch or
+/// layer norm's x̂ from its kept input, a u8 input's float copy, a GELU or SiLU output from its kept input.
 fn rebuilds_in_backward(graph: &Graph, plan: &StaticPlan, l: &crate::graph::GLayer) -> bool {
     let rebuilding_op = graph.ops[l.ops.clone()].iter().any(|o| {
         matches!(
             o.op,
             Op::FlashAttention { .. }
                 | Op::BatchNorm {
+                    rebuild_x_hat: true,
+                    ..
+                }
+                | Op::LayerNorm {
                     rebuild_x_hat: true,
                     ..
                 }

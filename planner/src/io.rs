@@ -190,6 +190,11 @@ positional_io! {
     /// `dx`, `dγ`, `dβ`.
     BatchNormRebuildBackward: reads [x, mean, inv_std, dy], writes [dx],
         params [gamma = need(0), beta = need(1)];
+    /// Layer-norm backward that rebuilds `x̂` from the input another op keeps
+    /// ([`Op::LayerNorm`]'s `rebuild_x_hat`): `x`, `1/σ` and `dy` → `dx`, `dγ`, `dβ`; each row's
+    /// mean is recomputed into the step's scratch.
+    LayerNormRebuildBackward: reads [x, rstd, dy], writes [dx],
+        params [gamma = need(0), beta = need(1)];
     /// Inference-mode batch norm from the running statistics.
     BatchNormInferenceForward: reads [x], writes [y],
         params [gamma = need(0), beta = need(1), running_mean = need(2), running_var = need(3)];
@@ -311,6 +316,7 @@ pub enum StepIo {
     LayerNorm(LayerNormForward),
     NormBackward(NormBackward),
     BatchNormRebuildBackward(BatchNormRebuildBackward),
+    LayerNormRebuildBackward(LayerNormRebuildBackward),
     GroupNorm(GroupNormForward),
     GroupNormBackward(GroupNormBackward),
     PositionalEmbedding(PositionalEmbeddingForward),
@@ -489,6 +495,13 @@ impl StepIo {
                 },
                 true,
             ) => StepIo::BatchNormRebuildBackward(BatchNormRebuildBackward::of(step)?),
+            (
+                Op::LayerNorm {
+                    rebuild_x_hat: true,
+                    ..
+                },
+                true,
+            ) => StepIo::LayerNormRebuildBackward(LayerNormRebuildBackward::of(step)?),
             (Op::BatchNorm { .. } | Op::LayerNorm { .. }, true) => {
                 StepIo::NormBackward(NormBackward::of(step)?)
             }

@@ -157,11 +157,15 @@ ops! {
         channels: usize,
         epsilon: f32,
     } = "batch_norm_inference";
-    /// fwd `[x] → [y, x_hat, rstd]`; bwd `[x_hat, rstd, dy] → [dx]`.
+    /// fwd `[x] → [y, x_hat, rstd]`; bwd `[x_hat, rstd, dy] → [dx]`, or with `rebuild_x_hat`
+    /// `[x, rstd, dy] → [dx]`: another op keeps the input for its backward anyway, so the
+    /// backward recomputes each row's mean (into the op's f32 scratch, one per row) and
+    /// rebuilds x̂ from the input instead of keeping it.
     LayerNorm {
         rows: usize,
         features: usize,
         epsilon: f32,
+        rebuild_x_hat: bool,
     } = "layer_norm";
     /// Group normalisation of `[samples, spatial, channels]` per sample over each of `groups`
     /// groups of consecutive channels, with per-channel γ and β; `center: false` is RMS norm
@@ -582,6 +586,13 @@ impl Op {
                     gemm_scratch_elems(r, d.c_in, k, h, h, h),
                 )
             }
+            // The row means a rebuilding backward recomputes (the forward leaves it unused:
+            // one scratch size serves both passes).
+            Op::LayerNorm {
+                rows,
+                rebuild_x_hat: true,
+                ..
+            } => rows,
             Op::Attention {
                 batch,
                 seq,

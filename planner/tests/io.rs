@@ -45,11 +45,12 @@ fn every_generated_step_decodes() {
     assert!(decoded > 0);
 }
 
-/// The generated models the poisoned-arena and emulated-device tests train include batch
-/// norms that rebuild x̂ from an input another op keeps, and ones that keep x̂.
+/// The generated models the poisoned-arena and emulated-device tests train include batch and
+/// layer norms that rebuild x̂ from an input another op keeps, and ones that keep x̂.
 #[test]
-fn generated_models_cover_both_batch_norm_backwards() {
-    let (mut rebuild, mut keep) = (0, 0);
+fn generated_models_cover_both_norm_backwards() {
+    // [batch norm, layer norm] × [rebuild, keep]
+    let mut count = [[0usize; 2]; 2];
     for seed in 0..150u64 {
         for spec in [
             memwise_plan::generate::random_chain(seed),
@@ -57,17 +58,17 @@ fn generated_models_cover_both_batch_norm_backwards() {
         ] {
             let Ok(p) = plan(&spec) else { continue };
             for s in p.steps.iter().filter(|s| s.phase == Phase::Backward) {
-                match s.op {
-                    Op::BatchNorm {
-                        rebuild_x_hat: true,
-                        ..
-                    } => rebuild += 1,
-                    Op::BatchNorm { .. } => keep += 1,
-                    _ => {}
-                }
+                let (norm, rebuild) = match s.op {
+                    Op::BatchNorm { rebuild_x_hat, .. } => (0, rebuild_x_hat),
+                    Op::LayerNorm { rebuild_x_hat, .. } => (1, rebuild_x_hat),
+                    _ => continue,
+                };
+                count[norm][usize::from(!rebuild)] += 1;
             }
         }
     }
-    println!("batch norm backwards: {rebuild} rebuild x̂, {keep} keep it");
-    assert!(rebuild >= 5 && keep >= 5, "{rebuild} rebuild, {keep} keep");
+    let [[bn_rebuild, bn_keep], [ln_rebuild, ln_keep]] = count;
+    println!("batch norm backwards: {bn_rebuild} rebuild x̂, {bn_keep} keep it");
+    println!("layer norm backwards: {ln_rebuild} rebuild x̂, {ln_keep} keep it");
+    assert!(count.iter().flatten().all(|&n| n >= 5), "{count:?}");
 }

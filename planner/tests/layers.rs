@@ -234,6 +234,59 @@ fn batch_norm_rebuilds_x_hat_when_its_input_is_kept_anyway() {
 }
 
 #[test]
+fn layer_norm_rebuilds_x_hat_when_its_input_is_kept_anyway() {
+    // `pre`'s ReLU keeps its output, the layer norm's input: the norm need not keep x̂ too.
+    let block = |act: Activation| {
+        let mut m = ModelSpec::new("Mlp", N);
+        m.input("x", &[6], DType::F32, 1.0);
+        m.add("pre", LayerKind::dense(10, act), &["x"]);
+        m.add("layer", LayerKind::layer_norm(), &["pre"]);
+        m.add("head", LayerKind::dense(1, Activation::Linear), &[]);
+        m.input("y", &[1], DType::F32, 1.0);
+        m.loss
+            .push(LossTerm::new(LossKind::MeanSquaredError).on(&["head", "y"]));
+        plan(&m).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let backward = |p: &StaticPlan| {
+        p.steps
+            .iter()
+            .find(|s| s.layer == "layer" && s.phase == Phase::Backward)
+            .unwrap()
+            .clone()
+    };
+    let relu = block(Activation::Relu);
+    let bwd = backward(&relu);
+    assert!(matches!(
+        bwd.op,
+        Op::LayerNorm {
+            rebuild_x_hat: true,
+            ..
+        }
+    ));
+    assert!(row(&relu, "layer").recomputes_in_backward);
+    // 1/σ alone; the input is `pre`'s output, kept by its ReLU anyway.
+    assert_eq!(kept(&relu, "layer"), f32s(N) + f32s(N * 10));
+    let name = |id: u32| relu.tensors[id as usize].name.to_string();
+    let reads: Vec<String> = bwd.reads.iter().map(|&t| name(t)).collect();
+    assert_eq!(reads, ["pre.out", "layer.rstd", "layer.out.grad"]);
+    // The backward's scratch holds one recomputed mean per row.
+    let scratch = *bwd.writes.last().unwrap();
+    assert_eq!(relu.tensors[scratch as usize].shape[..], [N]);
+
+    // Without the ReLU nothing else keeps the input: x̂ (the same bytes) stays kept.
+    let linear = block(Activation::Linear);
+    assert!(matches!(
+        backward(&linear).op,
+        Op::LayerNorm {
+            rebuild_x_hat: false,
+            ..
+        }
+    ));
+    assert!(!row(&linear, "layer").recomputes_in_backward);
+    assert_eq!(*backward(&linear).writes.last().unwrap(), NONE);
+}
+
+#[test]
 fn layer_norm_and_dropout() {
     let p = one(LayerKind::layer_norm(), &[6, 10]);
     assert_eq!(row(&p, "layer").params, 20);

@@ -7,6 +7,7 @@
 //! recomputation: it keeps one f32 log-sum-exp per query row and head instead of the
 //! `5·a·s²·b` bytes. It goes one term further: the GeLU output (`8·s·b·h`) is remade from
 //! the GeLU input, which is kept anyway, so a layer keeps `26·s·b·h` plus those statistics.
+//! Checked on a small GPT here and on the planner's GPT-2 (the zoo's `gpt2_stack`).
 
 use memwise_plan::*;
 
@@ -81,6 +82,58 @@ fn kept_at_loss(plan: &StaticPlan, prefix: &str) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// The layer names of one pre-LN block, in the paper's order of its terms.
+struct BlockNames {
+    ln1: &'static str,
+    attn: &'static str,
+    drop1: &'static str,
+    ln2: &'static str,
+    mlp1: &'static str,
+    drop2: &'static str,
+}
+
+impl BlockNames {
+    /// The middle block of this file's GPT.
+    const TEST: BlockNames = BlockNames {
+        ln1: "b1_ln1",
+        attn: "b1_attn",
+        drop1: "b1_drop1",
+        ln2: "b1_ln2",
+        mlp1: "b1_mlp1",
+        drop2: "b1_drop2",
+    };
+}
+
+/// Eq. 6's terms (bytes, 16-bit activations, 1-byte masks) as the tensors that hold them,
+/// term by term as the paper lists them; they sum to `34·s·b·h`.
+fn eq6_terms(n: &BlockNames, sbh: u64) -> Vec<(String, u64)> {
+    [
+        (n.ln1, "x_hat", 2 * sbh), // LayerNorm 1 input (we keep the normalised input)
+        (n.ln1, "out", 2 * sbh),   // QKV projection input
+        (n.attn, "qkv", 6 * sbh),  // Q, K (for QKᵀ) and V (for attention over values)
+        (n.attn, "ctx", 2 * sbh),  // output projection input
+        (n.drop1, "mask", sbh),    // dropout mask
+        (n.ln2, "x_hat", 2 * sbh), // LayerNorm 2 input
+        (n.ln2, "out", 2 * sbh),   // MLP first linear input
+        (n.mlp1, "linear", 8 * sbh), // GeLU input
+        (n.mlp1, "out", 8 * sbh),  // MLP second linear input
+        (n.drop2, "mask", sbh),    // dropout mask
+    ]
+    .into_iter()
+    .map(|(layer, t, bytes)| (format!("{layer}.{t}"), bytes))
+    .collect()
+}
+
+/// Tensors sit at 256-byte offsets: a short sequence's `1/σ` rows (128 bytes) take 256.
+fn aligned(terms: impl Iterator<Item = (String, u64)>) -> Vec<(String, u64)> {
+    sorted(terms.map(|(n, b)| (n, b.div_ceil(256) * 256)).collect())
+}
+
+fn sorted(mut v: Vec<(String, u64)>) -> Vec<(String, u64)> {
+    v.sort();
+    v
+}
+
 #[test]
 fn transformer_layer_keeps_exactly_the_formula_plus_layer_norm_statistics() {
     // Eq. 6 at the longer sequence (the memory-efficient attention), eq. 2 at the short one.
@@ -90,32 +143,23 @@ fn transformer_layer_keeps_exactly_the_formula_plus_layer_norm_statistics() {
         let kept = kept_at_loss(&plan, "b1_");
         let (s, b, h, a) = (seq as u64, B as u64, H as u64, A as u64);
         let sbh = s * b * h;
-        // Term by term, as the paper lists them (bytes):
-        let mut expect: Vec<(&str, u64)> = vec![
-            ("b1_ln1.x_hat", 2 * sbh), // LayerNorm 1 input (we keep the normalised input)
-            ("b1_ln1.out", 2 * sbh),   // QKV projection input
-            ("b1_attn.qkv", 6 * sbh),  // Q, K (for QKᵀ) and V (for attention over values)
-            ("b1_attn.ctx", 2 * sbh),  // output projection input
-            ("b1_drop1.mask", sbh),    // dropout mask
-            ("b1_ln2.x_hat", 2 * sbh), // LayerNorm 2 input
-            ("b1_ln2.out", 2 * sbh),   // MLP first linear input
-            ("b1_mlp1.linear", 8 * sbh), // GeLU input
-            ("b1_mlp1.out", 8 * sbh),  // MLP second linear input
-            ("b1_drop2.mask", sbh),    // dropout mask
-        ];
+        let mut expect = eq6_terms(&BlockNames::TEST, sbh);
         // What the paper leaves out by its own statement ("small buffers like LayerNorm mean
         // and variance"): one f32 reciprocal standard deviation per row per LayerNorm.
-        let mut stats = vec![("b1_ln1.rstd", 4 * s * b), ("b1_ln2.rstd", 4 * s * b)];
+        let mut stats = vec![
+            ("b1_ln1.rstd".to_string(), 4 * s * b),
+            ("b1_ln2.rstd".to_string(), 4 * s * b),
+        ];
         let formula = if flash {
             // Eq. 6: the attention core's 5·a·s²·b recomputed; one f32 log-sum-exp per row
             // and head instead.
-            stats.push(("b1_attn.lse", 4 * a * s * b));
+            stats.push(("b1_attn.lse".to_string(), 4 * a * s * b));
             sbh * 34
         } else {
             expect.extend([
-                ("b1_attn.probs", 2 * a * s * s * b),         // softmax output
-                ("b1_attn.probs_mask", a * s * s * b),        // attention dropout mask
-                ("b1_attn.probs_dropped", 2 * a * s * s * b), // its output (over values)
+                ("b1_attn.probs".to_string(), 2 * a * s * s * b), // softmax output
+                ("b1_attn.probs_mask".to_string(), a * s * s * b), // attention dropout mask
+                ("b1_attn.probs_dropped".to_string(), 2 * a * s * s * b), // over values
             ]);
             sbh * 34 + 5 * a * s * s * b
         };
@@ -127,7 +171,7 @@ fn transformer_layer_keeps_exactly_the_formula_plus_layer_norm_statistics() {
         // One term memwise does not keep: the GeLU output, the second linear's input, is
         // remade from the GeLU input (kept for the GeLU's own backward) just before that
         // linear's backward — 8·s·b·h fewer bytes than the paper's selective recomputation.
-        expect.retain(|(n, _)| *n != "b1_mlp1.out");
+        expect.retain(|(n, _)| n != "b1_mlp1.out");
         let remade = plan
             .steps
             .iter()
@@ -136,16 +180,9 @@ fn transformer_layer_keeps_exactly_the_formula_plus_layer_norm_statistics() {
         assert_eq!(remade.op.name(), "gelu", "s = {seq}");
         assert_eq!(plan.checkpoint_recompute_flops(), 0, "s = {seq}");
         // Tensors sit at 256-byte offsets: a short sequence's `1/σ` rows (128 bytes) take 256.
-        let mut want: Vec<(String, u64)> = expect
-            .iter()
-            .chain(&stats)
-            .map(|(n, b)| (n.to_string(), b.div_ceil(256) * 256))
-            .collect();
-        want.sort();
-        let mut got = kept.clone();
-        got.sort();
         assert_eq!(
-            got, want,
+            sorted(kept),
+            aligned(expect.into_iter().chain(stats)),
             "s = {seq}: every kept tensor accounted for, nothing more"
         );
         let uses_flash = plan
@@ -170,4 +207,45 @@ fn checkpointed_transformer_layer_keeps_only_its_input() {
     let plain = memwise_plan::plan(&gpt(3, false)).unwrap();
     assert!(plan.memory.activations_peak < plain.memory.activations_peak);
     assert!(plan.steps.iter().any(|s| s.phase == Phase::Recompute));
+}
+
+/// Eq. 6 term by term on the planner's GPT-2 (the zoo's `gpt2_stack`: GPT-2 small's blocks,
+/// sequence 1024, hidden 768, 12 heads, mixed float16, dropout 0.1), one sample: the attention
+/// core is the memory-efficient kernel's, the GeLU output is remade, and what stays is the
+/// paper's `34·s·b·h` less the GeLU output, plus the statistics the paper leaves out.
+#[test]
+fn gpt2_block_keeps_korthikantis_selective_recompute_figure_less_the_gelu_output() {
+    let plan = plan(&zoo::gpt2_stack(1, 3)).expect("plans");
+    let (s, b, h, a) = (
+        zoo::GPT2_SEQ as u64,
+        1u64,
+        zoo::GPT2_HIDDEN as u64,
+        zoo::GPT2_HEADS as u64,
+    );
+    let sbh = s * b * h;
+    let names = BlockNames {
+        ln1: "h1_ln_1",
+        attn: "h1_attn",
+        drop1: "h1_attn_dropout",
+        ln2: "h1_ln_2",
+        mlp1: "h1_mlp_fc",
+        drop2: "h1_mlp_dropout",
+    };
+    let mut expect = eq6_terms(&names, sbh);
+    assert_eq!(expect.iter().map(|e| e.1).sum::<u64>(), 34 * sbh);
+    expect.retain(|(n, _)| n != "h1_mlp_fc.out");
+    let stats = [
+        ("h1_ln_1.rstd".to_string(), 4 * s * b),
+        ("h1_ln_2.rstd".to_string(), 4 * s * b),
+        ("h1_attn.lse".to_string(), 4 * a * s * b),
+    ];
+    assert_eq!(
+        sorted(kept_at_loss(&plan, "h1_")),
+        aligned(expect.into_iter().chain(stats)),
+        "every kept tensor of the middle block accounted for, nothing more"
+    );
+    assert_eq!(plan.checkpoint_recompute_flops(), 0);
+    // 26·s·b·h plus the statistics: 19.56 MiB of the paper's 25.5 MiB at b = 1.
+    let kept: u64 = kept_at_loss(&plan, "h1_").iter().map(|t| t.1).sum();
+    assert_eq!(kept, 26 * sbh + 4 * s * b * (2 + a));
 }

@@ -260,6 +260,13 @@ pub trait Kernels {
         d: k::norm::NormDims,
     ) -> OpResult;
     fn layer_norm_backward(&self, io: &NormBackward, d: k::norm::NormDims) -> OpResult;
+    /// Layer-norm backward rebuilding x̂ from the input another op keeps (the row means
+    /// recomputed into the step's scratch).
+    fn layer_norm_backward_rebuild(
+        &self,
+        io: &LayerNormRebuildBackward,
+        d: k::norm::NormDims,
+    ) -> OpResult;
     fn group_norm_backward(&self, io: &GroupNormBackward, d: k::norm::GroupNormDims) -> OpResult;
     fn dropout_backward(&self, io: &SavedBackward, rate: f32) -> OpResult;
     fn activation_backward(

@@ -463,6 +463,7 @@ fn forward<K: Kernels>(
             rows,
             features,
             epsilon,
+            ..
         } => k.layer_norm(
             &LayerNormForward::of(s).map_err(io_err)?,
             k::norm::NormDims {
@@ -585,7 +586,24 @@ fn backward<K: Kernels>(
             &NormBackward::of(s).map_err(io_err)?,
             k::norm::NormDims { rows, channels },
         ),
-        Op::LayerNorm { rows, features, .. } => k.layer_norm_backward(
+        Op::LayerNorm {
+            rows,
+            features,
+            rebuild_x_hat: true,
+            ..
+        } => k.layer_norm_backward_rebuild(
+            &LayerNormRebuildBackward::of(s).map_err(io_err)?,
+            k::norm::NormDims {
+                rows,
+                channels: features,
+            },
+        ),
+        Op::LayerNorm {
+            rows,
+            features,
+            rebuild_x_hat: false,
+            ..
+        } => k.layer_norm_backward(
             &NormBackward::of(s).map_err(io_err)?,
             k::norm::NormDims {
                 rows,

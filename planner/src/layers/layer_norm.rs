@@ -51,6 +51,8 @@ pub(super) fn lower(cx: &mut LayerCx<'_, '_>, kind: &LayerKind) -> Result<Value,
             rows,
             features: f,
             epsilon,
+            // Decided with the backward rules (autodiff.rs).
+            rebuild_x_hat: false,
         },
         vec![x.tensor],
         vec![y, xh, rstd],

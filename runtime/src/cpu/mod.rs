@@ -416,6 +416,18 @@ impl CpuKernels {
         self.persistent.view_mut::<f32>(p.grad_offset, p.elems())
     }
 
+    /// A norm's γ and β gradients, for its backward kernel to accumulate into.
+    pub(crate) unsafe fn affine_grads(
+        &self,
+        gamma: u32,
+        beta: u32,
+    ) -> Result<k::norm::AffineGrads<'_>> {
+        Ok(k::norm::AffineGrads {
+            dgamma: self.grad_mut(gamma)?,
+            dbeta: self.grad_mut(beta)?,
+        })
+    }
+
     /// An optional gradient (`NONE` → `None`): a bias's.
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn grad_opt(&self, pid: u32) -> Result<Option<&mut [f32]>> {

@@ -72,10 +72,7 @@ impl CpuKernels {
                 } else {
                     k::norm::batch_norm_backward::<T>
                 };
-                let grads = k::norm::AffineGrads {
-                    dgamma: self.grad_mut(io.gamma)?,
-                    dbeta: self.grad_mut(io.beta)?,
-                };
+                let grads = self.affine_grads(io.gamma, io.beta)?;
                 kernel(
                     d,
                     self.r::<T>(io.x_hat)?,
@@ -842,10 +839,7 @@ impl Kernels for CpuKernels {
     ) -> OpResult {
         unsafe {
             with_float!(self.dtype(io.x), T, {
-                let grads = k::norm::AffineGrads {
-                    dgamma: self.grad_mut(io.gamma)?,
-                    dbeta: self.grad_mut(io.beta)?,
-                };
+                let grads = self.affine_grads(io.gamma, io.beta)?;
                 k::norm::batch_norm_backward_rebuild::<T>(
                     d,
                     self.r::<T>(io.x)?,
@@ -854,6 +848,29 @@ impl Kernels for CpuKernels {
                     self.pf32(io.gamma)?,
                     self.r::<T>(io.dy)?,
                     self.w::<T>(io.dx)?,
+                    grads,
+                )?
+            })
+        }
+        Ok(())
+    }
+
+    fn layer_norm_backward_rebuild(
+        &self,
+        io: &LayerNormRebuildBackward,
+        d: k::norm::NormDims,
+    ) -> OpResult {
+        unsafe {
+            with_float!(self.dtype(io.x), T, {
+                let grads = self.affine_grads(io.gamma, io.beta)?;
+                k::norm::layer_norm_backward_rebuild::<T>(
+                    d,
+                    self.r::<T>(io.x)?,
+                    self.r::<f32>(io.rstd)?,
+                    self.pf32(io.gamma)?,
+                    self.r::<T>(io.dy)?,
+                    self.w::<T>(io.dx)?,
+                    self.ws::<f32>(io.scratch)?,
                     grads,
                 )?
             })

@@ -1097,6 +1097,55 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         Ok(())
     }
 
+    fn layer_norm_backward_rebuild(
+        &self,
+        io: &LayerNormRebuildBackward,
+        d: k::norm::NormDims,
+    ) -> OpResult {
+        let t = self.ft(io.x)?;
+        let (rows, features) = (d.rows, d.channels);
+        let (x, mean, rs, dy) = (
+            self.t(io.x)?,
+            self.t(io.scratch)?,
+            self.t(io.rstd)?,
+            self.t(io.dy)?,
+        );
+        self.k(
+            name1("mw_ln_mean", t),
+            LaunchCfg::rows(rows as u64),
+            vec![p(x), p(mean), u(rows), u(features)],
+        )?;
+        self.k(
+            name1("mw_ln_param_grads_rebuild", t),
+            LaunchCfg::strip(features as u64, 1),
+            vec![
+                p(x),
+                p(mean),
+                p(rs),
+                p(dy),
+                p(self.pg(io.gamma)?),
+                p(self.pg(io.beta)?),
+                u(rows),
+                u(features),
+            ],
+        )?;
+        self.k(
+            name1("mw_ln_bwd_rebuild", t),
+            LaunchCfg::rows(rows as u64),
+            vec![
+                p(x),
+                p(mean),
+                p(rs),
+                p(self.pv(io.gamma)),
+                p(dy),
+                p(self.t(io.dx)?),
+                u(rows),
+                u(features),
+            ],
+        )?;
+        Ok(())
+    }
+
     fn group_norm_backward(&self, io: &GroupNormBackward, d: k::norm::GroupNormDims) -> OpResult {
         let t = self.ft(io.x_hat)?;
         let (h, dy) = (self.t(io.x_hat)?, self.t(io.dy)?);
