@@ -31,7 +31,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def memwise(args) -> dict:
-    exe = os.path.join(ROOT, "target", "release", "examples", "attention_bench")
+    # Where cargo put it: CARGO_TARGET_DIR when set (as for the build below), else target/.
+    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+    exe = os.path.join(target, "release", "examples", "attention_bench")
     out = subprocess.run(
         [exe, str(args.batch), str(args.seq), str(args.heads), str(args.head_dim), "1", str(args.reps)],
         check=True,

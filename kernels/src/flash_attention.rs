@@ -25,7 +25,7 @@
 //! they hold).
 
 use crate::attention::AttentionDims;
-use crate::gemm::{for_each_lane, gemm_core, lanes_at_once, load_f32, Mat, MatMut};
+use crate::gemm::{for_each_lane, gemm_core, is_f32, lanes_at_once, load_f32, Mat, MatMut};
 use crate::gemm_heap::{gemm_core_heap_bytes, Strides};
 use crate::random::{unit_f32, RngKey};
 use crate::{check_len, Element, KResult, KernelError};
@@ -86,31 +86,61 @@ const fn lanes_for(units: usize) -> usize {
 }
 
 /// Peak heap bytes the `gemm` crate holds during one [`flash_attention_forward`] with
-/// `ws_len` elements of scratch: the larger of its two tile GEMMs (`Q·Kᵀ`, `P·V`), times the
-/// units that can run at once.
+/// `ws_len` elements of scratch: the larger of its two tile GEMMs (`Q·Kᵀ`, `P·V`) over the tile
+/// sizes that occur, times the units that can run at once.
 pub fn flash_forward_heap_bytes(d: AttentionDims, ws_len: usize) -> usize {
-    let ((tq, tk), hd) = (tiles(d.seq), d.head_dim());
-    let (r, c) = (Strides::row_major, |ld| Strides::new(1, ld));
-    let scores = tile_heap(tq, tk, hd, r(hd), c(hd), 0.0, r(tk));
-    let context = tile_heap(tq, hd, tk, r(tk), r(hd), 1.0, r(hd));
+    let (tq, hd) = (tiles(d.seq).0, d.head_dim());
+    let r = Strides::row_major;
+    let peak = tile_sizes(d.seq)
+        .map(|(qn, kn, tk)| {
+            // S reads K transposed by `load_transposed`, rows `tk` apart.
+            let scores = tile_heap(qn, kn, hd, r(hd), r(tk), 0.0, r(tk));
+            let context = tile_heap(qn, hd, kn, r(tk), r(hd), 1.0, r(hd));
+            scores.max(context)
+        })
+        .max()
+        .unwrap_or(0);
     let units = d.batch * d.heads * d.seq.div_ceil(tq);
-    running(d, units, forward_lane_len(d.seq, hd), ws_len) * scores.max(context)
+    running(d, units, forward_lane_len(d.seq, hd), ws_len) * peak
 }
 
 /// Peak heap bytes the `gemm` crate holds during one [`flash_attention_backward`]: the largest
-/// of its five tile GEMMs, times the pairs that can run at once.
+/// of its five tile GEMMs over the tile sizes that occur, times the pairs that can run at
+/// once. Exact for half storage; for f32 an upper bound: its `S` reads a transposed K (as
+/// `dPd` reads V), where half storage, whose lane has no room for both a converted and a
+/// transposed K, reads the converted K transposed in place; both are counted.
 pub fn flash_backward_heap_bytes(d: AttentionDims, ws_len: usize) -> usize {
-    let ((tq, tk), hd) = (tiles(d.seq), d.head_dim());
+    let hd = d.head_dim();
     let (r, c) = (Strides::row_major, |ld| Strides::new(1, ld));
-    let peak = [
-        tile_heap(tq, tk, hd, r(hd), c(hd), 0.0, r(tk)),
-        tile_heap(tk, hd, tq, c(tk), r(hd), 1.0, r(hd)),
-        tile_heap(tq, hd, tk, r(tk), r(hd), 1.0, r(hd)),
-    ]
-    .into_iter()
-    .max()
-    .unwrap_or(0);
+    let peak = tile_sizes(d.seq)
+        .map(|(qn, kn, tk)| {
+            [
+                tile_heap(qn, kn, hd, r(hd), c(hd), 0.0, r(tk)),
+                tile_heap(qn, kn, hd, r(hd), r(tk), 0.0, r(tk)),
+                tile_heap(kn, hd, qn, c(tk), r(hd), 1.0, r(hd)),
+                tile_heap(qn, hd, kn, r(tk), r(hd), 1.0, r(hd)),
+            ]
+            .into_iter()
+            .max()
+            .unwrap_or(0)
+        })
+        .max()
+        .unwrap_or(0);
     running(d, d.batch * d.heads, backward_lane_len(d.seq, hd), ws_len) * peak
+}
+
+/// The (query rows, key rows, key tile) of the tiles a sequence of `seq` is cut into: whole
+/// tiles and the last, shorter one of each, in every pairing (the `gemm` crate's packing
+/// depends on a size's remainder by its register block, so a short tile may need more).
+fn tile_sizes(seq: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+    let (tq, tk) = tiles(seq);
+    let last = |t: usize| match seq % t {
+        0 => t,
+        r => r,
+    };
+    let (qs, ks) = ([tq, last(tq)], [tk, last(tk)]);
+    qs.into_iter()
+        .flat_map(move |qn| ks.into_iter().map(move |kn| (qn, kn, tk)))
 }
 
 fn tile_heap(m: usize, n: usize, k: usize, a: Strides, b: Strides, beta: f32, c: Strides) -> usize {
@@ -236,6 +266,13 @@ fn split_scratch<'a>(
 /// normal range), above 88.72 infinity, NaN stays NaN; the inputs here are `s − max ≤ 0`.
 #[inline(always)]
 pub fn fast_exp(x: f32) -> f32 {
+    exp_with::<false>(x)
+}
+
+/// [`fast_exp`], its polynomial in fused multiply-adds when `FMA` (for the loops compiled with
+/// the `fma` feature, where `mul_add` is one instruction; elsewhere it is a library call).
+#[inline(always)]
+fn exp_with<const FMA: bool>(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     // ln 2 in two parts (Cody and Waite): n·LN2_HI is exact for the n here.
     const LN2_HI: f32 = 0.693_359_4;
@@ -248,7 +285,7 @@ pub fn fast_exp(x: f32) -> f32 {
     let n = (xc * LOG2E + ROUND) - ROUND;
     let f = (xc - n * LN2_HI) - n * LN2_LO;
     // e^f, |f| ≤ ln2/2: Taylor to degree 7 (the next term is below 4e-9).
-    let mut p = 1.0 / 5040.0;
+    let mut p: f32 = 1.0 / 5040.0;
     for c in [
         1.0 / 720.0,
         1.0 / 120.0,
@@ -258,7 +295,7 @@ pub fn fast_exp(x: f32) -> f32 {
         1.0,
         1.0,
     ] {
-        p = p * f + c;
+        p = if FMA { p.mul_add(f, c) } else { p * f + c };
     }
     // SAFETY: the clamp keeps n in −126..=128, well inside i32 (a plain conversion, where
     // `as` would add saturation checks that stop the loop vectorising).
@@ -286,6 +323,50 @@ fn sum8(x: &[f32]) -> f32 {
     for c in chunks {
         for l in 0..8 {
             acc[l] += c[l];
+        }
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+/// `max(init, max x)` in eight independent maxima (vectorises; comparisons, not `f32::max`,
+/// whose NaN rule keeps the loop scalar; a NaN score is passed over either way).
+#[inline(always)]
+fn max8(x: &[f32], init: f32) -> f32 {
+    let mut acc = [init; 8];
+    let chunks = x.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for l in 0..8 {
+            acc[l] = if c[l] > acc[l] { c[l] } else { acc[l] };
+        }
+    }
+    let mut mx = init;
+    for &v in acc.iter().chain(tail) {
+        mx = if v > mx { v } else { mx };
+    }
+    mx
+}
+
+/// Replaces each `x` by `e^(x − mx)` and returns their sum ([`sum8`]). Two plain loops: the
+/// exponentials in one loop vectorise to full-width registers, where folding the sum into the
+/// same loop over eight-lane arrays left LLVM with half-width code and spills.
+#[inline(always)]
+fn exp_sum8<const FMA: bool>(x: &mut [f32], mx: f32) -> f32 {
+    x.iter_mut().for_each(|v| *v = exp_with::<FMA>(*v - mx));
+    sum8(x)
+}
+
+/// `Σ a·b` in f32, in eight independent sums (vectorises for f32 storage).
+#[inline(always)]
+fn dot8<T: Element>(a: &[T], b: &[T]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = (ca.remainder().iter().zip(cb.remainder()))
+        .map(|(x, y)| x.to_f32() * y.to_f32())
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            acc[l] += x[l].to_f32() * y[l].to_f32();
         }
     }
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
@@ -327,6 +408,165 @@ fn load_rows<T: Element>(
         let o = at + r * stride;
         load_f32(&src[o..o + len], &mut dst[r * len..(r + 1) * len]);
     }
+}
+
+/// An f32 view of `n` rows of `len` elements, `stride` apart from `src[at..]`: the rows where
+/// they lie when `T` is f32 (a copy would cost as much as a tile GEMM's packing), else
+/// converted into `buf` (rows `len` apart). The strides have the same unit-stride pattern
+/// either way, so the `gemm` crate's heap is the same.
+fn tile_rows<T: Element>(
+    src: &[T],
+    at: usize,
+    stride: usize,
+    n: usize,
+    len: usize,
+    buf: &mut [f32],
+) -> Tile {
+    if is_f32::<T>() && n > 0 {
+        let rows = &src[at..at + (n - 1) * stride + len];
+        Tile {
+            ptr: rows.as_ptr() as *const f32,
+            ld: stride,
+        }
+    } else {
+        load_rows(src, at, stride, n, len, buf);
+        Tile {
+            ptr: buf.as_ptr(),
+            ld: len,
+        }
+    }
+}
+
+/// A row-major f32 tile whose rows are `ld` apart, valid while its source is.
+#[derive(Clone, Copy)]
+struct Tile {
+    ptr: *const f32,
+    ld: usize,
+}
+
+impl Tile {
+    fn rows(self) -> Mat<f32> {
+        Mat {
+            ptr: self.ptr,
+            rs: self.ld,
+            cs: 1,
+        }
+    }
+    /// The transposed view.
+    fn cols(self) -> Mat<f32> {
+        Mat {
+            ptr: self.ptr,
+            rs: 1,
+            cs: self.ld,
+        }
+    }
+}
+
+/// Loads `n` rows of `len` elements, `stride` apart from `src[at..]`, transposed into `dst`:
+/// element `c` of row `r` at `dst[c·ld + r]`.
+fn load_transposed<T: Element>(
+    src: &[T],
+    at: usize,
+    stride: usize,
+    n: usize,
+    len: usize,
+    dst: &mut [f32],
+    ld: usize,
+) {
+    if n == 0 || len == 0 {
+        return;
+    }
+    // Every row of the source and every column run of the destination in bounds, once.
+    let (src, dst) = (
+        &src[at..at + (n - 1) * stride + len],
+        &mut dst[..(len - 1) * ld + n],
+    );
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if is_f32::<T>() && std::is_x86_feature_detected!("avx") {
+        // SAFETY: T is f32; the CPU has AVX; the blocks lie inside the checked slices.
+        done = unsafe { transpose_blocks_avx(src.as_ptr() as *const f32, stride, n, len, dst, ld) };
+    }
+    // The rest (all of it without AVX or for half storage) eight rows at a time: each
+    // column's eight values land in one run of `dst`.
+    for r0 in (done..n).step_by(8) {
+        let rn = 8.min(n - r0);
+        let rows: [&[T]; 8] = std::array::from_fn(|i| {
+            let o = (r0 + i.min(rn - 1)) * stride;
+            &src[o..o + len]
+        });
+        for c in 0..len {
+            let out = &mut dst[c * ld + r0..c * ld + r0 + rn];
+            for (i, d) in out.iter_mut().enumerate() {
+                *d = rows[i][c].to_f32();
+            }
+        }
+    }
+}
+
+/// The f32 transpose of [`load_transposed`] in 8×8 blocks of AVX registers (unpack, shuffle,
+/// swap halves: 24 shuffles per 64 elements, where element by element — ours or the `gemm`
+/// crate's packing of a transposed operand — measured a seventh of the forward's time). Does
+/// the first `n / 8 · 8` rows (all columns) and returns that count.
+///
+/// # Safety
+/// The CPU has AVX; `src` holds `n` rows of `len`, `stride` apart; `dst` holds `(len − 1)·ld
+/// + n` elements.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn transpose_blocks_avx(
+    src: *const f32,
+    stride: usize,
+    n: usize,
+    len: usize,
+    dst: &mut [f32],
+    ld: usize,
+) -> usize {
+    use std::arch::x86_64::*;
+    let rows = n / 8 * 8;
+    let d = dst.as_mut_ptr();
+    for r0 in (0..rows).step_by(8) {
+        let mut c0 = 0;
+        while c0 + 8 <= len {
+            let r: [__m256; 8] =
+                std::array::from_fn(|i| _mm256_loadu_ps(src.add((r0 + i) * stride + c0)));
+            let t = [
+                _mm256_unpacklo_ps(r[0], r[1]),
+                _mm256_unpackhi_ps(r[0], r[1]),
+                _mm256_unpacklo_ps(r[2], r[3]),
+                _mm256_unpackhi_ps(r[2], r[3]),
+                _mm256_unpacklo_ps(r[4], r[5]),
+                _mm256_unpackhi_ps(r[4], r[5]),
+                _mm256_unpacklo_ps(r[6], r[7]),
+                _mm256_unpackhi_ps(r[6], r[7]),
+            ];
+            // u[c]: column c (low lane, rows 0–3 / 4–7 in u[c] / u[c + 4]), column c + 4
+            // (high lane).
+            let u = [
+                _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+                _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+                _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+                _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+                _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+                _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+                _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+                _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+            ];
+            for c in 0..4 {
+                let lo = _mm256_permute2f128_ps::<0x20>(u[c], u[c + 4]);
+                let hi = _mm256_permute2f128_ps::<0x31>(u[c], u[c + 4]);
+                _mm256_storeu_ps(d.add((c0 + c) * ld + r0), lo);
+                _mm256_storeu_ps(d.add((c0 + c + 4) * ld + r0), hi);
+            }
+            c0 += 8;
+        }
+        for c in c0..len {
+            for i in 0..8 {
+                *d.add(c * ld + r0 + i) = *src.add((r0 + i) * stride + c);
+            }
+        }
+    }
+    rows
 }
 
 /// Splits `w` into consecutive slices of the given lengths.
@@ -384,53 +624,34 @@ unsafe fn forward_tile<T: Element>(
     let qn = t.min(g.s - q0);
     let lens = [t * hd, tk * hd, tk * hd, t * tk, t * hd, t, t, tk];
     let [q, k, v, sc, acc, m, l, mul] = split(w, lens);
-    load_rows(qkv, g.qkv_row(b, head, 0, q0), 3 * g.h, qn, hd, q);
+    let q = tile_rows(qkv, g.qkv_row(b, head, 0, q0), 3 * g.h, qn, hd, q);
     acc.fill(0.0);
     m.fill(f32::NEG_INFINITY);
     l.fill(0.0);
     let kend = if g.causal { q0 + qn } else { g.s };
     for k0 in (0..kend).step_by(tk) {
         let kn = tk.min(kend - k0);
-        load_rows(qkv, g.qkv_row(b, head, 1, k0), 3 * g.h, kn, hd, k);
-        load_rows(qkv, g.qkv_row(b, head, 2, k0), 3 * g.h, kn, hd, v);
+        load_transposed(qkv, g.qkv_row(b, head, 1, k0), 3 * g.h, kn, hd, k, tk);
+        let vt = tile_rows(qkv, g.qkv_row(b, head, 2, k0), 3 * g.h, kn, hd, v);
         // S = scale·Q·Kᵀ, then each row becomes its dropped, unnormalised probabilities.
         tile_gemm(
             qn,
             kn,
             hd,
             g.scale,
-            rows(q, hd),
-            cols(k, hd),
+            q.rows(),
+            rows(k, tk),
             0.0,
             rows_mut(sc, tk),
         );
-        for r in 0..qn {
-            let i = q0 + r;
-            let jn = g.visible(i, k0, kn);
-            let srow = &mut sc[r * tk..r * tk + kn];
-            srow[jn..].fill(0.0);
-            if jn == 0 {
-                continue;
-            }
-            let mx = srow[..jn].iter().fold(m[r], |a, &x| a.max(x));
-            let alpha = fast_exp(m[r] - mx);
-            acc[r * hd..(r + 1) * hd]
-                .iter_mut()
-                .for_each(|a| *a *= alpha);
-            dropout_row(
-                dropout,
-                ((pair * g.s + i) * g.s + k0) as u64,
-                &mut mul[..jn],
-            );
-            let p = &mut srow[..jn];
-            p.iter_mut().for_each(|x| *x = fast_exp(*x - mx));
-            let sum = sum8(p);
-            if dropout.is_some() {
-                p.iter_mut().zip(&mul[..jn]).for_each(|(x, mu)| *x *= mu);
-            }
-            l[r] = l[r] * alpha + sum;
-            m[r] = mx;
-        }
+        let tile = TileRows {
+            pair,
+            q0,
+            qn,
+            k0,
+            kn,
+        };
+        softmax_rows(g, tile, sc, acc, m, l, dropout, mul);
         // acc += P·V.
         tile_gemm(
             qn,
@@ -438,7 +659,7 @@ unsafe fn forward_tile<T: Element>(
             kn,
             1.0,
             rows(sc, tk),
-            rows(v, hd),
+            vt.rows(),
             1.0,
             rows_mut(acc, hd),
         );
@@ -451,6 +672,113 @@ unsafe fn forward_tile<T: Element>(
             *out.add(c) = T::from_f32(a * inv);
         }
         *lse.0.add(pair * g.s + i) = m[r] + l[r].ln();
+    }
+}
+
+/// Which rows and keys a score tile holds: query rows `q0..q0 + qn` of pair `pair` against
+/// keys `k0..k0 + kn`.
+#[derive(Clone, Copy)]
+struct TileRows {
+    pair: usize,
+    q0: usize,
+    qn: usize,
+    k0: usize,
+    kn: usize,
+}
+
+impl TileRows {
+    /// Whether the causal mask hides some of the tile's keys from some row (only the tiles
+    /// across the diagonal; the others are seen whole or not at all).
+    fn masked(&self, g: &Geometry) -> bool {
+        g.causal && self.k0 + self.kn > self.q0 + 1
+    }
+    /// The keys row `r` of the tile sees.
+    fn visible(&self, g: &Geometry, r: usize) -> usize {
+        g.visible(self.q0 + r, self.k0, self.kn)
+    }
+    /// The first element of row `r`'s slice of the random stream.
+    fn stream(&self, g: &Geometry, r: usize) -> u64 {
+        ((self.pair * g.s + self.q0 + r) * g.s + self.k0) as u64
+    }
+}
+
+/// The forward's row passes over one score tile `sc` (rows `tk` apart): the online softmax's
+/// new row maxima `m`, the rescaled accumulator `acc` and sums `l`, and the scores replaced by
+/// their (dropped) unnormalised probabilities, zero past the keys a row sees. Compiled with
+/// AVX2 and FMA where the CPU has them (the crate is built for baseline x86-64, whose 4-lane
+/// SSE2 halves the loops' speed).
+#[allow(clippy::too_many_arguments)]
+fn softmax_rows(
+    g: &Geometry,
+    rows: TileRows,
+    sc: &mut [f32],
+    acc: &mut [f32],
+    m: &mut [f32],
+    l: &mut [f32],
+    dropout: Option<FlashDropout>,
+    mul: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has the features the function is compiled with.
+        return unsafe { softmax_rows_v3(g, rows, sc, acc, m, l, dropout, mul) };
+    }
+    softmax_rows_body::<false>(g, rows, sc, acc, m, l, dropout, mul)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn softmax_rows_v3(
+    g: &Geometry,
+    rows: TileRows,
+    sc: &mut [f32],
+    acc: &mut [f32],
+    m: &mut [f32],
+    l: &mut [f32],
+    dropout: Option<FlashDropout>,
+    mul: &mut [f32],
+) {
+    softmax_rows_body::<true>(g, rows, sc, acc, m, l, dropout, mul)
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn softmax_rows_body<const FMA: bool>(
+    g: &Geometry,
+    rows: TileRows,
+    sc: &mut [f32],
+    acc: &mut [f32],
+    m: &mut [f32],
+    l: &mut [f32],
+    dropout: Option<FlashDropout>,
+    mul: &mut [f32],
+) {
+    let (tk, hd, kn) = (g.tk, g.hd, rows.kn);
+    let masked = rows.masked(g);
+    for r in 0..rows.qn {
+        let jn = if masked { rows.visible(g, r) } else { kn };
+        let srow = &mut sc[r * tk..r * tk + kn];
+        srow[jn..].fill(0.0);
+        if jn == 0 {
+            continue;
+        }
+        let p = &mut srow[..jn];
+        let mx = max8(p, m[r]);
+        // The first tile (m = −∞) gives alpha = 0 on a zero accumulator.
+        let alpha = exp_with::<FMA>(m[r] - mx);
+        if alpha != 1.0 {
+            acc[r * hd..(r + 1) * hd]
+                .iter_mut()
+                .for_each(|a| *a *= alpha);
+        }
+        let sum = exp_sum8::<FMA>(p, mx);
+        if dropout.is_some() {
+            dropout_row(dropout, rows.stream(g, r), &mut mul[..jn]);
+            p.iter_mut().zip(&mul[..jn]).for_each(|(x, mu)| *x *= mu);
+        }
+        l[r] = l[r] * alpha + sum;
+        m[r] = mx;
     }
 }
 
@@ -481,9 +809,7 @@ pub fn flash_attention_backward<T: Element>(
         let (b, head) = (pair / g.heads, pair % g.heads);
         for (i, v) in dr.iter_mut().enumerate() {
             let o = g.ctx_row(b, head, i);
-            *v = (0..g.hd)
-                .map(|c| dctx[o + c].to_f32() * ctx[o + c].to_f32())
-                .sum();
+            *v = dot8(&dctx[o..o + g.hd], &ctx[o..o + g.hd]);
         }
     });
     let dr: &[f32] = dr;
@@ -497,7 +823,7 @@ pub fn flash_attention_backward<T: Element>(
 
 /// One pair's backward: key tiles outermost (their dk, dv accumulate in the lane), the pair's
 /// dq in the lane too, written once at the end. Five tile GEMMs per (key tile, query tile):
-/// `S = scale·Q·Kᵀ`, `dPd = dO·Vᵀ`, `dV += Pdᵀ·dO`, `dQ += dS·K`, `dK += dSᵀ·Q`.
+/// `S = scale·Q·Kᵀ`, `dPd = dO·Vᵀ`, `dV += Pdᵀ·dO`, `dQ += scale·dS·K`, `dK += scale·dSᵀ·Q`.
 #[allow(clippy::too_many_arguments)]
 unsafe fn backward_pair<T: Element>(
     g: &Geometry,
@@ -526,86 +852,157 @@ unsafe fn backward_pair<T: Element>(
     ];
     let [dq, k, v, dk, dv, q, dout, p, ds, mul] = split(w, lens);
     dq.fill(0.0);
+    let rows_of = |part, r0| g.qkv_row(b, head, part, r0);
     for k0 in (0..g.s).step_by(tk) {
         let kn = tk.min(g.s - k0);
-        load_rows(qkv, g.qkv_row(b, head, 1, k0), 3 * g.h, kn, hd, k);
-        load_rows(qkv, g.qkv_row(b, head, 2, k0), 3 * g.h, kn, hd, v);
+        // Kᵀ and Vᵀ (dimension-major, rows `tk` apart) once per key tile for `S` and `dPd`,
+        // which the `gemm` crate would otherwise transpose element by element in every call.
+        // `dQ` reads K as it lies (f32), or converted where the lane has no room for both.
+        load_transposed(qkv, rows_of(2, k0), 3 * g.h, kn, hd, v, tk);
+        let vt = Tile {
+            ptr: v.as_ptr(),
+            ld: tk,
+        };
+        let (kt, k_t) = if is_f32::<T>() {
+            load_transposed(qkv, rows_of(1, k0), 3 * g.h, kn, hd, k, tk);
+            let kt = tile_rows(qkv, rows_of(1, k0), 3 * g.h, kn, hd, &mut []);
+            (
+                kt,
+                Tile {
+                    ptr: k.as_ptr(),
+                    ld: tk,
+                }
+                .rows(),
+            )
+        } else {
+            let kt = tile_rows(qkv, rows_of(1, k0), 3 * g.h, kn, hd, k);
+            (kt, kt.cols())
+        };
         dk.fill(0.0);
         dv.fill(0.0);
         // Causal: query rows before the tile see none of its keys.
         let first = if g.causal { k0 / t * t } else { 0 };
         for q0 in (first..g.s).step_by(t) {
             let qn = t.min(g.s - q0);
-            load_rows(qkv, g.qkv_row(b, head, 0, q0), 3 * g.h, qn, hd, q);
-            load_rows(dctx, g.ctx_row(b, head, q0), g.h, qn, hd, dout);
-            tile_gemm(
+            let qt = tile_rows(qkv, rows_of(0, q0), 3 * g.h, qn, hd, q);
+            let ot = tile_rows(dctx, g.ctx_row(b, head, q0), g.h, qn, hd, dout);
+            tile_gemm(qn, kn, hd, g.scale, qt.rows(), k_t, 0.0, rows_mut(p, tk));
+            tile_gemm(qn, kn, hd, 1.0, ot.rows(), vt.rows(), 0.0, rows_mut(ds, tk));
+            let tile = TileRows {
+                pair,
+                q0,
                 qn,
+                k0,
                 kn,
-                hd,
-                g.scale,
-                rows(q, hd),
-                cols(k, hd),
-                0.0,
-                rows_mut(p, tk),
-            );
-            tile_gemm(
-                qn,
-                kn,
-                hd,
-                1.0,
-                rows(dout, hd),
-                cols(v, hd),
-                0.0,
-                rows_mut(ds, tk),
-            );
-            for r in 0..qn {
-                let i = q0 + r;
-                let jn = g.visible(i, k0, kn);
-                let (li, di) = (lse[pair * g.s + i], dr[pair * g.s + i]);
-                dropout_row(
-                    dropout,
-                    ((pair * g.s + i) * g.s + k0) as u64,
-                    &mut mul[..jn],
-                );
-                let row = r * tk..r * tk + kn;
-                // The scores become the dropped probabilities, dO·Vᵀ becomes dS.
-                let (pr, dsr) = (&mut p[row.clone()], &mut ds[row]);
-                let (pv, dv_) = (&mut pr[..jn], &mut dsr[..jn]);
-                for ((pc, dc), mu) in pv.iter_mut().zip(dv_.iter_mut()).zip(&mul[..jn]) {
-                    let e = fast_exp(*pc - li);
-                    *pc = e * mu;
-                    *dc = g.scale * e * (*dc * mu - di);
-                }
-                pr[jn..].fill(0.0);
-                dsr[jn..].fill(0.0);
-            }
+            };
+            let at = pair * g.s + q0;
+            let (li, di) = (&lse[at..at + qn], &dr[at..at + qn]);
+            grad_rows(g, tile, p, ds, li, di, dropout, mul);
             tile_gemm(
                 kn,
                 hd,
                 qn,
                 1.0,
                 cols(p, tk),
-                rows(dout, hd),
+                ot.rows(),
                 1.0,
                 rows_mut(dv, hd),
             );
             let dq_rows = rows_mut(&mut dq[q0 * hd..], hd);
-            tile_gemm(qn, hd, kn, 1.0, rows(ds, tk), rows(k, hd), 1.0, dq_rows);
+            tile_gemm(qn, hd, kn, g.scale, rows(ds, tk), kt.rows(), 1.0, dq_rows);
             tile_gemm(
                 kn,
                 hd,
                 qn,
-                1.0,
+                g.scale,
                 cols(ds, tk),
-                rows(q, hd),
+                qt.rows(),
                 1.0,
                 rows_mut(dk, hd),
             );
         }
-        store_rows(dk, kn, hd, dqkv, g.qkv_row(b, head, 1, k0), 3 * g.h);
-        store_rows(dv, kn, hd, dqkv, g.qkv_row(b, head, 2, k0), 3 * g.h);
+        store_rows(dk, kn, hd, dqkv, rows_of(1, k0), 3 * g.h);
+        store_rows(dv, kn, hd, dqkv, rows_of(2, k0), 3 * g.h);
     }
-    store_rows(dq, g.s, hd, dqkv, g.qkv_row(b, head, 0, 0), 3 * g.h);
+    store_rows(dq, g.s, hd, dqkv, rows_of(0, 0), 3 * g.h);
+}
+
+/// The backward's row passes over one tile: the scores `p` become the dropped probabilities
+/// `pd`, `dO·Vᵀ` in `ds` becomes `dS / scale` (the scale is folded into the GEMMs that read
+/// it), both zero past the keys a row sees; `lse` and `dr` are the tile rows'. Compiled with
+/// AVX2 and FMA where the CPU has them, as [`softmax_rows`].
+#[allow(clippy::too_many_arguments)]
+fn grad_rows(
+    g: &Geometry,
+    tile: TileRows,
+    p: &mut [f32],
+    ds: &mut [f32],
+    lse: &[f32],
+    dr: &[f32],
+    dropout: Option<FlashDropout>,
+    mul: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has the features the function is compiled with.
+        return unsafe { grad_rows_v3(g, tile, p, ds, lse, dr, dropout, mul) };
+    }
+    grad_rows_body::<false>(g, tile, p, ds, lse, dr, dropout, mul)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn grad_rows_v3(
+    g: &Geometry,
+    tile: TileRows,
+    p: &mut [f32],
+    ds: &mut [f32],
+    lse: &[f32],
+    dr: &[f32],
+    dropout: Option<FlashDropout>,
+    mul: &mut [f32],
+) {
+    grad_rows_body::<true>(g, tile, p, ds, lse, dr, dropout, mul)
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn grad_rows_body<const FMA: bool>(
+    g: &Geometry,
+    tile: TileRows,
+    p: &mut [f32],
+    ds: &mut [f32],
+    lse: &[f32],
+    dr: &[f32],
+    dropout: Option<FlashDropout>,
+    mul: &mut [f32],
+) {
+    let (tk, kn) = (g.tk, tile.kn);
+    let masked = tile.masked(g);
+    for r in 0..tile.qn {
+        let jn = if masked { tile.visible(g, r) } else { kn };
+        let (li, di) = (lse[r], dr[r]);
+        let row = r * tk..r * tk + kn;
+        let (pr, dsr) = (&mut p[row.clone()], &mut ds[row]);
+        let (pv, dv) = (&mut pr[..jn], &mut dsr[..jn]);
+        if dropout.is_some() {
+            dropout_row(dropout, tile.stream(g, r), &mut mul[..jn]);
+            for ((pc, dc), mu) in pv.iter_mut().zip(dv.iter_mut()).zip(&mul[..jn]) {
+                let e = exp_with::<FMA>(*pc - li);
+                *pc = e * mu;
+                *dc = e * (*dc * mu - di);
+            }
+        } else {
+            for (pc, dc) in pv.iter_mut().zip(dv.iter_mut()) {
+                let e = exp_with::<FMA>(*pc - li);
+                *pc = e;
+                *dc = e * (*dc - di);
+            }
+        }
+        pr[jn..].fill(0.0);
+        dsr[jn..].fill(0.0);
+    }
 }
 
 /// The row-major view of `x` whose rows are `ld` apart.

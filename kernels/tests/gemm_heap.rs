@@ -876,7 +876,10 @@ fn flash_attention_matches_its_heap_functions() {
     for (d, reach) in [
         (att(2, 16, 32, 4), false),
         (att(1, 70, 48, 3), false),
-        (att(2, 200, 128, 2), true),
+        // Causal at 200 rows, only the last query tile's units meet the short tiles whose
+        // GEMMs hold the most: two lanes seldom hold it at once (1 thread checks the peak).
+        (att(2, 200, 128, 2), false),
+        (att(2, 192, 128, 2), true),
         (att(1, 130, 256, 2), true),
     ] {
         let qkv = fill::<f16>(d.qkv_len());
