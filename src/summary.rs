@@ -385,7 +385,8 @@ impl<'a> Summary<'a> {
                 writeln!(
                     f,
                     "       R rebuilt for backward from what is kept: attention probabilities,\n\
-                     \x20        a norm's x̂, a u8 input's float copy, a GELU output"
+                     \x20        a norm's x̂ (and output, `recompute_output`), a u8 input's float\n\
+                     \x20        copy, a GELU output"
                 )?;
             }
         }
@@ -470,6 +471,19 @@ impl<'a> Summary<'a> {
                 "Checkpointing: {checkpointed} layer{} recomputed, {:.0} % of forward FLOPs again",
                 if checkpointed == 1 { "" } else { "s" },
                 plan.recompute_percent()
+            )?;
+        }
+        let outputs = m.layers.iter().filter(|l| l.recomputes_output).count();
+        if outputs > 0 {
+            let cost = match checkpointed {
+                0 => format!(", {:.1} % of forward FLOPs again", plan.recompute_percent()),
+                _ => String::new(),
+            };
+            writeln!(
+                f,
+                "Norm outputs recomputed: {outputs} layer{} keep{} the input instead{cost}",
+                if outputs == 1 { "" } else { "s" },
+                if outputs == 1 { "s" } else { "" },
             )?;
         }
         if self.wide {

@@ -38,6 +38,8 @@ pub struct FieldDecl {
     /// `[T; N]`: N copies in a row.
     pub repeat: Option<usize>,
     pub checkpoint: Option<Checkpoint>,
+    /// `#[recompute_output]`: the attribute's tokens.
+    pub recompute_output: Option<TokenStream>,
     pub dtype: Option<(DType, TokenStream)>,
     pub ty: Type,
 }
@@ -114,6 +116,7 @@ fn read_field(field: &mut syn::Field, in_block: bool, e: &mut Errors) -> Option<
     let name = ident.to_string();
     let mut kind: Option<(FieldKind, TokenStream, String)> = None;
     let mut checkpoint = None;
+    let mut recompute_output: Option<TokenStream> = None;
     let mut dtype: Option<(DType, TokenStream)> = None;
     let mut foreign: Vec<&syn::Attribute> = Vec::new();
     let mut reported: Vec<String> = Vec::new();
@@ -146,6 +149,18 @@ fn read_field(field: &mut syn::Field, in_block: bool, e: &mut Errors) -> Option<
                     );
                 }
                 checkpoint = Some(read_checkpoint(args, tokens, e));
+            }
+            "recompute_output" => {
+                if !args.is_empty() {
+                    e.at(attr, "`#[recompute_output]` takes no arguments");
+                }
+                if recompute_output.is_some() {
+                    e.at(
+                        attr,
+                        format!("`#[recompute_output]` is given twice on field `{name}`"),
+                    );
+                }
+                recompute_output = Some(tokens);
             }
             "fp16" | "bf16" | "f32" => {
                 if !args.is_empty() {
@@ -241,12 +256,27 @@ fn read_field(field: &mut syn::Field, in_block: bool, e: &mut Errors) -> Option<
         anchor,
         repeat,
         checkpoint,
+        recompute_output,
         dtype,
         ty: field.ty.clone(),
     };
 
     check_field(&decl, &ident, in_block, e);
     Some(decl)
+}
+
+/// `#[recompute_output]` goes on a norm the field's own checkpointing does not cover already.
+fn check_recompute_output(decl: &FieldDecl, e: &mut Errors) {
+    let Some(tokens) = &decl.recompute_output else {
+        return;
+    };
+    let name = &decl.name;
+    let norm = matches!(&decl.kind, FieldKind::Layer { attr, .. } if attr == "layer_norm" || attr == "batch_norm");
+    if !norm {
+        e.at(tokens, format!("`#[recompute_output]` on `{name}`: only a `layer_norm` or `batch_norm` field can recompute its output from its kept input; to recompute any other field, use `#[checkpoint]`"));
+    } else if decl.checkpoint.is_some() {
+        e.at(tokens, format!("`#[recompute_output]` on `{name}`, which is `#[checkpoint]`ed: a checkpointed field recomputes its outputs already; keep one"));
+    }
 }
 
 /// The field-level rules that need the whole field: its type fits its layer, and what an
@@ -256,6 +286,7 @@ fn check_field(decl: &FieldDecl, ident: &syn::Ident, in_block: bool, e: &mut Err
     if let FieldKind::Layer { attr, .. } = &decl.kind {
         check_type(decl, attr, e);
     }
+    check_recompute_output(decl, e);
     if decl.is_input() {
         if in_block {
             e.at(&decl.anchor, "a block cannot declare inputs: it reads `input` (the field before it, or the field named by `from = …` on its `#[block]`)");

@@ -17,7 +17,14 @@ use crate::value::{
 };
 
 /// Field attributes that are not layers.
-pub const MODIFIERS: &[&str] = &["checkpoint", "fp16", "bf16", "f32", "block"];
+pub const MODIFIERS: &[&str] = &[
+    "checkpoint",
+    "recompute_output",
+    "fp16",
+    "bf16",
+    "f32",
+    "block",
+];
 
 /// The catalogue entry of layer attribute `attr`.
 pub fn info(attr: &str) -> Option<&'static LayerDef> {

@@ -357,6 +357,7 @@ impl<'a> Lowerer<'a> {
                     inputs: layer_inputs,
                     dtype,
                     checkpoint: segment,
+                    recompute_output: f.recompute_output.is_some(),
                 },
                 own,
             );

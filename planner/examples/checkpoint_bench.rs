@@ -14,7 +14,7 @@
 use std::time::Instant;
 
 use memwise_plan::advice::format_bytes;
-use memwise_plan::checkpoint::{max_batch_with, with_segments, Policy, Solver};
+use memwise_plan::checkpoint::{max_batch_with, with_choice, with_segments, Policy, Solver};
 use memwise_plan::{plan, zoo, ModelSpec, Phase};
 
 /// Budgets per sweep, from the unchecked total down to the smallest feasible.
@@ -58,9 +58,13 @@ fn main() {
         let forward = solver.forward_flops();
         let (unchecked, _) = planned(&spec);
         let t = Instant::now();
-        let (_, smallest_segs) = solver.smallest_total();
+        let (_, smallest_selection) = solver.smallest_total();
         let smallest_ms = t.elapsed().as_secs_f64() * 1e3;
-        let (smallest, _) = planned(&with_segments(&spec, &solver.segment_names(&smallest_segs)));
+        let (smallest, _) = planned(&with_choice(
+            &spec,
+            &solver.segment_names(&smallest_selection.segments),
+            &solver.output_names(&smallest_selection.outputs),
+        ));
         let baselines: Vec<(&str, u64, u64)> = solver
             .baselines()
             .into_iter()

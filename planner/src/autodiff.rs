@@ -167,7 +167,10 @@ impl StepGraph {
 /// the input: one activation fewer kept for backward, for one subtract and multiply per
 /// element (and, for layer norm, one more pass over each row for its mean, which batch norm
 /// keeps as a per-channel pair but a per-row mean would cost a tensor per row). Elsewhere
-/// keeping x̂ costs the same bytes as keeping the input and saves that arithmetic.
+/// keeping x̂ costs the same bytes as keeping the input and saves that arithmetic — except in
+/// a layer marked [`crate::spec::LayerSpec::recompute_output`] whose output a later backward
+/// keeps: there the input replaces x̂ and the output both, since the schedule remakes the
+/// output from the input (`schedule.rs`, `redone_in_backward`).
 fn rebuild_x_hat_from_kept_inputs(
     graph: &mut Graph,
     backward: &mut [Option<BackwardRule>],
@@ -179,11 +182,15 @@ fn rebuild_x_hat_from_kept_inputs(
         else {
             continue;
         };
-        let kept_elsewhere = backward
-            .iter()
-            .enumerate()
-            .any(|(j, r)| j != i && r.as_ref().is_some_and(|r| r.saved.contains(&x)));
-        if backward[i].is_none() || !kept_elsewhere {
+        let kept_by_another = |t: TensorId| {
+            backward
+                .iter()
+                .enumerate()
+                .any(|(j, r)| j != i && r.as_ref().is_some_and(|r| r.saved.contains(&t)))
+        };
+        let output_redone = graph.layers[op.layer].recompute_output
+            && op.outputs.first().is_some_and(|&y| kept_by_another(y));
+        if backward[i].is_none() || !(kept_by_another(x) || output_redone) {
             continue;
         }
         if let Op::BatchNorm { rebuild_x_hat, .. } | Op::LayerNorm { rebuild_x_hat, .. } =

@@ -310,6 +310,13 @@ fn layer_rows(spec: &ModelSpec, graph: &Graph, plan: &StaticPlan) -> Vec<LayerMe
                 saved_bytes,
                 recomputed_bytes,
                 checkpointed: l.checkpoint.is_some(),
+                recomputes_output: l.recompute_output
+                    && l.checkpoint.is_none()
+                    && plan.steps.iter().any(|s| {
+                        s.phase == Phase::Recompute
+                            && s.layer == l.name.as_str()
+                            && s.op.recomputes_output_by_choice()
+                    }),
                 in_place,
                 recomputes_in_backward: rebuilds_in_backward(graph, plan, l),
                 forward_flops: graph.ops[l.ops.clone()]

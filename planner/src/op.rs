@@ -302,6 +302,12 @@ ops! {
 }
 
 impl Op {
+    /// An op whose output a layer may recompute by choice (`LayerSpec::recompute_output`):
+    /// the norms that can rebuild x̂ from their kept input.
+    pub fn recomputes_output_by_choice(&self) -> bool {
+        matches!(self, Op::LayerNorm { .. } | Op::BatchNorm { .. })
+    }
+
     /// Forward multiply-adds ×2 (FLOPs) of one execution, the cost model used to price
     /// recomputation. Element-wise ops count one FLOP per element. Capped at
     /// [`MAX_OP_FLOPS`], so sums over the ops of any model stay inside `u64`.

@@ -148,6 +148,9 @@ pub struct LayerMemory {
     /// Bytes of its forward tensors dropped and recomputed (checkpointing).
     pub recomputed_bytes: u64,
     pub checkpointed: bool,
+    /// Its output is remade in backward by choice (`LayerSpec::recompute_output`, in effect:
+    /// a norm not checkpointed whose output a later backward reads).
+    pub recomputes_output: bool,
     /// Some op of the layer writes over its input.
     pub in_place: bool,
     /// Its backward recomputes what the forward did not keep: the memory-efficient
@@ -269,19 +272,22 @@ impl StaticPlan {
             .fold(0u64, |a, s| a.saturating_add(s.op.forward_flops()))
     }
 
-    /// FLOPs the recompute steps of checkpointed layers spend: what checkpointing costs. The
-    /// recompute steps every plan has (a u8 input cast again, a GELU output remade from its
-    /// kept input for the next layer's backward) are the plan's, not a checkpoint's.
+    /// FLOPs the recompute steps chosen for memory spend: those of checkpointed layers and
+    /// the norm forwards that remake a `recompute_output` layer's output — what
+    /// checkpointing costs. The recompute steps every plan has (a u8 input cast again, a
+    /// GELU output remade from its kept input for the next layer's backward) are the plan's,
+    /// not a choice's.
     pub fn checkpoint_recompute_flops(&self) -> u64 {
-        let checkpointed = |name: &str| {
-            self.memory
-                .layers
-                .iter()
-                .any(|l| l.checkpointed && l.name == name)
+        let chosen = |s: &PlanStep| {
+            self.memory.layers.iter().any(|l| {
+                l.name == s.layer
+                    && (l.checkpointed
+                        || (l.recomputes_output && s.op.recomputes_output_by_choice()))
+            })
         };
         self.steps
             .iter()
-            .filter(|s| s.phase == Phase::Recompute && checkpointed(&s.layer))
+            .filter(|s| s.phase == Phase::Recompute && chosen(s))
             .fold(0u64, |a, s| a.saturating_add(s.op.forward_flops()))
     }
 
@@ -604,6 +610,7 @@ struct_to_rust!(
         saved_bytes,
         recomputed_bytes,
         checkpointed,
+        recomputes_output,
         in_place,
         recomputes_in_backward,
         forward_flops
@@ -733,7 +740,7 @@ struct_to_rust!(LossTerm, "LossTerm", [kind, inputs, weight, reduction]);
 struct_to_rust!(
     LayerSpec,
     "LayerSpec",
-    [name, kind, inputs, dtype, checkpoint]
+    [name, kind, inputs, dtype, checkpoint, recompute_output]
 );
 struct_to_rust!(
     ModelSpec,

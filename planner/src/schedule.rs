@@ -56,6 +56,8 @@ pub struct Schedule {
     pub updated: Vec<bool>,
     /// Checkpoint segments: `(segment id, layer indices)`.
     pub segments: Vec<Vec<usize>>,
+    /// Per layer: its output is recomputed by choice (`LayerSpec::recompute_output`).
+    pub recompute_output: Vec<bool>,
 }
 
 impl Schedule {
@@ -67,6 +69,17 @@ impl Schedule {
             && st
                 .layer
                 .is_some_and(|l| self.segments.iter().any(|s| s.contains(&l)))
+    }
+
+    /// Step `i` recomputes by the model's choice, which the checkpoint solver prices: a
+    /// checkpoint segment's step ([`Schedule::checkpoint_recompute`]), or the norm forward
+    /// that remakes the output of a layer marked `recompute_output`.
+    pub fn chosen_recompute(&self, i: usize) -> bool {
+        let st = &self.steps[i];
+        self.checkpoint_recompute(i)
+            || (st.phase == Phase::Recompute
+                && st.op.recomputes_output_by_choice()
+                && st.layer.is_some_and(|l| self.recompute_output[l]))
     }
 }
 
@@ -225,6 +238,7 @@ impl Schedule {
             training: step.training,
             updated: has_grad,
             segments,
+            recompute_output: graph.layers.iter().map(|l| l.recompute_output).collect(),
         }
     }
 }
@@ -428,7 +442,11 @@ fn backward_steps(
 /// - the output of an activation whose own backward keeps its input (GELU, SiLU), where the
 ///   next layer's weight gradient reads it: the selective recomputation of Korthikanti et
 ///   al. 2022 applied to the MLP — only the input is kept. Not when the activation's layer is
-///   checkpointed: its input is not kept then.
+///   checkpointed: its input is not kept then;
+/// - by choice (`LayerSpec::recompute_output`, which `checkpoint = auto` weighs against
+///   segments), a norm's output a later backward reads: the norm keeps its input instead
+///   (`autodiff.rs`, `rebuild_x_hat_from_kept_inputs`) and its forward runs again. Not in a
+///   checkpointed layer.
 ///
 /// What a block keeps then depends only on its own checkpointing, as the checkpoint solver
 /// assumes.
@@ -463,6 +481,18 @@ fn redone_in_backward(
                     .is_some_and(|r| r.saved.contains(&x));
                 !act.backward_reads_output()
                     && keeps_input
+                    && seg_of_layer[op.layer].is_none()
+                    && saved[y]
+            }
+            Op::LayerNorm {
+                rebuild_x_hat: true,
+                ..
+            }
+            | Op::BatchNorm {
+                rebuild_x_hat: true,
+                ..
+            } => {
+                graph.layers[op.layer].recompute_output
                     && seg_of_layer[op.layer].is_none()
                     && saved[y]
             }

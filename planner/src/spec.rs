@@ -425,6 +425,23 @@ pub struct LayerSpec {
     /// Checkpoint segment: consecutive layers with the same id form one segment whose inner
     /// tensors are dropped after forward and recomputed before their backward.
     pub checkpoint: Option<u32>,
+    /// Selective recomputation of a norm's output (`#[recompute_output]`, or chosen by
+    /// `checkpoint = auto`): a `layer_norm` or `batch_norm` whose output a later backward
+    /// reads keeps its input and statistics instead of x̂ and the output, rebuilds x̂ from
+    /// them in its own backward, and remakes the output just before the first backward that
+    /// reads it — one activation fewer kept, for a norm's forward again. Ignored in a
+    /// checkpointed layer (whose outputs are recomputed anyway).
+    pub recompute_output: bool,
+}
+
+impl LayerSpec {
+    /// Its kind can recompute its output from its kept input ([`LayerSpec::recompute_output`]).
+    pub fn can_recompute_output(&self) -> bool {
+        matches!(
+            self.kind,
+            LayerKind::LayerNorm { .. } | LayerKind::BatchNorm { .. }
+        )
+    }
 }
 
 /// A whole model as declared.
@@ -464,6 +481,7 @@ impl ModelSpec {
             inputs: inputs.iter().map(|s| s.to_string()).collect(),
             dtype: None,
             checkpoint: None,
+            recompute_output: false,
         });
         name.to_string()
     }
@@ -486,6 +504,16 @@ impl ModelSpec {
         for l in self.layers.iter_mut() {
             if layers.contains(&l.name.as_str()) {
                 l.checkpoint = Some(segment);
+            }
+        }
+    }
+
+    /// Marks the named layers' outputs for selective recomputation
+    /// ([`LayerSpec::recompute_output`]).
+    pub fn recompute_output(&mut self, layers: &[&str]) {
+        for l in self.layers.iter_mut() {
+            if layers.contains(&l.name.as_str()) {
+                l.recompute_output = true;
             }
         }
     }

@@ -13,9 +13,11 @@
 //! sweep (chains of up to 12 units, general graphs of up to 11). `MEMWISE_SEEDS=N` and
 //! `MEMWISE_MAX_UNITS=K` override the number of seeds and the size limit.
 
-use memwise_plan::checkpoint::{self, max_batch_with, Evaluation, Method, Policy, Solver};
+use memwise_plan::checkpoint::{
+    self, max_batch_with, with_choice, Evaluation, Method, Policy, Selection, Solver,
+};
 use memwise_plan::generate::{random_chain, random_dag, SplitMix64};
-use memwise_plan::{plan, zoo, ModelSpec, Phase};
+use memwise_plan::{plan, zoo, ModelSpec, Op, Phase};
 
 /// `name` from the environment, else `debug` in a debug build and `release` in a release one
 /// (an exhaustive search plans thousands of schedules per model).
@@ -55,20 +57,43 @@ fn segmentations(m: usize) -> Vec<Vec<(usize, usize)>> {
     out
 }
 
-/// The exhaustive table: every segmentation's real evaluation.
-fn exhaustive(s: &Solver) -> Vec<(Vec<(usize, usize)>, Evaluation)> {
-    segmentations(s.unit_count())
+/// Every selection: each segmentation with each subset of the units outside its segments
+/// that can recompute their norms' outputs.
+fn selections(s: &Solver) -> Vec<Selection> {
+    let selectable = s.output_units();
+    let mut out = Vec::new();
+    for segments in segmentations(s.unit_count()) {
+        let free: Vec<usize> = (selectable.iter().copied())
+            .filter(|&u| !segments.iter().any(|&(a, b)| a <= u && u <= b))
+            .collect();
+        for mask in 0..1usize << free.len() {
+            let outputs = (0..free.len())
+                .filter(|k| mask >> k & 1 == 1)
+                .map(|k| free[k])
+                .collect();
+            out.push(Selection {
+                segments: segments.clone(),
+                outputs,
+            });
+        }
+    }
+    out
+}
+
+/// The exhaustive table: every selection's real evaluation.
+fn exhaustive(s: &Solver) -> Vec<(Selection, Evaluation)> {
+    selections(s)
         .into_iter()
-        .map(|segs| {
-            let e = s.evaluate_units(&segs);
-            (segs, e)
+        .map(|sel| {
+            let e = s.evaluate(&sel);
+            (sel, e)
         })
         .collect()
 }
 
 /// Budgets from the smallest feasible total to the unchecked one: both ends, the quartiles
 /// between, and two totals some segmentation reaches exactly (the edge of feasibility).
-fn budgets(table: &[(Vec<(usize, usize)>, Evaluation)], seed: u64) -> Vec<u64> {
+fn budgets(table: &[(Selection, Evaluation)], seed: u64) -> Vec<u64> {
     let mut totals: Vec<u64> = table.iter().map(|(_, e)| e.total).collect();
     totals.sort_unstable();
     totals.dedup();
@@ -90,7 +115,7 @@ fn budgets(table: &[(Vec<(usize, usize)>, Evaluation)], seed: u64) -> Vec<u64> {
 }
 
 /// The exhaustive minimum recomputation within `budget`.
-fn best_cost(table: &[(Vec<(usize, usize)>, Evaluation)], budget: u64) -> Option<u64> {
+fn best_cost(table: &[(Selection, Evaluation)], budget: u64) -> Option<u64> {
     table
         .iter()
         .filter(|(_, e)| e.total <= budget)
@@ -103,6 +128,9 @@ struct Tally {
     budgets: usize,
     skipped: usize,
     largest: usize,
+    /// Models with units that can recompute their norms' outputs (the program's third
+    /// choice per unit, against the exhaustive table's every subset of them).
+    with_outputs: usize,
     /// Segmentations the exhaustive search planned, and the solver's search evaluated.
     space: usize,
     searched: usize,
@@ -126,13 +154,14 @@ fn versus_exhaustive(
     specs: impl Iterator<Item = (u64, ModelSpec)>,
     chain: bool,
     max_units: usize,
-    check: impl Fn(u64, Option<u64>, Option<(Vec<(usize, usize)>, Evaluation)>) -> Result<(), String>,
+    check: impl Fn(u64, Option<u64>, Option<(Selection, Evaluation)>) -> Result<(), String>,
 ) -> Tally {
     let mut t = Tally {
         models: 0,
         budgets: 0,
         skipped: 0,
         largest: 0,
+        with_outputs: 0,
         space: 0,
         searched: 0,
         failures: Vec::new(),
@@ -148,6 +177,7 @@ fn versus_exhaustive(
             continue;
         }
         t.models += 1;
+        t.with_outputs += !s.output_units().is_empty() as usize;
         t.largest = t.largest.max(s.unit_count());
         let table = exhaustive(&s);
         let bs = budgets(&table, seed);
@@ -196,11 +226,15 @@ fn chain_program_equals_exhaustive_search() {
         },
     );
     eprintln!(
-        "chains: {} models (up to {} units), {} budgets, {} skipped as larger than {max_units} units",
-        t.models, t.largest, t.budgets, t.skipped
+        "chains: {} models (up to {} units, {} with norms that can recompute their outputs), {} budgets, {} skipped as larger than {max_units} units",
+        t.models, t.largest, t.with_outputs, t.budgets, t.skipped
     );
     t.assert_clean();
     assert!(t.models >= seeds as usize / 3);
+    assert!(
+        t.with_outputs >= t.models / 10,
+        "too few models exercise recompute_output"
+    );
 }
 
 #[test]
@@ -343,12 +377,19 @@ fn resnet_units_are_its_bottlenecks() {
 /// Planned total and recompute FLOPs of `spec`.
 fn planned(spec: &ModelSpec) -> (u64, u64) {
     let p = plan(spec).unwrap();
-    // The recompute steps of checkpointed layers: not the ones every plan has.
-    let checkpointed = |name: &str| spec.layer(name).is_some_and(|l| l.checkpoint.is_some());
+    // The recompute steps of checkpointed layers and the norm forwards of layers that
+    // recompute their outputs: not the ones every plan has.
+    let chosen = |s: &memwise_plan::PlanStep| {
+        spec.layer(&s.layer).is_some_and(|l| {
+            l.checkpoint.is_some()
+                || (l.recompute_output
+                    && matches!(s.op, Op::LayerNorm { .. } | Op::BatchNorm { .. }))
+        })
+    };
     let flops = p
         .steps
         .iter()
-        .filter(|s| s.phase == Phase::Recompute && checkpointed(&s.layer))
+        .filter(|s| s.phase == Phase::Recompute && chosen(s))
         .map(|s| s.op.forward_flops())
         .sum();
     assert_eq!(flops, p.checkpoint_recompute_flops());
@@ -364,10 +405,15 @@ fn solve_fits_every_budget_and_reports_its_cost() {
         zoo::resnet50(2),
     ] {
         let s = Solver::new(&spec).unwrap();
-        let (smallest, segs) = s.smallest_total();
+        let (smallest, selection) = s.smallest_total();
         let unchecked = planned(&spec).0;
         assert!(smallest <= unchecked);
-        let floor = planned(&with_names(&spec, &s.segment_names(&segs))).0;
+        let floor = planned(&with_choice(
+            &spec,
+            &s.segment_names(&selection.segments),
+            &s.output_names(&selection.outputs),
+        ))
+        .0;
         let mut last_cost = 0u64;
         for k in 0..=4u64 {
             let budget = unchecked - (unchecked - floor) * k / 4;
@@ -397,17 +443,6 @@ fn solve_fits_every_budget_and_reports_its_cost() {
         }
         assert_eq!(s.solve(unchecked).unwrap().recompute_flops, 0);
     }
-}
-
-fn with_names(spec: &ModelSpec, segments: &[Vec<String>]) -> ModelSpec {
-    let mut s = spec.clone();
-    for l in s.layers.iter_mut() {
-        l.checkpoint = segments
-            .iter()
-            .position(|g| g.contains(&l.name))
-            .map(|k| k as u32);
-    }
-    s
 }
 
 #[test]
@@ -566,4 +601,35 @@ fn twelve_layer_chains_equal_exhaustive_search() {
     );
     t.assert_clean();
     assert!(t.models >= seeds as usize / 2);
+}
+
+#[test]
+fn the_solver_recomputes_norm_outputs_before_it_checkpoints_a_segment() {
+    // GPT-2's layer norms feed projections that keep their inputs: recomputing a norm's
+    // output costs a norm's forward, far less than a checkpointed block's. With a budget
+    // that all of them fit and nothing less does, the solver picks exactly those.
+    let spec = zoo::gpt2_stack(1, 4);
+    let s = Solver::new(&spec).unwrap();
+    assert!(s.is_chain());
+    let norms: Vec<String> = (spec.layers.iter())
+        .filter(|l| l.name.contains("_ln_"))
+        .map(|l| l.name.clone())
+        .collect();
+    assert_eq!(s.output_names(&s.output_units()), norms);
+    let names: Vec<&str> = norms.iter().map(String::as_str).collect();
+    let mut all = spec.clone();
+    all.recompute_output(&names);
+    let (budget, cost) = planned(&all);
+    assert!(budget < planned(&spec).0);
+    let c = s.solve(budget).unwrap();
+    assert!(c.segments.is_empty(), "{c}");
+    assert_eq!(c.recompute_outputs, norms, "{c}");
+    assert_eq!((c.total, c.recompute_flops), (budget, cost));
+    assert!(
+        c.to_string().starts_with("recomputes 8 norm outputs"),
+        "{c}"
+    );
+    // A little less costs a segment on top.
+    let t = s.solve(budget - (1 << 20)).unwrap();
+    assert!(!t.segments.is_empty() && t.recompute_flops > cost, "{t}");
 }

@@ -249,3 +249,75 @@ fn gpt2_block_keeps_korthikantis_selective_recompute_figure_less_the_gelu_output
     let kept: u64 = kept_at_loss(&plan, "h1_").iter().map(|t| t.1).sum();
     assert_eq!(kept, 26 * sbh + 4 * s * b * (2 + a));
 }
+
+#[test]
+fn recomputing_the_norm_outputs_keeps_their_inputs_instead() {
+    // `recompute_output` on the middle block's two layer norms: each keeps its input (the
+    // residual stream) and 1/σ instead of x̂ and its output, and remakes the output before the
+    // projection's backward — eq. 6's two 2·s·b·h LayerNorm terms and its two projection
+    // inputs become the two LayerNorm inputs: 22·s·b·h (less the GeLU output, as above).
+    // The previous test's block keeps 26·s·b·h.
+    let mut spec = zoo::gpt2_stack(1, 3);
+    spec.recompute_output(&["h1_ln_1", "h1_ln_2"]);
+    let plan = plan(&spec).expect("plans");
+    let (s, b, h, a) = (
+        zoo::GPT2_SEQ as u64,
+        1u64,
+        zoo::GPT2_HIDDEN as u64,
+        zoo::GPT2_HEADS as u64,
+    );
+    let sbh = s * b * h;
+    let names = BlockNames {
+        ln1: "h1_ln_1",
+        attn: "h1_attn",
+        drop1: "h1_attn_dropout",
+        ln2: "h1_ln_2",
+        mlp1: "h1_mlp_fc",
+        drop2: "h1_mlp_dropout",
+    };
+    let mut expect = eq6_terms(&names, sbh);
+    let dropped = [
+        "h1_mlp_fc.out",
+        "h1_ln_1.x_hat",
+        "h1_ln_1.out",
+        "h1_ln_2.x_hat",
+        "h1_ln_2.out",
+    ];
+    expect.retain(|(n, _)| !dropped.contains(&n.as_str()));
+    let kept_inputs = [("h1_add_1.out".to_string(), 2 * sbh)];
+    // Not even 1/σ: the norms' backwards read the one their forward's second run writes.
+    let stats = [("h1_attn.lse".to_string(), 4 * a * s * b)];
+    assert_eq!(
+        sorted(kept_at_loss(&plan, "h1_")),
+        aligned(expect.into_iter().chain(kept_inputs).chain(stats)),
+        "the middle block keeps its norms' inputs, not their x̂, outputs and 1/σ"
+    );
+    // The first norm's input is the previous block's output, kept now for it.
+    assert_eq!(
+        kept_at_loss(&plan, "h0_add_2"),
+        vec![("h0_add_2.out".to_string(), 2 * sbh)]
+    );
+    // What it costs: the two norms' forwards again, and nothing else counts as chosen.
+    let ln = Op::LayerNorm {
+        rows: s as usize,
+        features: h as usize,
+        epsilon: 1e-5,
+        rebuild_x_hat: true,
+    };
+    assert_eq!(plan.checkpoint_recompute_flops(), 2 * ln.forward_flops());
+    let flagged: Vec<&str> = (plan.memory.layers.iter())
+        .filter(|l| l.recomputes_output)
+        .map(|l| l.name.as_ref())
+        .collect();
+    assert_eq!(flagged, ["h1_ln_1", "h1_ln_2"]);
+    let plain = plan_total(&zoo::gpt2_stack(1, 3));
+    assert!(
+        plan.memory.total < plain,
+        "{} !< {plain}",
+        plan.memory.total
+    );
+}
+
+fn plan_total(spec: &ModelSpec) -> u64 {
+    plan(spec).expect("plans").memory.total
+}

@@ -2,9 +2,10 @@
 //! and the program over segmentations of whole blocks that minimises recomputation within
 //! an arena budget (or the peak) — exact on chains (`docs/CHECKPOINTING.md`).
 
+use std::cmp::Reverse;
 use std::collections::HashMap;
 
-use super::solver::Solver;
+use super::solver::{Selection, Solver};
 use crate::graph::TensorId;
 use crate::liveness::Lifetimes;
 use crate::op::Op;
@@ -13,25 +14,61 @@ use crate::schedule::Schedule;
 use crate::ALIGNMENT;
 
 /// A run of units `start..=end` (1-based unit indices), checkpointed as one segment or, for
-/// a single unit, stored (not checkpointed).
+/// a single unit, stored (not checkpointed) — with its norms' outputs recomputed when `out`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) struct Block {
     pub(super) start: usize,
     pub(super) end: usize,
     pub(super) ckpt: bool,
+    /// A stored unit whose norms recompute their outputs (`LayerSpec::recompute_output`).
+    pub(super) out: bool,
 }
 
+/// The contexts a block's terms depend on: the kind of the block before it.
+const CONTEXTS: usize = 3;
+
 impl Block {
+    pub(super) fn stored(u: usize) -> Block {
+        Block {
+            start: u,
+            end: u,
+            ckpt: false,
+            out: false,
+        }
+    }
+
+    pub(super) fn checkpointed(start: usize, end: usize) -> Block {
+        Block {
+            start,
+            end,
+            ckpt: true,
+            out: false,
+        }
+    }
+
+    pub(super) fn outputs(u: usize) -> Block {
+        Block {
+            out: true,
+            ..Block::stored(u)
+        }
+    }
+
     /// Each segment of units `(start, end)` as a checkpointed block.
     pub(super) fn segments(segments: &[(usize, usize)]) -> Vec<Block> {
         segments
             .iter()
-            .map(|&(start, end)| Block {
-                start,
-                end,
-                ckpt: true,
-            })
+            .map(|&(start, end)| Block::checkpointed(start, end))
             .collect()
+    }
+
+    /// The context it makes for the block after it: 0 stored, 1 checkpointed, 2 stored with
+    /// its outputs recomputed.
+    fn context(&self) -> usize {
+        match (self.ckpt, self.out) {
+            (true, _) => 1,
+            (false, false) => 0,
+            (false, true) => 2,
+        }
     }
 }
 
@@ -54,11 +91,16 @@ struct Term {
 /// Probe results: every block's [`Term`] in each context.
 #[derive(Clone, Debug, Default)]
 pub(super) struct Terms {
-    unit0: Term,
-    /// `stored[u][tau]`: unit `u` not checkpointed; `tau` = the block before is checkpointed.
-    stored: Vec<[Option<Term>; 2]>,
+    /// Unit 0's (the inputs'), by whether unit 1 recomputes its outputs (a norm reading a
+    /// model input then keeps the input, which changes what unit 0 keeps).
+    unit0: [Option<Term>; 2],
+    /// `stored[u][tau]`: unit `u` not checkpointed; `tau` = the context the block before
+    /// makes ([`Block::context`]).
+    stored: Vec<[Option<Term>; CONTEXTS]>,
+    /// `outputs[u][tau]`: unit `u` stored, its norms' outputs recomputed.
+    outputs: Vec<[Option<Term>; CONTEXTS]>,
     /// `ckpt[(i, j)][tau]`.
-    ckpt: HashMap<(usize, usize), [Option<Term>; 2]>,
+    ckpt: HashMap<(usize, usize), [Option<Term>; CONTEXTS]>,
     /// Some block measured twice differed (the decomposition did not hold).
     pub(super) inconsistent: bool,
     pub(super) probes: usize,
@@ -74,14 +116,15 @@ impl Solver {
     /// The program's total and recompute FLOPs of a segmentation.
     pub(super) fn model(&self, segments: &[(usize, usize)]) -> Option<(u64, u64)> {
         let blocks = self.cover(segments);
-        let (mut k, mut peak) = (self.terms.unit0.keep, self.terms.unit0.peak);
+        let t0 = self.terms.unit0[0]?;
+        let (mut k, mut peak) = (t0.keep, t0.peak);
         let (mut tau, mut cost) = (0usize, 0u64);
         for b in &blocks {
             let t = self.term(b, tau)?;
             peak = peak.max(k + t.peak);
             k += t.keep + t.bkeep;
             cost += t.cost;
-            tau = b.ckpt as usize;
+            tau = b.context();
         }
         Some((self.persistent + peak, cost))
     }
@@ -94,26 +137,14 @@ impl Solver {
         segs.sort_unstable();
         for (s, e) in segs {
             while u < s {
-                blocks.push(Block {
-                    start: u,
-                    end: u,
-                    ckpt: false,
-                });
+                blocks.push(Block::stored(u));
                 u += 1;
             }
-            blocks.push(Block {
-                start: s,
-                end: e,
-                ckpt: true,
-            });
+            blocks.push(Block::checkpointed(s, e));
             u = e + 1;
         }
         while u <= self.unit_count() {
-            blocks.push(Block {
-                start: u,
-                end: u,
-                ckpt: false,
-            });
+            blocks.push(Block::stored(u));
             u += 1;
         }
         blocks
@@ -122,9 +153,23 @@ impl Solver {
     fn term(&self, b: &Block, tau: usize) -> Option<Term> {
         if b.ckpt {
             self.terms.ckpt.get(&(b.start, b.end)).and_then(|t| t[tau])
+        } else if b.out {
+            self.terms.outputs.get(b.start).and_then(|t| t[tau])
         } else {
             self.terms.stored.get(b.start).and_then(|t| t[tau])
         }
+    }
+
+    /// The blocks that may start at unit `p`: checkpointed runs, longest first, then the unit
+    /// with its outputs recomputed (where it has a norm to do it), then stored.
+    fn blocks_at(&self, p: usize) -> Vec<Block> {
+        let m = self.unit_count();
+        let mut out: Vec<Block> = (p..=m).rev().map(|e| Block::checkpointed(p, e)).collect();
+        if self.selectable[p] {
+            out.push(Block::outputs(p));
+        }
+        out.push(Block::stored(p));
+        out
     }
 }
 
@@ -136,65 +181,69 @@ impl Solver {
     pub(super) fn probe_all(&mut self) {
         let m = self.unit_count();
         let mut terms = Terms {
-            stored: vec![[None, None]; m + 1],
+            stored: vec![[None; CONTEXTS]; m + 1],
+            outputs: vec![[None; CONTEXTS]; m + 1],
             ..Terms::default()
         };
-        // What is still to be seen: (start, end, ckpt, tau).
-        let allowed = |i: usize, tau: usize| i > 1 || tau == 0;
-        let mut todo_ckpt: Vec<Vec<[bool; 2]>> = vec![Vec::new(); m + 2];
-        for (i, row) in todo_ckpt.iter_mut().enumerate().take(m + 1).skip(1) {
-            *row = (i..=m).map(|_| [allowed(i, 0), allowed(i, 1)]).collect();
-        }
-        let mut todo_stored: Vec<[bool; 2]> = (0..=m)
-            .map(|i| [i >= 1 && allowed(i, 0), i >= 1 && allowed(i, 1)])
+        // The contexts unit `i` can be reached in: unit 1 only after unit 0; the outputs
+        // context only after a unit that has a norm to recompute.
+        let reachable = |i: usize, tau: usize| match tau {
+            _ if i <= 1 => tau == 0,
+            2 => self.selectable[i - 1],
+            _ => true,
+        };
+        // What is still to be seen: per start unit, each block that may start there and the
+        // contexts it is still to be seen in.
+        type Todo = Vec<Vec<(Block, [bool; CONTEXTS])>>;
+        let mut todo: Todo = (0..=m + 1)
+            .map(|p| match p {
+                0 => Vec::new(),
+                p if p > m => Vec::new(),
+                p => (self.blocks_at(p).into_iter())
+                    .map(|b| (b, std::array::from_fn(|tau| reachable(p, tau))))
+                    .collect(),
+            })
             .collect();
-        let open_at = |todo_ckpt: &Vec<Vec<[bool; 2]>>,
-                       todo_stored: &Vec<[bool; 2]>,
-                       i: usize,
-                       tau: usize| {
-            if i > m {
-                return 0;
-            }
-            todo_ckpt[i].iter().filter(|x| x[tau]).count() + todo_stored[i][tau] as usize
+        let open_at = |todo: &Todo, i: usize, tau: usize| -> usize {
+            todo.get(i)
+                .map_or(0, |bs| bs.iter().filter(|(_, open)| open[tau]).count())
         };
         loop {
             let remaining: usize = (1..=m)
-                .map(|i| {
-                    open_at(&todo_ckpt, &todo_stored, i, 0)
-                        + open_at(&todo_ckpt, &todo_stored, i, 1)
-                })
+                .flat_map(|i| (0..CONTEXTS).map(move |tau| (i, tau)))
+                .map(|(i, tau)| open_at(&todo, i, tau))
                 .sum();
             if remaining == 0 {
                 break;
             }
-            // One probe, left to right: at each unit take the longest block not yet seen in
-            // the current context; when there is none, a filler whose context suits the
-            // next unit best.
+            // One probe, left to right: at each unit take the first block not yet seen in the
+            // current context (the longest run first); when there is none, a one-unit filler
+            // whose context suits the next unit best (stored on a tie).
             let mut blocks = Vec::new();
             let (mut p, mut tau) = (1usize, 0usize);
             while p <= m {
-                let pick = todo_ckpt[p]
-                    .iter()
-                    .rposition(|x| x[tau])
-                    .map(|k| (p + k, true))
-                    .or_else(|| todo_stored[p][tau].then_some((p, false)));
-                let (end, ckpt) = pick.unwrap_or_else(|| {
-                    let ck = open_at(&todo_ckpt, &todo_stored, p + 1, 1)
-                        > open_at(&todo_ckpt, &todo_stored, p + 1, 0);
-                    (p, ck)
-                });
-                if ckpt {
-                    todo_ckpt[p][end - p][tau] = false;
-                } else {
-                    todo_stored[p][tau] = false;
-                }
-                blocks.push(Block {
-                    start: p,
-                    end,
-                    ckpt,
-                });
-                tau = ckpt as usize;
-                p = end + 1;
+                let b = match todo[p].iter_mut().find(|(_, open)| open[tau]) {
+                    Some((b, open)) => {
+                        open[tau] = false;
+                        *b
+                    }
+                    None => {
+                        let fillers = [
+                            Block::stored(p),
+                            Block::checkpointed(p, p),
+                            Block::outputs(p),
+                        ];
+                        let next =
+                            |b: &Block| (open_at(&todo, p + 1, b.context()), Reverse(b.context()));
+                        (fillers.into_iter())
+                            .filter(|b| !b.out || self.selectable[p])
+                            .max_by_key(next)
+                            .expect("a stored filler")
+                    }
+                };
+                blocks.push(b);
+                tau = b.context();
+                p = b.end + 1;
             }
             self.probe(&blocks, &mut terms);
         }
@@ -210,16 +259,17 @@ impl Solver {
         let life = Lifetimes::compute(&s, ALIGNMENT);
         let measured = self.measure(blocks, &s, &life);
         terms.probes += 1;
-        terms.unit0 = measured[0];
+        terms.unit0[blocks.first().is_some_and(|b| b.out) as usize] = Some(measured[0]);
         for (k, b) in blocks.iter().enumerate() {
-            let tau = if k == 0 {
-                0
-            } else {
-                blocks[k - 1].ckpt as usize
-            };
+            let tau = if k == 0 { 0 } else { blocks[k - 1].context() };
             let t = measured[k + 1];
             let slot = if b.ckpt {
-                &mut terms.ckpt.entry((b.start, b.end)).or_insert([None, None])[tau]
+                &mut terms
+                    .ckpt
+                    .entry((b.start, b.end))
+                    .or_insert([None; CONTEXTS])[tau]
+            } else if b.out {
+                &mut terms.outputs[b.start][tau]
             } else {
                 &mut terms.stored[b.start][tau]
             };
@@ -315,7 +365,7 @@ impl Solver {
         let mut cost = vec![0u64; nb];
         for i in 0..n {
             peak[region[i]] = peak[region[i]].max(live[i]);
-            if s.checkpoint_recompute(i) {
+            if s.chosen_recompute(i) {
                 cost[region[i]] += s.steps[i].op.forward_flops();
             }
         }
@@ -386,48 +436,57 @@ impl Solver {
         objective: Objective,
     ) -> Option<(Vec<Block>, u64, u64)> {
         let m = self.unit_count();
-        let t0 = self.terms.unit0;
-        if t0.peak > arena_budget {
-            return None;
+        // Unit 0 as the start, by the first block's kind.
+        let start = |out: bool| {
+            let t0 = self.terms.unit0[out as usize]?;
+            (t0.peak <= arena_budget).then_some(Entry {
+                k: t0.keep,
+                cost: t0.cost,
+                peak: t0.peak,
+                node: u32::MAX,
+            })
+        };
+        if m == 0 {
+            let e = start(false)?;
+            return Some((Vec::new(), e.peak, e.cost));
         }
         let mut nodes: Vec<(u32, Block)> = Vec::new();
-        let mut states: Vec<[Vec<Entry>; 2]> =
-            (0..=m + 1).map(|_| [Vec::new(), Vec::new()]).collect();
-        states[1][0].push(Entry {
-            k: t0.keep,
-            cost: 0,
-            peak: t0.peak,
-            node: u32::MAX,
-        });
-        for i in 1..=m {
-            for tau in 0..2 {
+        let mut states: Vec<[Vec<Entry>; CONTEXTS]> =
+            (0..=m + 1).map(|_| Default::default()).collect();
+        for b in self.blocks_at(1) {
+            if let (Some(e), Some(t)) = (start(b.out), self.term(&b, 0)) {
+                let at = e.k + t.peak;
+                if at <= arena_budget {
+                    nodes.push((e.node, b));
+                    states[b.end + 1][b.context()].push(Entry {
+                        k: e.k + t.keep + t.bkeep,
+                        cost: e.cost + t.cost,
+                        peak: e.peak.max(at),
+                        node: (nodes.len() - 1) as u32,
+                    });
+                }
+            }
+        }
+        for i in 2..=m {
+            for tau in 0..CONTEXTS {
                 let front = prune(std::mem::take(&mut states[i][tau]), objective);
                 for e in front {
-                    let mut push = |b: Block, t: Term, states: &mut Vec<[Vec<Entry>; 2]>| {
+                    let mut push = |b: Block, t: Term, states: &mut Vec<[Vec<Entry>; CONTEXTS]>| {
                         let at = e.k + t.peak;
                         if at > arena_budget {
                             return;
                         }
                         nodes.push((e.node, b));
-                        states[b.end + 1][b.ckpt as usize].push(Entry {
+                        states[b.end + 1][b.context()].push(Entry {
                             k: e.k + t.keep + t.bkeep,
                             cost: e.cost + t.cost,
                             peak: e.peak.max(at),
                             node: (nodes.len() - 1) as u32,
                         });
                     };
-                    // Block `i` stored, or a run `[i..j]` checkpointed.
-                    let stored = Block {
-                        start: i,
-                        end: i,
-                        ckpt: false,
-                    };
-                    let runs = (i..=m).map(|end| Block {
-                        start: i,
-                        end,
-                        ckpt: true,
-                    });
-                    for b in std::iter::once(stored).chain(runs) {
+                    // Unit `i` stored (its outputs recomputed or not), or a run `[i..j]`
+                    // checkpointed.
+                    for b in self.blocks_at(i) {
                         if let Some(t) = self.term(&b, tau) {
                             push(b, t, &mut states);
                         }
@@ -477,6 +536,14 @@ pub(super) fn blocks_to_segments(blocks: &[Block]) -> Vec<(usize, usize)> {
         .filter(|b| b.ckpt)
         .map(|b| (b.start, b.end))
         .collect()
+}
+
+/// The segments and the units whose outputs are recomputed.
+pub(super) fn blocks_to_selection(blocks: &[Block]) -> Selection {
+    Selection {
+        segments: blocks_to_segments(blocks),
+        outputs: blocks.iter().filter(|b| b.out).map(|b| b.start).collect(),
+    }
 }
 
 /// The region of every step of `s` (see `Solver::measure`), and the last loss step.

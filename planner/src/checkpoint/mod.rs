@@ -32,7 +32,7 @@ mod solver;
 use std::fmt;
 
 pub use search::{SEARCH_EVALUATIONS, SEARCH_SMALL_UNITS};
-pub use solver::{even_runs, Solver};
+pub use solver::{even_runs, Selection, Solver};
 
 use crate::advice::format_bytes;
 use crate::arena::packing::lower_bound;
@@ -63,6 +63,9 @@ pub struct CheckpointChoice {
     /// `checkpoint` id: consecutive layers dropped after forward and recomputed before
     /// their backward).
     pub segments: Vec<Vec<String>>,
+    /// Layers outside the segments whose norm outputs are recomputed instead of kept
+    /// (`LayerSpec::recompute_output`), in declaration order.
+    pub recompute_outputs: Vec<String>,
     /// `plan().memory.total` with these segments.
     pub total: u64,
     /// The budget it was solved for.
@@ -86,9 +89,10 @@ impl CheckpointChoice {
         }
     }
 
-    /// `spec` with exactly these segments checkpointed (any other `checkpoint` cleared).
+    /// `spec` with exactly these segments checkpointed and these outputs recomputed (any
+    /// other `checkpoint` and `recompute_output` cleared).
     pub fn apply(&self, spec: &ModelSpec) -> ModelSpec {
-        with_segments(spec, &self.segments)
+        with_choice(spec, &self.segments, &self.recompute_outputs)
     }
 }
 
@@ -96,7 +100,8 @@ impl fmt::Display for CheckpointChoice {
     /// `checkpoints 3 segments (12 layers): 5.2 GiB of 6 GiB (9.8 GiB without); recomputes
     /// 11% of forward FLOPs`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.segments.is_empty() {
+        let outputs = self.recompute_outputs.len();
+        if self.segments.is_empty() && outputs == 0 {
             return write!(
                 f,
                 "no checkpointing needed: {} of {}",
@@ -105,11 +110,21 @@ impl fmt::Display for CheckpointChoice {
             );
         }
         let layers: usize = self.segments.iter().map(Vec::len).sum();
+        let plural = |n: usize| if n == 1 { "" } else { "s" };
+        let segments = format!(
+            "checkpoints {} segment{} ({layers} layers)",
+            self.segments.len(),
+            plural(self.segments.len())
+        );
+        let norms = format!("recomputes {outputs} norm output{}", plural(outputs));
+        let what = match (self.segments.is_empty(), outputs) {
+            (false, 0) => segments,
+            (true, _) => norms,
+            (false, _) => format!("{segments}, {norms}"),
+        };
         write!(
             f,
-            "checkpoints {} segment{} ({layers} layers): {} of {} ({} without); recomputes {:.0}% of forward FLOPs",
-            self.segments.len(),
-            if self.segments.len() == 1 { "" } else { "s" },
+            "{what}: {} of {} ({} without); recomputes {:.0}% of forward FLOPs",
             format_bytes(self.total),
             format_bytes(self.budget),
             format_bytes(self.unchecked_total),
@@ -194,13 +209,14 @@ pub fn max_batch_with(spec: &ModelSpec, budget: u64, policy: Policy) -> Option<u
         let Ok(solver) = Solver::new(&base.with_batch(lo + 1)) else {
             break;
         };
-        let (smallest, segs) = solver.smallest_total();
+        let (smallest, selection) = solver.smallest_total();
         if smallest > budget {
             break;
         }
-        let names = solver.segment_names(&segs);
+        let names = solver.segment_names(&selection.segments);
+        let outputs = solver.output_names(&selection.outputs);
         let fits = |b: usize| {
-            let s = with_segments(&base.with_batch(b), &names);
+            let s = with_choice(&base.with_batch(b), &names, &outputs);
             lower_bound_total(&s).is_ok_and(|t| t <= budget)
         };
         lo = largest_batch(lo + 1, fits)?;
@@ -301,12 +317,19 @@ pub fn fit_budget(spec: &ModelSpec, budget: u64) -> Result<BudgetFit, PlanError>
 /// `spec` with exactly `segments` (layer names, disjoint) checkpointed: segment `k` gets
 /// checkpoint id `k`, every other layer none.
 pub fn with_segments(spec: &ModelSpec, segments: &[Vec<String>]) -> ModelSpec {
+    with_choice(spec, segments, &[])
+}
+
+/// `spec` with exactly `segments` checkpointed ([`with_segments`]) and exactly the layers
+/// named in `outputs` recomputing their outputs (`LayerSpec::recompute_output`).
+pub fn with_choice(spec: &ModelSpec, segments: &[Vec<String>], outputs: &[String]) -> ModelSpec {
     let mut s = spec.clone();
     for l in s.layers.iter_mut() {
         l.checkpoint = segments
             .iter()
             .position(|seg| seg.contains(&l.name))
             .map(|k| k as u32);
+        l.recompute_output = outputs.contains(&l.name);
     }
     s
 }

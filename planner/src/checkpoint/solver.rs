@@ -5,7 +5,7 @@
 
 use std::cell::{Cell, RefCell};
 
-use super::chain::{blocks_to_segments, Block, Objective, Terms};
+use super::chain::{blocks_to_selection, Block, Objective, Terms};
 use super::search::{labels_to_segments, Goal};
 use super::{arena_lower_bound, persistent_bytes, CheckpointChoice, Evaluation, Method};
 use crate::advice::format_bytes;
@@ -17,6 +17,27 @@ use crate::plan::Phase;
 use crate::schedule::Schedule;
 use crate::spec::{LayerKind, ModelSpec};
 use crate::ALIGNMENT;
+
+/// What the solver chooses: checkpoint segments of units, and the units whose norms recompute
+/// their outputs instead of keeping them (`LayerSpec::recompute_output`: selective
+/// recomputation, per op, weighed next to whole segments).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Selection {
+    /// `(start, end)`, 1-based, inclusive.
+    pub segments: Vec<(usize, usize)>,
+    /// Units, each stored (not in a segment).
+    pub outputs: Vec<usize>,
+}
+
+impl Selection {
+    /// Only checkpoint segments.
+    pub fn segments(segments: Vec<(usize, usize)>) -> Selection {
+        Selection {
+            segments,
+            outputs: Vec::new(),
+        }
+    }
+}
 
 /// Solves one model for any number of budgets: the graph, its units and the probe terms
 /// are computed once.
@@ -30,6 +51,9 @@ pub struct Solver {
     /// Tensors crossing into unit `u` (born in units before it, read by it or later).
     pub(super) cross: Vec<Vec<TensorId>>,
     pub(super) chain: bool,
+    /// Per unit: recomputing its norms' outputs changes the plan (a norm whose output a later
+    /// backward keeps). Only on chains: the general search weighs segments alone.
+    pub(super) selectable: Vec<bool>,
     pub(super) persistent: u64,
     pub(super) forward_flops: u64,
     pub(super) unchecked: Evaluation,
@@ -129,12 +153,44 @@ fn crossings(graph: &Graph, units: &[Vec<usize>], unit_of_layer: &[usize]) -> Ve
     cross
 }
 
+/// Per unit: it holds a norm whose output another op's backward keeps — what marking the
+/// layer `recompute_output` would remake instead.
+fn selectable_units(
+    spec: &ModelSpec,
+    graph: &Graph,
+    step: &StepGraph,
+    units: &[Vec<usize>],
+    unit_of_layer: &[usize],
+) -> Vec<bool> {
+    let mut kept_by = vec![Vec::new(); graph.tensors.len()];
+    for (o, r) in step.backward.iter().enumerate() {
+        for &t in r.iter().flat_map(|r| &r.saved) {
+            kept_by[t].push(o);
+        }
+    }
+    let mut out = vec![false; units.len()];
+    for (o, op) in graph.ops.iter().enumerate() {
+        let kept_elsewhere = |y: &TensorId| kept_by[*y].iter().any(|&j| j != o);
+        if op.op.recomputes_output_by_choice()
+            && spec.layers[op.layer].can_recompute_output()
+            && step.backward[o].is_some()
+            && op.outputs.first().is_some_and(kept_elsewhere)
+        {
+            out[unit_of_layer[op.layer]] = true;
+        }
+    }
+    out[0] = false;
+    out
+}
+
 impl Solver {
-    /// Lowers `spec` (with its checkpoint ids cleared), finds its units and probes them.
+    /// Lowers `spec` (with its checkpoint ids and output recomputation cleared), finds its
+    /// units and probes them.
     pub fn new(spec: &ModelSpec) -> Result<Solver, PlanError> {
         let mut spec = spec.clone();
         for l in spec.layers.iter_mut() {
             l.checkpoint = None;
+            l.recompute_output = false;
         }
         let mut graph = Graph::build(&spec)?;
         let step = StepGraph::build(&mut graph, &spec)?;
@@ -190,6 +246,11 @@ impl Solver {
                 })
                 .collect()
         };
+        let selectable = if chain {
+            selectable_units(&spec, &graph, &step, &units, &unit_of_layer)
+        } else {
+            vec![false; units.len()]
+        };
         let mut solver = Solver {
             spec,
             graph: RefCell::new(graph),
@@ -198,6 +259,7 @@ impl Solver {
             unit_of_layer,
             cross,
             chain,
+            selectable,
             persistent: 0,
             forward_flops: 0,
             unchecked: Evaluation {
@@ -221,6 +283,14 @@ impl Solver {
         solver.unchecked = solver.evaluate_blocks(&[]);
         solver.probe_all();
         Ok(solver)
+    }
+
+    /// Units whose norms can recompute their outputs, which the solver weighs next to
+    /// segments (only on chains).
+    pub fn output_units(&self) -> Vec<usize> {
+        (1..self.units.len())
+            .filter(|&u| self.selectable[u])
+            .collect()
     }
 
     /// Number of units (unit 0, the inputs, excluded).
@@ -296,6 +366,11 @@ impl Solver {
         self.evaluate_blocks(&Block::segments(segments))
     }
 
+    /// Real memory and cost of a [`Selection`].
+    pub fn evaluate(&self, selection: &Selection) -> Evaluation {
+        self.evaluate_blocks(&selection_blocks(selection))
+    }
+
     pub(super) fn evaluate_blocks(&self, blocks: &[Block]) -> Evaluation {
         self.evaluate_schedule(&self.schedule(blocks))
     }
@@ -308,11 +383,24 @@ impl Solver {
         }
     }
 
-    /// The real schedule with `blocks` checkpointed.
+    /// The real schedule with `blocks` checkpointed (and their outputs recomputed where
+    /// marked: that changes what the norms keep, so the step graph is derived again).
     pub(super) fn schedule(&self, blocks: &[Block]) -> Schedule {
         let mut g = self.graph.borrow_mut();
         self.mark(&mut g, blocks);
-        Schedule::build(&g, &self.step)
+        if !blocks.iter().any(|b| b.out) {
+            return Schedule::build(&g, &self.step);
+        }
+        let mut marked = g.clone();
+        drop(g);
+        for b in blocks.iter().filter(|b| b.out) {
+            for &l in &self.units[b.start] {
+                marked.layers[l].recompute_output = self.spec.layers[l].can_recompute_output();
+            }
+        }
+        let step = StepGraph::build(&mut marked, &self.spec)
+            .expect("the model's step graph was built once already");
+        Schedule::build(&marked, &step)
     }
 
     /// Sets the graph's checkpoint ids: one id per checkpointed block.
@@ -330,10 +418,18 @@ impl Solver {
     }
 }
 
-/// Forward FLOPs of a schedule's checkpoint recompute steps.
+/// The blocks of a selection: its segments, checkpointed, and its output units.
+fn selection_blocks(selection: &Selection) -> Vec<Block> {
+    let mut blocks = Block::segments(&selection.segments);
+    blocks.extend(selection.outputs.iter().map(|&u| Block::outputs(u)));
+    blocks.sort_by_key(|b| b.start);
+    blocks
+}
+
+/// Forward FLOPs of a schedule's chosen recompute steps ([`Schedule::chosen_recompute`]).
 pub(super) fn recompute_flops(s: &Schedule) -> u64 {
     (0..s.steps.len())
-        .filter(|&i| s.checkpoint_recompute(i))
+        .filter(|&i| s.chosen_recompute(i))
         .map(|i| s.steps[i].op.forward_flops())
         .sum()
 }
@@ -370,15 +466,25 @@ impl Solver {
             .collect()
     }
 
+    /// Names of the layers whose outputs `units` recompute.
+    pub fn output_names(&self, units: &[usize]) -> Vec<String> {
+        units
+            .iter()
+            .flat_map(|&u| &self.units[u])
+            .filter(|&&l| self.spec.layers[l].can_recompute_output())
+            .map(|&l| self.spec.layers[l].name.clone())
+            .collect()
+    }
+
     fn choice(
         &self,
-        segments: &[(usize, usize)],
+        selection: &Selection,
         budget: u64,
         method: Method,
     ) -> Result<CheckpointChoice, PlanError> {
-        let names = self.segment_names(segments);
         let mut choice = CheckpointChoice {
-            segments: names,
+            segments: self.segment_names(&selection.segments),
+            recompute_outputs: self.output_names(&selection.outputs),
             total: 0,
             budget,
             unchecked_total: 0,
@@ -394,22 +500,22 @@ impl Solver {
         Ok(choice)
     }
 
-    /// The segmentation with the smallest total found, and that total (persistent bytes
-    /// plus the arena's lower bound). Exact for chains; for general graphs the least the
-    /// search reached.
-    pub fn smallest_total(&self) -> (u64, Vec<(usize, usize)>) {
-        let mut best = (self.unchecked.total, Vec::new());
+    /// The selection with the smallest total found, and that total (persistent bytes plus
+    /// the arena's lower bound). Exact for chains; for general graphs the least the search
+    /// reached.
+    pub fn smallest_total(&self) -> (u64, Selection) {
+        let mut best = (self.unchecked.total, Selection::default());
         if let Some((blocks, _, _)) = self.program(u64::MAX, Objective::Peak) {
-            let segs = blocks_to_segments(&blocks);
-            let e = self.evaluate_units(&segs);
+            let selection = blocks_to_selection(&blocks);
+            let e = self.evaluate(&selection);
             if e.total < best.0 {
-                best = (e.total, segs);
+                best = (e.total, selection);
             }
         }
         if !self.chain {
             let (labels, e) = self.search(Goal::Smallest, &self.seeds(None));
             if e.total < best.0 {
-                best = (e.total, labels_to_segments(&labels));
+                best = (e.total, Selection::segments(labels_to_segments(&labels)));
             }
         }
         best
@@ -418,16 +524,16 @@ impl Solver {
     /// The least-recomputation segmentation (unit runs) whose total — persistent bytes plus
     /// the arena's lower bound — fits `budget`, with its real evaluation; `None` when none
     /// is found. Exact for chains ([`Solver::is_chain`]).
-    pub fn optimal(&self, budget: u64) -> Option<(Vec<(usize, usize)>, Evaluation)> {
+    pub fn optimal(&self, budget: u64) -> Option<(Selection, Evaluation)> {
         if self.chain {
             let (blocks, _, _) =
                 self.program(budget.checked_sub(self.persistent)?, Objective::Cost)?;
-            let segs = blocks_to_segments(&blocks);
-            let e = self.evaluate_units(&segs);
-            Some((segs, e))
+            let selection = blocks_to_selection(&blocks);
+            let e = self.evaluate(&selection);
+            Some((selection, e))
         } else {
             let (labels, e) = self.search(Goal::Fit(budget), &self.seeds(Some(budget)));
-            (e.total <= budget).then(|| (labels_to_segments(&labels), e))
+            (e.total <= budget).then(|| (Selection::segments(labels_to_segments(&labels)), e))
         }
     }
 
@@ -442,18 +548,18 @@ impl Solver {
         // it. When it does not, ask again for the difference less.
         let mut target = budget;
         for _ in 0..4 {
-            let Some((segs, _)) = self.optimal(target) else {
+            let Some((selection, _)) = self.optimal(target) else {
                 break;
             };
-            let c = self.choice(&segs, budget, method)?;
+            let c = self.choice(&selection, budget, method)?;
             if c.total <= budget {
                 return Ok(c);
             }
             target = target.saturating_sub(c.total - budget);
         }
-        let (smallest, segs) = self.smallest_total();
+        let (smallest, selection) = self.smallest_total();
         if smallest <= budget {
-            let c = self.choice(&segs, budget, method)?;
+            let c = self.choice(&selection, budget, method)?;
             if c.total <= budget {
                 return Ok(c);
             }

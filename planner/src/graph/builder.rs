@@ -207,6 +207,7 @@ impl<'a> Builder<'a> {
             output,
             dtype,
             checkpoint: ls.checkpoint,
+            recompute_output: ls.recompute_output && ls.can_recompute_output(),
             ops: ops_start..ops_end,
         });
     }

@@ -81,6 +81,8 @@ pub struct GLayer {
     pub output: Value,
     pub dtype: DType,
     pub checkpoint: Option<u32>,
+    /// [`crate::spec::LayerSpec::recompute_output`].
+    pub recompute_output: bool,
     pub ops: std::ops::Range<usize>,
 }
 
