@@ -778,10 +778,13 @@ impl Gen {
 
     /// Random per-layer precisions and checkpoint segments over the finished model.
     fn decorate(&mut self) {
-        for l in self.spec.layers.iter_mut() {
+        for (i, l) in self.spec.layers.iter_mut().enumerate() {
             if self.rng.chance(0.15) {
                 l.dtype = Some(self.rng.pick(&[DType::F16, DType::BF16, DType::F32]));
             }
+            // Every other norm recomputes its output (no draw: the stream, and so every
+            // other choice of the generator, stays as it was).
+            l.recompute_output = l.can_recompute_output() && i % 2 == 0;
         }
         if self.rng.chance(0.4) {
             return;

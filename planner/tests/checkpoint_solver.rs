@@ -607,29 +607,39 @@ fn twelve_layer_chains_equal_exhaustive_search() {
 fn the_solver_recomputes_norm_outputs_before_it_checkpoints_a_segment() {
     // GPT-2's layer norms feed projections that keep their inputs: recomputing a norm's
     // output costs a norm's forward, far less than a checkpointed block's. With a budget
-    // that all of them fit and nothing less does, the solver picks exactly those.
-    let spec = zoo::gpt2_stack(1, 4);
-    let s = Solver::new(&spec).unwrap();
-    assert!(s.is_chain());
-    let norms: Vec<String> = (spec.layers.iter())
-        .filter(|l| l.name.contains("_ln_"))
-        .map(|l| l.name.clone())
-        .collect();
-    assert_eq!(s.output_names(&s.output_units()), norms);
-    let names: Vec<&str> = norms.iter().map(String::as_str).collect();
-    let mut all = spec.clone();
-    all.recompute_output(&names);
-    let (budget, cost) = planned(&all);
-    assert!(budget < planned(&spec).0);
-    let c = s.solve(budget).unwrap();
-    assert!(c.segments.is_empty(), "{c}");
-    assert_eq!(c.recompute_outputs, norms, "{c}");
-    assert_eq!((c.total, c.recompute_flops), (budget, cost));
-    assert!(
-        c.to_string().starts_with("recomputes 8 norm outputs"),
-        "{c}"
-    );
-    // A little less costs a segment on top.
-    let t = s.solve(budget - (1 << 20)).unwrap();
-    assert!(!t.segments.is_empty() && t.recompute_flops > cost, "{t}");
+    // that all of them fit and nothing less does, the solver picks exactly those — per unit
+    // on a chain (4 blocks), all or none in the general search (2 blocks).
+    for (blocks, chain) in [(4, true), (2, false)] {
+        let spec = zoo::gpt2_stack(1, blocks);
+        let s = Solver::new(&spec).unwrap();
+        assert_eq!(s.is_chain(), chain);
+        let norms: Vec<String> = (spec.layers.iter())
+            .filter(|l| l.name.contains("_ln_"))
+            .map(|l| l.name.clone())
+            .collect();
+        if chain {
+            assert_eq!(s.output_names(&s.output_units()), norms);
+        } else {
+            assert!(
+                s.output_units().is_empty(),
+                "the program's option is for chains"
+            );
+        }
+        let names: Vec<&str> = norms.iter().map(String::as_str).collect();
+        let mut all = spec.clone();
+        all.recompute_output(&names);
+        let (budget, cost) = planned(&all);
+        assert!(budget < planned(&spec).0);
+        let c = s.solve(budget).unwrap();
+        assert!(c.segments.is_empty(), "{c}");
+        assert_eq!(c.recompute_outputs, norms, "{c}");
+        assert_eq!((c.total, c.recompute_flops), (budget, cost));
+        assert_eq!(c.unchecked_total, planned(&spec).0);
+        let text = format!("recomputes {} norm outputs", norms.len());
+        assert!(c.to_string().starts_with(&text), "{c}");
+        // A little less costs a segment on top.
+        let t = s.solve(budget - (1 << 20)).unwrap();
+        assert!(!t.segments.is_empty() && t.recompute_flops > cost, "{t}");
+        assert_eq!(planned(&t.apply(&spec)), (t.total, t.recompute_flops));
+    }
 }

@@ -254,7 +254,8 @@ fn check_memory(spec: &ModelSpec, p: &StaticPlan) -> Result<(), String> {
             ));
         }
         // Unchecked layers recompute only what every plan redoes (schedule.rs,
-        // `redone_in_backward`): an input cast, a GELU or SiLU output.
+        // `redone_in_backward`): an input cast, a GELU or SiLU output; and the norm forward
+        // of a layer marked `recompute_output`.
         let redoes_only = p
             .steps
             .iter()
@@ -262,8 +263,18 @@ fn check_memory(spec: &ModelSpec, p: &StaticPlan) -> Result<(), String> {
             .all(|s| match s.op {
                 Op::InputCast { .. } => true,
                 Op::Activation { act, .. } => !act.backward_reads_output(),
+                Op::LayerNorm { .. } | Op::BatchNorm { .. } => {
+                    ls.recompute_output && l.recomputes_output
+                }
                 _ => false,
             });
+        if l.recomputes_output != (ls.recompute_output && !l.checkpointed && !redoes_nothing(p, l))
+        {
+            return Err(format!(
+                "layer `{}`: recomputes its output {} but the spec marks it {}",
+                l.name, l.recomputes_output, ls.recompute_output
+            ));
+        }
         if !l.checkpointed && !redoes_only && l.recomputed_bytes != 0 {
             return Err(format!(
                 "layer `{}` is not checkpointed but recomputes {} bytes",
@@ -971,4 +982,12 @@ fn parameters_without_a_gradient_are_not_updated() {
             assert_eq!(check_completeness(&p), Ok(()), "{}", spec.name);
         }
     }
+}
+
+/// Layer `l` has no recompute step at all (a `recompute_output` mark whose output no later
+/// backward keeps changes nothing).
+fn redoes_nothing(p: &StaticPlan, l: &memwise_plan::LayerMemory) -> bool {
+    !p.steps
+        .iter()
+        .any(|s| s.phase == Phase::Recompute && s.layer == l.name)
 }

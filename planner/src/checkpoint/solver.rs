@@ -3,7 +3,7 @@
 //! the least-recomputation segmentation that fits, the smallest total — which the chain
 //! program ([`super::chain`]) or the general search ([`super::search`]) find.
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 
 use super::chain::{blocks_to_selection, Block, Objective, Terms};
 use super::search::{labels_to_segments, Goal};
@@ -54,6 +54,11 @@ pub struct Solver {
     /// Per unit: recomputing its norms' outputs changes the plan (a norm whose output a later
     /// backward keeps). Only on chains: the general search weighs segments alone.
     pub(super) selectable: Vec<bool>,
+    /// The spec's `recompute_output` marks are kept as given (the general-graph solver over
+    /// "every norm that can recompute its output does"), not chosen.
+    fixed_outputs: bool,
+    /// For a general graph with such norms: that solver, built on first use.
+    everywhere: OnceCell<Option<Box<Solver>>>,
     pub(super) persistent: u64,
     pub(super) forward_flops: u64,
     pub(super) unchecked: Evaluation,
@@ -187,10 +192,14 @@ impl Solver {
     /// Lowers `spec` (with its checkpoint ids and output recomputation cleared), finds its
     /// units and probes them.
     pub fn new(spec: &ModelSpec) -> Result<Solver, PlanError> {
+        Solver::build(spec, false)
+    }
+
+    fn build(spec: &ModelSpec, fixed_outputs: bool) -> Result<Solver, PlanError> {
         let mut spec = spec.clone();
         for l in spec.layers.iter_mut() {
             l.checkpoint = None;
-            l.recompute_output = false;
+            l.recompute_output &= fixed_outputs;
         }
         let mut graph = Graph::build(&spec)?;
         let step = StepGraph::build(&mut graph, &spec)?;
@@ -246,7 +255,7 @@ impl Solver {
                 })
                 .collect()
         };
-        let selectable = if chain {
+        let selectable = if chain && !fixed_outputs {
             selectable_units(&spec, &graph, &step, &units, &unit_of_layer)
         } else {
             vec![false; units.len()]
@@ -260,6 +269,8 @@ impl Solver {
             cross,
             chain,
             selectable,
+            fixed_outputs,
+            everywhere: OnceCell::new(),
             persistent: 0,
             forward_flops: 0,
             unchecked: Evaluation {
@@ -482,9 +493,17 @@ impl Solver {
         budget: u64,
         method: Method,
     ) -> Result<CheckpointChoice, PlanError> {
+        let segments = self.segment_names(&selection.segments);
+        let mut outputs = self.output_names(&selection.outputs);
+        // The fixed marks of layers outside the segments.
+        outputs.extend(
+            (self.spec.layers.iter())
+                .filter(|l| l.recompute_output && !segments.iter().flatten().any(|n| *n == l.name))
+                .map(|l| l.name.clone()),
+        );
         let mut choice = CheckpointChoice {
-            segments: self.segment_names(&selection.segments),
-            recompute_outputs: self.output_names(&selection.outputs),
+            segments,
+            recompute_outputs: outputs,
             total: 0,
             budget,
             unchecked_total: 0,
@@ -496,14 +515,73 @@ impl Solver {
         choice.total = plan.memory.total;
         choice.recompute_flops = plan.checkpoint_recompute_flops();
         choice.forward_flops = plan.phase_flops(Phase::Forward);
-        choice.unchecked_total = crate::plan(&self.spec)?.memory.total;
+        choice.unchecked_total = crate::plan(&self.unmarked_spec())?.memory.total;
         Ok(choice)
+    }
+
+    /// The spec without the fixed `recompute_output` marks: the model as declared.
+    fn unmarked_spec(&self) -> ModelSpec {
+        let mut spec = self.spec.clone();
+        for l in spec.layers.iter_mut() {
+            l.recompute_output = false;
+        }
+        spec
+    }
+
+    /// For a general graph whose norms can recompute outputs a later backward keeps: the
+    /// solver over the model with all of them doing so. The general search ranges over
+    /// segments; this second run is how it weighs the norms' outputs (all or none).
+    fn everywhere(&self) -> Option<&Solver> {
+        self.everywhere
+            .get_or_init(|| {
+                if self.chain || self.fixed_outputs {
+                    return None;
+                }
+                let g = self.graph.borrow();
+                let layer_units: Vec<Vec<usize>> =
+                    (0..self.spec.layers.len()).map(|l| vec![l]).collect();
+                let own: Vec<usize> = (0..self.spec.layers.len()).collect();
+                let marks = selectable_units(&self.spec, &g, &self.step, &layer_units, &own);
+                drop(g);
+                if !marks.iter().any(|&m| m) {
+                    return None;
+                }
+                let mut spec = self.spec.clone();
+                for (l, &m) in spec.layers.iter_mut().zip(&marks) {
+                    l.recompute_output = m;
+                }
+                Solver::build(&spec, true).ok().map(Box::new)
+            })
+            .as_deref()
     }
 
     /// The selection with the smallest total found, and that total (persistent bytes plus
     /// the arena's lower bound). Exact for chains; for general graphs the least the search
     /// reached.
     pub fn smallest_total(&self) -> (u64, Selection) {
+        let own = self.smallest_total_alone();
+        let Some(other) = self.everywhere() else {
+            return own;
+        };
+        let (total, mut selection) = other.smallest_total_alone();
+        if total >= own.0 {
+            return own;
+        }
+        // A general graph's units are its layers in both solvers: the marked norms outside
+        // the segments are the units whose outputs are recomputed.
+        let in_segment = |u: usize| selection.segments.iter().any(|&(a, b)| a <= u && u <= b);
+        selection.outputs = (1..other.units.len())
+            .filter(|&u| !in_segment(u))
+            .filter(|&u| {
+                other.units[u]
+                    .iter()
+                    .any(|&l| other.spec.layers[l].recompute_output)
+            })
+            .collect();
+        (total, selection)
+    }
+
+    fn smallest_total_alone(&self) -> (u64, Selection) {
         let mut best = (self.unchecked.total, Selection::default());
         if let Some((blocks, _, _)) = self.program(u64::MAX, Objective::Peak) {
             let selection = blocks_to_selection(&blocks);
@@ -537,8 +615,23 @@ impl Solver {
         }
     }
 
-    /// The least-recomputation segmentation whose planned total fits `budget`.
+    /// The least-recomputation segmentation (and norm outputs recomputed) whose planned
+    /// total fits `budget`; on a general graph, the cheaper of the search without and with
+    /// every norm's output recomputed.
     pub fn solve(&self, budget: u64) -> Result<CheckpointChoice, PlanError> {
+        let own = self.solve_alone(budget);
+        let Some(other) = self.everywhere() else {
+            return own;
+        };
+        match (own, other.solve_alone(budget)) {
+            (Ok(a), Ok(b)) if (b.recompute_flops, b.total) < (a.recompute_flops, a.total) => Ok(b),
+            (Ok(a), _) => Ok(a),
+            (Err(_), Ok(b)) => Ok(b),
+            (Err(_), Err(_)) => Err(self.no_fit(budget)),
+        }
+    }
+
+    fn solve_alone(&self, budget: u64) -> Result<CheckpointChoice, PlanError> {
         let method = if self.chain {
             Method::ChainOptimal
         } else {
@@ -557,20 +650,29 @@ impl Solver {
             }
             target = target.saturating_sub(c.total - budget);
         }
-        let (smallest, selection) = self.smallest_total();
+        let (smallest, selection) = self.smallest_total_alone();
         if smallest <= budget {
             let c = self.choice(&selection, budget, method)?;
             if c.total <= budget {
                 return Ok(c);
             }
         }
-        let unchecked = crate::plan(&self.spec)?.memory.total;
-        Err(PlanError::model(format!(
+        Err(self.no_fit(budget))
+    }
+
+    /// The error when nothing fits `budget`: the smallest total any choice reaches.
+    fn no_fit(&self, budget: u64) -> PlanError {
+        let smallest = self.smallest_total().0;
+        let unchecked = match crate::plan(&self.unmarked_spec()) {
+            Ok(p) => p.memory.total,
+            Err(e) => return e,
+        };
+        PlanError::model(format!(
             "no checkpointing fits the budget of {}: the smallest total any checkpointing reaches is {} ({} without checkpointing; {} of it persistent: parameters, gradients, optimizer state)",
             format_bytes(budget),
             format_bytes(smallest),
             format_bytes(unchecked),
             format_bytes(self.persistent),
-        )))
+        ))
     }
 }
