@@ -84,8 +84,12 @@ fn main() {
             let ours = match &choice {
                 Ok(c) => {
                     assert!(c.total <= budget, "{name}: the choice does not fit");
+                    let outputs = match c.recompute_outputs.len() {
+                        0 => String::new(),
+                        n => format!(", {n} norm out."),
+                    };
                     cells.push(format!(
-                        "{} ({} seg.)",
+                        "{} ({} seg.{outputs})",
                         pct(c.recompute_flops, forward),
                         c.segments.len()
                     ));
