@@ -216,21 +216,8 @@ fn checkpointed_transformer_layer_keeps_only_its_input() {
 #[test]
 fn gpt2_block_keeps_korthikantis_selective_recompute_figure_less_the_gelu_output() {
     let plan = plan(&zoo::gpt2_stack(1, 3)).expect("plans");
-    let (s, b, h, a) = (
-        zoo::GPT2_SEQ as u64,
-        1u64,
-        zoo::GPT2_HIDDEN as u64,
-        zoo::GPT2_HEADS as u64,
-    );
+    let ((s, b, h, a), names) = (gpt2_dims(), BlockNames::gpt2_middle());
     let sbh = s * b * h;
-    let names = BlockNames {
-        ln1: "h1_ln_1",
-        attn: "h1_attn",
-        drop1: "h1_attn_dropout",
-        ln2: "h1_ln_2",
-        mlp1: "h1_mlp_fc",
-        drop2: "h1_mlp_dropout",
-    };
     let mut expect = eq6_terms(&names, sbh);
     assert_eq!(expect.iter().map(|e| e.1).sum::<u64>(), 34 * sbh);
     expect.retain(|(n, _)| n != "h1_mlp_fc.out");
@@ -260,21 +247,8 @@ fn recomputing_the_norm_outputs_keeps_their_inputs_instead() {
     let mut spec = zoo::gpt2_stack(1, 3);
     spec.recompute_output(&["h1_ln_1", "h1_ln_2"]);
     let plan = plan(&spec).expect("plans");
-    let (s, b, h, a) = (
-        zoo::GPT2_SEQ as u64,
-        1u64,
-        zoo::GPT2_HIDDEN as u64,
-        zoo::GPT2_HEADS as u64,
-    );
+    let ((s, b, h, a), names) = (gpt2_dims(), BlockNames::gpt2_middle());
     let sbh = s * b * h;
-    let names = BlockNames {
-        ln1: "h1_ln_1",
-        attn: "h1_attn",
-        drop1: "h1_attn_dropout",
-        ln2: "h1_ln_2",
-        mlp1: "h1_mlp_fc",
-        drop2: "h1_mlp_dropout",
-    };
     let mut expect = eq6_terms(&names, sbh);
     let dropped = [
         "h1_mlp_fc.out",
@@ -320,4 +294,28 @@ fn recomputing_the_norm_outputs_keeps_their_inputs_instead() {
 
 fn plan_total(spec: &ModelSpec) -> u64 {
     plan(spec).expect("plans").memory.total
+}
+
+/// `(s, b, h, a)` of the zoo's GPT-2 stack at batch 1.
+fn gpt2_dims() -> (u64, u64, u64, u64) {
+    (
+        zoo::GPT2_SEQ as u64,
+        1,
+        zoo::GPT2_HIDDEN as u64,
+        zoo::GPT2_HEADS as u64,
+    )
+}
+
+impl BlockNames {
+    /// The middle block of the zoo's three-block GPT-2 stack.
+    fn gpt2_middle() -> BlockNames {
+        BlockNames {
+            ln1: "h1_ln_1",
+            attn: "h1_attn",
+            drop1: "h1_attn_dropout",
+            ln2: "h1_ln_2",
+            mlp1: "h1_mlp_fc",
+            drop2: "h1_mlp_dropout",
+        }
+    }
 }

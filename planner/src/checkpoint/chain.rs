@@ -453,42 +453,35 @@ impl Solver {
         let mut nodes: Vec<(u32, Block)> = Vec::new();
         let mut states: Vec<[Vec<Entry>; CONTEXTS]> =
             (0..=m + 1).map(|_| Default::default()).collect();
+        // From entry `e`, block `b` with terms `t`, when its peak fits.
+        let mut extend = |e: Entry, b: Block, t: Term, states: &mut Vec<[Vec<Entry>; CONTEXTS]>| {
+            let at = e.k + t.peak;
+            if at > arena_budget {
+                return;
+            }
+            nodes.push((e.node, b));
+            states[b.end + 1][b.context()].push(Entry {
+                k: e.k + t.keep + t.bkeep,
+                cost: e.cost + t.cost,
+                peak: e.peak.max(at),
+                node: (nodes.len() - 1) as u32,
+            });
+        };
+        // Unit 1 after unit 0, whose terms depend on unit 1's kind.
         for b in self.blocks_at(1) {
             if let (Some(e), Some(t)) = (start(b.out), self.term(&b, 0)) {
-                let at = e.k + t.peak;
-                if at <= arena_budget {
-                    nodes.push((e.node, b));
-                    states[b.end + 1][b.context()].push(Entry {
-                        k: e.k + t.keep + t.bkeep,
-                        cost: e.cost + t.cost,
-                        peak: e.peak.max(at),
-                        node: (nodes.len() - 1) as u32,
-                    });
-                }
+                extend(e, b, t, &mut states);
             }
         }
         for i in 2..=m {
             for tau in 0..CONTEXTS {
                 let front = prune(std::mem::take(&mut states[i][tau]), objective);
                 for e in front {
-                    let mut push = |b: Block, t: Term, states: &mut Vec<[Vec<Entry>; CONTEXTS]>| {
-                        let at = e.k + t.peak;
-                        if at > arena_budget {
-                            return;
-                        }
-                        nodes.push((e.node, b));
-                        states[b.end + 1][b.context()].push(Entry {
-                            k: e.k + t.keep + t.bkeep,
-                            cost: e.cost + t.cost,
-                            peak: e.peak.max(at),
-                            node: (nodes.len() - 1) as u32,
-                        });
-                    };
                     // Unit `i` stored (its outputs recomputed or not), or a run `[i..j]`
                     // checkpointed.
                     for b in self.blocks_at(i) {
                         if let Some(t) = self.term(&b, tau) {
-                            push(b, t, &mut states);
+                            extend(e, b, t, &mut states);
                         }
                     }
                 }
