@@ -216,22 +216,16 @@ fn bn_train_core<T: Element>(
             c,
             cb,
             |r, yr, hr| {
-                // The block's inputs first (in place they are `y`'s), then one branch-free
-                // pass over slices, which vectorises.
-                let mut xs = [0f32; CB];
-                let xr = match src {
-                    Some(x) => &x[r * c + c0..r * c + c0 + cb],
-                    None => &yr[c0..c0 + cb],
-                };
-                for (v, x) in xs.iter_mut().zip(xr) {
-                    *v = x.to_f32();
-                }
-                let (gamma, beta) = (&affine.gamma[c0..c0 + cb], &affine.beta[c0..c0 + cb]);
-                let (hr, yr) = (&mut hr[c0..c0 + cb], &mut yr[c0..c0 + cb]);
                 for j in 0..cb {
-                    let h = (xs[j] - hi[j] - lo[j]) * inv[j];
-                    hr[j] = T::from_f32(h);
-                    yr[j] = T::from_f32(gamma[j] * h + beta[j]);
+                    let ch = c0 + j;
+                    let xv = match src {
+                        Some(x) => x[r * c + ch],
+                        None => yr[ch],
+                    }
+                    .to_f32();
+                    let h = (xv - hi[j] - lo[j]) * inv[j];
+                    hr[ch] = T::from_f32(h);
+                    yr[ch] = T::from_f32(affine.gamma[ch] * h + affine.beta[ch]);
                 }
             },
         );
@@ -519,22 +513,16 @@ fn bn_backward_core<T: Element>(
             }
         });
         rows(&mut dx[..d.len()], c, cb, |r, dxr| {
-            // The block's gradients and x̂ first (in place `dy` is `dx`), then one
-            // branch-free pass, which vectorises.
-            let (mut gs, mut hs) = ([0f32; CB], [0f32; CB]);
-            let gr = match dy {
-                Some(g) => &g[r * c + c0..r * c + c0 + cb],
-                None => &dxr[c0..c0 + cb],
-            };
-            for (v, g) in gs.iter_mut().zip(gr) {
-                *v = g.to_f32();
-            }
-            for (j, h) in hs[..cb].iter_mut().enumerate() {
-                *h = hat(r * c + c0 + j, c0 + j);
-            }
-            for (j, o) in dxr[c0..c0 + cb].iter_mut().enumerate() {
-                let v = blk_coef[j] * (gs[j] - (sum_dy[j] + hs[j] * sum_dyh[j]) * inv_m);
-                *o = T::from_f32(v);
+            for j in 0..cb {
+                let ch = c0 + j;
+                let g = match dy {
+                    Some(g) => g[r * c + ch],
+                    None => dxr[ch],
+                }
+                .to_f32();
+                let h = hat(r * c + ch, ch);
+                let v = blk_coef[j] * (g - (sum_dy[j] + h * sum_dyh[j]) * inv_m);
+                dxr[ch] = T::from_f32(v);
             }
         });
     }

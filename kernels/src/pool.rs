@@ -236,25 +236,19 @@ pub fn max_pool2d_forward<T: Element>(
                         let idx =
                             ((i as isize - hs) as usize * d.kw + (j as isize - ws) as usize) as u8;
                         let src = &img[(i * d.w + j) * c..(i * d.w + j + 1) * c];
-                        take_larger(yo, ao, src, idx);
+                        for ((yv, av), xv) in yo.iter_mut().zip(ao.iter_mut()).zip(src) {
+                            let (v, cur) = (xv.to_f32(), yv.to_f32());
+                            if v > cur || (v.is_nan() && !cur.is_nan()) {
+                                *yv = *xv;
+                                *av = idx;
+                            }
+                        }
                     }
                 }
             }
         },
     );
     Ok(())
-}
-
-/// Where `x` is larger than `y` (or NaN where `y` is not), `y` takes it and `argmax` takes
-/// `idx`. Selects rather than branches, so that the loop over channels vectorises.
-#[inline(always)]
-fn take_larger<T: Element>(y: &mut [T], argmax: &mut [u8], x: &[T], idx: u8) {
-    for ((yv, av), xv) in y.iter_mut().zip(argmax.iter_mut()).zip(x) {
-        let (v, cur) = (xv.to_f32(), yv.to_f32());
-        let take = (v > cur) | (v.is_nan() & !cur.is_nan());
-        *yv = if take { *xv } else { *yv };
-        *av = if take { idx } else { *av };
-    }
 }
 
 /// Max pooling backward: `dx` (overwritten, fully) gets each `dy` at the argmax position its
@@ -271,10 +265,10 @@ pub fn max_pool2d_backward<T: Element>(
         let ki = ih + d.pad_top - oh * d.sh;
         let kj = iw + d.pad_left - ow * d.sw;
         let want = (ki * d.kw + kj) as u8;
-        let n = acc.len();
-        // Selects, not branches: the loop over channels vectorises.
-        for ((a, &m), g) in acc.iter_mut().zip(&argmax[o..o + n]).zip(&dy[o..o + n]) {
-            *a += if m == want { g.to_f32() } else { 0.0 };
+        for (k, a) in acc.iter_mut().enumerate() {
+            if argmax[o + k] == want {
+                *a += dy[o + k].to_f32();
+            }
         }
     });
     Ok(())
