@@ -14,9 +14,10 @@ the first 20 steps. ``--rounds R`` alternates the two R times and reports the me
 per-round medians (the machine may be shared: the load average is printed with the table).
 
 PyTorch runs under each of ``--torch-configs`` (default: 2 threads; 2 threads with
-``OMP_WAIT_POLICY=PASSIVE``; 1 thread) and the fastest is reported: on a shared, loaded
-machine PyTorch's spinning OpenMP threads can be 30x slower than either alternative, and the
-comparison is meant against PyTorch at its best on these cores.
+``OMP_WAIT_POLICY=PASSIVE``; 1 thread; each again with the channels-last memory format, the
+NHWC layout memwise itself uses, for the image models) and the fastest is reported: on a
+shared, loaded machine PyTorch's spinning OpenMP threads can be 30x slower than either
+alternative, and the comparison is meant against PyTorch at its best on these cores.
 
 The losses compared are those of the reported (float32) twin runs. ``--loss-precision f64`` or
 ``f64r`` runs the twin once more per model in float64 (``f64r``: each layer's output rounded to
@@ -92,19 +93,19 @@ def run_memwise(model: str, steps: int, batch: int | None, seed: int, work: Path
     return json.loads(report.read_text())
 
 
-def parse_config(c: str) -> tuple[int, bool]:
-    """`2` → 2 threads; `2p` → 2 threads with OMP_WAIT_POLICY=PASSIVE."""
-    return int(c.rstrip("p")), c.endswith("p")
+def parse_config(c: str) -> tuple[int, bool, bool]:
+    """`2` → 2 threads; `2p` → with OMP_WAIT_POLICY=PASSIVE; a `c` → channels-last."""
+    return int(c.rstrip("pc")), "p" in c, "c" in c
 
 
 def run_torch(model: str, steps: int, config: str, work: Path, precision: str = "f32") -> dict:
-    threads, passive = parse_config(config)
+    threads, passive, channels_last = parse_config(config)
     report = work / f"{model}.torch.json"
     cmd = [sys.executable, str(ROOT / "bench" / "twins.py"), "--model", model,
            "--weights", str(work / f"{model}.init.safetensors"),
            "--batches", str(work / f"{model}.batches.safetensors"),
            "--steps", str(steps), "--threads", str(threads), "--precision", precision,
-           "--report-json", str(report)]
+           "--report-json", str(report)] + (["--channels-last"] if channels_last else [])
     env = dict(os.environ)
     if passive:
         env["OMP_WAIT_POLICY"] = "PASSIVE"
@@ -135,9 +136,11 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, help="override every model's batch")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=1, help="alternate memwise/PyTorch this many times")
-    ap.add_argument("--torch-configs", default=f"{os.cpu_count() or 1},{os.cpu_count() or 1}p,1",
+    ap.add_argument("--torch-configs", default=",".join(
+        f"{t}{c}" for c in ("", "c") for t in (f"{os.cpu_count() or 1}", f"{os.cpu_count() or 1}p", "1")),
                     help="PyTorch settings to try, comma-separated: N threads, Np = N threads with "
-                         "OMP_WAIT_POLICY=PASSIVE; the fastest (median over rounds) is reported")
+                         "OMP_WAIT_POLICY=PASSIVE, a trailing c = channels-last memory format; the "
+                         "fastest (median over rounds) is reported")
     ap.add_argument("--loss-precision", choices=["f32", "f64", "f64r"], default="f32",
                     help="compare the losses of the float32 twin runs (f32, default) or of one extra "
                          "twin run in float64 (f64r: each layer rounded to float32); diagnostics")

@@ -149,8 +149,13 @@ def _torch():
     return torch
 
 
-def make_twin(name: str, weights: dict, meta: dict, threads: int, precision: str = "f32"):
+def make_twin(name: str, weights: dict, meta: dict, threads: int, precision: str = "f32",
+              channels_last: bool = False):
     """The twin of memwise's example `name` and its training step.
+
+    ``channels_last``: images and 4-d weights in PyTorch's channels-last memory format (NHWC
+    in memory, as memwise lays them out), often PyTorch's faster CPU setting for convolutions;
+    the shapes and the arithmetic are the same.
 
     ``precision``: ``"f32"`` is PyTorch's ordinary float32 path (the one compare.py times and
     compares). The others are diagnostics for the convnet's divergence (docs/BENCHMARKS.md,
@@ -189,7 +194,14 @@ def make_twin(name: str, weights: dict, meta: dict, threads: int, precision: str
         return t(a).to(dt)
 
     def param(a):
-        return torch.nn.Parameter(t(a))
+        p = t(a)
+        if channels_last and p.dim() == 4:
+            p = p.contiguous(memory_format=torch.channels_last)
+        return torch.nn.Parameter(p)
+
+    def image(x):
+        """An [n, c, h, w] input in the twin's memory format."""
+        return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
     def dense_w(w):  # Keras [in, out] -> Linear [out, in]
         return param(np.asarray(w).T)
@@ -327,7 +339,7 @@ def make_twin(name: str, weights: dict, meta: dict, threads: int, precision: str
             def forward(self, inputs, step):
                 px = inputs["pixels"]  # [n, 28, 28, 1] u8 == NCHW [n, 1, 28, 28]
                 n = px.shape[0]
-                x = rnd(px.reshape(n, 1, 28, 28).to(dt).mul_(scale))
+                x = image(rnd(px.reshape(n, 1, 28, 28).to(dt).mul_(scale)))
                 h = F.relu(rnd(F.conv2d(tf_pad(x, 3, 2), P(self.c1_w), P(self.c1_b), stride=2)))
                 h = F.relu(rnd(F.conv2d(tf_pad(h, 3, 2), P(self.c2_w), P(self.c2_b), stride=2)))
                 h = F.relu(rnd(F.linear(h.reshape(n, -1), P(self.ed_w), P(self.ed_b))))
@@ -380,7 +392,7 @@ def make_twin(name: str, weights: dict, meta: dict, threads: int, precision: str
             def forward(self, inputs, step):
                 px = inputs["pixels"]
                 n = px.shape[0]
-                x = rnd(px.reshape(n, 1, 28, 28).to(dt).mul_(scale))
+                x = image(rnd(px.reshape(n, 1, 28, 28).to(dt).mul_(scale)))
                 h = rnd(F.conv2d(x, P(self.stem)))
                 for b in self.blocks:
                     h = b(h)
@@ -417,6 +429,8 @@ def main(argv=None) -> int:
                     help="f32: PyTorch's float32 path (default); f64: every layer in float64; "
                          "f64r: every layer in float64, its output rounded to float32 "
                          "(diagnostics, see make_twin)")
+    ap.add_argument("--channels-last", action="store_true",
+                    help="images and 4-d weights in channels-last memory format (see make_twin)")
     ap.add_argument("--report-json", help="write losses, step times and memory here")
     a = ap.parse_args(argv)
 
@@ -435,7 +449,7 @@ def main(argv=None) -> int:
     release_free_heap()
     reset_peak()
     base, _ = rss_bytes()
-    model, train_step = make_twin(a.model, weights, meta, a.threads, a.precision)
+    model, train_step = make_twin(a.model, weights, meta, a.threads, a.precision, a.channels_last)
     losses, times = [], []
     for s in range(a.steps):
         inputs = {k: torch.from_numpy(v[s % dumped]) for k, v in batches.items()}
@@ -451,6 +465,7 @@ def main(argv=None) -> int:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "precision": a.precision,
+        "channels_last": a.channels_last,
         "batch": batch,
         "steps": a.steps,
         "measured": {

@@ -205,6 +205,11 @@ pub use memwise_macros::__model_continue;
 ///   run in two, number the segments: `#[checkpoint(segment = 1)]` … `#[checkpoint(segment
 ///   = 2)]`; consecutive fields with the same number form one segment. A checkpointed
 ///   block field is one segment per instance. Inputs cannot be checkpointed.
+/// - `#[recompute_output]` (on a `layer_norm` or `batch_norm` field): selective
+///   recomputation of one op. The norm keeps its input instead of x̂ and its output, and its
+///   output is remade (the norm's forward again) just before the first backward that reads
+///   it — in a transformer, one `s·b·h` activation fewer per norm for a few FLOPs per
+///   element. `checkpoint = auto` weighs it next to segments. Not beside `#[checkpoint]`.
 /// - `#[fp16]`, `#[bf16]`, `#[f32]`: the layer computes and stores its activations in that
 ///   type, whatever the model's `precision` (one per field; not on inputs).
 ///

@@ -281,6 +281,8 @@ impl<'a> Summary<'a> {
                         format_bytes(l.saved_bytes),
                         if l.checkpointed {
                             format!("yes, recomputes {}", format_bytes(l.recomputed_bytes))
+                        } else if l.recomputes_output {
+                            "x̂ and its output from its input in backward".to_string()
                         } else if l.recomputes_in_backward {
                             rebuilt_in_backward(&l.kind).to_string()
                         } else {
@@ -577,6 +579,30 @@ mod tests {
         }
         let plain = memwise_plan::plan(&f32_input).unwrap();
         assert!(!Summary::new(&plain).to_string().contains("R rebuilt"));
+    }
+
+    /// Layer norms marked `recompute_output`: flagged `R`, named in the wide view, counted.
+    #[test]
+    fn norms_that_recompute_their_outputs_are_flagged_and_counted() {
+        let mut spec = memwise_plan::zoo::gpt2_stack(1, 1);
+        spec.recompute_output(&["h0_ln_1", "h0_ln_2"]);
+        let gpt = memwise_plan::plan(&spec).unwrap();
+        let text = Summary::new(&gpt).to_string();
+        let ln = text.lines().find(|l| l.starts_with("h0_ln_1 (")).unwrap();
+        assert!(ln.trim_end().ends_with('R'), "{ln}");
+        let pct = gpt.recompute_percent();
+        let line = format!(
+            "Norm outputs recomputed: 2 layers keep the input instead, {pct:.1} % of forward FLOPs again"
+        );
+        assert!(text.contains(&line), "{text}");
+        assert!(pct > 0.0 && pct < 0.1, "{pct}");
+        let wide = Summary::new(&gpt).wide().to_string();
+        assert!(
+            wide.contains("x̂ and its output from its input in backward"),
+            "{wide}"
+        );
+        let plain = memwise_plan::plan(&memwise_plan::zoo::gpt2_stack(1, 1)).unwrap();
+        assert!(!Summary::new(&plain).to_string().contains("Norm outputs"));
     }
 
     /// A batch norm whose input the shortcut convolution keeps rebuilds x̂: flagged `R`.
