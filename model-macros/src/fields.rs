@@ -151,15 +151,7 @@ fn read_field(field: &mut syn::Field, in_block: bool, e: &mut Errors) -> Option<
                 checkpoint = Some(read_checkpoint(args, tokens, e));
             }
             "recompute_output" => {
-                if !args.is_empty() {
-                    e.at(attr, "`#[recompute_output]` takes no arguments");
-                }
-                if recompute_output.is_some() {
-                    e.at(
-                        attr,
-                        format!("`#[recompute_output]` is given twice on field `{name}`"),
-                    );
-                }
+                read_flag(attr, &args, &name, recompute_output.is_some(), e);
                 recompute_output = Some(tokens);
             }
             "fp16" | "bf16" | "f32" => {
@@ -263,6 +255,24 @@ fn read_field(field: &mut syn::Field, in_block: bool, e: &mut Errors) -> Option<
 
     check_field(&decl, &ident, in_block, e);
     Some(decl)
+}
+
+/// A modifier that takes no arguments (`#[recompute_output]`), given at most once.
+fn read_flag(attr: &syn::Attribute, args: &TokenStream, name: &str, seen: bool, e: &mut Errors) {
+    let flag = attr
+        .path()
+        .get_ident()
+        .map(|i| i.to_string())
+        .unwrap_or_default();
+    if !args.is_empty() {
+        e.at(attr, format!("`#[{flag}]` takes no arguments"));
+    }
+    if seen {
+        e.at(
+            attr,
+            format!("`#[{flag}]` is given twice on field `{name}`"),
+        );
+    }
 }
 
 /// `#[recompute_output]` goes on a norm the field's own checkpointing does not cover already.
