@@ -220,18 +220,6 @@ def torch_gpt_kept(batch: int = 32, seq: int = 32) -> dict[str, int]:
     return saved.kept()
 
 
-def _tf_pad(x, k: int, s: int, value: float = 0.0):
-    """TensorFlow "same" padding of an NCHW tensor for window k, stride s (bench/twins.py's)."""
-    import torch.nn.functional as F
-
-    pads = []
-    for size in (x.shape[3], x.shape[2]):
-        out = -(-size // s)
-        total = max((out - 1) * s + k - size, 0)
-        pads += [total // 2, total - total // 2]
-    return F.pad(x, pads, value=value) if any(pads) else x
-
-
 def _run_twin(net, step, segments: list[list[str]]) -> dict[str, int]:
     """One training step of a random-weight twin (``step(saved, segments)`` returns the loss),
     counting what its autograd saves; parameters and buffers excluded."""
@@ -239,6 +227,22 @@ def _run_twin(net, step, segments: list[list[str]]) -> dict[str, int]:
         loss = step(saved, segments)
         loss.backward()
     return saved.kept()
+
+
+def _run_classifier(net, image_hwc: tuple[int, int, int], classes: int, batch: int,
+                    segments: list[list[str]]) -> dict[str, int]:
+    """`_run_twin` of an image classifier on a batch of random u8 NHWC images and labels."""
+    import torch
+    import torch.nn.functional as F
+
+    image = torch.randint(0, 256, (batch, *image_hwc), dtype=torch.uint8)
+    label = torch.randint(0, classes, (batch,), dtype=torch.int32)
+    return _run_twin(net, lambda saved, seg: F.cross_entropy(net(image), label.long()), segments)
+
+
+def _nchw_unit(image):
+    """u8 NHWC images as the float NCHW batch scaled by 1/255 that the twins' convolutions take."""
+    return image.permute(0, 3, 1, 2).float().mul_(1.0 / 255.0)
 
 
 def torch_unet_kept(segments: list[list[str]], batch: int = 16) -> dict[str, int]:
@@ -271,7 +275,7 @@ def torch_unet_kept(segments: list[list[str]], batch: int = 16) -> dict[str, int
             return F.relu(self.bottom_2(F.relu(self.bottom_1(x))))
 
         def forward(self, saved, image, segments):
-            x = image.permute(0, 3, 1, 2).float().mul_(1.0 / 255.0)
+            x = _nchw_unit(image)
             down_1 = F.relu(self.down_1(x))
             down_2 = F.relu(self.down_2(F.max_pool2d(down_1, 2)))
             x = F.max_pool2d(down_2, 2)
@@ -312,7 +316,7 @@ def torch_resnet50_kept(segments: list[list[str]], batch: int = 2) -> dict[str, 
         return nn.ModuleDict({"conv": nn.Conv2d(i, o, k, s, bias=False), "bn": nn.BatchNorm2d(o, eps=1e-5)})
 
     def apply(m, x, k, s=1):
-        return m["bn"](m["conv"](_tf_pad(x, k, s)))
+        return m["bn"](m["conv"](twins.tf_pad(x, k, s)))
 
     class Bottleneck(nn.Module):
         def __init__(self, cin, filters, stride, project):
@@ -343,18 +347,14 @@ def torch_resnet50_kept(segments: list[list[str]], batch: int = 2) -> dict[str, 
             self.predictions = nn.Linear(cin, 1000)
 
         def forward(self, pixels):
-            x = pixels.permute(0, 3, 1, 2).float().mul_(1.0 / 255.0)
-            x = F.relu(apply(self.conv1, x, 7, 2))
-            x = F.max_pool2d(_tf_pad(x, 3, 2, float("-inf")), 3, 2)
+            x = F.relu(apply(self.conv1, _nchw_unit(pixels), 7, 2))
+            x = F.max_pool2d(twins.tf_pad(x, 3, 2, float("-inf")), 3, 2)
             for blk in self.blocks:
                 x = blk(x)
             return self.predictions(x.mean(dim=(2, 3)))
 
     torch.manual_seed(0)
-    net = ResNet50()
-    pixels = torch.randint(0, 256, (batch, 224, 224, 3), dtype=torch.uint8)
-    labels = torch.randint(0, 1000, (batch,), dtype=torch.int32)
-    return _run_twin(net, lambda saved, seg: F.cross_entropy(net(pixels), labels.long()), segments)
+    return _run_classifier(ResNet50(), (224, 224, 3), 1000, batch, segments)
 
 
 def torch_separable_resnet_kept(segments: list[list[str]], batch: int = 32) -> dict[str, int]:
@@ -385,7 +385,7 @@ def torch_separable_resnet_kept(segments: list[list[str]], batch: int = 32) -> d
         def forward(self, x):
             h = self.pw_1(self.dw_1(F.relu(self.bn(x))))
             h = F.relu(self.pw_2(self.dw_2(h)))
-            return F.max_pool2d(_tf_pad(h, 3, 2, float("-inf")), 3, 2) + self.shortcut(x)
+            return F.max_pool2d(twins.tf_pad(h, 3, 2, float("-inf")), 3, 2) + self.shortcut(x)
 
     class SeparableResNet(nn.Module):
         def __init__(self):
@@ -395,15 +395,11 @@ def torch_separable_resnet_kept(segments: list[list[str]], batch: int = 32) -> d
             self.probs = nn.Linear(256, 10)
 
         def forward(self, image):
-            x = image.permute(0, 3, 1, 2).float().mul_(1.0 / 255.0)
-            x = self.stages(self.stem(_tf_pad(x, 3, 2)))
+            x = self.stages(self.stem(twins.tf_pad(_nchw_unit(image), 3, 2)))
             return self.probs(x.mean(dim=(2, 3)))
 
     torch.manual_seed(0)
-    net = SeparableResNet()
-    image = torch.randint(0, 256, (batch, 64, 64, 3), dtype=torch.uint8)
-    label = torch.randint(0, 10, (batch,), dtype=torch.int32)
-    return _run_twin(net, lambda saved, seg: F.cross_entropy(net(image), label.long()), segments)
+    return _run_classifier(SeparableResNet(), (64, 64, 3), 10, batch, segments)
 
 
 TWINS = {"unet": torch_unet_kept, "resnet50": torch_resnet50_kept,

@@ -149,6 +149,18 @@ def _torch():
     return torch
 
 
+def tf_pad(x, k: int, s: int, value: float = 0.0):
+    """TensorFlow "same" padding of an NCHW tensor for window k, stride s."""
+    import torch.nn.functional as F
+
+    pads = []
+    for size in (x.shape[3], x.shape[2]):
+        out = -(-size // s)
+        total = max((out - 1) * s + k - size, 0)
+        pads += [total // 2, total - total // 2]
+    return F.pad(x, pads, value=value) if any(pads) else x
+
+
 def make_twin(name: str, weights: dict, meta: dict, threads: int, precision: str = "f32",
               channels_last: bool = False):
     """The twin of memwise's example `name` and its training step.
@@ -248,15 +260,6 @@ def make_twin(name: str, weights: dict, meta: dict, threads: int, precision: str
         def backward(ctx, g):
             p, target = ctx.saved_tensors
             return (p - target).mul_(g / p.shape[0]), None
-
-    def tf_pad(x, k, s, value=0.0):
-        """TensorFlow "same" padding of an NCHW tensor for window k, stride s."""
-        pads = []
-        for size in (x.shape[3], x.shape[2]):
-            out = -(-size // s)
-            total = max((out - 1) * s + k - size, 0)
-            pads += [total // 2, total - total // 2]
-        return F.pad(x, pads, value=value) if any(pads) else x
 
     # ---- optimizers (Keras formulas, multi-tensor) -----------------------------------------
 

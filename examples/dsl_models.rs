@@ -1,108 +1,27 @@
-//! The seed's models, a ResNet-50 and a 12-layer GPT-2-small written in the
-//! `#[memwise::model]` DSL, each with the memory of one training step planned at compile
-//! time. `cargo run --release --example dsl_models` prints every model's `MEMORY.total` and
+//! The seed's models written in the `#[memwise::model]` DSL: the MNIST MLP, the convnet
+//! and the VAE of the three trained examples, a ResNet-50 and a 12-layer GPT-2-small, each
+//! with the memory of one training step planned at compile time.
+//! `cargo run --release --example dsl_models` prints every model's `MEMORY.total` and
 //! summary.
+// Each example file declares its own `mod common;`: loading three of them here loads it thrice.
+#![allow(clippy::duplicate_mod)]
 use memwise::prelude::*;
 
-// ---- The MNIST MLP (the guide's first model) ----
+// ---- The three trained examples' models, read from their own files ----
+// (each file is also its example's `main`; here only its model is used)
 
-#[memwise::model(batch = 128, optimizer = rmsprop(lr = 1e-3), loss = sparse_categorical_crossentropy,
-                 metrics = [accuracy], budget = "2 GiB")]
-pub struct MnistMlp {
-    #[input(shape = [784], dtype = u8, scale = 1.0 / 255.0)]
-    pixels: Input,
-    #[input(shape = [], dtype = i32)]
-    labels: Input,
-    #[dense(512, activation = relu, from = pixels)]
-    hidden: Dense,
-    #[dense(10, activation = softmax)]
-    logits: Dense,
-}
-
-// ---- A small residual convnet with separable convolutions (the guide's chapter-9 style) ----
-
-/// Pre-activation residual block: two separable convs, a strided max pool, and a strided
-/// 1×1 projection of the block's input added back.
-#[memwise::block(size)]
-pub struct SeparableResidual {
-    #[batch_norm]
-    bn_1: BatchNorm,
-    #[activation(relu)]
-    relu_1: Activation,
-    #[separable_conv2d(size, 3, padding = same, use_bias = false)]
-    sep_1: SeparableConv2d,
-    #[batch_norm]
-    bn_2: BatchNorm,
-    #[activation(relu)]
-    relu_2: Activation,
-    #[separable_conv2d(size, 3, padding = same, use_bias = false)]
-    sep_2: SeparableConv2d,
-    #[max_pool2d(3, strides = 2, padding = same)]
-    pool: MaxPool2d,
-    #[conv2d(size, 1, strides = 2, padding = same, use_bias = false, from = input)]
-    residual: Conv2d,
-    #[add(pool, residual)]
-    out: Add,
-}
-
-#[memwise::model(batch = 128, loss = sparse_categorical_crossentropy, metrics = [accuracy], budget = "1 GiB")]
-pub struct SeparableConvNet {
-    #[input(shape = [28, 28, 1], dtype = u8, scale = 1.0 / 255.0)]
-    pixels: Input,
-    #[input(shape = [], dtype = i32)]
-    labels: Input,
-    #[conv2d(32, 5, use_bias = false, from = pixels)]
-    stem: Conv2d,
-    #[block(size = 32)]
-    block_32: SeparableResidual,
-    #[block(size = 64)]
-    block_64: SeparableResidual,
-    #[block(size = 128)]
-    block_128: SeparableResidual,
-    #[global_avg_pool]
-    pool: GlobalAvgPool,
-    #[dropout(0.5)]
-    dropout: Dropout,
-    #[dense(10, activation = softmax)]
-    probs: Dense,
-}
-
-// ---- The convolutional VAE (Keras example, latent dimension 2) ----
-
-#[memwise::model(
-    batch = 128,
-    optimizer = adam,
-    loss = binary_crossentropy(decoded, pixels, reduction = sum) + kl_normal(z_mean, z_log_var),
-    budget = "1 GiB"
-)]
-pub struct ConvVae {
-    #[input(shape = [28, 28, 1], dtype = u8, scale = 1.0 / 255.0)]
-    pixels: Input,
-    #[conv2d(32, 3, strides = 2, padding = same, activation = relu)]
-    enc_conv1: Conv2d,
-    #[conv2d(64, 3, strides = 2, padding = same, activation = relu)]
-    enc_conv2: Conv2d,
-    #[flatten]
-    enc_flatten: Flatten,
-    #[dense(16, activation = relu)]
-    enc_dense: Dense,
-    #[dense(2, from = enc_dense)]
-    z_mean: Dense,
-    #[dense(2, from = enc_dense)]
-    z_log_var: Dense,
-    #[sample_normal(z_mean, z_log_var)]
-    z: SampleNormal,
-    #[dense(7 * 7 * 64, activation = relu)]
-    dec_dense: Dense,
-    #[reshape([7, 7, 64])]
-    dec_reshape: Reshape,
-    #[conv2d_transpose(64, 3, strides = 2, padding = same, activation = relu)]
-    dec_deconv1: Conv2dTranspose,
-    #[conv2d_transpose(32, 3, strides = 2, padding = same, activation = relu)]
-    dec_deconv2: Conv2dTranspose,
-    #[conv2d_transpose(1, 3, padding = same, activation = sigmoid)]
-    decoded: Conv2dTranspose,
-}
+#[allow(dead_code)]
+#[path = "convnet.rs"]
+mod convnet;
+#[allow(dead_code)]
+#[path = "mnist_mlp.rs"]
+mod mnist_mlp;
+#[allow(dead_code)]
+#[path = "vae.rs"]
+mod vae;
+pub use convnet::ConvNet;
+pub use mnist_mlp::MnistMlp;
+pub use vae::ConvVae;
 
 // ---- ResNet-50 (224², batch 32) and GPT-2 small: one line per layer ----
 // (`rustfmt::skip` keeps the table layout; `tests/dsl_zoo.rs` checks that each model stays
@@ -204,7 +123,7 @@ fn show<M: Model>(name: &str) {
 
 fn main() {
     show::<MnistMlp>("MnistMlp");
-    show::<SeparableConvNet>("SeparableConvNet");
+    show::<ConvNet>("ConvNet");
     show::<ConvVae>("ConvVae");
     show::<ResNet50>("ResNet50");
     show::<Gpt2Small>("Gpt2Small");

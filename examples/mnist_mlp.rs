@@ -43,17 +43,5 @@ fn main() -> Res<()> {
         memwise::plan::advice::format_bytes(trainer.plan().memory.total)
     );
     eprintln!("training on {what}");
-    let mut mem = MemoryCallback::default();
-    let history = trainer.fit(&train, None, &args.fit_options(5), &mut [&mut mem])?;
-    let eval = trainer.evaluate(&test)?;
-    let acc = eval.accuracy.unwrap_or(0.0);
-    println!(
-        "held-out: loss {:.4}, accuracy {:.2}% on {} samples",
-        eval.loss,
-        100.0 * acc,
-        eval.samples
-    );
-    let metrics = memwise::serde_json::json!({"val_loss": eval.loss, "val_accuracy": acc});
-    args.finish(&trainer, &history, metrics)?;
-    Ok(())
+    fit_and_evaluate_classifier(args, &mut trainer, (&train, &test), 5)
 }

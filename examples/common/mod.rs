@@ -142,6 +142,30 @@ pub fn mnist_images(flags: &Args) -> Res<(InMemory, InMemory)> {
     }
 }
 
+/// Trains a classifier for `default_epochs` (or `--epochs`), prints its held-out loss and
+/// accuracy, and writes what `--report-json` and `--save-weights` ask for.
+pub fn fit_and_evaluate_classifier(
+    args: &Args,
+    trainer: &mut memwise::prelude::Trainer,
+    (train, test): (&InMemory, &InMemory),
+    default_epochs: usize,
+) -> Res<()> {
+    let mut mem = memwise::prelude::MemoryCallback::default();
+    let options = args.fit_options(default_epochs);
+    let history = trainer.fit(train, None, &options, &mut [&mut mem])?;
+    let eval = trainer.evaluate(test)?;
+    let acc = eval.accuracy.unwrap_or(0.0);
+    println!(
+        "held-out: loss {:.4}, accuracy {:.2}% on {} samples",
+        eval.loss,
+        100.0 * acc,
+        eval.samples
+    );
+    let metrics = memwise::serde_json::json!({"val_loss": eval.loss, "val_accuracy": acc});
+    args.finish(trainer, &history, metrics)?;
+    Ok(())
+}
+
 /// Turns a runtime error into the example's error.
 pub fn rt<T>(r: Result<T, RuntimeError>) -> Res<T> {
     r.map_err(|e| e.into())

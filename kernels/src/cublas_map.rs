@@ -119,6 +119,17 @@ impl RowGemm {
     }
 }
 
+/// Where a mapped GEMM's buffers are: the device addresses of the buffers `g.a.0`, `g.b.0`,
+/// `g.c.0` of a [`CublasGemm`] `g` (its element offsets are added by whoever launches it), and
+/// their element types (f16/bf16 operands with an f32 result is the master-gradient case).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmBuffers {
+    pub a: u64,
+    pub b: u64,
+    pub c: u64,
+    pub types: [crate::cuda::launch::Float; 3],
+}
+
 /// The column-major call: `C_cm[m×n] = alpha·op(A_cm)·op(B_cm) + beta·C_cm` per item, as
 /// `cublasGemmStridedBatchedEx` (or `cublasGemmEx` when `batch == 1`) takes it.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -16,7 +16,7 @@ use std::sync::Mutex;
 
 use half::{bf16, f16};
 use memwise_cuda_emu as emu;
-use memwise_kernels::cuda::flash::{self, FlashDims, FlashDropout};
+use memwise_kernels::cuda::flash::{self, FlashDims, FlashDropout, FlashLaunch};
 use memwise_kernels::cuda::launch::{Float, KernelCall, MwScalars};
 use memwise_kernels::random::RngKey;
 use memwise_kernels::Element;
@@ -287,27 +287,19 @@ fn case<T: Ty>(rng: &mut Rng, seq: usize, head_dim: usize, causal: bool, rate: f
 
     let mut ctx = vec![nan; rows * h];
     let mut lse = vec![f32::NAN; d.scratch_f32_elems()];
-    let scale = d.scale();
-    run(&flash::forward(
-        T::F,
-        &d,
-        scale,
-        &drop,
-        addr(&qkv),
-        addr_mut(&mut ctx),
-        addr_mut(&mut lse),
-    ));
+    let launch = FlashLaunch {
+        float: T::F,
+        dims: d,
+        scale: d.scale(),
+        dropout: drop,
+    };
+    run(&launch.forward(addr(&qkv), addr_mut(&mut ctx), addr_mut(&mut lse)));
 
     let mut scratch = vec![SCRATCH_SENTINEL; d.scratch_f32_elems() + 37];
     let mut dqkv = vec![nan; rows * 3 * h];
-    for call in flash::backward(
-        T::F,
-        &d,
-        scale,
-        &drop,
-        addr(&qkv),
-        addr(&ctx),
-        addr(&lse),
+    let saved = [addr(&qkv), addr(&ctx), addr(&lse)];
+    for call in launch.backward(
+        saved,
         addr(&dctx),
         addr_mut(&mut scratch),
         addr_mut(&mut dqkv),
@@ -428,27 +420,16 @@ fn unsupported_launches_write_nothing() {
     let qkv = vec![0.5f32; 3 * 3 * d.head_dim];
     let mut ctx = vec![f32::NAN; 3 * d.head_dim];
     let mut lse = vec![f32::NAN; 3];
-    let call = flash::forward(
-        Float::F32,
-        &d,
-        d.scale(),
-        &FlashDropout::NONE,
-        addr(&qkv),
-        addr_mut(&mut ctx),
-        addr_mut(&mut lse),
-    );
-    run(&call);
+    let launch = |dims: FlashDims| FlashLaunch {
+        float: Float::F32,
+        dims,
+        scale: dims.scale(),
+        dropout: FlashDropout::NONE,
+    };
+    run(&launch(d).forward(addr(&qkv), addr_mut(&mut ctx), addr_mut(&mut lse)));
     assert!(ctx.iter().chain(&lse).all(|v| v.is_nan()));
     let d = FlashDims { head_dim: 8, ..d };
-    let mut call = flash::forward(
-        Float::F32,
-        &d,
-        d.scale(),
-        &FlashDropout::NONE,
-        addr(&qkv),
-        addr_mut(&mut ctx),
-        addr_mut(&mut lse),
-    );
+    let mut call = launch(d).forward(addr(&qkv), addr_mut(&mut ctx), addr_mut(&mut lse));
     call.cfg.block = [64, 1, 1];
     run(&call);
     assert!(ctx.iter().chain(&lse).all(|v| v.is_nan()));

@@ -101,41 +101,28 @@ fn step_heap(plan: &StaticPlan, s: &PlanStep) -> usize {
                 k::conv::conv2d_transpose_forward_heap_bytes::<T>(convt_dims(&dims), chunk)
             }
         }),
-        Op::Attention {
-            batch,
-            seq,
-            heads,
-            head_dim,
-            ..
-        } => {
-            let d = attention_dims(batch, seq, heads, head_dim);
-            let ws = s.op.scratch_f32_elems(dt);
-            per_float!(dt, T, {
-                if backward {
-                    k::attention::context_backward_heap_bytes::<T>(d, ws)
-                        .max(k::attention::scores_backward_heap_bytes::<T>(d, ws))
-                } else {
-                    k::attention::scores_forward_heap_bytes::<T>(d, ws)
-                        .max(k::attention::context_forward_heap_bytes::<T>(d, ws))
-                }
-            })
-        }
-        // f32 tiles in the lanes whatever the storage: no per-float dispatch.
-        Op::FlashAttention {
-            batch,
-            seq,
-            heads,
-            head_dim,
-            ..
-        } => {
-            let d = attention_dims(batch, seq, heads, head_dim);
-            let ws = s.op.scratch_f32_elems(dt);
-            if backward {
-                k::flash_attention::flash_backward_heap_bytes(d, ws)
-            } else {
-                k::flash_attention::flash_forward_heap_bytes(d, ws)
-            }
-        }
+        Op::Attention { .. } | Op::FlashAttention { .. } => attention_heap_bytes(s, dt, backward),
         _ => 0,
+    }
+}
+
+/// An attention step's CPU heap: the materialised kernels' per-float GEMM packing, or the
+/// flash kernels' f32 tiles (in the lanes whatever the storage: no per-float dispatch).
+fn attention_heap_bytes(s: &PlanStep, dt: DType, backward: bool) -> usize {
+    let Some(a) = s.op.attention() else {
+        return 0;
+    };
+    let (d, ws) = (attention_dims(&a), s.op.scratch_f32_elems(dt));
+    match (a.flash, backward) {
+        (true, true) => k::flash_attention::flash_backward_heap_bytes(d, ws),
+        (true, false) => k::flash_attention::flash_forward_heap_bytes(d, ws),
+        (false, true) => per_float!(dt, T, {
+            k::attention::context_backward_heap_bytes::<T>(d, ws)
+                .max(k::attention::scores_backward_heap_bytes::<T>(d, ws))
+        }),
+        (false, false) => per_float!(dt, T, {
+            k::attention::scores_forward_heap_bytes::<T>(d, ws)
+                .max(k::attention::context_forward_heap_bytes::<T>(d, ws))
+        }),
     }
 }

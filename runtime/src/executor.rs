@@ -4,6 +4,7 @@
 
 use half::{bf16, f16};
 use memwise_kernels as k;
+use memwise_plan::op::AttentionSettings;
 use memwise_plan::{
     DType, Op, Padding, PlanParam, PlanTensor, StaticPlan, Window2d, NONE, NO_OFFSET,
 };
@@ -267,17 +268,12 @@ pub(crate) fn readable_prediction(plan: &StaticPlan, len: usize) -> Result<&Plan
 }
 
 /// An attention step's geometry (its score scale is `AttentionDims::scale`).
-pub(crate) fn attention_dims(
-    batch: usize,
-    seq: usize,
-    heads: usize,
-    head_dim: usize,
-) -> k::attention::AttentionDims {
+pub(crate) fn attention_dims(a: &AttentionSettings) -> k::attention::AttentionDims {
     k::attention::AttentionDims {
-        batch,
-        seq,
-        hidden: heads * head_dim,
-        heads,
+        batch: a.batch,
+        seq: a.seq,
+        hidden: a.heads * a.head_dim,
+        heads: a.heads,
     }
 }
 

@@ -348,30 +348,12 @@ fn attention<K: Kernels>(
     step: u64,
 ) -> std::result::Result<(), OpError> {
     let backward = s.phase == Phase::Backward;
-    let (flash, batch, seq, heads, head_dim, causal, dropout, l) = match s.op {
-        Op::Attention {
-            batch,
-            seq,
-            heads,
-            head_dim,
-            causal,
-            dropout,
-            key,
-        } => (false, batch, seq, heads, head_dim, causal, dropout, key),
-        Op::FlashAttention {
-            batch,
-            seq,
-            heads,
-            head_dim,
-            causal,
-            dropout,
-            key,
-        } => (true, batch, seq, heads, head_dim, causal, dropout, key),
-        _ => return Err(not_in_phase(s)),
+    let Some(a) = s.op.attention() else {
+        return Err(not_in_phase(s));
     };
-    let d = attention_dims(batch, seq, heads, head_dim);
-    let key = key(seed, l, step);
-    match (flash, backward) {
+    let (d, causal, dropout) = (attention_dims(&a), a.causal, a.dropout);
+    let key = key(seed, a.key, step);
+    match (a.flash, backward) {
         (false, false) => k.attention(
             &AttentionForward::of(s).map_err(io_err)?,
             d,

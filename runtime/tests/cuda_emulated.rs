@@ -16,7 +16,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use half::{bf16, f16};
-use memwise_kernels::cublas_map::{self as cm, CublasGemm};
+use memwise_kernels::cublas_map::{self as cm, CublasGemm, GemmBuffers};
 use memwise_kernels::cuda::{Float, KernelCall};
 use memwise_plan::generate::{random_chain, random_dag};
 use memwise_plan::{plan, zoo, DType, ModelSpec, Precision, StaticPlan};
@@ -28,7 +28,7 @@ use memwise_runtime::{Batch, Device, Engine, Executor, FitOptions, Trainer};
 
 enum Cmd {
     Launch(KernelCall),
-    Gemm(CublasGemm, u64, u64, u64, [Float; 3]),
+    Gemm(CublasGemm, GemmBuffers),
     Zero(u64, usize),
 }
 
@@ -82,7 +82,7 @@ impl EmuBackend {
                 std::ptr::write_bytes(*dst as *mut u8, 0, *n);
                 Ok(())
             }
-            Cmd::Gemm(g, a, b, c, t) => {
+            Cmd::Gemm(g, GemmBuffers { a, b, c, types: t }) => {
                 let e = g.extents();
                 macro_rules! go {
                     ($A:ty, $C:ty) => {
@@ -155,16 +155,9 @@ impl Backend for EmuBackend {
     unsafe fn launch(&self, call: &KernelCall) -> Result<(), String> {
         self.submit(Cmd::Launch(call.clone()))
     }
-    unsafe fn gemm(
-        &self,
-        g: &CublasGemm,
-        a: u64,
-        b: u64,
-        c: u64,
-        t: [Float; 3],
-    ) -> Result<(), String> {
+    unsafe fn gemm(&self, g: &CublasGemm, bufs: GemmBuffers) -> Result<(), String> {
         g.validate()?;
-        self.submit(Cmd::Gemm(*g, a, b, c, t))
+        self.submit(Cmd::Gemm(*g, bufs))
     }
     fn synchronize(&self) -> Result<(), String> {
         Ok(())

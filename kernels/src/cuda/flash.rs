@@ -93,65 +93,67 @@ impl FlashDropout {
     }
 }
 
-/// `mw_flash_fwd_T(qkv, ctx, lse, batch, seq, heads, head_dim, causal, scale, rate, seed,
-/// layer, scalars)`: grid `(batch·heads, ceil(seq / 32))`, 128 threads. Writes `ctx` (T) and
-/// `lse` (f32, `[batch, heads, seq]`).
-pub fn forward(
-    t: Float,
-    d: &FlashDims,
-    scale: f32,
-    drop: &FlashDropout,
-    qkv: u64,
-    ctx: u64,
-    lse: u64,
-) -> KernelCall {
-    let mut args = vec![KArg::Ptr(qkv), KArg::Ptr(ctx), KArg::Ptr(lse)];
-    args.extend(d.dim_args());
-    args.extend([KArg::I32(d.causal as i32), KArg::F32(scale)]);
-    args.extend(drop.args());
-    KernelCall::new(name1("mw_flash_fwd", t), d.grid(FWD_QUERY_TILE), args)
+/// One flash-attention step's launch settings: the storage float of `qkv`, `ctx` and `dqkv`,
+/// the geometry, the score scale and the dropout.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FlashLaunch {
+    pub float: Float,
+    pub dims: FlashDims,
+    pub scale: f32,
+    pub dropout: FlashDropout,
 }
 
-/// The backward's three launches, in order:
-/// 1. `mw_flash_bwd_dot_T(dctx, ctx, dr, batch, seq, heads, head_dim)`, one warp per row
-///    ([`LaunchCfg::rows`] of `batch·heads·seq`): `dr` = the first
-///    [`FlashDims::scratch_f32_elems`] floats of `scratch`;
-/// 2. `mw_flash_bwd_dkv_T(qkv, dctx, lse, dr, dqkv, batch, seq, heads, head_dim, causal,
-///    scale, rate, seed, layer, scalars)`, grid `(batch·heads, ceil(seq / 16))`: the k and v
-///    columns of `dqkv`;
-/// 3. `mw_flash_bwd_dq_T(…the same…)`, the same grid: the q columns.
-#[allow(clippy::too_many_arguments)]
-pub fn backward(
-    t: Float,
-    d: &FlashDims,
-    scale: f32,
-    drop: &FlashDropout,
-    qkv: u64,
-    ctx: u64,
-    lse: u64,
-    dctx: u64,
-    scratch: u64,
-    dqkv: u64,
-) -> [KernelCall; 3] {
-    let mut dot = vec![KArg::Ptr(dctx), KArg::Ptr(ctx), KArg::Ptr(scratch)];
-    dot.extend(d.dim_args());
-    let mut args = vec![
-        KArg::Ptr(qkv),
-        KArg::Ptr(dctx),
-        KArg::Ptr(lse),
-        KArg::Ptr(scratch),
-        KArg::Ptr(dqkv),
-    ];
-    args.extend(d.dim_args());
-    args.extend([KArg::I32(d.causal as i32), KArg::F32(scale)]);
-    args.extend(drop.args());
-    [
-        KernelCall::new(
-            name1("mw_flash_bwd_dot", t),
-            LaunchCfg::rows(d.scratch_f32_elems() as u64),
-            dot,
-        ),
-        KernelCall::new(name1("mw_flash_bwd_dkv", t), d.grid(BWD_TILE), args.clone()),
-        KernelCall::new(name1("mw_flash_bwd_dq", t), d.grid(BWD_TILE), args),
-    ]
+impl FlashLaunch {
+    /// What follows the pointers in the forward and the two backward kernels: the dims,
+    /// `causal`, `scale`, then the dropout's `rate, seed, layer, scalars`.
+    fn settings_args(&self) -> Vec<KArg> {
+        let d = &self.dims;
+        let mut args = d.dim_args().to_vec();
+        args.extend([KArg::I32(d.causal as i32), KArg::F32(self.scale)]);
+        args.extend(self.dropout.args());
+        args
+    }
+
+    /// `mw_flash_fwd_T(qkv, ctx, lse, batch, seq, heads, head_dim, causal, scale, rate, seed,
+    /// layer, scalars)`: grid `(batch·heads, ceil(seq / 32))`, 128 threads. Writes `ctx` (T)
+    /// and `lse` (f32, `[batch, heads, seq]`).
+    pub fn forward(&self, qkv: u64, ctx: u64, lse: u64) -> KernelCall {
+        let mut args = vec![KArg::Ptr(qkv), KArg::Ptr(ctx), KArg::Ptr(lse)];
+        args.extend(self.settings_args());
+        let grid = self.dims.grid(FWD_QUERY_TILE);
+        KernelCall::new(name1("mw_flash_fwd", self.float), grid, args)
+    }
+
+    /// The backward's three launches, in order:
+    /// 1. `mw_flash_bwd_dot_T(dctx, ctx, dr, batch, seq, heads, head_dim)`, one warp per row
+    ///    ([`LaunchCfg::rows`] of `batch·heads·seq`): `dr` = the first
+    ///    [`FlashDims::scratch_f32_elems`] floats of `scratch`;
+    /// 2. `mw_flash_bwd_dkv_T(qkv, dctx, lse, dr, dqkv, batch, seq, heads, head_dim, causal,
+    ///    scale, rate, seed, layer, scalars)`, grid `(batch·heads, ceil(seq / 16))`: the k and
+    ///    v columns of `dqkv`;
+    /// 3. `mw_flash_bwd_dq_T(…the same…)`, the same grid: the q columns.
+    ///
+    /// `saved` is the forward's `[qkv, ctx, lse]`.
+    pub fn backward(&self, saved: [u64; 3], dctx: u64, scratch: u64, dqkv: u64) -> [KernelCall; 3] {
+        let ([qkv, ctx, lse], d, t) = (saved, &self.dims, self.float);
+        let mut dot = vec![KArg::Ptr(dctx), KArg::Ptr(ctx), KArg::Ptr(scratch)];
+        dot.extend(d.dim_args());
+        let mut args = vec![
+            KArg::Ptr(qkv),
+            KArg::Ptr(dctx),
+            KArg::Ptr(lse),
+            KArg::Ptr(scratch),
+            KArg::Ptr(dqkv),
+        ];
+        args.extend(self.settings_args());
+        [
+            KernelCall::new(
+                name1("mw_flash_bwd_dot", t),
+                LaunchCfg::rows(d.scratch_f32_elems() as u64),
+                dot,
+            ),
+            KernelCall::new(name1("mw_flash_bwd_dkv", t), d.grid(BWD_TILE), args.clone()),
+            KernelCall::new(name1("mw_flash_bwd_dq", t), d.grid(BWD_TILE), args),
+        ]
+    }
 }

@@ -16,7 +16,7 @@ use cudarc::driver::{result as drv, CudaStream};
 
 use super::device::{alloc_raw, err, CudaDevice, DeviceBuffer, DeviceResult};
 use super::launch::{Float, KernelCall};
-use crate::cublas_map::CublasGemm;
+use crate::cublas_map::{CublasGemm, GemmBuffers};
 
 /// cuBLAS workspace set on each lane's handle (NVIDIA's recommendation for Hopper), so
 /// captured graphs never allocate.
@@ -139,22 +139,15 @@ impl Lane {
     }
 
     /// Runs one mapped GEMM on cuBLAS (`cublasGemmStridedBatchedEx`, or `cublasGemmEx` for a
-    /// single item) with f32 accumulation: `a`, `b`, `c` are the device addresses of the
-    /// buffers `g.a.0`, `g.b.0`, `g.c.0` (element offsets are added here), of element types
-    /// `types` (f16/bf16 operands with an f32 result is the master-gradient case).
+    /// single item) with f32 accumulation, on the buffers `bufs` (element offsets are added
+    /// here).
     ///
     /// # Safety
     /// The addresses must hold what [`CublasGemm::extents`] says the call touches.
-    pub unsafe fn gemm(
-        &self,
-        g: &CublasGemm,
-        a: u64,
-        b: u64,
-        c: u64,
-        types: [Float; 3],
-    ) -> DeviceResult<()> {
+    pub unsafe fn gemm(&self, g: &CublasGemm, bufs: GemmBuffers) -> DeviceResult<()> {
         g.validate()?;
         self.dev.bind()?;
+        let GemmBuffers { a, b, c, types } = bufs;
         let [ta, tb, tc] = types;
         let op = |t: bool| {
             if t {

@@ -2,7 +2,7 @@
 //! scaled dot-product attention (optionally causal, with dropout on the probabilities),
 //! and an output projection.
 use super::prelude::*;
-use crate::op::{flash_attention_scratch_elems, FLASH_MAX_HEAD_DIM};
+use crate::op::{flash_attention_scratch_elems, AttentionSettings, FLASH_MAX_HEAD_DIM};
 
 const QKV_WEIGHT: ParamDef = ParamDef::trainable("qkv.weight", Init::GlorotUniform).gemm();
 const QKV_BIAS: ParamDef = ParamDef::trainable("qkv.bias", Init::Zeros);
@@ -93,37 +93,30 @@ pub(super) fn lower(cx: &mut LayerCx<'_, '_>, kind: &LayerKind) -> Result<Value,
         .iter()
         .filter(|l| matches!(l.kind, LayerKind::Attention { .. }))
         .count();
-    let (op, mut outs) = if flash_keeps_less(b, s, heads, h / heads, dropout, dt, layers) {
-        let op = Op::FlashAttention {
-            batch: b,
-            seq: s,
-            heads,
-            head_dim: h / heads,
-            causal,
-            dropout,
-            key: cx.key(),
-        };
-        (op, vec![cx.tensor("lse", vec![b, heads, s], DType::F32)])
+    let mut settings = AttentionSettings {
+        flash: false,
+        batch: b,
+        seq: s,
+        heads,
+        head_dim: h / heads,
+        causal,
+        dropout,
+        key: cx.key(),
+    };
+    settings.flash = flash_keeps_less(&settings, dt, layers);
+    let mut outs = if settings.flash {
+        vec![cx.tensor("lse", vec![b, heads, s], DType::F32)]
     } else {
         let mut outs = vec![cx.tensor("probs", vec![b, heads, s, s], dt)];
         if dropout > 0.0 {
             outs.push(cx.tensor("probs_mask", vec![b, heads, s, s], DType::U8));
             outs.push(cx.tensor("probs_dropped", vec![b, heads, s, s], dt));
         }
-        let op = Op::Attention {
-            batch: b,
-            seq: s,
-            heads,
-            head_dim: h / heads,
-            causal,
-            dropout,
-            key: cx.key(),
-        };
-        (op, outs)
+        outs
     };
     let ctx = cx.tensor("ctx", ctx_shape.clone(), dt);
     outs.push(ctx);
-    cx.push(op, vec![qkv], outs, vec![]);
+    cx.push(settings.op(), vec![qkv], outs, vec![]);
     let y = cx.tensor("out", ctx_shape.clone(), dt);
     let wo = cx.param(&OUT_WEIGHT, vec![h, h]);
     let bo = cx.param(&OUT_BIAS, vec![h]);
@@ -141,29 +134,14 @@ pub(super) fn lower(cx: &mut LayerCx<'_, '_>, kind: &LayerKind) -> Result<Value,
 /// plus its workspace and scratch (the materialising backward's `[b, heads, s, s]` score
 /// gradients), which one layer at a time uses. Both keep `qkv` and the context. Heads wider
 /// than [`FLASH_MAX_HEAD_DIM`] stay materialised.
-fn flash_keeps_less(
-    b: usize,
-    s: usize,
-    heads: usize,
-    hd: usize,
-    dropout: f32,
-    dt: DType,
-    layers: usize,
-) -> bool {
+fn flash_keeps_less(a: &AttentionSettings, dt: DType, layers: usize) -> bool {
+    let (b, s, heads, hd) = (a.batch, a.seq, a.heads, a.head_dim);
     if hd > FLASH_MAX_HEAD_DIM {
         return false;
     }
     let scores = (b * heads * s * s) as u64;
-    let kept = scores * dt.size() + if dropout > 0.0 { scores * (1 + dt.size()) } else { 0 };
-    let materialised = Op::Attention {
-        batch: b,
-        seq: s,
-        heads,
-        head_dim: hd,
-        causal: false,
-        dropout,
-        key: 0,
-    };
+    let kept = scores * dt.size() + if a.dropout > 0.0 { scores * (1 + dt.size()) } else { 0 };
+    let materialised = AttentionSettings { flash: false, ..*a }.op();
     let mat_ws = materialised.workspace_elems(true) as u64 * dt.size()
         + 4 * materialised.scratch_f32_elems(dt) as u64;
     let flash_ws = 4 * flash_attention_scratch_elems(b, s, heads, hd) as u64;

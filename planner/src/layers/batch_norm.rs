@@ -1,11 +1,7 @@
 //! `batch_norm`: batch normalisation over the last axis — batch statistics (and running
 //! ones updated) in training, the running statistics in inference.
-use super::common::{BIAS, SCALE};
+use super::common::{epsilon, BIAS, SCALE};
 use super::prelude::*;
-
-/// Keras's `BatchNormalization` defaults.
-const MOMENTUM: f32 = 0.99;
-const EPSILON: f32 = 1e-3;
 
 /// Scale γ and shift β, and the running statistics.
 const PARAMS: &[ParamDef] = &[
@@ -15,6 +11,7 @@ const PARAMS: &[ParamDef] = &[
     ParamDef::statistic("running_var", Init::Ones),
 ];
 
+/// Momentum 0.99 and epsilon 1e-3 as Keras's `BatchNormalization`.
 pub(super) static DEF: LayerDef = LayerDef {
     name: "batch_norm",
     handle: "BatchNorm",
@@ -24,15 +21,10 @@ pub(super) static DEF: LayerDef = LayerDef {
         OptionDef::new(
             "momentum",
             OptionType::Rate,
-            OptValue::Float(MOMENTUM),
+            OptValue::Float(0.99),
             "how much of the running statistics each step keeps",
         ),
-        OptionDef::new(
-            "epsilon",
-            OptionType::Float,
-            OptValue::Float(EPSILON),
-            "added to the variance",
-        ),
+        epsilon(1e-3, "added to the variance"),
     ],
     params: PARAMS,
     build: |o| LayerKind::BatchNorm {

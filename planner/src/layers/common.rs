@@ -4,7 +4,7 @@
 use super::{Init, LayerKind, OptValue, OptionDef, OptionType, ParamDef};
 use crate::dtype::DType;
 use crate::error::PlanError;
-use crate::graph::{prod, LayerCx, TensorId, Value};
+use crate::graph::{prod, LayerCx, Value};
 
 use crate::op::{Op, Window2d};
 use crate::spec::{Activation, Padding};
@@ -15,6 +15,16 @@ pub(super) const ACTIVATION: OptionDef = OptionDef::new(
     OptValue::Activation(Activation::Linear),
     "applied to the output",
 );
+
+/// The `epsilon` of a normalisation layer: its default and what it is added to.
+pub(super) const fn epsilon(default: f32, added_to: &'static str) -> OptionDef {
+    OptionDef::new(
+        "epsilon",
+        OptionType::Float,
+        OptValue::Float(default),
+        added_to,
+    )
+}
 
 pub(super) const USE_BIAS: OptionDef = OptionDef::new(
     "use_bias",
@@ -234,19 +244,15 @@ pub(super) fn pool(
     Ok((d, x.tensor, Value { tensor: y, shape }))
 }
 
-/// What a normalisation over the last axis starts from: its input cast to the compute dtype,
-/// the axis's width, the rows, and the tensors the op writes — the output, x̂ and the per-row
-/// 1/σ (float32) — made in that order (the plan's tensor order).
-pub(super) struct LastAxisNorm {
-    pub x: Value,
-    pub features: usize,
-    pub rows: usize,
-    pub y: TensorId,
-    pub x_hat: TensorId,
-    pub rstd: TensorId,
-}
-
-pub(super) fn last_axis_norm(cx: &mut LayerCx<'_, '_>) -> Result<LastAxisNorm, PlanError> {
+/// Lowers a normalisation over the last axis: its input cast to the compute dtype, then the
+/// tensors `op` writes — the output, x̂ and the per-row 1/σ (float32), made in that order
+/// (the plan's tensor order) —, then `params` (each the axis's width), and the step `op(rows,
+/// features)` reading the input.
+pub(super) fn last_axis_norm(
+    cx: &mut LayerCx<'_, '_>,
+    params: &[ParamDef],
+    op: impl FnOnce(usize, usize) -> Op,
+) -> Result<Value, PlanError> {
     let (v, _) = cx.input(0);
     let x = cx.cast(&v)?;
     let features = *x.shape.last().unwrap_or(&1);
@@ -254,12 +260,10 @@ pub(super) fn last_axis_norm(cx: &mut LayerCx<'_, '_>) -> Result<LastAxisNorm, P
     let y = cx.tensor("out", x.shape.clone(), cx.dtype);
     let x_hat = cx.tensor("x_hat", x.shape.clone(), cx.dtype);
     let rstd = cx.tensor("rstd", vec![rows], DType::F32);
-    Ok(LastAxisNorm {
-        x,
-        features,
-        rows,
-        y,
-        x_hat,
-        rstd,
+    let ps: Vec<usize> = params.iter().map(|p| cx.param(p, vec![features])).collect();
+    cx.push(op(rows, features), vec![x.tensor], vec![y, x_hat, rstd], ps);
+    Ok(Value {
+        tensor: y,
+        shape: x.shape,
     })
 }

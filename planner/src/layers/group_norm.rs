@@ -1,17 +1,14 @@
 //! `group_norm`: group normalisation of channels-last tensors (Keras's `GroupNormalization`,
 //! PyTorch's `nn.GroupNorm`): per sample, over each group of consecutive channels and every
 //! position, with a learned per-channel scale and shift.
-use super::common::{BIAS, SCALE};
+use super::common::{epsilon, BIAS, SCALE};
 use super::prelude::*;
-
-/// Keras's `GroupNormalization` defaults: 32 groups, epsilon 1e-3 (PyTorch's `nn.GroupNorm`
-/// has no default group count and epsilon 1e-5; say `epsilon = 1e-5` for parity).
-const GROUPS: usize = 32;
-const EPSILON: f32 = 1e-3;
 
 /// Scale γ (ones) and shift β (zeros), per channel.
 const PARAMS: &[ParamDef] = &[SCALE, BIAS];
 
+/// 32 groups and epsilon 1e-3 as Keras's `GroupNormalization` (PyTorch's
+/// `nn.GroupNorm` has no default group count and epsilon 1e-5; say `epsilon = 1e-5`).
 pub(super) static DEF: LayerDef = LayerDef {
     name: "group_norm",
     handle: "GroupNorm",
@@ -21,16 +18,11 @@ pub(super) static DEF: LayerDef = LayerDef {
         OptionDef::new(
             "groups",
             OptionType::Positive,
-            OptValue::Usize(GROUPS),
+            OptValue::Usize(32),
             "channel groups; must divide the channels",
         )
         .at(0),
-        OptionDef::new(
-            "epsilon",
-            OptionType::Float,
-            OptValue::Float(EPSILON),
-            "added to the variance",
-        ),
+        epsilon(1e-3, "added to the variance"),
     ],
     params: PARAMS,
     build: |o| LayerKind::GroupNorm {

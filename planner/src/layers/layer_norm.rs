@@ -1,25 +1,17 @@
 //! `layer_norm`: layer normalisation over the last axis, with a learned scale and shift.
-use super::common::{last_axis_norm, LastAxisNorm, BIAS, SCALE};
+use super::common::{epsilon, last_axis_norm, BIAS, SCALE};
 use super::prelude::*;
-
-/// Keras's `LayerNormalization` default (PyTorch uses 1e-5; say `epsilon = 1e-5` for
-/// parity).
-const EPSILON: f32 = 1e-3;
 
 /// Scale γ and shift β.
 const PARAMS: &[ParamDef] = &[SCALE, BIAS];
 
+/// Epsilon 1e-3 as Keras's `LayerNormalization` (PyTorch uses 1e-5; say `epsilon = 1e-5`).
 pub(super) static DEF: LayerDef = LayerDef {
     name: "layer_norm",
     handle: "LayerNorm",
     doc: "Layer normalisation.",
     inputs: Inputs::One,
-    options: &[OptionDef::new(
-        "epsilon",
-        OptionType::Float,
-        OptValue::Float(EPSILON),
-        "added to the variance",
-    )],
+    options: &[epsilon(1e-3, "added to the variance")],
     params: PARAMS,
     build: |o| LayerKind::LayerNorm {
         epsilon: o.float("epsilon"),
@@ -37,29 +29,11 @@ pub(super) fn lower(cx: &mut LayerCx<'_, '_>, kind: &LayerKind) -> Result<Value,
     let LayerKind::LayerNorm { epsilon } = *kind else {
         unreachable!("layer_norm lowers layer_norm layers")
     };
-    let LastAxisNorm {
-        x,
-        features: f,
+    last_axis_norm(cx, PARAMS, |rows, features| Op::LayerNorm {
         rows,
-        y,
-        x_hat: xh,
-        rstd,
-    } = last_axis_norm(cx)?;
-    let ps: Vec<usize> = PARAMS.iter().map(|p| cx.param(p, vec![f])).collect();
-    cx.push(
-        Op::LayerNorm {
-            rows,
-            features: f,
-            epsilon,
-            // Decided with the backward rules (autodiff.rs).
-            rebuild_x_hat: false,
-        },
-        vec![x.tensor],
-        vec![y, xh, rstd],
-        ps,
-    );
-    Ok(Value {
-        tensor: y,
-        shape: x.shape,
+        features,
+        epsilon,
+        // Decided with the backward rules (autodiff.rs).
+        rebuild_x_hat: false,
     })
 }

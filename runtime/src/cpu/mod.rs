@@ -46,13 +46,13 @@ impl Opt {
                 nesterov,
             }),
             Optimizer::RmsProp {
-                lr,
+                lr: learning_rate,
                 rho,
                 epsilon,
                 momentum,
                 centered,
             } => Opt::RmsProp(ko::RmsProp {
-                learning_rate: lr,
+                learning_rate,
                 rho,
                 momentum,
                 epsilon,

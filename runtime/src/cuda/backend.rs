@@ -4,8 +4,8 @@
 //! [`super::device::CudaBackend`] (feature `cuda`); `tests/cuda_emulated.rs` has one over the
 //! host emulation of the kernels.
 
-use memwise_kernels::cublas_map::CublasGemm;
-use memwise_kernels::cuda::launch::{Float, KernelCall};
+use memwise_kernels::cublas_map::{CublasGemm, GemmBuffers};
+use memwise_kernels::cuda::launch::KernelCall;
 
 /// What [`super::CudaKernels`] needs from a device. Addresses are `u64` device pointers.
 pub trait Backend {
@@ -35,19 +35,11 @@ pub trait Backend {
     /// # Safety
     /// The call's pointers must be valid for what the kernel touches.
     unsafe fn launch(&self, call: &KernelCall) -> std::result::Result<(), String>;
-    /// Runs a mapped GEMM; `a`, `b`, `c` are the addresses of the buffers `g.a.0`, `g.b.0`,
-    /// `g.c.0`, of element types `types`.
+    /// Runs a mapped GEMM on the buffers `bufs`.
     ///
     /// # Safety
     /// The addresses must hold what `g.extents()` says the call touches.
-    unsafe fn gemm(
-        &self,
-        g: &CublasGemm,
-        a: u64,
-        b: u64,
-        c: u64,
-        types: [Float; 3],
-    ) -> std::result::Result<(), String>;
+    unsafe fn gemm(&self, g: &CublasGemm, bufs: GemmBuffers) -> std::result::Result<(), String>;
     fn synchronize(&self) -> std::result::Result<(), String>;
     /// Starts recording the launches that follow into a graph; `false` when this backend
     /// has no graphs (then nothing is recorded and launches run as usual).

@@ -4,9 +4,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use memwise_kernels::cublas_map::CublasGemm;
+use memwise_kernels::cublas_map::{CublasGemm, GemmBuffers};
 use memwise_kernels::cuda::device::{CudaDevice, DeviceBuffer, Lane};
-use memwise_kernels::cuda::{Float, KernelCall};
+use memwise_kernels::cuda::KernelCall;
 use memwise_plan::StaticPlan;
 
 use memwise_kernels::cuda::device::cudarc::driver::sys::{
@@ -102,15 +102,8 @@ impl Backend for CudaBackend {
         self.lane.launch(call)
     }
 
-    unsafe fn gemm(
-        &self,
-        g: &CublasGemm,
-        a: u64,
-        b: u64,
-        c: u64,
-        t: [Float; 3],
-    ) -> std::result::Result<(), String> {
-        self.lane.gemm(g, a, b, c, t)
+    unsafe fn gemm(&self, g: &CublasGemm, bufs: GemmBuffers) -> std::result::Result<(), String> {
+        self.lane.gemm(g, bufs)
     }
 
     fn synchronize(&self) -> std::result::Result<(), String> {

@@ -42,7 +42,7 @@ pub mod device;
 
 use half::{bf16, f16};
 use memwise_kernels as k;
-use memwise_kernels::cublas_map::{self as cm, Operand, RowGemm};
+use memwise_kernels::cublas_map::{self as cm, GemmBuffers, Operand, RowGemm};
 use memwise_kernels::cuda::launch::{Float, KArg, KernelCall, LaunchCfg, MwScalars};
 use memwise_plan::{DType, Optimizer, StaticPlan, NONE, NO_OFFSET};
 
@@ -614,7 +614,12 @@ impl<B: Backend> CudaKernels<B> {
         let (b, tb) = buf(cg.b.0)?;
         let (c, tc) = buf(cg.c.0)?;
         // SAFETY: the mapping's extents lie inside the planned tensors (tests/cublas_map.rs).
-        unsafe { self.backend.gemm(&cg, a, b, c, [ta, tb, tc]).map_err(dev) }
+        let types = [ta, tb, tc];
+        unsafe {
+            self.backend
+                .gemm(&cg, GemmBuffers { a, b, c, types })
+                .map_err(dev)
+        }
     }
 }
 

@@ -114,15 +114,16 @@ impl<B: Backend> CudaKernels<B> {
         )
     }
 
-    /// The flash kernels' dims and dropout stream; dims they do not take are an error (the
-    /// planner lowers those to the materialising attention).
-    fn flash_dims(
+    /// The flash kernels' launch settings (dims, scale, dropout stream); dims they do not take
+    /// are an error (the planner lowers those to the materialising attention).
+    fn flash_launch(
         &self,
+        float: Float,
         d: &k::attention::AttentionDims,
         causal: bool,
         rate: f32,
         key: k::random::RngKey,
-    ) -> Result<(flash::FlashDims, flash::FlashDropout)> {
+    ) -> Result<flash::FlashLaunch> {
         let fd = flash::FlashDims {
             batch: d.batch,
             seq: d.seq,
@@ -135,7 +136,7 @@ impl<B: Backend> CudaKernels<B> {
                 "flash attention: the CUDA kernels do not take {fd:?}"
             )));
         }
-        let drop = if rate > 0.0 {
+        let dropout = if rate > 0.0 {
             flash::FlashDropout {
                 rate,
                 seed: key.seed,
@@ -145,7 +146,12 @@ impl<B: Backend> CudaKernels<B> {
         } else {
             flash::FlashDropout::NONE
         };
-        Ok((fd, drop))
+        Ok(flash::FlashLaunch {
+            float,
+            dims: fd,
+            scale: d.scale(),
+            dropout,
+        })
     }
 
     fn key_args(&self, key: k::random::RngKey) -> [KArg; 2] {
@@ -831,10 +837,9 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         dropout: f32,
         key: k::random::RngKey,
     ) -> OpResult {
-        let (fd, drop) = self.flash_dims(&d, causal, dropout, key)?;
+        let launch = self.flash_launch(self.ft(io.ctx)?, &d, causal, dropout, key)?;
         let (qkv, ctx, lse) = (self.t(io.qkv)?, self.t(io.ctx)?, self.t(io.lse)?);
-        let call = flash::forward(self.ft(io.ctx)?, &fd, d.scale(), &drop, qkv, ctx, lse);
-        self.launch(&call)?;
+        self.launch(&launch.forward(qkv, ctx, lse))?;
         Ok(())
     }
 
@@ -1363,19 +1368,10 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         dropout: f32,
         key: k::random::RngKey,
     ) -> OpResult {
-        let (fd, drop) = self.flash_dims(&d, causal, dropout, key)?;
-        let calls = flash::backward(
-            self.ft(io.qkv)?,
-            &fd,
-            d.scale(),
-            &drop,
-            self.t(io.qkv)?,
-            self.t(io.ctx)?,
-            self.t(io.lse)?,
-            self.t(io.dctx)?,
-            self.t(io.scratch)?,
-            self.t(io.dqkv)?,
-        );
+        let launch = self.flash_launch(self.ft(io.qkv)?, &d, causal, dropout, key)?;
+        let saved = [self.t(io.qkv)?, self.t(io.ctx)?, self.t(io.lse)?];
+        let (dctx, scratch, dqkv) = (self.t(io.dctx)?, self.t(io.scratch)?, self.t(io.dqkv)?);
+        let calls = launch.backward(saved, dctx, scratch, dqkv);
         for call in calls {
             self.launch(&call)?;
         }
