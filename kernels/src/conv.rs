@@ -3,7 +3,7 @@
 //!
 //! Layouts (Keras): activations NHWC; conv2d weight `[kh, kw, c_in, c_out]`; depthwise weight
 //! `[kh, kw, c, multiplier]` (output channel `ci·multiplier + mi`); conv2d_transpose weight
-//! `[kh, kw, c_out, c_in]`. Padding follows TensorFlow: see [`conv_axis`].
+//! `[kh, kw, c_out, c_in]`. Padding follows TensorFlow: see [`window_axis`].
 //!
 //! **Scratch.** im2col turns `chunk` samples at a time into a `col` matrix of
 //! `chunk·out_h·out_w` rows by `kh·kw·c_in` columns (storage `T`), which the caller cuts out of
@@ -27,31 +27,9 @@ use crate::{Element, KResult, KernelError};
 use gemm::Parallelism;
 use rayon::prelude::*;
 
-/// Keras / TensorFlow padding mode of one convolution or pooling window.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Padding {
-    /// No padding: `out = (in - k) / stride + 1`.
-    Valid,
-    /// Zero padding so that `out = ceil(in / stride)`.
-    Same,
-}
-
-/// `(out, pad_before)` of one spatial axis of a forward convolution, TensorFlow's rule:
-/// `out = ceil(in/stride)` (same) or `(in-k)/stride + 1` (valid, `0` when `in < k`);
-/// `pad_total = max((out-1)·stride + k - in, 0)`, `pad_before = pad_total / 2` (the odd one
-/// goes after).
-pub fn conv_axis(input: usize, k: usize, stride: usize, padding: Padding) -> (usize, usize) {
-    let out = match padding {
-        Padding::Same => input.div_ceil(stride),
-        Padding::Valid if input >= k => (input - k) / stride + 1,
-        Padding::Valid => 0,
-    };
-    if out == 0 {
-        return (0, 0);
-    }
-    let pad_total = ((out - 1) * stride + k).saturating_sub(input);
-    (out, pad_total / 2)
-}
+/// Keras / TensorFlow padding, and the one rule of a window's output size and padding
+/// ([`window_axis`]), shared with the planner.
+pub use memwise_geometry::{window_axis, Padding};
 
 #[allow(clippy::too_many_arguments)]
 fn check_window(
@@ -91,7 +69,7 @@ fn check_chunk(what: &str, chunk: usize) -> KResult {
 }
 
 /// The methods every convolution's dims derive from their fields alike: the output size and
-/// padding of both spatial axes by the axis rule `$axis` ([`conv_axis`] or the transposed
+/// padding of both spatial axes by the axis rule `$axis` ([`window_axis`] or the transposed
 /// one), and the lengths of `x`, `y` and the weight, from the dims' input channels `$c_in`,
 /// output channels `$c_out` and weight elements per tap `$per_tap` (written over `$d`).
 macro_rules! window_dims_methods {
@@ -198,28 +176,27 @@ impl Lens {
 // ---------------------------------------------------------------------------------------------
 // conv2d
 
-/// Shape of a conv2d call: `x[n, h, w, c_in] ⋆ W[kh, kw, c_in, c_out] → y[n, out_h, out_w, c_out]`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Conv2dDims {
-    pub n: usize,
-    pub h: usize,
-    pub w: usize,
-    pub c_in: usize,
-    pub c_out: usize,
-    pub kh: usize,
-    pub kw: usize,
-    pub sh: usize,
-    pub sw: usize,
-    pub padding: Padding,
+/// Shape of a conv2d call: `x[n, h, w, c_in] ⋆ W[kh, kw, c_in, c_out] → y[n, out_h, out_w, c_out]`
+/// — the planner's window shape itself, so a plan's step hands its dims over as they are.
+pub type Conv2dDims = memwise_geometry::Window2d;
+
+/// What the conv2d kernels derive from [`Conv2dDims`] beyond its geometry.
+trait Conv2dCall {
+    /// The lengths the kernels check their buffers against.
+    fn lens(&self) -> Lens;
+    /// im2col of `x` under the windows of `y`, against the `[K, c_out]` weight.
+    fn col_gemm(&self) -> ColGemm;
 }
 
-impl Conv2dDims {
-    window_dims_methods!(conv_axis, |d| d.c_in, d.c_out, d.c_in * d.c_out);
-    /// 1×1 kernel, stride 1: the convolution is a plain GEMM over pixels, no im2col.
-    pub fn is_pointwise(&self) -> bool {
-        self.kh == 1 && self.kw == 1 && self.sh == 1 && self.sw == 1
+impl Conv2dCall for Conv2dDims {
+    fn lens(&self) -> Lens {
+        Lens {
+            x: self.x_len(),
+            w: self.w_len(),
+            y: self.y_len(),
+            bias: self.c_out,
+        }
     }
-    /// im2col of `x` under the windows of `y`, against the `[K, c_out]` weight.
     fn col_gemm(&self) -> ColGemm {
         ColGemm {
             g: Geom::new(
@@ -704,7 +681,7 @@ pub struct DepthwiseConv2dDims {
 }
 
 impl DepthwiseConv2dDims {
-    window_dims_methods!(conv_axis, |d| d.c, d.c_out(), d.c * d.multiplier);
+    window_dims_methods!(window_axis, |d| d.c, d.c_out(), d.c * d.multiplier);
     /// Output channels `c·multiplier`.
     pub fn c_out(&self) -> usize {
         self.c * self.multiplier

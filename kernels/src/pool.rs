@@ -16,17 +16,12 @@ use crate::{check_len, Element, KResult, KernelError};
 /// Channels handled per pass with an f32 accumulator array on the stack (no heap scratch).
 const CH_BLOCK: usize = 64;
 
-/// TF/Keras padding mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Padding {
-    /// No padding: `out = (in − k) / s + 1`; needs `in ≥ k`.
-    Valid,
-    /// `out = ceil(in / s)`; `pad_total = max((out − 1)·s + k − in, 0)`,
-    /// `pad_before = pad_total / 2` (the extra element, if odd, goes after, as in TF).
-    Same,
-}
+/// Keras / TensorFlow padding, shared with the planner and the convolutions.
+pub use memwise_geometry::Padding;
 
-/// Output length and padding-before along one axis, by TF's rule (see [`Padding`]).
+/// Output length and padding-before along one axis, by TF's rule
+/// ([`memwise_geometry::window_axis`]), refusing a window that has no output: a zero window
+/// or stride, a valid window longer than the input, or an empty axis.
 pub fn tf_out_and_pad(
     input: usize,
     k: usize,
@@ -38,24 +33,12 @@ pub fn tf_out_and_pad(
             "pooling window {k} and stride {s} must both be at least 1"
         )));
     }
-    match padding {
-        Padding::Valid => {
-            if input < k {
-                Err(KernelError(format!(
-                    "valid padding needs input extent {input} >= window {k}"
-                )))
-            } else {
-                Ok(((input - k) / s + 1, 0))
-            }
-        }
-        Padding::Same => {
-            if input == 0 {
-                return Err(KernelError("same padding on an empty axis".into()));
-            }
-            let out = input.div_ceil(s);
-            let pad_total = ((out - 1).saturating_mul(s).saturating_add(k)).saturating_sub(input);
-            Ok((out, pad_total / 2))
-        }
+    match memwise_geometry::window_axis(input, k, s, padding) {
+        (0, _) if padding == Padding::Valid => Err(KernelError(format!(
+            "valid padding needs input extent {input} >= window {k}"
+        ))),
+        (0, _) => Err(KernelError("same padding on an empty axis".into())),
+        out_and_pad => Ok(out_and_pad),
     }
 }
 

@@ -14,70 +14,9 @@
 //! tensors.
 
 use crate::plan::{RustWriter, ToRust};
-use crate::spec::{Activation, Padding, Reduction};
+use crate::spec::{Activation, Reduction};
 
-/// Dimensions of a 2-D convolution or pooling window over NHWC tensors.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Window2d {
-    pub n: usize,
-    pub h: usize,
-    pub w: usize,
-    pub c_in: usize,
-    pub c_out: usize,
-    pub kh: usize,
-    pub kw: usize,
-    pub sh: usize,
-    pub sw: usize,
-    pub padding: Padding,
-}
-
-impl Window2d {
-    /// Output height (TensorFlow's rule).
-    pub const fn out_h(&self) -> usize {
-        out_len(self.h, self.kh, self.sh, self.padding)
-    }
-    pub const fn out_w(&self) -> usize {
-        out_len(self.w, self.kw, self.sw, self.padding)
-    }
-    /// Output height of the transposed convolution (Keras's rule).
-    pub const fn transpose_out_h(&self) -> usize {
-        transpose_out_len(self.h, self.kh, self.sh, self.padding)
-    }
-    pub const fn transpose_out_w(&self) -> usize {
-        transpose_out_len(self.w, self.kw, self.sw, self.padding)
-    }
-}
-
-/// Output length of a convolution or pooling window along one axis (0 if it does not fit).
-pub const fn out_len(input: usize, kernel: usize, stride: usize, padding: Padding) -> usize {
-    match padding {
-        Padding::Same => input.div_ceil(stride),
-        Padding::Valid => {
-            if kernel > input {
-                0
-            } else {
-                (input - kernel) / stride + 1
-            }
-        }
-    }
-}
-
-/// Output length of a transposed convolution along one axis (saturating at `usize::MAX`,
-/// which the graph then refuses as too large).
-pub const fn transpose_out_len(
-    input: usize,
-    kernel: usize,
-    stride: usize,
-    padding: Padding,
-) -> usize {
-    match padding {
-        Padding::Same => input.saturating_mul(stride),
-        Padding::Valid => input
-            .saturating_sub(1)
-            .saturating_mul(stride)
-            .saturating_add(if kernel > stride { kernel } else { stride }),
-    }
-}
+pub use memwise_geometry::{out_len, transpose_out_len, Window2d};
 
 /// Declares the ops, each once: the [`Op`] enum (a variant, its fields and its docs) and its
 /// name in the plan JSON, from which [`Op::name`] and `Op`'s `ToRust` writer (what the macro

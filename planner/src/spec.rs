@@ -175,26 +175,8 @@ impl crate::plan::ToRust for Activation {
     }
 }
 
-/// Convolution and pooling padding, with TensorFlow's rules.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Padding {
-    /// Output `ceil(in / stride)`; the input is padded, the extra pixel after.
-    Same,
-    /// No padding: output `(in - kernel) / stride + 1`.
-    Valid,
-}
-
-impl Padding {
-    /// Both paddings, in the order the DSL lists them.
-    pub const ALL: [Padding; 2] = [Padding::Valid, Padding::Same];
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            Padding::Same => "same",
-            Padding::Valid => "valid",
-        }
-    }
-}
+/// Convolution and pooling padding, with TensorFlow's rules (shared with the kernels).
+pub use memwise_geometry::Padding;
 
 pub use crate::layers::LayerKind;
 

@@ -5,9 +5,7 @@
 use half::{bf16, f16};
 use memwise_kernels as k;
 use memwise_plan::op::AttentionSettings;
-use memwise_plan::{
-    DType, Op, Padding, PlanParam, PlanTensor, StaticPlan, Window2d, NONE, NO_OFFSET,
-};
+use memwise_plan::{DType, Op, PlanParam, PlanTensor, StaticPlan, Window2d, NONE, NO_OFFSET};
 
 use crate::cpu::CpuKernels;
 use crate::device::Device;
@@ -137,39 +135,25 @@ macro_rules! match_float {
 }
 pub(crate) use match_float;
 
-pub(crate) fn conv_padding(p: Padding) -> k::conv::Padding {
-    match p {
-        Padding::Same => k::conv::Padding::Same,
-        Padding::Valid => k::conv::Padding::Valid,
-    }
-}
-
-/// The kernels' dims struct `$ty` of a window op whose fields are [`Window2d`]'s, one to one
-/// (conv2d and conv2d_transpose).
-macro_rules! window_dims {
-    ($ty:path, $d:expr) => {{
-        let d: &Window2d = $d;
-        $ty {
-            n: d.n,
-            h: d.h,
-            w: d.w,
-            c_in: d.c_in,
-            c_out: d.c_out,
-            kh: d.kh,
-            kw: d.kw,
-            sh: d.sh,
-            sw: d.sw,
-            padding: conv_padding(d.padding),
-        }
-    }};
-}
-
+/// A conv2d step's kernel dims: the plan's window shape itself.
 pub(crate) fn conv_dims(d: &Window2d) -> k::conv::Conv2dDims {
-    window_dims!(k::conv::Conv2dDims, d)
+    *d
 }
 
+/// A conv2d_transpose step's kernel dims (the kernels' transposed rules over the same fields).
 pub(crate) fn convt_dims(d: &Window2d) -> k::conv::ConvTranspose2dDims {
-    window_dims!(k::conv::ConvTranspose2dDims, d)
+    k::conv::ConvTranspose2dDims {
+        n: d.n,
+        h: d.h,
+        w: d.w,
+        c_in: d.c_in,
+        c_out: d.c_out,
+        kh: d.kh,
+        kw: d.kw,
+        sh: d.sh,
+        sw: d.sw,
+        padding: d.padding,
+    }
 }
 
 pub(crate) fn dw_dims(d: &Window2d) -> k::conv::DepthwiseConv2dDims {
@@ -183,15 +167,12 @@ pub(crate) fn dw_dims(d: &Window2d) -> k::conv::DepthwiseConv2dDims {
         kw: d.kw,
         sh: d.sh,
         sw: d.sw,
-        padding: conv_padding(d.padding),
+        padding: d.padding,
     }
 }
 
 pub(crate) fn pool_dims(d: &Window2d) -> std::result::Result<k::pool::Pool2d, k::KernelError> {
-    let p = match d.padding {
-        Padding::Same => k::pool::Padding::Same,
-        Padding::Valid => k::pool::Padding::Valid,
-    };
+    let p = d.padding;
     let (out_h, pad_top) = k::pool::tf_out_and_pad(d.h, d.kh, d.sh, p)?;
     let (out_w, pad_left) = k::pool::tf_out_and_pad(d.w, d.kw, d.sw, p)?;
     Ok(k::pool::Pool2d {
