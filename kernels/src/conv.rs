@@ -320,7 +320,7 @@ pub fn conv2d_backward<T: Element>(
 
 /// Shape of a conv2d_transpose call:
 /// `x[n, h, w, c_in] → y[n, out_h, out_w, c_out]` with weight `[kh, kw, c_out, c_in]`.
-/// Keras output size: `(in-1)·stride + k` (valid) or `in·stride` (same).
+/// Keras output size: `in·stride + max(k − stride, 0)` (valid) or `in·stride` (same).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConvTranspose2dDims {
     pub n: usize,
@@ -335,12 +335,12 @@ pub struct ConvTranspose2dDims {
     pub padding: Padding,
 }
 
-/// `(out, crop_before)` of one spatial axis of a transposed convolution (Keras's output size).
+/// `(out, crop_before)` of one spatial axis of a transposed convolution: Keras's output size
+/// ([`memwise_geometry::transpose_out_len`], the planner's: a valid kernel shorter than its
+/// stride still gives `in·stride` outputs, the last `stride − k` of each step reached by no
+/// tap).
 fn transpose_axis(input: usize, k: usize, s: usize, padding: Padding) -> (usize, usize) {
-    let out = match padding {
-        Padding::Valid => (input.max(1) - 1) * s + k,
-        Padding::Same => input * s,
-    };
+    let out = memwise_geometry::transpose_out_len(input, k, s, padding);
     // The transposed conv is the input-gradient of a conv from `out` to `input`: its padding.
     (out, ((input.max(1) - 1) * s + k).saturating_sub(out) / 2)
 }

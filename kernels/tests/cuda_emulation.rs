@@ -1521,6 +1521,8 @@ fn conv2d_transpose_case<T: Ty>(r: &mut Rng) {
         (2, 4, 5, 3, 4, 3, 3, 2, 2, Padding::Same),
         (2, 3, 3, 2, 3, 2, 3, 1, 2, Padding::Valid),
         (3, 3, 4, 4, 2, 1, 1, 1, 1, Padding::Same),
+        // Valid, kernel shorter than the stride: output rows and columns no tap reaches.
+        (2, 3, 2, 2, 3, 1, 2, 2, 3, Padding::Valid),
     ];
     for (n, h, w, c_in, c_out, kh, kw, sh, sw, padding) in dims {
         let d = ConvTranspose2dDims {

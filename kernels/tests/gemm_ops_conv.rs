@@ -640,7 +640,7 @@ fn tr_dims(&(n, h, w, c_in, c_out, kh, kw, sh, sw, same): &Cfg) -> ConvTranspose
 }
 
 /// (n, h, w, c_in, c_out, kh, kw, sh, sw, same): includes kernel < stride with same padding
-/// (output rows no window reaches) and pointwise.
+/// and with valid padding (output rows no window reaches) and pointwise.
 const TR_CONFIGS: &[Cfg] = &[
     (3, 4, 5, 3, 2, 3, 3, 2, 2, true),
     (2, 5, 3, 2, 3, 5, 3, 2, 1, false),
@@ -648,13 +648,22 @@ const TR_CONFIGS: &[Cfg] = &[
     (3, 4, 3, 3, 2, 1, 1, 1, 1, true),
     (2, 3, 4, 2, 3, 2, 3, 3, 2, true),
     (1, 2, 3, 2, 2, 4, 2, 3, 2, false),
+    (2, 3, 4, 2, 3, 1, 2, 2, 3, false),
 ];
 
-/// Keras conv2d_transpose by scatter: the full `(in-1)·s + k` output, cropped by
-/// `max(full - out, 0) / 2` before (out = full for valid, in·s for same).
+/// Keras conv2d_transpose by scatter (keras `deconv_output_length`): the taps land on
+/// `(in-1)·s + k` rows, the output has `in·s + max(k - s, 0)` (valid: the taps' rows, plus the
+/// rows no tap reaches when k < s) or `in·s` (same), cropped by `max(taps - out, 0) / 2`
+/// before.
 fn naive_transpose(d: ConvTranspose2dDims, x: &[f32], w: &[f32], b: Option<&[f32]>) -> Vec<f64> {
     let same = d.padding == Padding::Same;
-    let out = |i: usize, k: usize, s: usize| if same { i * s } else { (i - 1) * s + k };
+    let out = |i: usize, k: usize, s: usize| {
+        if same {
+            i * s
+        } else {
+            i * s + k.saturating_sub(s)
+        }
+    };
     let (oh, ow) = (out(d.h, d.kh, d.sh), out(d.w, d.kw, d.sw));
     assert_eq!((oh, ow), (d.out_h(), d.out_w()));
     let pt = (((d.h - 1) * d.sh + d.kh) as isize - oh as isize).max(0) / 2;

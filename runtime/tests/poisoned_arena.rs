@@ -2,6 +2,8 @@
 //! generators, random checkpoint sets and precisions), one training step with every tensor
 //! overwritten by NaN the instant its life ends must give the same gradients and updated
 //! weights as a plain execution where every tensor has its own bytes and nothing is freed.
+//! (And one shape the random models rarely reach, checked against an f64 reference: a
+//! transposed convolution with a kernel shorter than its stride.)
 
 use memwise_plan::generate::{random_chain, random_dag};
 use memwise_plan::{plan, DType, StaticPlan};
@@ -145,4 +147,79 @@ fn poisoned_arena_random_chains() {
 #[test]
 fn poisoned_arena_random_dags() {
     run("dag", 150, random_dag);
+}
+
+/// A transposed convolution whose kernel is shorter than its stride, valid padding: Keras
+/// gives `in·stride` outputs per axis, the last of each stride reached by no tap (bias only).
+/// The kernels once wrote a `(in-1)·stride + k` layout into that buffer, so the loss here
+/// (against an f64 scatter of the same weights) came out wrong.
+#[test]
+fn transposed_kernel_shorter_than_stride_gives_keras_output_size() {
+    use memwise_plan::{Activation, LayerKind, LossKind, LossTerm, ModelSpec, Padding};
+    let (n, h, w, c_in, c_out, (kh, kw), (sh, sw)) = (2, 4, 3, 2, 3, (1, 2), (2, 3));
+    let (oh, ow) = (h * sh, w * sw);
+    let mut m = ModelSpec::new("SparseUpsample", n);
+    m.input("x", &[h, w, c_in], DType::F32, 1.0);
+    m.input("y", &[oh, ow, c_out], DType::F32, 1.0);
+    let up = LayerKind::Conv2dTranspose {
+        filters: c_out,
+        kernel: [kh, kw],
+        strides: [sh, sw],
+        padding: Padding::Valid,
+        activation: Activation::Linear,
+        use_bias: true,
+    };
+    m.add("up", up, &["x"]);
+    m.loss
+        .push(LossTerm::new(LossKind::MeanSquaredError).on(&["up", "y"]));
+    let planned = plan(&m).expect("plans");
+    let mut e = Executor::new(planned.clone(), &Device::cpu(), 7).unwrap();
+    let raw = random_inputs(&planned, 5);
+    let (wt, b) = (e.param("up.weight").unwrap(), e.param("up.bias").unwrap());
+    // The step's loss is the forward's, before the update.
+    let got = e.train_step(&batches(&planned, &raw)).unwrap().loss as f64;
+    let (x, y): (&[f32], &[f32]) = (cast(&raw[0]), cast(&raw[1]));
+    let mut pred: Vec<f64> = (0..n * oh * ow * c_out)
+        .map(|i| b[i % c_out] as f64)
+        .collect();
+    for (s, iy, ix, ky, kx) in taps(n, h, w, kh, kw) {
+        let (oy, ox) = (iy * sh + ky, ix * sw + kx);
+        for co in 0..c_out {
+            let acc: f64 = (0..c_in)
+                .map(|ci| {
+                    x[((s * h + iy) * w + ix) * c_in + ci] as f64
+                        * wt[((ky * kw + kx) * c_out + co) * c_in + ci] as f64
+                })
+                .sum();
+            pred[((s * oh + oy) * ow + ox) * c_out + co] += acc;
+        }
+    }
+    let mse = pred
+        .iter()
+        .zip(y)
+        .map(|(p, &t)| (p - t as f64).powi(2))
+        .sum::<f64>()
+        / (oh * ow * c_out) as f64
+        / n as f64;
+    assert!(
+        (got - mse).abs() <= 1e-5 * mse,
+        "loss {got}, Keras's output gives {mse}"
+    );
+}
+
+/// Every `(sample, input row, input column, tap row, tap column)`.
+fn taps(
+    n: usize,
+    h: usize,
+    w: usize,
+    kh: usize,
+    kw: usize,
+) -> impl Iterator<Item = (usize, usize, usize, usize, usize)> {
+    (0..n).flat_map(move |s| {
+        (0..h).flat_map(move |iy| {
+            (0..w).flat_map(move |ix| {
+                (0..kh).flat_map(move |ky| (0..kw).map(move |kx| (s, iy, ix, ky, kx)))
+            })
+        })
+    })
 }
