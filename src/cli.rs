@@ -27,6 +27,7 @@ use std::path::PathBuf;
 
 use crate::plan::{ModelSpec, StaticPlan};
 use crate::runtime::monitor::MemoryMonitor;
+use crate::runtime::roofline::{by_op, by_op_table, MachinePeak, Roofline};
 use crate::runtime::{Device, FitOptions, History, RuntimeError, Trainer};
 use crate::summary::Summary;
 use crate::Model;
@@ -94,6 +95,11 @@ pub struct Args {
     /// Write the trained weights (after the last step) as safetensors.
     #[arg(long, value_name = "PATH")]
     pub save_weights: Option<PathBuf>,
+    /// After training on the CPU, measure this machine's peak (GEMM FLOP/s, copy bandwidth;
+    /// about two seconds) and say how close the median step came to the plan's roofline
+    /// (also in `--report-json`, as `roofline`).
+    #[arg(long)]
+    pub roofline: bool,
 }
 
 fn io(e: std::io::Error, what: &str, path: &std::path::Path) -> RuntimeError {
@@ -192,6 +198,9 @@ impl Args {
         self.write_plan_outputs(&spec, &plan)?;
         let monitor = MemoryMonitor::start_on(&device);
         let mut trainer = Trainer::from_plan(&spec, plan, &device, self.seed, monitor)?;
+        if self.roofline {
+            trainer.engine_mut().enable_profiling();
+        }
         if let Some(p) = &self.load_weights {
             trainer.engine_mut().load_weights(p)?;
             eprintln!("weights loaded from {}", p.display());
@@ -224,17 +233,44 @@ impl Args {
         metrics: serde_json::Value,
     ) -> Result<(), RuntimeError> {
         eprint!("{}", measured_memory(trainer, history));
+        let roofline = self.roofline(trainer, history);
         if let Some(p) = &self.save_weights {
             trainer.engine().save_weights(p)?;
             eprintln!("weights written to {}", p.display());
         }
         if let Some(p) = &self.report_json {
-            let text = serde_json::to_string_pretty(&trainer.report(history, metrics))
+            let mut report = trainer.report(history, metrics);
+            report["roofline"] = roofline.unwrap_or(serde_json::Value::Null);
+            let text = serde_json::to_string_pretty(&report)
                 .map_err(|e| RuntimeError::Io(e.to_string()))?;
             std::fs::write(p, text).map_err(|e| io(e, "cannot write", p))?;
             eprintln!("report written to {}", p.display());
         }
         Ok(())
+    }
+
+    /// `--roofline`: the median step against this CPU's measured peak, printed, and the
+    /// report's `roofline` object (`None` without the flag or on a GPU, whose peak this does
+    /// not measure).
+    fn roofline(&self, trainer: &Trainer, history: &History) -> Option<serde_json::Value> {
+        if !self.roofline {
+            return None;
+        }
+        if trainer.device().kind != crate::runtime::device::DeviceKind::Cpu {
+            eprintln!(
+                "roofline: measures the CPU's peak only; this run was on {}",
+                trainer.device().name()
+            );
+            return None;
+        }
+        let peak = MachinePeak::measure_cpu();
+        let r = Roofline::of(trainer.plan(), peak);
+        let median = history.step_ms_median();
+        eprintln!("{}", r.describe(median));
+        let profile = trainer.engine().profile();
+        let groups = by_op(trainer.plan(), peak, &profile, history.step_ms.len());
+        eprint!("{}", by_op_table(&groups, 12));
+        Some(r.to_json(median))
     }
 }
 

@@ -10,6 +10,7 @@ pub mod arena;
 pub mod autodiff;
 pub mod checkpoint;
 pub mod compile;
+pub mod cost;
 pub mod dtype;
 pub mod error;
 pub mod estimate;

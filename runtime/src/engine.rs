@@ -40,6 +40,10 @@ pub trait Engine: Any {
     fn evaluate_step(&mut self, inputs: &[Batch<'_>]) -> Result<StepOutput>;
     /// Turns CUDA graphs (a step recorded once, then replayed) on or off; nothing on the CPU.
     fn set_graphs(&mut self, on: bool);
+    /// Starts timing every step of the plan ([`PlanExecutor::enable_profiling`]).
+    fn enable_profiling(&mut self);
+    /// Seconds spent per `(phase, op)` since profiling started, largest first.
+    fn profile(&self) -> Vec<(String, f64)>;
     /// The prediction after the last step of an inference plan, as f32.
     fn read_prediction(&self, out: &mut [f32]) -> Result<()>;
     /// The f32 values of parameter `name` (`hidden.weight` …).
@@ -167,6 +171,12 @@ impl<K: Kernels + 'static> Engine for PlanExecutor<K> {
     }
     fn set_graphs(&mut self, on: bool) {
         self.kernels_mut().set_graphs(on);
+    }
+    fn enable_profiling(&mut self) {
+        PlanExecutor::enable_profiling(self)
+    }
+    fn profile(&self) -> Vec<(String, f64)> {
+        PlanExecutor::profile(self)
     }
     fn evaluate_step(&mut self, inputs: &[Batch<'_>]) -> Result<StepOutput> {
         PlanExecutor::evaluate_step(self, inputs)

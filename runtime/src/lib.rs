@@ -17,6 +17,7 @@ pub mod monitor;
 pub mod plot;
 pub mod reference;
 pub mod report;
+pub mod roofline;
 pub mod train;
 pub mod walk;
 pub mod warm_up;

@@ -111,7 +111,7 @@ impl<K: Kernels> PlanExecutor<K> {
         };
         let mut by: Vec<(String, f64)> = Vec::new();
         for (s, t) in self.plan().steps.iter().zip(p) {
-            let key = format!("{} {}", s.phase.name(), s.op.name());
+            let key = profile_key(s);
             match by.iter_mut().find(|(k, _)| *k == key) {
                 Some(e) => e.1 += t,
                 None => by.push((key, *t)),
@@ -788,4 +788,9 @@ fn update<K: Kernels>(k: &K, s: &PlanStep) -> std::result::Result<(), OpError> {
         | memwise_plan::loss_ops!()
         | Op::KlNormal { .. } => Err(not_in_phase(s)),
     }
+}
+
+/// The `(phase, op)` a step's time is counted under in [`PlanExecutor::profile`].
+pub fn profile_key(s: &PlanStep) -> String {
+    format!("{} {}", s.phase.name(), s.op.name())
 }
