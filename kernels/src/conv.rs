@@ -739,8 +739,13 @@ pub fn depthwise_conv2d_forward<T: Element>(
                                 continue;
                             }
                             let px = ((s * d.h + iy as usize) * d.w + ix as usize) * c;
-                            gather_channels(&x[px..px + c], m, o0, &mut xs[..ob]);
                             let wt = ((ki * d.kw + kj) * co) + o0;
+                            if m == 1 {
+                                let (xp, wp) = (&x[px + o0..px + o0 + ob], &w[wt..wt + ob]);
+                                fma_into(acc, xp, wp, &mut xs, &mut wk);
+                                continue;
+                            }
+                            gather_channels(&x[px..px + c], m, o0, &mut xs[..ob]);
                             load_f32(&w[wt..wt + ob], &mut wk[..ob]);
                             for ((a, xv), wv) in acc.iter_mut().zip(&xs[..ob]).zip(&wk[..ob]) {
                                 *a += xv * wv;
@@ -764,6 +769,31 @@ fn gather_channels<T: Element>(xpix: &[T], m: usize, o0: usize, out: &mut [f32])
             *v = xpix[(o0 + q) / m].to_f32();
         }
     }
+}
+
+/// `acc[q] += a[q]·b[q]` in f32: straight from the slices for f32 storage (the loop then
+/// vectorises with no copies), through the bulk conversions into `ta`, `tb` for 16-bit.
+#[inline]
+fn fma_into<T: Element>(acc: &mut [f32], a: &[T], b: &[T], ta: &mut [f32], tb: &mut [f32]) {
+    if let (Some(a), Some(b)) = (f32_view(a), f32_view(b)) {
+        for ((s, x), y) in acc.iter_mut().zip(a).zip(b) {
+            *s += x * y;
+        }
+        return;
+    }
+    let (ta, tb) = (&mut ta[..acc.len()], &mut tb[..acc.len()]);
+    load_f32(a, ta);
+    load_f32(b, tb);
+    for ((s, x), y) in acc.iter_mut().zip(ta.iter()).zip(tb.iter()) {
+        *s += x * y;
+    }
+}
+
+/// `s` as f32 when `T` is f32.
+#[inline]
+fn f32_view<T: Element>(s: &[T]) -> Option<&[f32]> {
+    // SAFETY: T is f32 (checked), so the slice's layout is that of `[f32]`.
+    crate::gemm::is_f32::<T>().then(|| unsafe { &*(s as *const [T] as *const [f32]) })
 }
 
 /// Backward of [`depthwise_conv2d_forward`] given `dy[n,out_h,out_w,c·m]`:
@@ -821,9 +851,15 @@ pub fn depthwise_conv2d_backward<T: Element>(
                                     continue;
                                 }
                                 let px = ((s * d.h + iy as usize) * d.w + ix as usize) * c;
-                                gather_channels(&x[px..px + c], m, o0, &mut xs[..ob]);
                                 let g0 = ((s * oh + oy) * ow + ox) * co + o0;
-                                load_f32(&dy[g0..g0 + ob], &mut gs[..ob]);
+                                let gy = &dy[g0..g0 + ob];
+                                if m == 1 {
+                                    let xp = &x[px + o0..px + o0 + ob];
+                                    fma_into(&mut acc[..ob], xp, gy, &mut xs, &mut gs);
+                                    continue;
+                                }
+                                gather_channels(&x[px..px + c], m, o0, &mut xs[..ob]);
+                                load_f32(gy, &mut gs[..ob]);
                                 for ((a, xv), gv) in
                                     acc[..ob].iter_mut().zip(&xs[..ob]).zip(&gs[..ob])
                                 {
@@ -846,6 +882,7 @@ pub fn depthwise_conv2d_backward<T: Element>(
             .for_each(|(r, dxrow)| {
                 let (s, iy) = (r / d.h, r % d.h);
                 let mut acc = [0f32; CH_BLOCK];
+                let (mut ts, mut tw) = ([0f32; CH_BLOCK], [0f32; CH_BLOCK]);
                 for ix in 0..d.w {
                     for c0 in (0..c).step_by(CH_BLOCK) {
                         let cb = CH_BLOCK.min(c - c0);
@@ -862,15 +899,9 @@ pub fn depthwise_conv2d_backward<T: Element>(
                                 let g = ((s * oh + oy) * ow + ox) * co;
                                 let wt = (ki * d.kw + kj) * co;
                                 if m == 1 {
-                                    let mut gs = [0f32; CH_BLOCK];
-                                    let mut wk = [0f32; CH_BLOCK];
-                                    load_f32(&dy[g + c0..g + c0 + cb], &mut gs[..cb]);
-                                    load_f32(&w[wt + c0..wt + c0 + cb], &mut wk[..cb]);
-                                    for ((a, gv), wv) in
-                                        acc.iter_mut().zip(&gs[..cb]).zip(&wk[..cb])
-                                    {
-                                        *a += gv * wv;
-                                    }
+                                    let (gy, wk) =
+                                        (&dy[g + c0..g + c0 + cb], &w[wt + c0..wt + c0 + cb]);
+                                    fma_into(acc, gy, wk, &mut ts, &mut tw);
                                 } else {
                                     for (q, a) in acc.iter_mut().enumerate() {
                                         let o = (c0 + q) * m;
@@ -898,6 +929,10 @@ pub fn depthwise_conv2d_backward<T: Element>(
 #[inline]
 fn window_origin(i: usize, k: usize, pad: isize, stride: usize, out: usize) -> Option<usize> {
     let t = i as isize + pad - k as isize;
+    if stride == 1 {
+        // The common case, without a division.
+        return (t >= 0 && (t as usize) < out).then_some(t as usize);
+    }
     if t < 0 || t % stride as isize != 0 {
         return None;
     }

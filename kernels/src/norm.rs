@@ -29,6 +29,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use crate::elementwise::{need, reduce_rows, rows, rows2, rows3};
+use crate::gemm::load_f32;
 use crate::{Element, KResult, KernelError};
 
 /// Channels summed per pass over the rows, with f64 accumulators on the stack.
@@ -120,6 +121,49 @@ fn check_grads(op: &str, c: usize, g: &AffineGrads) -> KResult {
     need(op, "dbeta", g.dbeta.len(), c)
 }
 
+/// Per-channel f64 sums over all rows of `x`'s channel block `[c0, c0 + cb)`: of `x`, or
+/// with `mean`, of `(x − mean)²`. Deterministic split (see `reduce_rows`); a tight loop over
+/// each row's block, which the compiler vectorises.
+fn channel_moment<T: Element>(
+    d: NormDims,
+    c0: usize,
+    cb: usize,
+    x: &[T],
+    mean: Option<&[f64; CB]>,
+) -> [f64; CB] {
+    let c = d.channels;
+    reduce_rows(
+        d.rows,
+        cb,
+        |first, end| {
+            let mut s = [0f64; CB];
+            let acc = &mut s[..cb];
+            for r in first..end {
+                let row = &x[r * c + c0..r * c + c0 + cb];
+                match mean {
+                    None => acc
+                        .iter_mut()
+                        .zip(row)
+                        .for_each(|(a, v)| *a += v.to_f32() as f64),
+                    Some(mu) => acc
+                        .iter_mut()
+                        .zip(row)
+                        .zip(&mu[..cb])
+                        .for_each(|((a, v), m)| {
+                            let t = v.to_f32() as f64 - m;
+                            *a += t * t;
+                        }),
+                }
+            }
+            s
+        },
+        |mut a, b| {
+            a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+            a
+        },
+    )
+}
+
 /// Per-channel f64 sums over all rows for the channel block `[c0, c0 + cb)`: `f(row, j)`
 /// yields two addends for channel `c0 + j`. Deterministic split (see `reduce_rows`).
 fn channel_sums(
@@ -186,16 +230,13 @@ fn bn_train_core<T: Element>(
                 Some(x) => x,
                 None => y,
             };
-            let s = channel_sums(d, c0, cb, |r, ch| (x[r * c + ch].to_f32() as f64, 0.0));
-            let mu: [f64; CB] = std::array::from_fn(|j| s[0][j] / m);
+            let s = channel_moment(d, c0, cb, x, None);
+            let mu: [f64; CB] = std::array::from_fn(|j| s[j] / m);
             // Second pass around the mean: no cancellation, unlike E[x²] − E[x]².
-            let v = channel_sums(d, c0, cb, |r, ch| {
-                let t = x[r * c + ch].to_f32() as f64 - mu[ch - c0];
-                (t * t, 0.0)
-            });
+            let v = channel_moment(d, c0, cb, x, Some(&mu));
             for j in 0..cb {
                 let ch = c0 + j;
-                let var = v[0][j] / m;
+                let var = v[j] / m;
                 hi[j] = mu[j] as f32;
                 lo[j] = (mu[j] - hi[j] as f64) as f32;
                 inv[j] = (1.0 / (var + cfg.epsilon as f64).sqrt()) as f32;
@@ -216,16 +257,28 @@ fn bn_train_core<T: Element>(
             c,
             cb,
             |r, yr, hr| {
-                for j in 0..cb {
-                    let ch = c0 + j;
-                    let xv = match src {
-                        Some(x) => x[r * c + ch],
-                        None => yr[ch],
+                let (yb, hb) = (&mut yr[c0..c0 + cb], &mut hr[c0..c0 + cb]);
+                let (g, b) = (&affine.gamma[c0..c0 + cb], &affine.beta[c0..c0 + cb]);
+                let stats = hi[..cb].iter().zip(&lo[..cb]).zip(&inv[..cb]);
+                let normalise = |((y, h), (((hi, lo), inv), (g, b))): ((&mut T, &mut T), _),
+                                 xv: T| {
+                    let v = (xv.to_f32() - hi - lo) * inv;
+                    *h = T::from_f32(v);
+                    *y = T::from_f32(g * v + b);
+                };
+                let per_channel = yb
+                    .iter_mut()
+                    .zip(hb.iter_mut())
+                    .zip(stats.zip(g.iter().zip(b)));
+                match src {
+                    Some(x) => {
+                        let xb = &x[r * c + c0..r * c + c0 + cb];
+                        per_channel.zip(xb).for_each(|(o, &xv)| normalise(o, xv));
                     }
-                    .to_f32();
-                    let h = (xv - hi[j] - lo[j]) * inv[j];
-                    hr[ch] = T::from_f32(h);
-                    yr[ch] = T::from_f32(affine.gamma[ch] * h + affine.beta[ch]);
+                    None => per_channel.for_each(|o| {
+                        let xv = *o.0 .0;
+                        normalise(o, xv)
+                    }),
                 }
             },
         );
@@ -415,8 +468,7 @@ pub fn batch_norm_backward<T: Element>(
 ) -> KResult {
     let op = "batch_norm_backward";
     bn_backward_check(op, d, x_hat, inv_std, gamma, dy.len(), dx.len(), &grads)?;
-    let hat = |i: usize, _| x_hat[i].to_f32();
-    bn_backward_core(d, hat, inv_std, gamma, Some(dy), dx, grads);
+    bn_backward_core(d, Hat::Kept(x_hat), inv_std, gamma, Some(dy), dx, grads);
     Ok(())
 }
 
@@ -438,8 +490,7 @@ pub fn batch_norm_backward_rebuild<T: Element>(
     bn_backward_check(op, d, x, inv_std, gamma, dy.len(), dx.len(), &grads)?;
     need(op, "mean", mean.len(), 2 * d.channels)?;
     let (hi, lo) = mean.split_at(d.channels);
-    let hat =
-        |i: usize, ch: usize| T::from_f32((x[i].to_f32() - hi[ch] - lo[ch]) * inv_std[ch]).to_f32();
+    let hat = Hat::Rebuild { x, hi, lo, inv_std };
     bn_backward_core(d, hat, inv_std, gamma, Some(dy), dx, grads);
     Ok(())
 }
@@ -464,15 +515,49 @@ pub fn batch_norm_backward_inplace<T: Element>(
         dy_dx.len(),
         &grads,
     )?;
-    let hat = |i: usize, _| x_hat[i].to_f32();
-    bn_backward_core(d, hat, inv_std, gamma, None, dy_dx, grads);
+    bn_backward_core(d, Hat::Kept(x_hat), inv_std, gamma, None, dy_dx, grads);
     Ok(())
 }
 
 /// `hat(i, channel)` is x̂ at element `i` (kept, or rebuilt from the input).
+/// Where a batch-norm backward reads `x_hat` from: kept by the forward, or rebuilt from its
+/// input and statistics exactly as the forward computed it.
+enum Hat<'a, T> {
+    Kept(&'a [T]),
+    Rebuild {
+        x: &'a [T],
+        hi: &'a [f32],
+        lo: &'a [f32],
+        inv_std: &'a [f32],
+    },
+}
+
+impl<T: Element> Hat<'_, T> {
+    /// `x_hat` of channels `[c0, c0 + out.len())` of the row starting at element `row`, in f32.
+    #[inline]
+    fn block(&self, row: usize, c0: usize, out: &mut [f32]) {
+        let (at, n) = (row + c0, out.len());
+        match *self {
+            Hat::Kept(h) => load_f32(&h[at..at + n], out),
+            Hat::Rebuild { x, hi, lo, inv_std } => {
+                let stats = hi[c0..c0 + n]
+                    .iter()
+                    .zip(&lo[c0..c0 + n])
+                    .zip(&inv_std[c0..c0 + n]);
+                for ((o, xv), ((hi, lo), inv)) in out.iter_mut().zip(&x[at..at + n]).zip(stats) {
+                    *o = T::from_f32((xv.to_f32() - hi - lo) * inv).to_f32();
+                }
+            }
+        }
+    }
+}
+
+/// The batch-norm backward of one channel block at a time: `Σdy` and `Σdy·x_hat` (f64, the
+/// deterministic row split), then `dx`, each a tight loop over a row's block. `dy` is `None`
+/// when `dx` holds it (in place).
 fn bn_backward_core<T: Element>(
     d: NormDims,
-    hat: impl Fn(usize, usize) -> f32 + Sync + Send,
+    hat: Hat<'_, T>,
     inv_std: &[f32],
     gamma: &[f32],
     dy: Option<&[T]>,
@@ -488,16 +573,9 @@ fn bn_backward_core<T: Element>(
                 Some(g) => g,
                 None => dx,
             };
-            let mut a = [0f32; CB];
-            let mut b = [0f32; CB];
-            let s = channel_sums(d, c0, cb, |r, ch| {
-                let gv = g[r * c + ch].to_f32() as f64;
-                (gv, gv * hat(r * c + ch, ch) as f64)
-            });
-            for j in 0..cb {
-                a[j] = s[0][j] as f32;
-                b[j] = s[1][j] as f32;
-            }
+            let s = bn_grad_sums(d, c0, cb, g, &hat);
+            let a: [f32; CB] = std::array::from_fn(|j| s[0][j] as f32);
+            let b: [f32; CB] = std::array::from_fn(|j| s[1][j] as f32);
             (a, b)
         };
         for j in 0..cb {
@@ -505,7 +583,7 @@ fn bn_backward_core<T: Element>(
             grads.dgamma[c0 + j] += sum_dyh[j];
         }
         // dx for this channel block.
-        let blk_coef: [f32; CB] = std::array::from_fn(|j| {
+        let coef: [f32; CB] = std::array::from_fn(|j| {
             if j < cb {
                 gamma[c0 + j] * inv_std[c0 + j]
             } else {
@@ -513,19 +591,59 @@ fn bn_backward_core<T: Element>(
             }
         });
         rows(&mut dx[..d.len()], c, cb, |r, dxr| {
-            for j in 0..cb {
-                let ch = c0 + j;
-                let g = match dy {
-                    Some(g) => g[r * c + ch],
-                    None => dxr[ch],
-                }
-                .to_f32();
-                let h = hat(r * c + ch, ch);
-                let v = blk_coef[j] * (g - (sum_dy[j] + h * sum_dyh[j]) * inv_m);
-                dxr[ch] = T::from_f32(v);
+            let mut h = [0f32; CB];
+            hat.block(r * c, c0, &mut h[..cb]);
+            let mut gs = [0f32; CB];
+            match dy {
+                Some(g) => load_f32(&g[r * c + c0..r * c + c0 + cb], &mut gs[..cb]),
+                None => load_f32(&dxr[c0..c0 + cb], &mut gs[..cb]),
+            }
+            let sums = sum_dy[..cb].iter().zip(&sum_dyh[..cb]);
+            let per_channel = dxr[c0..c0 + cb].iter_mut().zip(&coef[..cb]).zip(sums);
+            for (((o, k), (sdy, sdyh)), (g, h)) in per_channel.zip(gs[..cb].iter().zip(&h[..cb])) {
+                *o = T::from_f32(k * (g - (sdy + h * sdyh) * inv_m));
             }
         });
     }
+}
+
+/// `[Σ dy, Σ dy·x_hat]` per channel of the block `[c0, c0 + cb)`, in f64.
+fn bn_grad_sums<T: Element>(
+    d: NormDims,
+    c0: usize,
+    cb: usize,
+    g: &[T],
+    hat: &Hat<'_, T>,
+) -> [[f64; CB]; 2] {
+    let c = d.channels;
+    reduce_rows(
+        d.rows,
+        cb,
+        |first, end| {
+            let mut s = [[0f64; CB]; 2];
+            let (mut h, mut gs) = ([0f32; CB], [0f32; CB]);
+            for r in first..end {
+                hat.block(r * c, c0, &mut h[..cb]);
+                load_f32(&g[r * c + c0..r * c + c0 + cb], &mut gs[..cb]);
+                let [s0, s1] = &mut s;
+                let per_channel = s0[..cb].iter_mut().zip(&mut s1[..cb]);
+                for ((a, b), (gv, hv)) in per_channel.zip(gs[..cb].iter().zip(&h[..cb])) {
+                    let gv = *gv as f64;
+                    *a += gv;
+                    *b += gv * *hv as f64;
+                }
+            }
+            s
+        },
+        |mut a, b| {
+            for k in 0..2 {
+                for j in 0..CB {
+                    a[k][j] += b[k][j];
+                }
+            }
+            a
+        },
+    )
 }
 
 // ---------------------------------------------------------------------------------------------

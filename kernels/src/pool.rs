@@ -11,6 +11,7 @@
 //! Nothing here is in-place capable: outputs and inputs have different shapes.
 
 use crate::elementwise::{need, rows, rows2};
+use crate::gemm::load_f32;
 use crate::{check_len, Element, KResult, KernelError};
 
 /// Channels handled per pass with an f32 accumulator array on the stack (no heap scratch).
@@ -205,27 +206,47 @@ pub fn max_pool2d_forward<T: Element>(
             let img = &x[b * d.h * d.w * c..(b + 1) * d.h * d.w * c];
             for ow in 0..d.out_w {
                 let (ws, jlo, jhi) = d.win_w(ow);
-                let yo = &mut yr[ow * c..(ow + 1) * c];
-                let ao = &mut ar[ow * c..(ow + 1) * c];
-                // Seed with the first valid position (every window has one, see tf_out_and_pad).
-                let first = (ilo * d.w + jlo) * c;
-                yo.copy_from_slice(&img[first..first + c]);
-                ao.fill(((ilo as isize - hs) as usize * d.kw + (jlo as isize - ws) as usize) as u8);
-                for i in ilo..ihi {
-                    for j in jlo..jhi {
-                        if i == ilo && j == jlo {
-                            continue;
-                        }
-                        let idx =
-                            ((i as isize - hs) as usize * d.kw + (j as isize - ws) as usize) as u8;
-                        let src = &img[(i * d.w + j) * c..(i * d.w + j + 1) * c];
-                        for ((yv, av), xv) in yo.iter_mut().zip(ao.iter_mut()).zip(src) {
-                            let (v, cur) = (xv.to_f32(), yv.to_f32());
-                            if v > cur || (v.is_nan() && !cur.is_nan()) {
-                                *yv = *xv;
-                                *av = idx;
+                let tap = |i: usize, j: usize| {
+                    ((i as isize - hs) as usize * d.kw + (j as isize - ws) as usize) as u32
+                };
+                for c0 in (0..c).step_by(CH_BLOCK) {
+                    let cb = CH_BLOCK.min(c - c0);
+                    // The running max and its tap in f32 and u32 lanes of one width, with
+                    // selects instead of branches: which element wins is data, and a branch
+                    // on it is mispredicted about every other time.
+                    let (mut best, mut at) = ([0f32; CH_BLOCK], [0u32; CH_BLOCK]);
+                    // Seed with the first valid position (every window has one, see
+                    // tf_out_and_pad).
+                    let first = (ilo * d.w + jlo) * c + c0;
+                    load_f32(&img[first..first + cb], &mut best[..cb]);
+                    at[..cb].fill(tap(ilo, jlo));
+                    let mut xs = [0f32; CH_BLOCK];
+                    for i in ilo..ihi {
+                        for j in jlo..jhi {
+                            if i == ilo && j == jlo {
+                                continue;
+                            }
+                            let (idx, p) = (tap(i, j), (i * d.w + j) * c + c0);
+                            load_f32(&img[p..p + cb], &mut xs[..cb]);
+                            let lanes = best[..cb].iter_mut().zip(&mut at[..cb]);
+                            for ((cur, a), &v) in lanes.zip(&xs[..cb]) {
+                                let take = (v > *cur) | (v.is_nan() & !cur.is_nan());
+                                // All ones where `v` wins: blends by mask, which the compiler
+                                // keeps branch-free (and vectorises).
+                                let m = (take as u32).wrapping_neg();
+                                *cur = f32::from_bits((v.to_bits() & m) | (cur.to_bits() & !m));
+                                *a = (idx & m) | (*a & !m);
                             }
                         }
+                    }
+                    let o = ow * c + c0;
+                    for ((y, a), (&v, &t)) in yr[o..o + cb]
+                        .iter_mut()
+                        .zip(&mut ar[o..o + cb])
+                        .zip(best[..cb].iter().zip(&at[..cb]))
+                    {
+                        *y = T::from_f32(v);
+                        *a = t as u8;
                     }
                 }
             }
@@ -248,10 +269,12 @@ pub fn max_pool2d_backward<T: Element>(
         let ki = ih + d.pad_top - oh * d.sh;
         let kj = iw + d.pad_left - ow * d.sw;
         let want = (ki * d.kw + kj) as u8;
-        for (k, a) in acc.iter_mut().enumerate() {
-            if argmax[o + k] == want {
-                *a += dy[o + k].to_f32();
-            }
+        let (am, g) = (&argmax[o..o + acc.len()], &dy[o..o + acc.len()]);
+        for ((a, &t), gv) in acc.iter_mut().zip(am).zip(g) {
+            // A blend by mask, not a branch (see the forward); −0 adds nothing to any sum,
+            // +0 included.
+            let m = ((t == want) as u32).wrapping_neg();
+            *a += f32::from_bits((gv.to_f32().to_bits() & m) | ((-0.0f32).to_bits() & !m));
         }
     });
     Ok(())
