@@ -3,20 +3,16 @@
 //! reuse across steps through the caches — how any op-by-op executor, memwise's or an eager
 //! framework's, runs a step).
 //!
-//! FLOPs: a forward, recompute or loss step counts [`Op::forward_flops`]. A backward step of a
-//! GEMM-shaped op (dense, the convolutions, the attention projections' products) does one
-//! GEMM of the forward's size per gradient it writes: the weight gradient, and the input
-//! gradient when the plan asks for it. Materialised attention's backward is two such
-//! products per forward product; flash attention's recomputes the scores as well (half its
-//! products again). Any other backward counts what its forward does. An update counts one
-//! FLOP per optimizer state slot and per parameter element, plus two.
+//! FLOPs: a forward, recompute or loss step counts [`Op::forward_flops`], a backward step
+//! [`Op::backward_flops`] (a GEMM-shaped op one product per gradient it writes, the input
+//! gradient when the plan asks for it), an update one FLOP per optimizer state slot and per
+//! parameter element, plus two.
 //!
 //! Bytes: every tensor a step reads or writes, once; the weights a step reads (its 16-bit copy
 //! when a half-precision GEMM has one); in the backward, the f32 gradients it accumulates into
 //! (read and written); in an update, the f32 master and its gradient, each state slot read
 //! and written, and the 16-bit copy written.
 
-use crate::op::Op;
 use crate::plan::{Phase, PlanParam, PlanStep, StaticPlan};
 use crate::NONE;
 
@@ -58,7 +54,7 @@ impl StaticPlan {
         let forward = s.op.forward_flops();
         match s.phase {
             Phase::Forward | Phase::Recompute | Phase::Loss => forward,
-            Phase::Backward => backward_flops(&s.op, forward, writes_input_grad(s)),
+            Phase::Backward => s.op.backward_flops(writes_input_grad(s)),
             Phase::Update => {
                 let per_elem = self.optimizer.state_slots() + 2;
                 self.step_params(s)
@@ -108,42 +104,4 @@ impl StaticPlan {
 /// write; `NONE` when nothing upstream needs it).
 fn writes_input_grad(s: &PlanStep) -> bool {
     s.writes.first().is_some_and(|&t| t != NONE)
-}
-
-fn backward_flops(op: &Op, forward: u64, input_grad: bool) -> u64 {
-    match op {
-        Op::Dense { .. }
-        | Op::Conv2d { .. }
-        | Op::Conv2dTranspose { .. }
-        | Op::DepthwiseConv2d { .. } => forward.saturating_mul(1 + input_grad as u64),
-        Op::Attention { .. } => forward.saturating_mul(2),
-        Op::FlashAttention { .. } => forward.saturating_mul(2).saturating_add(forward / 2),
-        // Exhaustive, so a new GEMM-shaped op is priced here on purpose.
-        Op::InputCast { .. }
-        | Op::Cast { .. }
-        | Op::MaxPool2d { .. }
-        | Op::AvgPool2d { .. }
-        | Op::GlobalAvgPool { .. }
-        | Op::BatchNorm { .. }
-        | Op::BatchNormInference { .. }
-        | Op::LayerNorm { .. }
-        | Op::GroupNorm { .. }
-        | Op::Dropout { .. }
-        | Op::Activation { .. }
-        | Op::Add { .. }
-        | Op::Concat { .. }
-        | Op::Embedding { .. }
-        | Op::PositionalEmbedding { .. }
-        | Op::SampleNormal { .. }
-        | Op::Accumulate { .. }
-        | Op::SoftmaxCrossEntropy { .. }
-        | Op::SoftmaxCrossEntropyFromLogits { .. }
-        | Op::SigmoidBinaryCrossentropy { .. }
-        | Op::BinaryCrossentropyFromLogits { .. }
-        | Op::BinaryCrossentropy { .. }
-        | Op::MeanSquaredError { .. }
-        | Op::KlNormal { .. }
-        | Op::CheckFinite
-        | Op::Update => forward,
-    }
 }

@@ -337,53 +337,68 @@ impl Op {
     /// recomputation. Element-wise ops count one FLOP per element. Capped at
     /// [`MAX_OP_FLOPS`], so sums over the ops of any model stay inside `u64`.
     pub fn forward_flops(&self) -> u64 {
-        self.forward_flops_saturating().min(MAX_OP_FLOPS)
+        self.flops_saturating().0.min(MAX_OP_FLOPS)
     }
 
-    fn forward_flops_saturating(&self) -> u64 {
+    /// FLOPs of the op's backward step: a GEMM-shaped op (dense, the convolutions) does one
+    /// product of the forward's size per gradient it writes — the weight gradient, and the
+    /// input gradient when `input_grad`; materialised attention two per forward product,
+    /// flash attention also recomputes the scores (half its products again); anything else
+    /// what its forward does. Capped like [`Op::forward_flops`].
+    pub fn backward_flops(&self, input_grad: bool) -> u64 {
+        let (f, backward) = self.flops_saturating();
+        let f = f.min(MAX_OP_FLOPS);
+        match backward {
+            Backward::Products => f.saturating_mul(1 + input_grad as u64),
+            Backward::Attention => f.saturating_mul(2),
+            Backward::Flash => f.saturating_mul(2).saturating_add(f / 2),
+            Backward::AsForward => f,
+        }
+    }
+
+    /// The forward FLOPs and the shape of the backward's work, from one exhaustive match.
+    fn flops_saturating(&self) -> (u64, Backward) {
         let u = |x: usize| U(x as u64);
         let s = |x: usize, y: usize| x.saturating_mul(y);
-        let r: U = match *self {
+        let (r, backward): (U, Backward) = match *self {
             Op::Dense {
                 rows,
                 in_features,
                 units,
                 ..
-            } => 2 * u(rows) * u(in_features) * u(units),
-            Op::Conv2d { dims: d, .. } => {
+            } => (2 * u(rows) * u(in_features) * u(units), Backward::Products),
+            Op::Conv2d { dims: d, .. } => (
                 2 * u(d.n)
                     * u(d.out_h())
                     * u(d.out_w())
                     * u(d.kh)
                     * u(d.kw)
                     * u(d.c_in)
-                    * u(d.c_out)
-            }
-            Op::Conv2dTranspose { dims: d, .. } => {
-                2 * u(d.n) * u(d.h) * u(d.w) * u(d.kh) * u(d.kw) * u(d.c_out) * u(d.c_in)
-            }
-            Op::DepthwiseConv2d { dims: d, .. } => {
-                2 * u(d.n) * u(d.out_h()) * u(d.out_w()) * u(d.kh) * u(d.kw) * u(d.c_out)
-            }
-            Op::MaxPool2d { dims: d } | Op::AvgPool2d { dims: d } => {
-                u(d.n) * u(d.out_h()) * u(d.out_w()) * u(d.kh) * u(d.kw) * u(d.c_out)
-            }
-            Op::Attention {
-                batch,
-                seq,
-                heads,
-                head_dim,
-                ..
-            }
-            | Op::FlashAttention {
-                batch,
-                seq,
-                heads,
-                head_dim,
-                ..
-            } => {
-                4 * u(batch) * u(heads) * u(seq) * u(seq) * u(head_dim)
-                    + 5 * u(batch) * u(heads) * u(seq) * u(seq)
+                    * u(d.c_out),
+                Backward::Products,
+            ),
+            Op::Conv2dTranspose { dims: d, .. } => (
+                2 * u(d.n) * u(d.h) * u(d.w) * u(d.kh) * u(d.kw) * u(d.c_out) * u(d.c_in),
+                Backward::Products,
+            ),
+            Op::DepthwiseConv2d { dims: d, .. } => (
+                2 * u(d.n) * u(d.out_h()) * u(d.out_w()) * u(d.kh) * u(d.kw) * u(d.c_out),
+                Backward::Products,
+            ),
+            Op::MaxPool2d { dims: d } | Op::AvgPool2d { dims: d } => (
+                u(d.n) * u(d.out_h()) * u(d.out_w()) * u(d.kh) * u(d.kw) * u(d.c_out),
+                Backward::AsForward,
+            ),
+            Op::Attention { .. } | Op::FlashAttention { .. } => {
+                let a = self.attention().expect("an attention op");
+                let (b, h, sq, d) = (u(a.batch), u(a.heads), u(a.seq), u(a.head_dim));
+                let flops = 4 * b * h * sq * sq * d + 5 * b * h * sq * sq;
+                let backward = if a.flash {
+                    Backward::Flash
+                } else {
+                    Backward::Attention
+                };
+                (flops, backward)
             }
             Op::InputCast { elems, .. }
             | Op::Cast { elems }
@@ -391,31 +406,59 @@ impl Op {
             | Op::Activation { elems, .. }
             | Op::Add { elems, .. }
             | Op::SampleNormal { elems, .. }
-            | Op::Accumulate { elems } => u(elems),
-            Op::GlobalAvgPool { n, hw, c } => u(n) * u(hw) * u(c),
-            Op::BatchNorm { rows, channels, .. } => 8 * u(rows) * u(channels),
-            Op::LayerNorm { rows, features, .. } => 8 * u(rows) * u(features),
+            | Op::Accumulate { elems } => (u(elems), Backward::AsForward),
+            Op::GlobalAvgPool { n, hw, c } => (u(n) * u(hw) * u(c), Backward::AsForward),
+            Op::BatchNorm { rows, channels, .. } => {
+                (8 * u(rows) * u(channels), Backward::AsForward)
+            }
+            Op::LayerNorm { rows, features, .. } => {
+                (8 * u(rows) * u(features), Backward::AsForward)
+            }
             Op::GroupNorm {
                 samples,
                 spatial,
                 channels,
                 ..
-            } => 8 * u(samples) * u(spatial) * u(channels),
-            Op::BatchNormInference { rows, channels, .. } => 2 * u(rows) * u(channels),
-            Op::Concat { rows, a, b } => u(rows) * u(a.saturating_add(b)),
-            Op::Embedding { tokens, dim, .. } => u(s(tokens, dim)),
-            Op::PositionalEmbedding { batch, seq, dim } => u(batch) * u(s(seq, dim)),
+            } => (
+                8 * u(samples) * u(spatial) * u(channels),
+                Backward::AsForward,
+            ),
+            Op::BatchNormInference { rows, channels, .. } => {
+                (2 * u(rows) * u(channels), Backward::AsForward)
+            }
+            Op::Concat { rows, a, b } => (u(rows) * u(a.saturating_add(b)), Backward::AsForward),
+            Op::Embedding { tokens, dim, .. } => (u(s(tokens, dim)), Backward::AsForward),
+            Op::PositionalEmbedding { batch, seq, dim } => {
+                (u(batch) * u(s(seq, dim)), Backward::AsForward)
+            }
             Op::SoftmaxCrossEntropy { rows, classes, .. }
-            | Op::SoftmaxCrossEntropyFromLogits { rows, classes, .. } => 4 * u(s(rows, classes)),
+            | Op::SoftmaxCrossEntropyFromLogits { rows, classes, .. } => {
+                (4 * u(s(rows, classes)), Backward::AsForward)
+            }
             Op::SigmoidBinaryCrossentropy { rows, features, .. }
             | Op::BinaryCrossentropyFromLogits { rows, features, .. }
             | Op::BinaryCrossentropy { rows, features, .. }
             | Op::MeanSquaredError { rows, features, .. }
-            | Op::KlNormal { rows, features, .. } => 4 * u(s(rows, features)),
-            Op::CheckFinite | Op::Update => U(0),
+            | Op::KlNormal { rows, features, .. } => {
+                (4 * u(s(rows, features)), Backward::AsForward)
+            }
+            Op::CheckFinite | Op::Update => (U(0), Backward::AsForward),
         };
-        r.0
+        (r.0, backward)
     }
+}
+
+/// The shape of an op's backward work against its forward's ([`Op::backward_flops`]).
+#[derive(Clone, Copy)]
+enum Backward {
+    /// One product of the forward's size per gradient written.
+    Products,
+    /// Two products per forward product (materialised attention).
+    Attention,
+    /// Flash attention: two products per forward product, plus the scores again.
+    Flash,
+    /// The forward's FLOPs again.
+    AsForward,
 }
 
 /// A FLOP count whose `*` and `+` saturate instead of overflowing.
