@@ -808,7 +808,7 @@ pub fn depthwise_conv2d_backward<T: Element>(
     x: &[T],
     w: &[T],
     dy: &[T],
-    dx: Option<&mut [T]>,
+    mut dx: Option<&mut [T]>,
     dw: &mut [f32],
     db: Option<&mut [f32]>,
 ) -> KResult {
@@ -875,7 +875,18 @@ pub fn depthwise_conv2d_backward<T: Element>(
         });
 
     // dx: each input pixel gathers from the output pixels whose window covers it.
-    if let Some(dx) = dx {
+    let f32_rows = m == 1 && d.sh == 1 && d.sw == 1;
+    if let (Some(dx), Some(w), Some(dy), true) = (
+        dx.as_deref_mut().and_then(f32_view_mut),
+        f32_view(w),
+        f32_view(dy),
+        f32_rows,
+    ) {
+        dx[..d.x_len()]
+            .par_chunks_mut(d.w * c)
+            .enumerate()
+            .for_each(|(r, dxrow)| depthwise_dx_row(&d, w, dy, r, dxrow));
+    } else if let Some(dx) = dx {
         dx[..d.x_len()]
             .par_chunks_mut(d.w * c)
             .enumerate()
@@ -922,6 +933,51 @@ pub fn depthwise_conv2d_backward<T: Element>(
         add_column_sums(dy, d.n * oh * ow, co, db);
     }
     Ok(())
+}
+
+/// One input row `r` (sample and row) of a stride-1, multiplier-1, f32 depthwise
+/// convolution's `dx`, accumulated in place tap by tap: for tap `(ki, kj)` the `dy` pixels it
+/// reaches are one contiguous run of output row `iy + pad_top − ki`. Each element sums its
+/// taps in `(ki, kj)` order from 0, as the per-pixel path (16-bit storage, strides,
+/// multipliers) does.
+fn depthwise_dx_row(d: &DepthwiseConv2dDims, w: &[f32], dy: &[f32], r: usize, dxrow: &mut [f32]) {
+    let (oh, ow, c) = (d.out_h(), d.out_w(), d.c);
+    let (pt, pl) = (d.pad_top() as isize, d.pad_left() as isize);
+    let (s, iy) = (r / d.h, r % d.h);
+    dxrow.fill(0.0);
+    for ki in 0..d.kh {
+        let oy = iy as isize + pt - ki as isize;
+        if oy < 0 || oy >= oh as isize {
+            continue;
+        }
+        let dy_row = &dy[(s * oh + oy as usize) * ow * c..(s * oh + oy as usize + 1) * ow * c];
+        for kj in 0..d.kw {
+            // ox = ix + pl − kj must lie in [0, ow).
+            let shift = pl - kj as isize;
+            let ix_lo = (-shift).clamp(0, d.w as isize) as usize;
+            let ix_hi = (ow as isize - shift).clamp(ix_lo as isize, d.w as isize) as usize;
+            if ix_lo == ix_hi {
+                continue;
+            }
+            let wt = &w[(ki * d.kw + kj) * c..(ki * d.kw + kj + 1) * c];
+            let ox_lo = (ix_lo as isize + shift) as usize;
+            let span = ix_hi - ix_lo;
+            let src = &dy_row[ox_lo * c..(ox_lo + span) * c];
+            let dst = &mut dxrow[ix_lo * c..ix_hi * c];
+            for (a, g) in dst.chunks_exact_mut(c).zip(src.chunks_exact(c)) {
+                for ((a, g), wv) in a.iter_mut().zip(g).zip(wt) {
+                    *a += g * wv;
+                }
+            }
+        }
+    }
+}
+
+/// `s` as f32 when `T` is f32, writable.
+#[inline]
+fn f32_view_mut<T: Element>(s: &mut [T]) -> Option<&mut [f32]> {
+    // SAFETY: T is f32 (checked), so the slice's layout is that of `[f32]`.
+    crate::gemm::is_f32::<T>().then(|| unsafe { &mut *(s as *mut [T] as *mut [f32]) })
 }
 
 /// The output coordinate whose window puts tap `k` on input coordinate `i`, if any:
