@@ -712,6 +712,15 @@ pub fn depthwise_conv2d_forward<T: Element>(
     if co == 0 || oh == 0 || ow == 0 {
         return Ok(());
     }
+    let f32_rows = m == 1 && d.sh == 1 && d.sw == 1;
+    if let (Some(y), Some(x), Some(w), true) = (f32_view_mut(y), f32_view(x), f32_view(w), f32_rows)
+    {
+        y[..d.y_len()]
+            .par_chunks_mut(ow * co)
+            .enumerate()
+            .for_each(|(r, yrow)| depthwise_forward_row(&d, x, w, bias, r, yrow));
+        return Ok(());
+    }
     y[..d.y_len()]
         .par_chunks_mut(ow * co)
         .enumerate()
@@ -933,6 +942,54 @@ pub fn depthwise_conv2d_backward<T: Element>(
         add_column_sums(dy, d.n * oh * ow, co, db);
     }
     Ok(())
+}
+
+/// One output row `r` (sample and row) of a stride-1, multiplier-1, f32 depthwise
+/// convolution, accumulated in place tap by tap: for tap `(ki, kj)` the input pixels it reads
+/// are one contiguous run of input row `oy + ki − pad_top`. Each element starts from its bias
+/// (or 0) and adds its taps in `(ki, kj)` order, as the per-pixel path does.
+fn depthwise_forward_row(
+    d: &DepthwiseConv2dDims,
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    r: usize,
+    yrow: &mut [f32],
+) {
+    let (oh, ow, c) = (d.out_h(), d.out_w(), d.c);
+    let (pt, pl) = (d.pad_top() as isize, d.pad_left() as isize);
+    let (s, oy) = (r / oh, r % oh);
+    match bias {
+        Some(b) => yrow
+            .chunks_exact_mut(c)
+            .for_each(|p| p.copy_from_slice(&b[..c])),
+        None => yrow.fill(0.0),
+    }
+    for ki in 0..d.kh {
+        let iy = (oy + ki) as isize - pt;
+        if iy < 0 || iy >= d.h as isize {
+            continue;
+        }
+        let x_row = &x[(s * d.h + iy as usize) * d.w * c..(s * d.h + iy as usize + 1) * d.w * c];
+        for kj in 0..d.kw {
+            // ix = ox + kj − pl must lie in [0, w).
+            let shift = kj as isize - pl;
+            let ox_lo = (-shift).clamp(0, ow as isize) as usize;
+            let ox_hi = (d.w as isize - shift).clamp(ox_lo as isize, ow as isize) as usize;
+            if ox_lo == ox_hi {
+                continue;
+            }
+            let wt = &w[(ki * d.kw + kj) * c..(ki * d.kw + kj + 1) * c];
+            let ix_lo = (ox_lo as isize + shift) as usize;
+            let src = &x_row[ix_lo * c..(ix_lo + ox_hi - ox_lo) * c];
+            let dst = &mut yrow[ox_lo * c..ox_hi * c];
+            for (a, xv) in dst.chunks_exact_mut(c).zip(src.chunks_exact(c)) {
+                for ((a, xv), wv) in a.iter_mut().zip(xv).zip(wt) {
+                    *a += xv * wv;
+                }
+            }
+        }
+    }
 }
 
 /// One input row `r` (sample and row) of a stride-1, multiplier-1, f32 depthwise

@@ -425,6 +425,10 @@ const DW_CONFIGS: &[Cfg] = &[
     (2, 9, 5, 5, 2, 3, 2, 2, 1, false),
     (1, 4, 4, 3, 1, 1, 1, 1, 1, false),
     (2, 3, 5, 2, 2, 4, 4, 3, 3, true),
+    // Stride 1, multiplier 1 (f32 takes the row-at-a-time loops): an even kernel under same
+    // padding (more padding after than before), more channels than a block, and valid.
+    (2, 6, 7, 70, 1, 4, 2, 1, 1, true),
+    (2, 5, 6, 4, 1, 2, 3, 1, 1, false),
 ];
 
 fn dw_dims(&(n, h, w, c, multiplier, kh, kw, sh, sw, same): &Cfg) -> DepthwiseConv2dDims {
