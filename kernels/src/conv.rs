@@ -956,7 +956,7 @@ fn depthwise_forward_row(
     r: usize,
     yrow: &mut [f32],
 ) {
-    let (oh, ow, c) = (d.out_h(), d.out_w(), d.c);
+    let (oh, c) = (d.out_h(), d.c);
     let (pt, pl) = (d.pad_top() as isize, d.pad_left() as isize);
     let (s, oy) = (r / oh, r % oh);
     match bias {
@@ -972,22 +972,9 @@ fn depthwise_forward_row(
         }
         let x_row = &x[(s * d.h + iy as usize) * d.w * c..(s * d.h + iy as usize + 1) * d.w * c];
         for kj in 0..d.kw {
-            // ix = ox + kj − pl must lie in [0, w).
-            let shift = kj as isize - pl;
-            let ox_lo = (-shift).clamp(0, ow as isize) as usize;
-            let ox_hi = (d.w as isize - shift).clamp(ox_lo as isize, ow as isize) as usize;
-            if ox_lo == ox_hi {
-                continue;
-            }
+            // Output pixel ox reads input pixel ox + kj − pl.
             let wt = &w[(ki * d.kw + kj) * c..(ki * d.kw + kj + 1) * c];
-            let ix_lo = (ox_lo as isize + shift) as usize;
-            let src = &x_row[ix_lo * c..(ix_lo + ox_hi - ox_lo) * c];
-            let dst = &mut yrow[ox_lo * c..ox_hi * c];
-            for (a, xv) in dst.chunks_exact_mut(c).zip(src.chunks_exact(c)) {
-                for ((a, xv), wv) in a.iter_mut().zip(xv).zip(wt) {
-                    *a += xv * wv;
-                }
-            }
+            add_tap(yrow, x_row, wt, kj as isize - pl, c);
         }
     }
 }
@@ -1009,23 +996,33 @@ fn depthwise_dx_row(d: &DepthwiseConv2dDims, w: &[f32], dy: &[f32], r: usize, dx
         }
         let dy_row = &dy[(s * oh + oy as usize) * ow * c..(s * oh + oy as usize + 1) * ow * c];
         for kj in 0..d.kw {
-            // ox = ix + pl − kj must lie in [0, ow).
-            let shift = pl - kj as isize;
-            let ix_lo = (-shift).clamp(0, d.w as isize) as usize;
-            let ix_hi = (ow as isize - shift).clamp(ix_lo as isize, d.w as isize) as usize;
-            if ix_lo == ix_hi {
-                continue;
-            }
+            // Input pixel ix receives from output pixel ix + pl − kj.
             let wt = &w[(ki * d.kw + kj) * c..(ki * d.kw + kj + 1) * c];
-            let ox_lo = (ix_lo as isize + shift) as usize;
-            let span = ix_hi - ix_lo;
-            let src = &dy_row[ox_lo * c..(ox_lo + span) * c];
-            let dst = &mut dxrow[ix_lo * c..ix_hi * c];
-            for (a, g) in dst.chunks_exact_mut(c).zip(src.chunks_exact(c)) {
-                for ((a, g), wv) in a.iter_mut().zip(g).zip(wt) {
-                    *a += g * wv;
-                }
-            }
+            add_tap(dxrow, dy_row, wt, pl - kj as isize, c);
+        }
+    }
+}
+
+/// One tap of a stride-1 depthwise convolution along a row of `c`-channel pixels:
+/// `dst[p] += src[p + shift] · wt` (per channel) for every pixel `p` of `dst_row` whose
+/// `p + shift` is a pixel of `src_row` — a contiguous run of both. The forward adds an input
+/// row into an output row, the input gradient an output gradient row into an input row.
+#[inline]
+fn add_tap(dst_row: &mut [f32], src_row: &[f32], wt: &[f32], shift: isize, c: usize) {
+    let (n_dst, n_src) = ((dst_row.len() / c) as isize, (src_row.len() / c) as isize);
+    let lo = (-shift).clamp(0, n_dst);
+    let hi = (n_src - shift).clamp(lo, n_dst);
+    if lo == hi {
+        return;
+    }
+    let (lo, hi, from) = (lo as usize, hi as usize, (lo + shift) as usize);
+    let src = &src_row[from * c..(from + hi - lo) * c];
+    for (a, v) in dst_row[lo * c..hi * c]
+        .chunks_exact_mut(c)
+        .zip(src.chunks_exact(c))
+    {
+        for ((a, v), wv) in a.iter_mut().zip(v).zip(wt) {
+            *a += v * wv;
         }
     }
 }
