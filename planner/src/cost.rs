@@ -3,8 +3,8 @@
 //! reuse across steps through the caches — how any op-by-op executor, memwise's or an eager
 //! framework's, runs a step).
 //!
-//! FLOPs: a forward, recompute or loss step counts [`Op::forward_flops`], a backward step
-//! [`Op::backward_flops`] (a GEMM-shaped op one product per gradient it writes, the input
+//! FLOPs: a forward, recompute or loss step counts [`Op::forward_flops`](crate::op::Op::forward_flops), a backward step
+//! [`Op::backward_flops`](crate::op::Op::backward_flops) (a GEMM-shaped op one product per gradient it writes, the input
 //! gradient when the plan asks for it), an update one FLOP per optimizer state slot and per
 //! parameter element, plus two.
 //!
@@ -51,9 +51,8 @@ impl StaticPlan {
     }
 
     fn step_flops(&self, s: &PlanStep) -> u64 {
-        let forward = s.op.forward_flops();
         match s.phase {
-            Phase::Forward | Phase::Recompute | Phase::Loss => forward,
+            Phase::Forward | Phase::Recompute | Phase::Loss => s.op.forward_flops(),
             Phase::Backward => s.op.backward_flops(writes_input_grad(s)),
             Phase::Update => {
                 let per_elem = self.optimizer.state_slots() + 2;
@@ -100,7 +99,7 @@ impl StaticPlan {
     }
 }
 
-/// Whether a backward step writes its input's gradient (by the contract of [`Op`], its first
+/// Whether a backward step writes its input's gradient (by the contract of [`Op`](crate::op::Op), its first
 /// write; `NONE` when nothing upstream needs it).
 fn writes_input_grad(s: &PlanStep) -> bool {
     s.writes.first().is_some_and(|&t| t != NONE)

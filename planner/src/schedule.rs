@@ -62,7 +62,7 @@ pub struct Schedule {
 
 impl Schedule {
     /// Step `i` recomputes for a checkpoint segment: a recompute step of a checkpointed
-    /// layer, not one that redoes a cheap tensor every plan redoes ([`redone_in_backward`]).
+    /// layer, not one that redoes a cheap tensor every plan redoes (`redone_in_backward`).
     pub fn checkpoint_recompute(&self, i: usize) -> bool {
         let st = &self.steps[i];
         st.phase == Phase::Recompute
