@@ -1,6 +1,6 @@
 """memwise vs PyTorch, side by side on this machine's CPU (see docs/BENCHMARKS.md).
 
-For each example (mnist_mlp, vae, convnet) this runs, in fresh processes and one after the
+For each example (mnist_mlp, vae, convnet, gpt) this runs, in fresh processes and one after the
 other:
 
 1. the memwise example, release build, ``--device cpu --no-shuffle --steps N`` with
@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MODELS = ["mnist_mlp", "vae", "convnet"]
+MODELS = ["mnist_mlp", "vae", "convnet", "gpt"]
 COMPARED_STEPS = 20
 TOLERANCE = 1e-4
 

@@ -1,4 +1,4 @@
-"""PyTorch twins of memwise's three examples (mnist_mlp, vae, convnet), for bench/compare.py.
+"""PyTorch twins of memwise's examples (mnist_mlp, vae, convnet, gpt), for bench/compare.py.
 
 Each twin has the same layers, batch, loss and optimizer semantics as the memwise model, starts
 from the initial weights memwise wrote (``--save-initial-weights``, Keras layouts, see
@@ -407,8 +407,53 @@ def make_twin(name: str, weights: dict, meta: dict, threads: int, precision: str
 
         model = ConvNet()
         opt = KerasRMSprop(model.parameters(), lr=1e-3)
+    elif name == "gpt":
+        heads = 4
+
+        class GptBlock(torch.nn.Module):
+            def __init__(self, p):
+                super().__init__()
+                self.ln1_w, self.ln1_b = param(w[p + "ln_1.weight"]), param(w[p + "ln_1.bias"])
+                self.qkv_w, self.qkv_b = dense_w(w[p + "attn.qkv.weight"]), param(w[p + "attn.qkv.bias"])
+                self.out_w, self.out_b = dense_w(w[p + "attn.out.weight"]), param(w[p + "attn.out.bias"])
+                self.ln2_w, self.ln2_b = param(w[p + "ln_2.weight"]), param(w[p + "ln_2.bias"])
+                self.fc_w, self.fc_b = dense_w(w[p + "fc.weight"]), param(w[p + "fc.bias"])
+                self.proj_w, self.proj_b = dense_w(w[p + "proj.weight"]), param(w[p + "proj.bias"])
+
+            def forward(self, x):
+                n, s, h = x.shape
+                a = rnd(F.layer_norm(x, (h,), P(self.ln1_w), P(self.ln1_b), 1e-5))
+                qkv = rnd(F.linear(a, P(self.qkv_w), P(self.qkv_b)))
+                # memwise's packed qkv: q, k, v in column thirds, head i in columns i·d..(i+1)·d.
+                q, k, v = (t.view(n, s, heads, h // heads).transpose(1, 2) for t in qkv.split(h, dim=2))
+                ctx = rnd(F.scaled_dot_product_attention(q, k, v, is_causal=True))
+                ctx = ctx.transpose(1, 2).reshape(n, s, h)
+                x = rnd(x + rnd(F.linear(ctx, P(self.out_w), P(self.out_b))))
+                m = rnd(F.layer_norm(x, (h,), P(self.ln2_w), P(self.ln2_b), 1e-5))
+                m = rnd(F.gelu(rnd(F.linear(m, P(self.fc_w), P(self.fc_b)))))
+                return rnd(x + rnd(F.linear(m, P(self.proj_w), P(self.proj_b))))
+
+        class Gpt(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed, self.positions = param(w["embed.weight"]), param(w["positions.weight"])
+                self.blocks = torch.nn.ModuleList([GptBlock(f"blocks.{i}.") for i in range(2)])
+                self.ln_w, self.ln_b = param(w["ln_f.weight"]), param(w["ln_f.bias"])
+                self.logits_w, self.logits_b = dense_w(w["logits.weight"]), param(w["logits.bias"])
+
+            def forward(self, inputs, step):
+                ids = inputs["ids"].long()
+                x = rnd(F.embedding(ids, P(self.embed)) + P(self.positions)[None])
+                for b in self.blocks:
+                    x = b(x)
+                x = rnd(F.layer_norm(x, (x.shape[2],), P(self.ln_w), P(self.ln_b), 1e-5))
+                logits = rnd(F.linear(x, P(self.logits_w), P(self.logits_b)))
+                return SoftmaxSparseXent.apply(logits.reshape(-1, logits.shape[2]), inputs["next"].reshape(-1))
+
+        model = Gpt()
+        opt = KerasAdam(model.parameters())
     else:
-        raise SystemExit(f"unknown model {name!r}: mnist_mlp, vae or convnet")
+        raise SystemExit(f"unknown model {name!r}: mnist_mlp, vae, convnet or gpt")
 
     def train_step(inputs, step):
         for p in opt.params:
@@ -423,7 +468,7 @@ def make_twin(name: str, weights: dict, meta: dict, threads: int, precision: str
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", required=True, choices=["mnist_mlp", "vae", "convnet"])
+    ap.add_argument("--model", required=True, choices=["mnist_mlp", "vae", "convnet", "gpt"])
     ap.add_argument("--weights", required=True, help="initial weights memwise wrote")
     ap.add_argument("--batches", required=True, help="batches memwise dumped")
     ap.add_argument("--steps", type=int, default=40, help="training steps (batches are reused cyclically)")

@@ -21,7 +21,10 @@
 //! Pointwise kernels require equal slice lengths (see [`crate::elementwise`]). Arithmetic is
 //! f32; storage is any [`Element`].
 
-use crate::elementwise::{map1, map1_inplace, map2, map2_inplace, need, rows, same_len};
+use crate::elementwise::{
+    map1_inplace_with, map1_with, map2_inplace_with, map2_with, need, rows, same_len,
+};
+use crate::fastmath::{gelu, gelu_grad};
 use crate::{check_len, Element, KResult};
 
 /// Numerically stable logistic: never evaluates `exp` of a positive number.
@@ -35,44 +38,28 @@ pub(crate) fn sigmoid_f32(x: f32) -> f32 {
     }
 }
 
-const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
-/// 1/√(2π)
-const INV_SQRT_2PI: f32 = 0.398_942_3;
-
-#[inline(always)]
-fn gelu_f32(x: f32) -> f32 {
-    0.5 * x * (1.0 + libm::erff(x * FRAC_1_SQRT_2))
-}
-
-/// d/dx [x Φ(x)] = Φ(x) + x φ(x).
-#[inline(always)]
-fn gelu_grad_f32(x: f32) -> f32 {
-    let cdf = 0.5 * (1.0 + libm::erff(x * FRAC_1_SQRT_2));
-    let pdf = INV_SQRT_2PI * (-0.5 * x * x).exp();
-    cdf + x * pdf
-}
-
 #[inline(always)]
 fn silu_grad_f32(x: f32) -> f32 {
     let s = sigmoid_f32(x);
     s * (1.0 + x * (1.0 - s))
 }
 
-/// Defines forward, forward-in-place, backward, backward-in-place for one pointwise activation.
-/// `$saved` names what the backward reads (`y` or `x`); `$grad(saved, dy) -> dx`.
+/// Defines forward, forward-in-place, backward, backward-in-place functions for one pointwise
+/// activation, running the element functions of its [`Activation`] variant `$v` (declared
+/// once, in the activations list below). `$saved` names what the backward reads (`y` or `x`).
 macro_rules! pointwise_activation {
     ($name:literal, $fwd:ident, $fwd_ip:ident, $bwd:ident, $bwd_ip:ident,
-     $saved:ident, $f:expr, $grad:expr) => {
+     $saved:ident, $v:ident) => {
         #[doc = concat!("Forward ", $name, ": `y = f(x)`.")]
         pub fn $fwd<T: Element>(x: &[T], y: &mut [T]) -> KResult {
             same_len(stringify!($fwd), "x", x.len(), "y", y.len())?;
-            map1(x, y, $f);
+            map1_with(x, y, element::$v {});
             Ok(())
         }
 
         #[doc = concat!("Forward ", $name, " in place: `x = f(x)`.")]
         pub fn $fwd_ip<T: Element>(x: &mut [T]) {
-            map1_inplace(x, $f);
+            map1_inplace_with(x, element::$v {});
         }
 
         #[doc = concat!("Backward ", $name, " from saved `", stringify!($saved), "`: dx = f'·dy.")]
@@ -85,7 +72,7 @@ macro_rules! pointwise_activation {
                 dy.len(),
             )?;
             same_len(stringify!($bwd), "dy", dy.len(), "dx", dx.len())?;
-            map2($saved, dy, dx, $grad);
+            map2_with($saved, dy, dx, element::$v {});
             Ok(())
         }
 
@@ -98,7 +85,7 @@ macro_rules! pointwise_activation {
                 "dy",
                 dy_dx.len(),
             )?;
-            map2_inplace($saved, dy_dx, $grad);
+            map2_inplace_with($saved, dy_dx, element::$v {});
             Ok(())
         }
     };
@@ -129,8 +116,7 @@ pointwise_activation!(
     relu_backward,
     relu_backward_inplace,
     y,
-    relu_f32,
-    relu_grad
+    Relu
 );
 
 pointwise_activation!(
@@ -140,8 +126,7 @@ pointwise_activation!(
     sigmoid_backward,
     sigmoid_backward_inplace,
     y,
-    sigmoid_f32,
-    |y, dy| dy * y * (1.0 - y)
+    Sigmoid
 );
 
 pointwise_activation!(
@@ -151,8 +136,7 @@ pointwise_activation!(
     tanh_backward,
     tanh_backward_inplace,
     y,
-    f32::tanh,
-    |y, dy| dy * (1.0 - y * y)
+    Tanh
 );
 
 pointwise_activation!(
@@ -162,8 +146,7 @@ pointwise_activation!(
     gelu_backward,
     gelu_backward_inplace,
     x,
-    gelu_f32,
-    |x, dy| dy * gelu_grad_f32(x)
+    Gelu
 );
 
 pointwise_activation!(
@@ -173,8 +156,7 @@ pointwise_activation!(
     silu_backward,
     silu_backward_inplace,
     x,
-    |x| x * sigmoid_f32(x),
-    |x, dy| dy * silu_grad_f32(x)
+    Silu
 );
 
 /// Which tensor an activation's backward reads.
@@ -195,7 +177,38 @@ pub enum Saved {
 /// name no activation.
 macro_rules! pointwise_activations {
     ($($(#[$doc:meta])* $v:ident $({ $p:ident })? = $name:literal, saved $saved:ident,
-       $f:expr, $g:expr;)*) => {
+       |$x:ident| $f:expr, |$s:tt, $dy:ident| $g:expr;)*) => {
+        /// Each activation's element functions as a type of its own whose methods are
+        /// `#[inline(always)]`, so that its loops run 8 lanes wide on AVX2
+        /// ([`crate::elementwise::Unary::WIDE`]).
+        mod element {
+            use super::*;
+            use crate::elementwise::{Binary, Unary};
+
+            $(
+                #[derive(Clone, Copy)]
+                pub(super) struct $v { $(pub(super) $p: f32,)? }
+
+                impl Unary for $v {
+                    const WIDE: bool = true;
+                    #[inline(always)]
+                    fn apply(&self, $x: f32) -> f32 {
+                        let $v { $($p)? } = *self;
+                        $f
+                    }
+                }
+
+                impl Binary for $v {
+                    const WIDE: bool = true;
+                    #[inline(always)]
+                    fn apply(&self, $s: f32, $dy: f32) -> f32 {
+                        let $v { $($p)? } = *self;
+                        $g
+                    }
+                }
+            )*
+        }
+
         /// A pointwise activation chosen at run time (what a layer's `activation = …` names),
         /// so the executor can dispatch without matching on names. Softmax is not here: it
         /// needs the row length; call [`softmax_forward`] directly.
@@ -240,25 +253,25 @@ macro_rules! pointwise_activations {
 
             fn forward_map<T: Element>(self, x: &[T], y: &mut [T]) {
                 match self {
-                    $(Activation::$v $({ $p })? => map1(x, y, $f),)*
+                    $(Activation::$v $({ $p })? => map1_with(x, y, element::$v { $($p)? }),)*
                 }
             }
 
             fn forward_map_inplace<T: Element>(self, x: &mut [T]) {
                 match self {
-                    $(Activation::$v $({ $p })? => map1_inplace(x, $f),)*
+                    $(Activation::$v $({ $p })? => map1_inplace_with(x, element::$v { $($p)? }),)*
                 }
             }
 
             fn backward_map<T: Element>(self, saved: &[T], dy: &[T], dx: &mut [T]) {
                 match self {
-                    $(Activation::$v $({ $p })? => map2(saved, dy, dx, $g),)*
+                    $(Activation::$v $({ $p })? => map2_with(saved, dy, dx, element::$v { $($p)? }),)*
                 }
             }
 
             fn backward_map_inplace<T: Element>(self, saved: &[T], dy_dx: &mut [T]) {
                 match self {
-                    $(Activation::$v $({ $p })? => map2_inplace(saved, dy_dx, $g),)*
+                    $(Activation::$v $({ $p })? => map2_inplace_with(saved, dy_dx, element::$v { $($p)? }),)*
                 }
             }
         }
@@ -268,10 +281,10 @@ macro_rules! pointwise_activations {
 pointwise_activations! {
     /// `y = x` (its in-place forms do nothing).
     Linear = "linear", saved Nothing, |x| x, |_, dy| dy;
-    Relu = "relu", saved Output, relu_f32, relu_grad;
-    Sigmoid = "sigmoid", saved Output, sigmoid_f32, |y, dy| dy * y * (1.0 - y);
-    Tanh = "tanh", saved Output, f32::tanh, |y, dy| dy * (1.0 - y * y);
-    Gelu = "gelu", saved Input, gelu_f32, |x, dy| dy * gelu_grad_f32(x);
+    Relu = "relu", saved Output, |x| relu_f32(x), |y, dy| relu_grad(y, dy);
+    Sigmoid = "sigmoid", saved Output, |x| sigmoid_f32(x), |y, dy| dy * y * (1.0 - y);
+    Tanh = "tanh", saved Output, |x| x.tanh(), |y, dy| dy * (1.0 - y * y);
+    Gelu = "gelu", saved Input, |x| gelu(x), |x, dy| dy * gelu_grad(x);
     Silu = "silu", saved Input, |x| x * sigmoid_f32(x), |x, dy| dy * silu_grad_f32(x);
     /// `alpha·x` below 0. With `alpha ≥ 0` (the planner checks it) `y > 0` exactly when
     /// `x > 0`, so the backward reads `y` and the forward may run in place.

@@ -25,6 +25,7 @@
 //! they hold).
 
 use crate::attention::AttentionDims;
+use crate::fastmath::exp_with;
 use crate::gemm::{for_each_lane, gemm_core, is_f32, lanes_at_once, load_f32, Mat, MatMut};
 use crate::gemm_heap::{gemm_core_heap_bytes, Strides};
 use crate::random::{unit_f32, RngKey};
@@ -258,59 +259,6 @@ fn split_scratch<'a>(
     let dr = d.batch * d.heads * d.seq;
     check_len(&format!("{what} scratch"), ws.len(), dr + lane)?;
     Ok(ws.split_at_mut(dr))
-}
-
-/// `e^x` in f32 to about 1 ulp (a relative 2e-7), branch-free so that a loop of it
-/// vectorises: `2^n · e^f` with `n = round(x·log2 e)`, `f = x − n·ln 2` (ln 2 in two parts)
-/// and a degree-7 polynomial for `e^f`. Below −87.3 it gives 0 (where `exp` leaves the
-/// normal range), above 88.72 infinity, NaN stays NaN; the inputs here are `s − max ≤ 0`.
-#[inline(always)]
-pub fn fast_exp(x: f32) -> f32 {
-    exp_with::<false>(x)
-}
-
-/// [`fast_exp`], its polynomial in fused multiply-adds when `FMA` (for the loops compiled with
-/// the `fma` feature, where `mul_add` is one instruction; elsewhere it is a library call).
-#[inline(always)]
-fn exp_with<const FMA: bool>(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    // ln 2 in two parts (Cody and Waite): n·LN2_HI is exact for the n here.
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    // Adding and subtracting 1.5·2^23 rounds to the nearest integer.
-    const ROUND: f32 = 12_582_912.0;
-    // Comparisons, not `clamp`/`max` (whose NaN rules keep the loop from vectorising).
-    let xc = if x < -87.3 { -87.3 } else { x };
-    let xc = if xc > 88.3 { 88.3 } else { xc };
-    let n = (xc * LOG2E + ROUND) - ROUND;
-    let f = (xc - n * LN2_HI) - n * LN2_LO;
-    // e^f, |f| ≤ ln2/2: Taylor to degree 7 (the next term is below 4e-9).
-    let mut p: f32 = 1.0 / 5040.0;
-    for c in [
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        0.5,
-        1.0,
-        1.0,
-    ] {
-        p = if FMA { p.mul_add(f, c) } else { p * f + c };
-    }
-    // SAFETY: the clamp keeps n in −126..=128, well inside i32 (a plain conversion, where
-    // `as` would add saturation checks that stop the loop vectorising).
-    let ni = unsafe { n.to_int_unchecked::<i32>() };
-    let scale = f32::from_bits(((ni + 127) as u32) << 23);
-    let y = p * scale;
-    let y = if x < -87.3 { 0.0 } else { y };
-    let y = if x > 88.72 { f32::INFINITY } else { y };
-    // NaN (the only value unequal to itself) stays NaN.
-    #[allow(clippy::eq_op)]
-    if x != x {
-        x
-    } else {
-        y
-    }
 }
 
 /// `Σ x` in eight independent sums (vectorises; a fixed order, so the result does not depend

@@ -550,14 +550,22 @@ pub(crate) unsafe fn gemm_core<A: Element, B: Element, C: Element>(
         // SAFETY: c is valid for m×n and each row is touched by one task.
         for_rows(m, n, par, |i| unsafe {
             let row = c.sub(i, 0);
-            for j in 0..n {
-                let p = row.ptr.add(j * row.cs);
-                let old = if beta != 0.0 {
-                    beta * (*p).to_f32()
-                } else {
-                    0.0
-                };
-                *p = C::from_f32(old + bias.map_or(0.0, |b| b[j]));
+            match bias {
+                // The usual case, a fresh f32 row with a bias: a copy (same values as below).
+                Some(b) if beta == 0.0 && row.cs == 1 && is_f32::<C>() => {
+                    std::ptr::copy_nonoverlapping(b.as_ptr(), row.ptr as *mut f32, n)
+                }
+                _ => {
+                    for j in 0..n {
+                        let p = row.ptr.add(j * row.cs);
+                        let old = if beta != 0.0 {
+                            beta * (*p).to_f32()
+                        } else {
+                            0.0
+                        };
+                        *p = C::from_f32(old + bias.map_or(0.0, |b| b[j]));
+                    }
+                }
             }
         });
         if k == 0 {

@@ -16,6 +16,7 @@ pub mod attention;
 pub mod conv;
 pub mod dense;
 pub mod embedding;
+pub mod fastmath;
 pub mod flash_attention;
 pub mod gemm;
 pub mod gemm_heap;

@@ -164,37 +164,68 @@ fn channel_moment<T: Element>(
     )
 }
 
-/// Per-channel f64 sums over all rows for the channel block `[c0, c0 + cb)`: `f(row, j)`
-/// yields two addends for channel `c0 + j`. Deterministic split (see `reduce_rows`).
-fn channel_sums(
+/// Channels per pass of [`add_affine_grads`]: a `[rows, channels]` layout puts a row's
+/// channels side by side, so a block as wide as the whole row (up to this many) reads every
+/// row once, where blocks of [`CB`] re-read each row once per block.
+const ROW_CB: usize = 128;
+
+/// The affine gradients of a norm over the last axis of `[rows, channels]`, accumulated:
+/// `dbeta[ch] += Σ_rows dy`, `dgamma[ch] += Σ_rows dy·x̂`, summed in f64 over the fixed
+/// split of [`reduce_rows`] (so independent of the thread count). `dy(i)` and `hat(i)` read
+/// element `i = row·channels + ch`.
+/// One part's `[Σ dy, Σ dy·x̂]` per channel of a block ([`add_affine_grads`]).
+#[derive(Clone, Copy)]
+struct RowBlockSums([[f64; ROW_CB]; 2]);
+
+impl Default for RowBlockSums {
+    fn default() -> Self {
+        RowBlockSums([[0.0; ROW_CB]; 2])
+    }
+}
+
+fn add_affine_grads(
     d: NormDims,
-    c0: usize,
-    cb: usize,
-    f: impl Fn(usize, usize) -> (f64, f64) + Sync + Send,
-) -> [[f64; CB]; 2] {
-    reduce_rows(
-        d.rows,
-        cb,
-        |first, end| {
-            let mut s = [[0f64; CB]; 2];
-            for r in first..end {
-                for j in 0..cb {
-                    let (a, b) = f(r, c0 + j);
-                    s[0][j] += a;
-                    s[1][j] += b;
+    dy: impl Fn(usize) -> f32 + Sync + Send,
+    hat: impl Fn(usize) -> f32 + Sync + Send,
+    dgamma: &mut [f32],
+    mut dbeta: Option<&mut [f32]>,
+) {
+    let c = d.channels;
+    for c0 in (0..c).step_by(ROW_CB) {
+        let cb = ROW_CB.min(c - c0);
+        let s = reduce_rows(
+            d.rows,
+            cb,
+            |first, end| {
+                let mut s = RowBlockSums::default();
+                let [sum, sum_hat] = &mut s.0;
+                for r in first..end {
+                    for j in 0..cb {
+                        let i = r * c + c0 + j;
+                        let gv = dy(i) as f64;
+                        sum[j] += gv;
+                        sum_hat[j] += gv * hat(i) as f64;
+                    }
                 }
-            }
-            s
-        },
-        |mut a, b| {
-            for k in 0..2 {
-                for j in 0..CB {
-                    a[k][j] += b[k][j];
+                s
+            },
+            |mut a, b| {
+                for k in 0..2 {
+                    for j in 0..ROW_CB {
+                        a.0[k][j] += b.0[k][j];
+                    }
                 }
+                a
+            },
+        )
+        .0;
+        for j in 0..cb {
+            if let Some(b) = dbeta.as_deref_mut() {
+                b[c0 + j] += s[0][j] as f32;
             }
-            a
-        },
-    )
+            dgamma[c0 + j] += s[1][j] as f32;
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -798,17 +829,8 @@ fn ln_backward_core<T: Element>(
             Some(g) => g,
             None => dx,
         };
-        for c0 in (0..c).step_by(CB) {
-            let cb = CB.min(c - c0);
-            let s = channel_sums(d, c0, cb, |r, ch| {
-                let gv = g[r * c + ch].to_f32() as f64;
-                (gv, gv * hat(r * c + ch) as f64)
-            });
-            for j in 0..cb {
-                grads.dbeta[c0 + j] += s[0][j] as f32;
-                grads.dgamma[c0 + j] += s[1][j] as f32;
-            }
-        }
+        let dbeta = Some(&mut grads.dbeta[..]);
+        add_affine_grads(d, |i| g[i].to_f32(), &hat, grads.dgamma, dbeta);
     }
     let inv_c = 1.0 / c as f32;
     rows(&mut dx[..d.len()], c, 3 * c, |r, dxr| {
@@ -1054,20 +1076,8 @@ pub fn group_norm_backward<T: Element>(
         rows: d.samples.saturating_mul(d.spatial),
         channels: c,
     };
-    let mut dbeta = dbeta;
-    for c0 in (0..c).step_by(CB) {
-        let cb = CB.min(c - c0);
-        let s = channel_sums(rows_dims, c0, cb, |r, ch| {
-            let gv = dy[r * c + ch].to_f32() as f64;
-            (gv, gv * x_hat[r * c + ch].to_f32() as f64)
-        });
-        for j in 0..cb {
-            if let Some(b) = dbeta.as_deref_mut() {
-                b[c0 + j] += s[0][j] as f32;
-            }
-            dgamma[c0 + j] += s[1][j] as f32;
-        }
-    }
+    let (dy_at, hat_at) = (|i: usize| dy[i].to_f32(), |i: usize| x_hat[i].to_f32());
+    add_affine_grads(rows_dims, dy_at, hat_at, dgamma, dbeta);
     let sl = d.sample_len();
     rows(&mut dx[..d.len()], sl, 4 * sl, |n, dxr| {
         let (hs, gs) = (&x_hat[n * sl..(n + 1) * sl], &dy[n * sl..(n + 1) * sl]);

@@ -30,93 +30,7 @@ macro_rules! ops {
             $($(#[$doc])* $v $({ $($f: $t),* })?,)*
         }
 
-        /// An attention step's settings, whichever kernel it runs: [`Op::attention`].
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AttentionSettings {
-    /// The flash kernels (`Op::FlashAttention`) rather than materialised probabilities.
-    pub flash: bool,
-    pub batch: usize,
-    pub seq: usize,
-    pub heads: usize,
-    pub head_dim: usize,
-    pub causal: bool,
-    pub dropout: f32,
-    pub key: u32,
-}
-
-impl AttentionSettings {
-    /// The op these settings describe: [`Op::FlashAttention`] or [`Op::Attention`].
-    pub fn op(self) -> Op {
-        let AttentionSettings {
-            flash,
-            batch,
-            seq,
-            heads,
-            head_dim,
-            causal,
-            dropout,
-            key,
-        } = self;
-        if flash {
-            Op::FlashAttention {
-                batch,
-                seq,
-                heads,
-                head_dim,
-                causal,
-                dropout,
-                key,
-            }
-        } else {
-            Op::Attention {
-                batch,
-                seq,
-                heads,
-                head_dim,
-                causal,
-                dropout,
-                key,
-            }
-        }
-    }
-}
-
-impl Op {
-    /// The settings of an attention op, materialised or flash; `None` for any other op.
-    pub fn attention(&self) -> Option<AttentionSettings> {
-        let (flash, batch, seq, heads, head_dim, causal, dropout, key) = match *self {
-            Op::Attention {
-                batch,
-                seq,
-                heads,
-                head_dim,
-                causal,
-                dropout,
-                key,
-            } => (false, batch, seq, heads, head_dim, causal, dropout, key),
-            Op::FlashAttention {
-                batch,
-                seq,
-                heads,
-                head_dim,
-                causal,
-                dropout,
-                key,
-            } => (true, batch, seq, heads, head_dim, causal, dropout, key),
-            _ => return None,
-        };
-        Some(AttentionSettings {
-            flash,
-            batch,
-            seq,
-            heads,
-            head_dim,
-            causal,
-            dropout,
-            key,
-        })
-    }
-
+        impl Op {
             /// Name used in the plan JSON.
             // Each arm binds every field of its variant; a name reads at most one of them.
             #[allow(unused_variables)]
@@ -324,6 +238,94 @@ ops! {
     CheckFinite = "check_finite";
     /// Optimizer update of one layer's trainable parameters (update phase, no tensors).
     Update = "update";
+}
+
+/// An attention step's settings, whichever kernel it runs: [`Op::attention`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionSettings {
+    /// The flash kernels (`Op::FlashAttention`) rather than materialised probabilities.
+    pub flash: bool,
+    pub batch: usize,
+    pub seq: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub causal: bool,
+    pub dropout: f32,
+    pub key: u32,
+}
+
+impl AttentionSettings {
+    /// The op these settings describe: [`Op::FlashAttention`] or [`Op::Attention`].
+    pub fn op(self) -> Op {
+        let AttentionSettings {
+            flash,
+            batch,
+            seq,
+            heads,
+            head_dim,
+            causal,
+            dropout,
+            key,
+        } = self;
+        if flash {
+            Op::FlashAttention {
+                batch,
+                seq,
+                heads,
+                head_dim,
+                causal,
+                dropout,
+                key,
+            }
+        } else {
+            Op::Attention {
+                batch,
+                seq,
+                heads,
+                head_dim,
+                causal,
+                dropout,
+                key,
+            }
+        }
+    }
+}
+
+impl Op {
+    /// The settings of an attention op, materialised or flash; `None` for any other op.
+    pub fn attention(&self) -> Option<AttentionSettings> {
+        let (flash, batch, seq, heads, head_dim, causal, dropout, key) = match *self {
+            Op::Attention {
+                batch,
+                seq,
+                heads,
+                head_dim,
+                causal,
+                dropout,
+                key,
+            } => (false, batch, seq, heads, head_dim, causal, dropout, key),
+            Op::FlashAttention {
+                batch,
+                seq,
+                heads,
+                head_dim,
+                causal,
+                dropout,
+                key,
+            } => (true, batch, seq, heads, head_dim, causal, dropout, key),
+            _ => return None,
+        };
+        Some(AttentionSettings {
+            flash,
+            batch,
+            seq,
+            heads,
+            head_dim,
+            causal,
+            dropout,
+            key,
+        })
+    }
 }
 
 impl Op {
