@@ -684,21 +684,34 @@ fn bn_grad_sums<T: Element>(
 /// A row's mean in f64: the forward's, and the one a rebuilding backward recomputes (the same
 /// sum in the same order, so the same bits).
 #[inline]
-fn row_mean(xr: impl Iterator<Item = f32>, n: usize) -> f64 {
-    xr.map(|v| v as f64).sum::<f64>() / n as f64
+fn row_mean<T: Element>(xr: &[T]) -> f64 {
+    sum_in_lanes(xr, |v| v as f64) / xr.len() as f64
+}
+
+/// `Σ f(x)` over a row in f64, in eight interleaved sums added in a fixed order at the end:
+/// eight independent chains of additions instead of one, whose latency bounded a row's
+/// statistics; the order depends on the row alone.
+#[inline(always)]
+fn sum_in_lanes<T: Element>(xr: &[T], f: impl Fn(f32) -> f64) -> f64 {
+    let mut acc = [0f64; 8];
+    let chunks = xr.chunks_exact(8);
+    let tail: f64 = chunks.remainder().iter().map(|v| f(v.to_f32())).sum();
+    for c in chunks {
+        for l in 0..8 {
+            acc[l] += f(c[l].to_f32());
+        }
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }
 
 /// Per-row mean and rstd in f64, two passes.
 #[inline]
-fn row_stats(xr: impl Iterator<Item = f32> + Clone, n: usize, epsilon: f32) -> (f32, f32) {
-    let mean = row_mean(xr.clone(), n);
-    let var = xr
-        .map(|v| {
-            let t = v as f64 - mean;
-            t * t
-        })
-        .sum::<f64>()
-        / n as f64;
+fn row_stats<T: Element>(xr: &[T], epsilon: f32) -> (f32, f32) {
+    let mean = row_mean(xr);
+    let var = sum_in_lanes(xr, |v| {
+        let t = v as f64 - mean;
+        t * t
+    }) / xr.len() as f64;
     (mean as f32, (1.0 / (var + epsilon as f64).sqrt()) as f32)
 }
 
@@ -742,7 +755,7 @@ fn ln_forward_core<T: Element>(
                 Some(x) => &x[r * c..(r + 1) * c],
                 None => yr,
             };
-            let (mean, rs) = row_stats(xr.iter().map(|v| v.to_f32()), c, epsilon);
+            let (mean, rs) = row_stats(xr, epsilon);
             sr[0] = rs;
             for ch in 0..c {
                 let xv = match src {
@@ -842,13 +855,15 @@ fn ln_backward_core<T: Element>(
             .to_f32()
                 * gamma[ch]
         };
-        let (mut s1, mut s2) = (0f32, 0f32);
+        // Eight interleaved sums (as `sum_in_lanes`): independent chains of additions.
+        let (mut s1, mut s2) = ([0f32; 8], [0f32; 8]);
         for ch in 0..c {
             let g = grad(ch, dxr);
-            s1 += g;
-            s2 += g * hat(r * c + ch);
+            s1[ch % 8] += g;
+            s2[ch % 8] += g * hat(r * c + ch);
         }
-        let (m1, m2) = (s1 * inv_c, s2 * inv_c);
+        let lanes = |a: [f32; 8]| ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+        let (m1, m2) = (lanes(s1) * inv_c, lanes(s2) * inv_c);
         let rs = rstd[r];
         for ch in 0..c {
             let g = grad(ch, dxr);
@@ -898,7 +913,7 @@ pub fn layer_norm_backward_rebuild<T: Element>(
         return Err(KernelError(format!("{op}: 0 features per row")));
     }
     rows(&mut mean[..d.rows], 1, c, |r, m| {
-        m[0] = row_mean(x[r * c..(r + 1) * c].iter().map(|v| v.to_f32()), c) as f32;
+        m[0] = row_mean(&x[r * c..(r + 1) * c]) as f32;
     });
     let mean = &*mean;
     let hat = |i: usize| T::from_f32((x[i].to_f32() - mean[i / c]) * rstd[i / c]).to_f32();
