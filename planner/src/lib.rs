@@ -11,6 +11,7 @@ pub mod autodiff;
 pub mod checkpoint;
 pub mod compile;
 pub mod cost;
+pub mod data_parallel;
 pub mod dtype;
 pub mod error;
 pub mod estimate;
