@@ -518,6 +518,100 @@ unsafe fn sgemm_raw(
     );
 }
 
+/// At most this many depth parts ([`depth_parts`]).
+const MAX_DEPTH_PARTS: usize = 8;
+
+/// The parts the depth `k` of an f32 product is cut into: more than one when the output is
+/// small against the depth (a weight gradient summed over every pixel or token of a batch).
+/// The gemm crate threads over blocks of the output only, so a 32×64 gradient over 36,864
+/// pixels ran on one core, at a fifth of the machine. A function of the shape alone, so the
+/// order of the sums does not depend on the thread count. Returns `(parts, depth per part)`.
+pub(crate) fn depth_parts(m: usize, n: usize, k: usize) -> (usize, usize) {
+    let side = m.max(n).max(1);
+    let parts = if k < 1024 {
+        1
+    } else {
+        (k / (2 * side)).clamp(1, MAX_DEPTH_PARTS)
+    };
+    let per = k.div_ceil(parts);
+    (k.div_ceil(per.max(1)), per)
+}
+
+/// [`sgemm_raw`], the depth cut into [`depth_parts`]: part 0 goes into `c` (with
+/// `dst_scale`), each later part into a buffer of its own (in parallel under `par`, each
+/// single-threaded), and the buffers are then added into `c` in part order.
+///
+/// # Safety
+/// As [`sgemm_raw`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn sgemm_depth_split(
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: Mat<f32>,
+    b: Mat<f32>,
+    dst_scale: Option<f32>,
+    c: MatMut<f32>,
+    par: Parallelism,
+) {
+    let (parts, per) = depth_parts(m, n, k);
+    if parts == 1 {
+        return sgemm_raw(m, n, k, alpha, a, b, dst_scale, c, par);
+    }
+    let mut partial = vec![0f32; (parts - 1) * m * n];
+    let part = |p: usize, out: MatMut<f32>, scale: Option<f32>| {
+        let k0 = p * per;
+        let kb = per.min(k - k0);
+        // SAFETY: the caller's views cover depth k; part p reads columns / rows k0..k0 + kb.
+        unsafe {
+            sgemm_raw(
+                m,
+                n,
+                kb,
+                alpha,
+                a.sub(0, k0),
+                b.sub(k0, 0),
+                scale,
+                out,
+                Parallelism::None,
+            )
+        }
+    };
+    let buffer = |chunk: &mut [f32]| MatMut {
+        ptr: chunk.as_mut_ptr(),
+        rs: n,
+        cs: 1,
+    };
+    if matches!(par, Parallelism::Rayon(_)) {
+        rayon::join(
+            || part(0, c, dst_scale),
+            || {
+                partial
+                    .par_chunks_mut(m * n)
+                    .enumerate()
+                    .for_each(|(p, chunk)| part(p + 1, buffer(chunk), None))
+            },
+        );
+    } else {
+        part(0, c, dst_scale);
+        for (p, chunk) in partial.chunks_mut(m * n).enumerate() {
+            part(p + 1, buffer(chunk), None);
+        }
+    }
+    let partial = &partial;
+    // SAFETY: c is valid for m×n and each row is touched by one task.
+    for_rows(m, n, par, |i| unsafe {
+        let row = c.sub(i, 0);
+        for j in 0..n {
+            let out = row.ptr.add(j * row.cs);
+            for q in 0..parts - 1 {
+                *out += partial[(q * m + i) * n + j];
+            }
+        }
+    });
+}
+
 /// `c = alpha·a·b + beta·c (+ bias[j] on every row)`, any storage, `f32` accumulation.
 ///
 /// `beta == 0` never reads `c`. `bias` (length ≥ n) is added in `f32` before the single
@@ -575,7 +669,7 @@ pub(crate) unsafe fn gemm_core<A: Element, B: Element, C: Element>(
     }
     if is_f32::<A>() && is_f32::<B>() && is_f32::<C>() {
         // SAFETY: A, B, C are f32 (TypeId checked), so the casts are identities.
-        sgemm_raw(
+        sgemm_depth_split(
             m,
             n,
             k,

@@ -25,7 +25,7 @@
 //! allocates a block now and then when work is injected from outside the pool) is not the
 //! `gemm` crate's and is not modelled.
 
-use crate::gemm::{is_f32, BLOCK_K, BLOCK_M, BLOCK_N};
+use crate::gemm::{depth_parts, is_f32, BLOCK_K, BLOCK_M, BLOCK_N};
 use crate::Element;
 use gemm::Parallelism;
 use gemm_common::cache::{kernel_params, KernelParams, CACHE_INFO};
@@ -277,6 +277,42 @@ fn f32_block_strides<S: Element>(src: Strides, rows: usize, cols: usize) -> Stri
     }
 }
 
+/// The heap of `sgemm_depth_split` (an all-f32 product): with one depth part, the library
+/// call's; with more, the buffer of the later parts' products plus the library heap of the
+/// parts that run at once — each part single-threaded, as many at once as the pool has
+/// threads (exact on one thread, a bound on more).
+#[allow(clippy::too_many_arguments)]
+fn depth_split_heap_bytes(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Strides,
+    b: Strides,
+    read_dst: bool,
+    c: Strides,
+    par: Parallelism,
+) -> usize {
+    let (parts, per) = depth_parts(m, n, k);
+    if parts == 1 {
+        return library_heap_bytes(m, n, k, a, b, read_dst, c, par);
+    }
+    let part = |p: usize| {
+        let kb = per.min(k - p * per);
+        let (read, dst) = if p == 0 {
+            (read_dst, c)
+        } else {
+            (false, Strides::row_major(n))
+        };
+        library_heap_bytes(m, n, kb, a, b, read, dst, Parallelism::None)
+    };
+    let largest = (0..parts).map(part).max().unwrap_or(0);
+    let at_once = match par {
+        Parallelism::None => 1,
+        _ => rayon::current_num_threads().clamp(1, parts),
+    };
+    (parts - 1) * m * n * size_of::<f32>() + at_once * largest
+}
+
 /// Peak heap bytes the `gemm` crate holds during one call of the crate's `gemm_core::<A, B, C>`
 /// with these dims, view strides, `beta`, bias presence and parallelism: the largest
 /// [`library_heap_bytes`] over the `sgemm_raw` calls it makes (they run one after another).
@@ -304,7 +340,7 @@ pub fn gemm_core_heap_bytes<A: Element, B: Element, C: Element>(
     // gemm_core folds beta and the bias into an f32 destination first, then adds with beta = 1.
     let beta = if c_is_f32 && bias { 1.0 } else { beta };
     if is_f32::<A>() && is_f32::<B>() && c_is_f32 {
-        return library_heap_bytes(m, n, k, a, b, beta != 0.0, c, par);
+        return depth_split_heap_bytes(m, n, k, a, b, beta != 0.0, c, par);
     }
     let mut peak = 0;
     for (mb, _) in pieces(m, BLOCK_M) {

@@ -427,9 +427,12 @@ fn gemm_core_matches_the_model_for_every_storage() {
         (300, 300, 300),
         (257, 1, 513),
         (600, 70, 40),
+        // Deep against its output: the depth cut into 8 parts (`depth_parts`).
+        (16, 24, 4096),
     ];
     if HEAVY {
         shapes.extend([
+            (32, 64, 36864),
             (128, 512, 784),
             (4096, 512, 784),
             (784, 512, 4096),
