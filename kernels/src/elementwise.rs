@@ -87,6 +87,14 @@ pub(crate) fn same_len(op: &str, a: &str, a_len: usize, b: &str, b_len: usize) -
     }
 }
 
+/// The sum of eight interleaved partial sums, in the one fixed order every lane-wise
+/// reduction uses (pairs four apart, then pairs of pairs): the result depends on the data
+/// alone.
+#[inline(always)]
+pub(crate) fn add_lanes<T: Copy + std::ops::Add<Output = T>>(a: [T; 8]) -> T {
+    ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))
+}
+
 /// `y[i] = f(x[i])`, in f32, parallel in chunks when large.
 pub(crate) fn map1<S: Element, D: Element>(x: &[S], y: &mut [D], f: impl Fn(f32) -> f32 + Sync) {
     map1_with(x, y, f)

@@ -25,6 +25,7 @@
 //! they hold).
 
 use crate::attention::AttentionDims;
+use crate::elementwise::add_lanes;
 use crate::fastmath::exp_with;
 use crate::gemm::{for_each_lane, gemm_core, is_f32, lanes_at_once, load_f32, Mat, MatMut};
 use crate::gemm_heap::{gemm_core_heap_bytes, Strides};
@@ -273,7 +274,7 @@ fn sum8(x: &[f32]) -> f32 {
             acc[l] += c[l];
         }
     }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+    add_lanes(acc) + tail
 }
 
 /// `max(init, max x)` in eight independent maxima (vectorises; comparisons, not `f32::max`,
@@ -317,7 +318,7 @@ fn dot8<T: Element>(a: &[T], b: &[T]) -> f32 {
             acc[l] += x[l].to_f32() * y[l].to_f32();
         }
     }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+    add_lanes(acc) + tail
 }
 
 /// `mul[c] = 1/(1−r)` when element `base + c` of the stream is kept, else 0; all ones without

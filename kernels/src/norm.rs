@@ -28,7 +28,7 @@
 // number; iterator zips of five slices read worse than the index.
 #![allow(clippy::needless_range_loop)]
 
-use crate::elementwise::{need, reduce_rows, rows, rows2, rows3};
+use crate::elementwise::{add_lanes, need, reduce_rows, rows, rows2, rows3};
 use crate::gemm::load_f32;
 use crate::{Element, KResult, KernelError};
 
@@ -701,7 +701,7 @@ fn sum_in_lanes<T: Element>(xr: &[T], f: impl Fn(f32) -> f64) -> f64 {
             acc[l] += f(c[l].to_f32());
         }
     }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+    add_lanes(acc) + tail
 }
 
 /// Per-row mean and rstd in f64, two passes.
@@ -862,8 +862,7 @@ fn ln_backward_core<T: Element>(
             s1[ch % 8] += g;
             s2[ch % 8] += g * hat(r * c + ch);
         }
-        let lanes = |a: [f32; 8]| ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
-        let (m1, m2) = (lanes(s1) * inv_c, lanes(s2) * inv_c);
+        let (m1, m2) = (add_lanes(s1) * inv_c, add_lanes(s2) * inv_c);
         let rs = rstd[r];
         for ch in 0..c {
             let g = grad(ch, dxr);
