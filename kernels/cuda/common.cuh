@@ -249,6 +249,30 @@ MW_DEV double mw_strip_sum(double v, double (*sh)[33]) {
     return t;
 }
 
+// A split column reduction (planner: `column_parts`) runs gridDim.z parts of a strip's rows:
+// rows [r0, r1) are part blockIdx.z's; all of them when the reduction is not split.
+MW_DEV void mw_part_rows(u64 rows, u64& r0, u64& r1) {
+    r0 = rows * blockIdx.z / gridDim.z;
+    r1 = rows * (blockIdx.z + 1) / gridDim.z;
+}
+
+// A strip's total for output i: added to out[i] when the reduction is not split (partials
+// null), else kept as this part's f64 partial sum, partials[part·stride + i], for the pass that
+// adds the parts (mw_add_parts or the op's own).
+MW_DEV void mw_strip_out(double total, float* out, double* partials, u64 stride, u64 i) {
+    if (partials)
+        partials[(u64)blockIdx.z * stride + i] = total;
+    else
+        out[i] += (float)total;
+}
+
+// Σ_p partials[p·stride + i] over the parts, in part order (deterministic).
+MW_DEV double mw_parts_total(const double* partials, u64 parts, u64 stride, u64 i) {
+    double t = 0.0;
+    for (u64 p = 0; p < parts; p++) t += partials[p * stride + i];
+    return t;
+}
+
 // The coordinates of flat element e of an NHWC tensor [.., h, w, c]: sample, row, column,
 // channel.
 struct MwNhwc {

@@ -122,9 +122,11 @@ template <typename T> MW_DEV void dw_bwd_dx(const T* w, const T* dy, T* dx, MwDe
     }
 }
 
-// dw[tap, o] += Σ_{s, oy, ox} x[s, iy, ix, o / m] · dy[s, oy, ox, o]: grid (⌈co/32⌉, kh·kw),
-// block (32, MW_STRIP_Y).
-template <typename T> MW_DEV void dw_bwd_dw(const T* x, const T* dy, float* dw, MwDepthwise d) {
+// dw[tap, o] += Σ_{s, oy, ox} x[s, iy, ix, o / m] · dy[s, oy, ox, o]: grid (⌈co/32⌉, kh·kw,
+// parts), block (32, MW_STRIP_Y). Split into parts (planner: column_parts over the output
+// positions), each part's sums go to partials [parts, kh·kw·co] for mw_add_parts instead.
+template <typename T>
+MW_DEV void dw_bwd_dw(const T* x, const T* dy, float* dw, MwDepthwise d, double* partials) {
     __shared__ double sh[MW_STRIP_Y][33];
     int co = d.c * d.m;
     int o = blockIdx.x * 32 + threadIdx.x;
@@ -133,8 +135,9 @@ template <typename T> MW_DEV void dw_bwd_dw(const T* x, const T* dy, float* dw, 
     float acc = 0.0f;
     if (o < co) {
         int ci = o / d.m;
-        u64 positions = (u64)d.n * d.oh * d.ow;
-        for (u64 p = threadIdx.y; p < positions; p += MW_STRIP_Y) {
+        u64 p0, p1;
+        mw_part_rows((u64)d.n * d.oh * d.ow, p0, p1);
+        for (u64 p = p0 + threadIdx.y; p < p1; p += MW_STRIP_Y) {
             int ox = (int)(p % d.ow);
             int oy = (int)((p / d.ow) % d.oh);
             u64 s = p / ((u64)d.ow * d.oh);
@@ -144,7 +147,8 @@ template <typename T> MW_DEV void dw_bwd_dw(const T* x, const T* dy, float* dw, 
         }
     }
     double t = mw_strip_sum((double)acc, sh);
-    if (o < co && threadIdx.y == 0) dw[(u64)tap * co + o] += (float)t;
+    if (o < co && threadIdx.y == 0)
+        mw_strip_out(t, dw, partials, (u64)d.kh * d.kw * co, (u64)tap * co + o);
 }
 
 #define MW_CONV(S, T)                                                                           \
@@ -164,7 +168,7 @@ template <typename T> MW_DEV void dw_bwd_dw(const T* x, const T* dy, float* dw, 
         dw_bwd_dx<T>(w, dy, dx, d);                                                             \
     }                                                                                           \
     extern "C" __global__ void mw_dw_bwd_dw_##S(const T* x, const T* dy, float* dw,             \
-                                                MwDepthwise d) {                                \
-        dw_bwd_dw<T>(x, dy, dw, d);                                                             \
+                                                MwDepthwise d, double* partials) {              \
+        dw_bwd_dw<T>(x, dy, dw, d, partials);                                                   \
     }
 MW_FLOATS(MW_CONV)

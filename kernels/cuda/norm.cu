@@ -4,6 +4,9 @@
 // MW_STRIP_Y row lanes per 32 channels; each lane sums its rows in f64, then the lanes are
 // combined in shared memory in a fixed order (deterministic, no atomics). A strip block first
 // takes its statistics, then writes its channels, so y may be x and dx may be dy (in place).
+// When a reduction has few strips and many rows, the planner splits its rows into parts
+// (`column_parts`, gridDim.z): each part's block writes f64 partial sums into the op's scratch,
+// and the next kernel adds the parts in order (mw_add_parts, or batch norm's own passes).
 // Layer norm runs one warp per row (MW_ROW_WARPS rows per block).
 //
 // Parameter gradients (dgamma, dbeta, bias gradients) are f32 and ACCUMULATED (+=); activation
@@ -12,21 +15,32 @@
 
 // ---- per-channel sums --------------------------------------------------------------------------
 
-// sums[j] += Σ_r m[r, j] over a row-major [rows, cols] matrix (bias gradients).
-template <typename T> MW_DEV void column_sums(const T* m, u64 rows, u64 cols, float* sums) {
+// sums[j] += Σ_r m[r, j] over a row-major [rows, cols] matrix (bias gradients); split, each
+// part's sums go to partials [parts, cols] instead (sums unused).
+template <typename T>
+MW_DEV void column_sums(const T* m, u64 rows, u64 cols, float* sums, double* partials) {
     __shared__ double sh[MW_STRIP_Y][33];
     u64 j = (u64)blockIdx.x * 32 + threadIdx.x;
+    u64 r0, r1;
+    mw_part_rows(rows, r0, r1);
     double acc = 0.0;
     if (j < cols)
-        for (u64 r = threadIdx.y; r < rows; r += MW_STRIP_Y) acc += (double)ld(m[r * cols + j]);
+        for (u64 r = r0 + threadIdx.y; r < r1; r += MW_STRIP_Y) acc += (double)ld(m[r * cols + j]);
     acc = mw_strip_sum(acc, sh);
-    if (threadIdx.y == 0 && j < cols) sums[j] += (float)acc;
+    if (threadIdx.y == 0 && j < cols) mw_strip_out(acc, sums, partials, cols, j);
 }
 #define MW_COLUMN_SUMS(S, T)                                                                    \
-    extern "C" __global__ void mw_column_sums_##S(const T* m, u64 rows, u64 cols, float* sums) { \
-        column_sums<T>(m, rows, cols, sums);                                                    \
+    extern "C" __global__ void mw_column_sums_##S(const T* m, u64 rows, u64 cols, float* sums,  \
+                                                  double* partials) {                           \
+        column_sums<T>(m, rows, cols, sums, partials);                                          \
     }
 MW_FLOATS(MW_COLUMN_SUMS)
+
+// out[i] += Σ_p partials[p·stride + i] for i < n: the second pass of a split column reduction.
+extern "C" __global__ void mw_add_parts(const double* partials, u64 parts, u64 stride, u64 n,
+                                        float* out) {
+    MW_FOR(i, n) out[i] += (float)mw_parts_total(partials, parts, stride, i);
+}
 
 // ---- batch norm --------------------------------------------------------------------------------
 
@@ -34,29 +48,58 @@ MW_FLOATS(MW_COLUMN_SUMS)
 // passes), x_hat = (x − mean_hi − mean_lo)·inv_std (the mean applied as an f32 hi/lo pair, as
 // on the CPU), y = gamma·x_hat + beta; saves mean ([2, c]: hi, then lo) and inv_std; moves the running
 // statistics unless they are null (a recompute must not move them twice).
+// Σ (x − mean)² down channel `ch` over the rows [r0, r1) of the block's strip (f64).
 template <typename T>
-MW_DEV void bn_train_fwd(const T* x, T* y, T* x_hat, float* mean, float* inv_std,
-                         float* run_mean, float* run_var, const float* gamma, const float* beta,
-                         u64 rows, u64 c, float eps, float momentum) {
-    __shared__ double sh[MW_STRIP_Y][33];
-    u64 ch = (u64)blockIdx.x * 32 + threadIdx.x;
-    bool ok = ch < c;
-    double s = 0.0;
-    if (ok)
-        for (u64 r = threadIdx.y; r < rows; r += MW_STRIP_Y) s += (double)ld(x[r * c + ch]);
-    double mu = mw_strip_sum(s, sh) / (double)rows;
+MW_DEV double bn_sq_dev(const T* x, u64 r0, u64 r1, u64 c, u64 ch, bool ok, double mu,
+                        double (*sh)[33]) {
     double v = 0.0;
     if (ok)
-        for (u64 r = threadIdx.y; r < rows; r += MW_STRIP_Y) {
+        for (u64 r = r0 + threadIdx.y; r < r1; r += MW_STRIP_Y) {
             double t = (double)ld(x[r * c + ch]) - mu;
             v += t * t;
         }
-    double var = mw_strip_sum(v, sh) / (double)rows;
+    return mw_strip_sum(v, sh);
+}
+
+// Split statistics, second pass: with the parts' column sums of x in partials [parts, c]
+// (mw_column_sums), each part's Σ (x − mean)² into partials [parts + part, c].
+template <typename T> MW_DEV void bn_var_parts(const T* x, u64 rows, u64 c, double* partials) {
+    __shared__ double sh[MW_STRIP_Y][33];
+    u64 ch = (u64)blockIdx.x * 32 + threadIdx.x;
+    bool ok = ch < c;
+    u64 r0, r1, parts = gridDim.z;
+    mw_part_rows(rows, r0, r1);
+    double mu = ok ? mw_parts_total(partials, parts, c, ch) / (double)rows : 0.0;
+    double v = bn_sq_dev(x, r0, r1, c, ch, ok, mu, sh);
+    if (ok && threadIdx.y == 0) partials[(parts + blockIdx.z) * c + ch] = v;
+}
+
+template <typename T>
+MW_DEV void bn_train_fwd(const T* x, T* y, T* x_hat, float* mean, float* inv_std,
+                         float* run_mean, float* run_var, const float* gamma, const float* beta,
+                         u64 rows, u64 c, float eps, float momentum, const double* partials) {
+    __shared__ double sh[MW_STRIP_Y][33];
+    u64 ch = (u64)blockIdx.x * 32 + threadIdx.x;
+    bool ok = ch < c;
+    u64 r0, r1;
+    mw_part_rows(rows, r0, r1);
+    double mu, var;
+    if (partials) { // split: the statistics are the parts' sums (mw_column_sums, bn_var_parts)
+        u64 parts = gridDim.z;
+        mu = ok ? mw_parts_total(partials, parts, c, ch) / (double)rows : 0.0;
+        var = ok ? mw_parts_total(partials + parts * c, parts, c, ch) / (double)rows : 0.0;
+    } else {
+        double s = 0.0;
+        if (ok)
+            for (u64 r = r0 + threadIdx.y; r < r1; r += MW_STRIP_Y) s += (double)ld(x[r * c + ch]);
+        mu = mw_strip_sum(s, sh) / (double)rows;
+        var = bn_sq_dev(x, r0, r1, c, ch, ok, mu, sh) / (double)rows;
+    }
     if (!ok) return;
     float hi = (float)mu;
     float lo = (float)(mu - (double)hi);
     float inv = (float)(1.0 / sqrt(var + (double)eps));
-    if (threadIdx.y == 0) {
+    if (threadIdx.y == 0 && blockIdx.z == 0) {
         mean[ch] = hi;
         mean[c + ch] = lo;
         inv_std[ch] = inv;
@@ -66,7 +109,7 @@ MW_DEV void bn_train_fwd(const T* x, T* y, T* x_hat, float* mean, float* inv_std
         }
     }
     float g = gamma[ch], b = beta[ch];
-    for (u64 r = threadIdx.y; r < rows; r += MW_STRIP_Y) {
+    for (u64 r = r0 + threadIdx.y; r < r1; r += MW_STRIP_Y) {
         float h = (ld(x[r * c + ch]) - hi - lo) * inv;
         x_hat[r * c + ch] = st<T>(h);
         y[r * c + ch] = st<T>(g * h + b);
@@ -88,18 +131,55 @@ MW_DEV void bn_infer(const T* x, T* y, const float* gamma, const float* beta, co
 // channel strip (`ok`: the channel exists). Every thread of the block calls it: the strip sums
 // synchronise.
 // `hat(i)` is x̂ at element i (MwKeptHat or MwRebuiltHat below).
+// Split (gridDim.z parts), the sums are over the block's part of the rows.
 template <typename T, typename H>
 MW_DEV void mw_channel_grad_sums(H hat, const T* dy, u64 rows, u64 c, u64 ch, bool ok,
-                                 double (*sh)[33], float& sum_dy, float& sum_dyh) {
+                                 double (*sh)[33], double& sum_dy, double& sum_dyh) {
+    u64 r0, r1;
+    mw_part_rows(rows, r0, r1);
     double s1 = 0.0, s2 = 0.0;
     if (ok)
-        for (u64 r = threadIdx.y; r < rows; r += MW_STRIP_Y) {
+        for (u64 r = r0 + threadIdx.y; r < r1; r += MW_STRIP_Y) {
             double g = (double)ld(dy[r * c + ch]);
             s1 += g;
             s2 += g * (double)hat(r * c + ch);
         }
-    sum_dy = (float)mw_strip_sum(s1, sh);
-    sum_dyh = (float)mw_strip_sum(s2, sh);
+    sum_dy = mw_strip_sum(s1, sh);
+    sum_dyh = mw_strip_sum(s2, sh);
+}
+
+// A channel's Σ dy and Σ dy·x̂: this strip's own (partials null), or the parts' sums that
+// mw_channel_grad_parts left in partials [parts, 2c] (Σ dy, then Σ dy·x̂, per part).
+template <typename T, typename H>
+MW_DEV void mw_channel_grad_totals(H hat, const T* dy, u64 rows, u64 c, u64 ch, bool ok,
+                                   const double* partials, double (*sh)[33], float& sum_dy,
+                                   float& sum_dyh) {
+    double a = 0.0, b = 0.0;
+    if (partials) {
+        if (ok) {
+            a = mw_parts_total(partials, gridDim.z, 2 * c, ch);
+            b = mw_parts_total(partials + c, gridDim.z, 2 * c, ch);
+        }
+    } else {
+        mw_channel_grad_sums(hat, dy, rows, c, ch, ok, sh, a, b);
+    }
+    sum_dy = (float)a;
+    sum_dyh = (float)b;
+}
+
+// Split parameter gradients, first pass: each part's Σ dy and Σ dy·x̂ per channel into
+// partials [parts, 2c] (dbeta's sums, then dgamma's), for mw_add_parts or bn_bwd.
+template <typename T, typename H>
+MW_DEV void mw_channel_grad_parts(H hat, const T* dy, u64 rows, u64 c, double* partials) {
+    __shared__ double sh[MW_STRIP_Y][33];
+    u64 ch = (u64)blockIdx.x * 32 + threadIdx.x;
+    bool ok = ch < c;
+    double a, b;
+    mw_channel_grad_sums(hat, dy, rows, c, ch, ok, sh, a, b);
+    if (ok && threadIdx.y == 0) {
+        partials[(u64)blockIdx.z * 2 * c + ch] = a;
+        partials[(u64)blockIdx.z * 2 * c + c + ch] = b;
+    }
 }
 
 // x̂ as the forward kept it.
@@ -123,22 +203,26 @@ template <typename T> struct MwRebuiltHat {
 
 // Backward: dx = gamma·inv_std·(dy − (Σdy + x_hat·Σ(dy·x_hat))/rows) (overwritten),
 // dgamma += Σ dy·x_hat, dbeta += Σ dy; `hat(i)` is x̂ at element i.
+// Split, the sums are the parts' (partials from mw_channel_grad_parts) and each part's block
+// writes its rows' dx.
 template <typename T, typename H>
 MW_DEV void bn_bwd(H hat, const float* inv_std, const float* gamma, const T* dy, T* dx,
-                   float* dgamma, float* dbeta, u64 rows, u64 c) {
+                   float* dgamma, float* dbeta, u64 rows, u64 c, const double* partials) {
     __shared__ double sh[MW_STRIP_Y][33];
     u64 ch = (u64)blockIdx.x * 32 + threadIdx.x;
     bool ok = ch < c;
     float sum_dy, sum_dyh;
-    mw_channel_grad_sums(hat, dy, rows, c, ch, ok, sh, sum_dy, sum_dyh);
+    mw_channel_grad_totals(hat, dy, rows, c, ch, ok, partials, sh, sum_dy, sum_dyh);
     if (!ok) return;
-    if (threadIdx.y == 0) {
+    if (threadIdx.y == 0 && blockIdx.z == 0) {
         dbeta[ch] += sum_dy;
         dgamma[ch] += sum_dyh;
     }
     float coef = gamma[ch] * inv_std[ch];
     float inv_m = 1.0f / (float)rows;
-    for (u64 r = threadIdx.y; r < rows; r += MW_STRIP_Y) {
+    u64 r0, r1;
+    mw_part_rows(rows, r0, r1);
+    for (u64 r = r0 + threadIdx.y; r < r1; r += MW_STRIP_Y) {
         float g = ld(dy[r * c + ch]);
         float h = hat(r * c + ch);
         dx[r * c + ch] = st<T>(coef * (g - (sum_dy + h * sum_dyh) * inv_m));
@@ -149,9 +233,13 @@ MW_DEV void bn_bwd(H hat, const float* inv_std, const float* gamma, const T* dy,
     extern "C" __global__ void mw_bn_train_fwd_##S(                                             \
         const T* x, T* y, T* x_hat, float* mean, float* inv_std, float* run_mean,               \
         float* run_var, const float* gamma, const float* beta, u64 rows, u64 c, float eps,      \
-        float momentum) {                                                                       \
+        float momentum, const double* partials) {                                               \
         bn_train_fwd<T>(x, y, x_hat, mean, inv_std, run_mean, run_var, gamma, beta, rows, c,    \
-                        eps, momentum);                                                         \
+                        eps, momentum, partials);                                               \
+    }                                                                                           \
+    extern "C" __global__ void mw_bn_var_parts_##S(const T* x, u64 rows, u64 c,                 \
+                                                   double* partials) {                          \
+        bn_var_parts<T>(x, rows, c, partials);                                                  \
     }                                                                                           \
     extern "C" __global__ void mw_bn_infer_##S(const T* x, T* y, const float* gamma,            \
                                                const float* beta, const float* rm,              \
@@ -160,14 +248,25 @@ MW_DEV void bn_bwd(H hat, const float* inv_std, const float* gamma, const T* dy,
     }                                                                                           \
     extern "C" __global__ void mw_bn_bwd_##S(const T* x_hat, const float* inv_std,              \
                                              const float* gamma, const T* dy, T* dx,            \
-                                             float* dgamma, float* dbeta, u64 rows, u64 c) {    \
-        bn_bwd<T>(MwKeptHat<T>{x_hat}, inv_std, gamma, dy, dx, dgamma, dbeta, rows, c);         \
+                                             float* dgamma, float* dbeta, u64 rows, u64 c,      \
+                                             const double* partials) {                          \
+        bn_bwd<T>(MwKeptHat<T>{x_hat}, inv_std, gamma, dy, dx, dgamma, dbeta, rows, c,          \
+                  partials);                                                                    \
     }                                                                                           \
     extern "C" __global__ void mw_bn_bwd_rebuild_##S(                                           \
         const T* x, const float* mean, const float* inv_std, const float* gamma, const T* dy,   \
-        T* dx, float* dgamma, float* dbeta, u64 rows, u64 c) {                                  \
+        T* dx, float* dgamma, float* dbeta, u64 rows, u64 c, const double* partials) {          \
         bn_bwd<T>(MwRebuiltHat<T>{x, mean, inv_std, c}, inv_std, gamma, dy, dx, dgamma, dbeta,  \
-                  rows, c);                                                                     \
+                  rows, c, partials);                                                           \
+    }                                                                                           \
+    extern "C" __global__ void mw_bn_grad_parts_##S(const T* x_hat, const T* dy, u64 rows,      \
+                                                    u64 c, double* partials) {                  \
+        mw_channel_grad_parts(MwKeptHat<T>{x_hat}, dy, rows, c, partials);                      \
+    }                                                                                           \
+    extern "C" __global__ void mw_bn_grad_parts_rebuild_##S(                                    \
+        const T* x, const float* mean, const float* inv_std, const T* dy, u64 rows, u64 c,      \
+        double* partials) {                                                                     \
+        mw_channel_grad_parts(MwRebuiltHat<T>{x, mean, inv_std, c}, dy, rows, c, partials);     \
     }
 MW_FLOATS(MW_BN)
 
@@ -210,16 +309,23 @@ MW_DEV void ln_fwd(const T* x, T* y, T* x_hat, float* rstd, const float* gamma,
 // dgamma += Σ_rows dy·x_hat, dbeta += Σ_rows dy (a channel strip; dbeta may be null). Run it
 // before mw_ln_bwd when dx is written over dy. Group and RMS norm use it too.
 // `hat(i)` is x̂ at element i (MwKeptHat, or MwRowRebuiltHat below).
+// Split (partials non-null), each part's sums go to partials [parts, 2c] instead, and
+// mw_add_parts adds them into dbeta and dgamma.
 template <typename T, typename H>
-MW_DEV void ln_param_grads(H hat, const T* dy, float* dgamma, float* dbeta, u64 rows, u64 c) {
+MW_DEV void ln_param_grads(H hat, const T* dy, float* dgamma, float* dbeta, u64 rows, u64 c,
+                           double* partials) {
+    if (partials) {
+        mw_channel_grad_parts(hat, dy, rows, c, partials);
+        return;
+    }
     __shared__ double sh[MW_STRIP_Y][33];
     u64 ch = (u64)blockIdx.x * 32 + threadIdx.x;
     bool ok = ch < c;
-    float a, b;
+    double a, b;
     mw_channel_grad_sums(hat, dy, rows, c, ch, ok, sh, a, b);
     if (ok && threadIdx.y == 0) {
-        if (dbeta) dbeta[ch] += a; // null for RMS norm, which has no shift
-        dgamma[ch] += b;
+        if (dbeta) dbeta[ch] += (float)a; // null for RMS norm, which has no shift
+        dgamma[ch] += (float)b;
     }
 }
 
@@ -276,8 +382,9 @@ MW_DEV void ln_bwd(H hat, const float* rstd, const float* gamma, const T* dy, T*
         ln_fwd<T>(x, y, x_hat, rstd, gamma, beta, rows, c, eps);                                \
     }                                                                                           \
     extern "C" __global__ void mw_ln_param_grads_##S(const T* x_hat, const T* dy, float* dgamma, \
-                                                     float* dbeta, u64 rows, u64 c) {           \
-        ln_param_grads<T>(MwKeptHat<T>{x_hat}, dy, dgamma, dbeta, rows, c);                     \
+                                                     float* dbeta, u64 rows, u64 c,             \
+                                                     double* partials) {                        \
+        ln_param_grads<T>(MwKeptHat<T>{x_hat}, dy, dgamma, dbeta, rows, c, partials);           \
     }                                                                                           \
     extern "C" __global__ void mw_ln_bwd_##S(const T* x_hat, const float* rstd,                 \
                                              const float* gamma, const T* dy, T* dx, u64 rows,  \
@@ -289,8 +396,9 @@ MW_DEV void ln_bwd(H hat, const float* rstd, const float* gamma, const T* dy, T*
     }                                                                                           \
     extern "C" __global__ void mw_ln_param_grads_rebuild_##S(                                   \
         const T* x, const float* mean, const float* rstd, const T* dy, float* dgamma,           \
-        float* dbeta, u64 rows, u64 c) {                                                        \
-        ln_param_grads<T>(MwRowRebuiltHat<T>{x, mean, rstd, c}, dy, dgamma, dbeta, rows, c);    \
+        float* dbeta, u64 rows, u64 c, double* partials) {                                      \
+        ln_param_grads<T>(MwRowRebuiltHat<T>{x, mean, rstd, c}, dy, dgamma, dbeta, rows, c,     \
+                          partials);                                                            \
     }                                                                                           \
     extern "C" __global__ void mw_ln_bwd_rebuild_##S(const T* x, const float* mean,             \
                                                      const float* rstd, const float* gamma,     \

@@ -103,6 +103,44 @@ fn u(n: usize) -> KArg {
     KArg::U64(n as u64)
 }
 
+/// Row parts a column reduction runs in (the planner's `column_parts`): not split, and split
+/// into three (grid z) with f64 partial sums.
+const SPLITS: [usize; 2] = [1, 3];
+
+/// Room for a split reduction's partial sums, `values` per part, NaN so that a partial no
+/// kernel wrote shows in the result.
+fn partials(parts: usize, values: usize) -> Vec<f64> {
+    vec![f64::NAN; parts * values]
+}
+
+/// The kernels' partial-sums argument: NULL when the reduction is not split.
+fn parts_arg(v: &mut [f64], parts: usize) -> KArg {
+    if parts > 1 {
+        pm(v)
+    } else {
+        NULL
+    }
+}
+
+/// A split reduction's second pass as the CUDA glue runs it (`mw_add_parts`):
+/// `out[i] += Σ_p partials[first + p·stride + i]`; nothing when not split.
+fn add_parts(partials: &[f64], parts: usize, first: usize, stride: usize, out: &mut [f32]) {
+    if parts == 1 {
+        return;
+    }
+    run(
+        "mw_add_parts",
+        LaunchCfg::pointwise(out.len() as u64),
+        vec![
+            p(&partials[first..]),
+            u(parts),
+            u(stride),
+            u(out.len()),
+            pm(out),
+        ],
+    );
+}
+
 struct Rng(u64);
 impl Rng {
     fn new(seed: u64) -> Rng {
@@ -546,6 +584,36 @@ fn activation() {
 // ---------------------------------------------------------------------------------------------
 // loss.cu
 
+/// A loss value as the CUDA glue runs it: the value kernel `name` on `args` (the partial sums'
+/// argument appended) on one block, or on `parts` blocks followed by `mw_loss_value_parts`
+/// adding their results into `loss` as `weight · sum / denom`.
+fn loss_value(
+    name: &str,
+    mut args: Vec<KArg>,
+    parts: usize,
+    (denom, weight): (f64, f32),
+    loss: &mut [f32; 1],
+    sc: &mut MwScalars,
+) {
+    let mut pv = partials(parts, 3);
+    args.push(parts_arg(&mut pv, parts));
+    run(name, LaunchCfg::single().with_blocks(parts as u32), args);
+    if parts > 1 {
+        run(
+            "mw_loss_value_parts",
+            LaunchCfg::pointwise(1),
+            vec![
+                p(&pv),
+                u(parts),
+                KArg::F64(denom),
+                KArg::F32(weight),
+                pm(loss),
+                scal(sc),
+            ],
+        );
+    }
+}
+
 fn scce_case<P: Ty, G: Ty>(r: &mut Rng) {
     let (weight, scale) = (0.7f32, 8.0f32);
     for classes in [10usize, 130] {
@@ -583,11 +651,9 @@ fn scce_case<P: Ty, G: Ty>(r: &mut Rng) {
             ],
         );
         close("scce gradient", &g, &want, G::REL, 1e-7);
-        let mut loss = [0f32];
-        run(
-            &name1("mw_scce_value", P::F),
-            LaunchCfg::single(),
-            vec![
+        for parts in [1, 4] {
+            let (mut loss, mut sc) = ([0f32], MwScalars::default());
+            let args = vec![
                 p(&probs),
                 p(&labels),
                 u(rows),
@@ -595,19 +661,29 @@ fn scce_case<P: Ty, G: Ty>(r: &mut Rng) {
                 KArg::F32(weight),
                 pm(&mut loss),
                 scal(&mut sc),
-            ],
-        );
-        close("scce loss", &loss, &[weight * res.loss], 1e-6, 0.0);
-        assert_eq!(sc.correct as usize, res.correct, "scce correct count");
-        assert_eq!(sc.bad_index, 0);
-        // A label out of range: no value, and the sample is named.
+            ];
+            let name = name1("mw_scce_value", P::F);
+            loss_value(
+                &name,
+                args,
+                parts,
+                (rows as f64, weight),
+                &mut loss,
+                &mut sc,
+            );
+            close("scce loss", &loss, &[weight * res.loss], 1e-6, 0.0);
+            assert_eq!(
+                sc.correct as usize, res.correct,
+                "scce correct count, {parts} parts"
+            );
+            assert_eq!(sc.bad_index, 0);
+        }
+        // A label out of range: no value, and the first such sample is named, split or not.
         labels[5] = classes as i32;
-        labels[9] = -1;
-        let mut sc = MwScalars::default();
-        run(
-            &name1("mw_scce_value", P::F),
-            LaunchCfg::single(),
-            vec![
+        labels[30] = -1;
+        for parts in [1, 4] {
+            let (mut loss, mut sc) = ([0f32], MwScalars::default());
+            let args = vec![
                 p(&probs),
                 p(&labels),
                 u(rows),
@@ -615,10 +691,23 @@ fn scce_case<P: Ty, G: Ty>(r: &mut Rng) {
                 KArg::F32(weight),
                 pm(&mut loss),
                 scal(&mut sc),
-            ],
-        );
-        assert_eq!(sc.bad_index, 6, "first bad label is sample 5");
-        assert!(loss[0].is_nan());
+            ];
+            let name = name1("mw_scce_value", P::F);
+            loss_value(
+                &name,
+                args,
+                parts,
+                (rows as f64, weight),
+                &mut loss,
+                &mut sc,
+            );
+            assert_eq!(
+                sc.bad_index, 6,
+                "first bad label is sample 5 ({parts} parts)"
+            );
+            assert!(loss[0].is_nan());
+        }
+        labels[9] = -1;
         assert!(
             k::loss::sparse_categorical_crossentropy_eval(&probs, &labels, rows, classes).is_err()
         );
@@ -722,11 +811,9 @@ fn elem_loss_case<P: Ty, Y: Ty>(r: &mut Rng) {
                 ],
             );
             close(&format!("loss {kind} gradient"), &g, &want, P::REL, 1e-7);
-            let mut loss = [0f32];
-            run(
-                &names.1,
-                LaunchCfg::single(),
-                vec![
+            for parts in [1, 5] {
+                let mut loss = [0f32];
+                let args = vec![
                     KArg::I32(kind),
                     p(&pr),
                     p(&t),
@@ -734,15 +821,11 @@ fn elem_loss_case<P: Ty, Y: Ty>(r: &mut Rng) {
                     KArg::F64(denom),
                     KArg::F32(weight),
                     pm(&mut loss),
-                ],
-            );
-            close(
-                &format!("loss {kind} value"),
-                &loss,
-                &[weight * lv],
-                1e-6,
-                0.0,
-            );
+                ];
+                loss_value(&names.1, args, parts, (denom, weight), &mut loss, &mut sc);
+                let what = format!("loss {kind} value, {parts} parts");
+                close(&what, &loss, &[weight * lv], 1e-6, 0.0);
+            }
         }
     }
 }
@@ -785,20 +868,26 @@ fn kl_case<T: Ty>(r: &mut Rng) {
     );
     close("kl dmean", &dm, &wm, T::REL, 1e-7);
     close("kl dlogvar", &dl, &wl, T::REL, 1e-7);
-    let mut loss = [0f32];
-    run(
-        &name1("mw_kl_value", T::F),
-        LaunchCfg::single(),
-        vec![
+    for parts in [1, 3] {
+        let (mut loss, mut sc) = ([0f32], MwScalars::default());
+        let args = vec![
             p(&mean),
             p(&logvar),
             u(n),
             u(rows),
             KArg::F32(w),
             pm(&mut loss),
-        ],
-    );
-    close("kl value", &loss, &[w * lv], 1e-6, 0.0);
+        ];
+        let name = name1("mw_kl_value", T::F);
+        loss_value(&name, args, parts, (rows as f64, w), &mut loss, &mut sc);
+        close(
+            &format!("kl value, {parts} parts"),
+            &loss,
+            &[w * lv],
+            1e-6,
+            0.0,
+        );
+    }
 }
 
 fn loss() {
@@ -814,21 +903,37 @@ fn loss() {
 fn column_sums_case<T: Ty>(r: &mut Rng) {
     let (rows, cols) = (517usize, 45usize);
     let m: Vec<T> = r.t(rows * cols, -1.0, 1.0);
-    let mut sums = r.vec(cols, -1.0, 1.0);
+    let sums0 = r.vec(cols, -1.0, 1.0);
     let want: Vec<f32> = (0..cols)
         .map(|j| {
-            sums[j]
+            sums0[j]
                 + (0..rows)
                     .map(|i| m[i * cols + j].to_f32() as f64)
                     .sum::<f64>() as f32
         })
         .collect();
-    run(
-        &name1("mw_column_sums", T::F),
-        LaunchCfg::strip(cols as u64, 1),
-        vec![p(&m), u(rows), u(cols), pm(&mut sums)],
-    );
-    close("column sums", &sums, &want, 1e-5, 1e-5);
+    for parts in SPLITS {
+        let (mut sums, mut pv) = (sums0.clone(), partials(parts, cols));
+        run(
+            &name1("mw_column_sums", T::F),
+            LaunchCfg::strip_parts(cols as u64, 1, parts as u32),
+            vec![
+                p(&m),
+                u(rows),
+                u(cols),
+                pm(&mut sums),
+                parts_arg(&mut pv, parts),
+            ],
+        );
+        add_parts(&pv, parts, 0, cols, &mut sums);
+        close(
+            &format!("column sums in {parts} parts"),
+            &sums,
+            &want,
+            1e-5,
+            1e-5,
+        );
+    }
 }
 
 fn bn_case<T: Ty>(r: &mut Rng) {
@@ -844,7 +949,14 @@ fn bn_case<T: Ty>(r: &mut Rng) {
     let beta = r.vec(c, -0.5, 0.5);
     let rm0 = r.vec(c, -1.0, 1.0);
     let rv0 = r.vec(c, 0.5, 2.0);
-    for (running, in_place) in [(true, false), (false, false), (true, true)] {
+    let cases = [
+        (true, false, 1),
+        (false, false, 1),
+        (true, true, 1),
+        (true, true, 3),
+        (false, false, 3),
+    ];
+    for (running, in_place, parts) in cases {
         let (mut wy, mut wh, mut wmean, mut winv) = (
             zeros::<T>(rows * c),
             zeros::<T>(rows * c),
@@ -885,9 +997,24 @@ fn bn_case<T: Ty>(r: &mut Rng) {
         } else {
             (NULL, NULL)
         };
+        // Split: the parts' Σx, then their Σ(x − mean)², as the CUDA glue launches them.
+        let (strip, mut pv) = (
+            LaunchCfg::strip_parts(c as u64, 1, parts as u32),
+            partials(parts, 2 * c),
+        );
+        let pa = parts_arg(&mut pv, parts);
+        if parts > 1 {
+            let sums = vec![xin, u(rows), u(c), NULL, pa];
+            run(&name1("mw_column_sums", T::F), strip, sums);
+            run(
+                &name1("mw_bn_var_parts", T::F),
+                strip,
+                vec![xin, u(rows), u(c), pa],
+            );
+        }
         run(
             &name1("mw_bn_train_fwd", T::F),
-            LaunchCfg::strip(c as u64, 1),
+            strip,
             vec![
                 xin,
                 pm(&mut y),
@@ -902,6 +1029,7 @@ fn bn_case<T: Ty>(r: &mut Rng) {
                 u(c),
                 KArg::F32(cfg.epsilon),
                 KArg::F32(cfg.momentum),
+                pa,
             ],
         );
         close("bn y", &y, &wy, T::REL, 1e-5);
@@ -962,7 +1090,7 @@ fn bn_case<T: Ty>(r: &mut Rng) {
         },
     )
     .unwrap();
-    for in_place in [false, true] {
+    for (in_place, parts) in [(false, 1), (true, 1), (false, 3), (true, 3)] {
         let mut dx = if in_place {
             dy.clone()
         } else {
@@ -970,9 +1098,18 @@ fn bn_case<T: Ty>(r: &mut Rng) {
         };
         let (mut dg, mut db) = (dg0.clone(), db0.clone());
         let dyin = if in_place { pm(&mut dx) } else { p(&dy) };
+        let (strip, mut pv) = (
+            LaunchCfg::strip_parts(c as u64, 1, parts as u32),
+            partials(parts, 2 * c),
+        );
+        let pa = parts_arg(&mut pv, parts);
+        if parts > 1 {
+            let sums = vec![p(&h), dyin, u(rows), u(c), pa];
+            run(&name1("mw_bn_grad_parts", T::F), strip, sums);
+        }
         run(
             &name1("mw_bn_bwd", T::F),
-            LaunchCfg::strip(c as u64, 1),
+            strip,
             vec![
                 p(&h),
                 p(&inv),
@@ -983,6 +1120,7 @@ fn bn_case<T: Ty>(r: &mut Rng) {
                 pm(&mut db),
                 u(rows),
                 u(c),
+                pa,
             ],
         );
         close("bn dx", &dx, &wdx, T::REL, 2e-5);
@@ -1010,26 +1148,38 @@ fn bn_case<T: Ty>(r: &mut Rng) {
         },
     )
     .unwrap();
-    let (mut dx, mut dg, mut db) = (zeros::<T>(rows * c), dg0.clone(), db0.clone());
-    run(
-        &name1("mw_bn_bwd_rebuild", T::F),
-        LaunchCfg::strip(c as u64, 1),
-        vec![
-            p(&x),
-            p(&mean),
-            p(&inv),
-            p(&gamma),
-            p(&dy),
-            pm(&mut dx),
-            pm(&mut dg),
-            pm(&mut db),
-            u(rows),
-            u(c),
-        ],
-    );
-    close("bn rebuild dx", &dx, &wdx, T::REL, 2e-5);
-    close("bn rebuild dgamma", &dg, &wdg, 1e-5, 1e-4);
-    close("bn rebuild dbeta", &db, &wdb, 1e-5, 1e-4);
+    for parts in SPLITS {
+        let (mut dx, mut dg, mut db) = (zeros::<T>(rows * c), dg0.clone(), db0.clone());
+        let (strip, mut pv) = (
+            LaunchCfg::strip_parts(c as u64, 1, parts as u32),
+            partials(parts, 2 * c),
+        );
+        let pa = parts_arg(&mut pv, parts);
+        if parts > 1 {
+            let sums = vec![p(&x), p(&mean), p(&inv), p(&dy), u(rows), u(c), pa];
+            run(&name1("mw_bn_grad_parts_rebuild", T::F), strip, sums);
+        }
+        run(
+            &name1("mw_bn_bwd_rebuild", T::F),
+            strip,
+            vec![
+                p(&x),
+                p(&mean),
+                p(&inv),
+                p(&gamma),
+                p(&dy),
+                pm(&mut dx),
+                pm(&mut dg),
+                pm(&mut db),
+                u(rows),
+                u(c),
+                pa,
+            ],
+        );
+        close("bn rebuild dx", &dx, &wdx, T::REL, 2e-5);
+        close("bn rebuild dgamma", &dg, &wdg, 1e-5, 1e-4);
+        close("bn rebuild dbeta", &db, &wdb, 1e-5, 1e-4);
+    }
 }
 
 fn ln_case<T: Ty>(r: &mut Rng) {
@@ -1090,7 +1240,7 @@ fn ln_case<T: Ty>(r: &mut Rng) {
             },
         )
         .unwrap();
-        for in_place in [false, true] {
+        for (in_place, parts) in [(false, 1), (true, 1), (true, 3)] {
             let mut dx = if in_place {
                 dy.clone()
             } else {
@@ -1098,11 +1248,22 @@ fn ln_case<T: Ty>(r: &mut Rng) {
             };
             let (mut dg, mut db) = (dg0.clone(), db0.clone());
             let dyin = if in_place { pm(&mut dx) } else { p(&dy) };
+            let mut pv = partials(parts, 2 * c);
             run(
                 &name1("mw_ln_param_grads", T::F),
-                LaunchCfg::strip(c as u64, 1),
-                vec![p(&wh), dyin, pm(&mut dg), pm(&mut db), u(rows), u(c)],
+                LaunchCfg::strip_parts(c as u64, 1, parts as u32),
+                vec![
+                    p(&wh),
+                    dyin,
+                    pm(&mut dg),
+                    pm(&mut db),
+                    u(rows),
+                    u(c),
+                    parts_arg(&mut pv, parts),
+                ],
             );
+            add_parts(&pv, parts, 0, 2 * c, &mut db);
+            add_parts(&pv, parts, c, 2 * c, &mut dg);
             run(
                 &name1("mw_ln_bwd", T::F),
                 LaunchCfg::rows(rows as u64),
@@ -1151,9 +1312,11 @@ fn ln_rebuild_case<T: Ty>(
     );
     close("ln rebuild mean", &mean, &wmean, 1e-6, 1e-6);
     let (mut dx, mut dg, mut db) = (zeros::<T>(rows * c), dg0.to_vec(), db0.to_vec());
+    let parts = if c == 64 { 3 } else { 1 };
+    let mut pv = partials(parts, 2 * c);
     run(
         &name1("mw_ln_param_grads_rebuild", T::F),
-        LaunchCfg::strip(c as u64, 1),
+        LaunchCfg::strip_parts(c as u64, 1, parts as u32),
         vec![
             p(x),
             p(&mean),
@@ -1163,8 +1326,11 @@ fn ln_rebuild_case<T: Ty>(
             pm(&mut db),
             u(rows),
             u(c),
+            parts_arg(&mut pv, parts),
         ],
     );
+    add_parts(&pv, parts, 0, 2 * c, &mut db);
+    add_parts(&pv, parts, c, 2 * c, &mut dg);
     run(
         &name1("mw_ln_bwd_rebuild", T::F),
         LaunchCfg::rows(rows as u64),
@@ -1246,9 +1412,12 @@ fn gn_case<T: Ty>(r: &mut Rng) {
         group_norm_backward(d, &wh, &wr, &gamma, &dy, &mut wdx, &mut wdg, wdb_cpu).unwrap();
         let (mut dx, mut dg, mut db) = (zeros::<T>(n), dg0.clone(), db0.clone());
         let db_gpu = if center { pm(&mut db) } else { KArg::Ptr(0) };
+        // Split in the cases with enough rows.
+        let parts = if samples * spatial >= 37 { 3 } else { 1 };
+        let mut pv = partials(parts, 2 * c);
         run(
             &name1("mw_ln_param_grads", T::F),
-            LaunchCfg::strip(c as u64, 1),
+            LaunchCfg::strip_parts(c as u64, 1, parts as u32),
             vec![
                 p(&wh),
                 p(&dy),
@@ -1256,8 +1425,13 @@ fn gn_case<T: Ty>(r: &mut Rng) {
                 db_gpu,
                 u(samples * spatial),
                 u(c),
+                parts_arg(&mut pv, parts),
             ],
         );
+        if center {
+            add_parts(&pv, parts, 0, 2 * c, &mut db);
+        }
+        add_parts(&pv, parts, c, 2 * c, &mut dg);
         let mut args = vec![p(&wh), p(&wr), p(&gamma), p(&dy), pm(&mut dx)];
         args.extend(dims);
         run(
@@ -1506,7 +1680,7 @@ fn conv2d_case<T: Ty>(r: &mut Rng) {
             run(
                 &name1("mw_column_sums", T::F),
                 LaunchCfg::strip(c_out as u64, 1),
-                vec![p(&dy), u(n * p_), u(c_out), pm(&mut db)],
+                vec![p(&dy), u(n * p_), u(c_out), pm(&mut db), NULL],
             );
             close("conv2d dx", &dx, &wdx, 2.0 * T::REL, 1e-5);
             close("conv2d dw", &dw, &wdw, 1e-4, 1e-4);
@@ -1633,7 +1807,7 @@ fn conv2d_transpose_case<T: Ty>(r: &mut Rng) {
             run(
                 &name1("mw_column_sums", T::F),
                 LaunchCfg::strip(c_out as u64, 1),
-                vec![p(&dy), u(d.y_len() / c_out), u(c_out), pm(&mut db)],
+                vec![p(&dy), u(d.y_len() / c_out), u(c_out), pm(&mut db), NULL],
             );
             close("conv2d_transpose dx", &dx, &wdx, 2.0 * T::REL, 1e-5);
             close("conv2d_transpose dw", &dw, &wdw, 1e-4, 1e-4);
@@ -1695,15 +1869,25 @@ fn depthwise_case<T: Ty>(r: &mut Rng) {
             LaunchCfg::pointwise(d.x_len() as u64),
             vec![p(&wt), p(&dy), pm(&mut dx), md],
         );
+        // The weight gradient split into row parts in the largest case.
+        let parts = if c == 33 { 3 } else { 1 };
+        let mut pv = partials(parts, d.w_len());
         run(
             &name1("mw_dw_bwd_dw", T::F),
-            LaunchCfg::strip(d.c_out() as u64, (kh * kw) as u32),
-            vec![p(&x), p(&dy), pm(&mut dw), md],
+            LaunchCfg::strip_parts(d.c_out() as u64, (kh * kw) as u32, parts as u32),
+            vec![p(&x), p(&dy), pm(&mut dw), md, parts_arg(&mut pv, parts)],
         );
+        add_parts(&pv, parts, 0, d.w_len(), &mut dw);
         run(
             &name1("mw_column_sums", T::F),
             LaunchCfg::strip(d.c_out() as u64, 1),
-            vec![p(&dy), u(d.y_len() / d.c_out()), u(d.c_out()), pm(&mut db)],
+            vec![
+                p(&dy),
+                u(d.y_len() / d.c_out()),
+                u(d.c_out()),
+                pm(&mut db),
+                NULL,
+            ],
         );
         close("depthwise dx", &dx, &wdx, T::REL, 1e-6);
         close("depthwise dw", &dw, &wdw, 1e-5, 1e-5);

@@ -36,7 +36,7 @@ pub use compile::{
 };
 pub use dtype::{DType, Precision};
 pub use error::PlanError;
-pub use op::{Op, Window2d};
+pub use op::{column_parts, column_parts_scratch_f32, loss_value_parts, Op, Window2d};
 pub use plan::{
     LayerMemory, List, MemoryReport, Phase, PlanParam, PlanStep, PlanTensor, Role, StaticPlan,
     Text, NONE, NO_OFFSET,

@@ -616,12 +616,88 @@ const fn max3(a: usize, b: usize, c: usize) -> usize {
     }
 }
 
+/// Blocks a GPU reduction should start: twice the streaming multiprocessors of the largest GPU
+/// memwise plans for (an H200 has 132), so that none idles.
+pub const COLUMN_PART_BLOCKS: usize = 2 * 132;
+/// Columns a channel-strip block sums (a warp's width).
+pub const STRIP_COLUMNS: usize = 32;
+/// Fewest rows a part of a split column reduction gets: two per row lane of a strip block.
+pub const MIN_PART_ROWS: usize = 64;
+/// Elements one block may sum alone (128 KiB of f32): above this, a reduction on fewer blocks
+/// than [`COLUMN_PART_BLOCKS`] is split, its time then being the data over the whole GPU's
+/// bandwidth plus a second launch instead of the data over a few SMs' share of it.
+pub const PART_MIN_ELEMS: usize = 1 << 15;
+
+/// Row parts a column reduction over a row-major `[rows, cols]` matrix is split into on a
+/// GPU, when its channel strips (`⌈cols/32⌉ × ys` blocks, `ys` independent reductions of the
+/// same columns, e.g. a depthwise kernel's taps) are few and each would sum over
+/// [`PART_MIN_ELEMS`] elements: each part sums its rows into f64 partial sums in the op's
+/// scratch, and a second, fixed-order pass adds the parts, so the result does not depend on
+/// scheduling. 1 means one pass and no partial sums. The planner sizes the scratch with it
+/// ([`column_parts_scratch_f32`]); the CUDA glue launches with it.
+pub const fn column_parts(rows: usize, cols: usize, ys: usize) -> usize {
+    let strips = cols
+        .div_ceil(STRIP_COLUMNS)
+        .saturating_mul(if ys == 0 { 1 } else { ys });
+    let per_strip = sat_prod(&[rows, cols, ys]) / if strips == 0 { 1 } else { strips };
+    if per_strip <= PART_MIN_ELEMS || strips >= COLUMN_PART_BLOCKS {
+        return 1;
+    }
+    let parts = min(COLUMN_PART_BLOCKS.div_ceil(strips), rows / MIN_PART_ROWS);
+    if parts < 1 {
+        1
+    } else {
+        parts
+    }
+}
+
+/// Blocks the value of a loss over `elems` elements (`units` rows or elements, the most blocks
+/// that can share it) is reduced on: one per [`LOSS_PART_ELEMS`], at most
+/// [`COLUMN_PART_BLOCKS`]. Split, each block leaves its partial sums (value, correct
+/// predictions, first bad label) in the loss step's scratch, and one thread adds them in order.
+pub const fn loss_value_parts(elems: usize, units: usize) -> usize {
+    let parts = min(min(elems / LOSS_PART_ELEMS, COLUMN_PART_BLOCKS), units);
+    if parts < 1 {
+        1
+    } else {
+        parts
+    }
+}
+
+/// Elements a block of a split loss value takes (16 KiB of f32).
+pub const LOSS_PART_ELEMS: usize = 1 << 12;
+
+/// f64 values a split loss value keeps per block: its sum, its correct predictions and its
+/// first out-of-range label (+1, 0 for none).
+pub const LOSS_PART_VALUES: usize = 3;
+
+/// f32 elements of a split loss value's partial sums ([`loss_value_parts`]), 0 unsplit.
+pub const fn loss_parts_scratch_f32(elems: usize, units: usize) -> usize {
+    let parts = loss_value_parts(elems, units);
+    if parts == 1 {
+        0
+    } else {
+        2 * LOSS_PART_VALUES * parts
+    }
+}
+
+/// f32 elements of the f64 partial sums of a split column reduction ([`column_parts`]):
+/// `sums` values per (part, y, column), 0 when it is not split.
+pub const fn column_parts_scratch_f32(rows: usize, cols: usize, ys: usize, sums: usize) -> usize {
+    let parts = column_parts(rows, cols, ys);
+    if parts == 1 {
+        return 0;
+    }
+    2 * sat_prod(&[parts, ys, cols, sums])
+}
+
 impl Op {
     /// f32 scratch elements the op's kernels need when it computes in `dtype` (the
     /// half-precision GEMM panels; 0 in f32). Forward and backward use the same amount.
     pub fn scratch_f32_elems(&self, dtype: crate::DType) -> usize {
+        let reduction = self.column_reduction_scratch_f32();
         let h = dtype.is_half();
-        match *self {
+        let kernels = match *self {
             Op::Dense {
                 rows: b,
                 in_features: i,
@@ -690,6 +766,78 @@ impl Op {
                 head_dim,
                 ..
             } => flash_attention_scratch_elems(batch, seq, heads, head_dim),
+            _ => 0,
+        };
+        // The row means of a rebuilding layer norm come first, the partial sums after them
+        // (on an 8-byte boundary).
+        match *self {
+            Op::LayerNorm {
+                rebuild_x_hat: true,
+                ..
+            } if reduction > 0 => kernels.next_multiple_of(2) + reduction,
+            _ => kernels.max(reduction),
+        }
+    }
+
+    /// f32 elements of the partial sums of the op's split reductions: its column reductions
+    /// ([`column_parts`]: bias, table and depthwise weight gradients, the norms' per-channel
+    /// statistics and affine gradients) and a loss's value ([`loss_value_parts`]). 0 for an op
+    /// without one, or whose reductions are not split.
+    pub fn column_reduction_scratch_f32(&self) -> usize {
+        let parts = column_parts_scratch_f32;
+        match *self {
+            Op::Dense {
+                rows,
+                units,
+                bias: true,
+                ..
+            } => parts(rows, units, 1, 1),
+            Op::Conv2d {
+                dims: d,
+                bias: true,
+                ..
+            } => parts(d.n * d.out_h() * d.out_w(), d.c_out, 1, 1),
+            Op::Conv2dTranspose {
+                dims: d,
+                bias: true,
+                ..
+            } => parts(
+                d.n * d.transpose_out_h() * d.transpose_out_w(),
+                d.c_out,
+                1,
+                1,
+            ),
+            Op::DepthwiseConv2d { dims: d, bias } => {
+                let positions = d.n * d.out_h() * d.out_w();
+                let weight = parts(positions, d.c_out, d.kh * d.kw, 1);
+                let bias = if bias {
+                    parts(positions, d.c_out, 1, 1)
+                } else {
+                    0
+                };
+                weight.max(bias)
+            }
+            Op::PositionalEmbedding { batch, seq, dim } => parts(batch, seq * dim, 1, 1),
+            Op::BatchNorm { rows, channels, .. } => parts(rows, channels, 1, 2),
+            Op::LayerNorm { rows, features, .. } => parts(rows, features, 1, 2),
+            Op::GroupNorm {
+                samples,
+                spatial,
+                channels,
+                ..
+            } => parts(samples * spatial, channels, 1, 2),
+            Op::SoftmaxCrossEntropy { rows, classes, .. }
+            | Op::SoftmaxCrossEntropyFromLogits { rows, classes, .. } => {
+                loss_parts_scratch_f32(sat_prod(&[rows, classes]), rows)
+            }
+            Op::SigmoidBinaryCrossentropy { rows, features, .. }
+            | Op::BinaryCrossentropyFromLogits { rows, features, .. }
+            | Op::BinaryCrossentropy { rows, features, .. }
+            | Op::MeanSquaredError { rows, features, .. }
+            | Op::KlNormal { rows, features, .. } => {
+                let n = sat_prod(&[rows, features]);
+                loss_parts_scratch_f32(n, n)
+            }
             _ => 0,
         }
     }

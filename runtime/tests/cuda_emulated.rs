@@ -584,6 +584,79 @@ fn the_new_layers_train_the_same_on_the_emulated_device() {
     }
 }
 
+/// A model whose column reductions are long and narrow enough for the planner to split their
+/// rows into parts (`column_parts`, issue 14): a convolution's bias gradient, batch norm's
+/// statistics and gradients (x̂ kept, and rebuilt from an input another layer keeps), a
+/// depthwise kernel's weight gradient over its taps, layer norm's and group norm's affine
+/// gradients, each over 36,864 rows of 16 channels. The emulated device, which launches the
+/// parts and their fixed-order sums, must train it as the CPU does (float32 here: the kernels'
+/// 16-bit forms of the split are compared one by one in `kernels/tests/cuda_emulation.rs`).
+fn split_reductions_model(precision: Precision) -> ModelSpec {
+    use memwise_plan::{Activation as A, LayerKind, LossKind, LossTerm, Padding};
+    let mut m = ModelSpec::new("SplitReductions", 16);
+    m.precision = precision;
+    m.input("image", &[64, 64, 3], DType::U8, 1.0 / 255.0);
+    m.input("label", &[], DType::I32, 1.0);
+    m.add(
+        "conv",
+        LayerKind::conv2d(16, 3, 1, Padding::Same, A::Linear),
+        &["image"],
+    );
+    m.add("bn", LayerKind::batch_norm(), &["conv"]);
+    // ReLU before the batch norm: a bias straight before one has a gradient of 0 up to
+    // rounding (Σ of batch norm's dx is 0), which no comparison can test.
+    let depthwise = LayerKind::depthwise_conv2d(3, 1, Padding::Same, A::Relu);
+    m.add("side", depthwise, &["conv"]);
+    m.add("bn_2", LayerKind::batch_norm(), &["side"]);
+    m.add("sum", LayerKind::add(), &["bn", "bn_2"]);
+    m.add("ln", LayerKind::layer_norm(), &[]);
+    let groups = LayerKind::GroupNorm {
+        groups: 4,
+        epsilon: 1e-3,
+    };
+    m.add("gn", groups, &[]);
+    m.add("gap", LayerKind::GlobalAvgPool, &[]);
+    m.add("probs", LayerKind::dense(5, A::Softmax), &[]);
+    let scce = LossKind::SparseCategoricalCrossentropy;
+    m.loss.push(LossTerm::new(scce).on(&["probs", "label"]));
+    m
+}
+
+#[test]
+fn split_column_reductions_train_the_same_on_the_emulated_device() {
+    let spec = split_reductions_model(Precision::Float32);
+    let p = plan(&spec).unwrap();
+    let split: Vec<&str> = p
+        .steps
+        .iter()
+        .filter(|s| s.op.column_reduction_scratch_f32() > 0)
+        .map(|s| s.op.name())
+        .collect();
+    for op in [
+        "conv2d",
+        "batch_norm",
+        "depthwise_conv2d",
+        "layer_norm",
+        "group_norm",
+    ] {
+        assert!(split.contains(&op), "{op} is not split: {split:?}");
+    }
+    let rebuilds = |s: &&memwise_plan::PlanStep| {
+        matches!(
+            s.op,
+            memwise_plan::Op::BatchNorm {
+                rebuild_x_hat: true,
+                ..
+            }
+        )
+    };
+    assert!(
+        p.steps.iter().any(|s| rebuilds(&s)),
+        "no batch norm rebuilds x̂: the rebuild kernels are not covered"
+    );
+    compare("split reductions", &spec, 2, true).unwrap();
+}
+
 #[test]
 fn a_plan_larger_than_the_device_is_refused_before_allocating() {
     let p = plan(&zoo::mnist_mlp(16)).unwrap();

@@ -310,9 +310,15 @@ impl LaunchCfg {
 
     /// Channel strips: one block of `32 × STRIP_Y` threads per 32 columns, `ys` blocks along y.
     pub fn strip(cols: u64, ys: u32) -> LaunchCfg {
+        LaunchCfg::strip_parts(cols, ys, 1)
+    }
+
+    /// Channel strips whose rows are split into `parts` along z (the planner's
+    /// `column_parts`): each part's blocks sum their share of the rows (`mw_part_rows`).
+    pub fn strip_parts(cols: u64, ys: u32, parts: u32) -> LaunchCfg {
         let blocks = cols.div_ceil(32).max(1) as u32;
         LaunchCfg {
-            grid: [blocks, ys.max(1), 1],
+            grid: [blocks, ys.max(1), parts.max(1)],
             block: [32, STRIP_Y, 1],
         }
     }

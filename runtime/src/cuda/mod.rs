@@ -11,6 +11,8 @@
 //!   first step eagerly, captures the second as a graph and replays it from then on.
 //! - `ops.rs`: one method per op and phase, each the launches and GEMMs of that op at the
 //!   planned offsets.
+//! - [`trace`]: a backend that records a step's launches without running them, and the
+//!   launch report's roofline of them (`examples/launch_report.rs`).
 //! - [`device`] (feature `cuda`): the cudarc backend, and the per-process cache of opened
 //!   devices behind [`crate::Device::cuda`].
 //!
@@ -36,6 +38,7 @@
 
 mod backend;
 mod ops;
+pub mod trace;
 
 #[cfg(feature = "cuda")]
 pub mod device;

@@ -63,6 +63,20 @@ impl LinearAddrs {
     }
 }
 
+/// A column reduction's row parts and, when there are several, the address of their f64
+/// partial sums (else 0, the kernels' "not split").
+struct Split {
+    parts: usize,
+    partials: u64,
+}
+
+impl Split {
+    /// The channel strips of the reduction: `⌈cols/32⌉ × ys` blocks, times the parts.
+    fn strip(&self, cols: usize, ys: usize) -> LaunchCfg {
+        LaunchCfg::strip_parts(cols as u64, ys as u32, self.parts as u32)
+    }
+}
+
 impl<B: Backend> CudaKernels<B> {
     fn linear_forward(&self, io: &LinearForward) -> Result<LinearAddrs> {
         let t = self.ft(io.y)?;
@@ -102,16 +116,140 @@ impl<B: Backend> CudaKernels<B> {
         )
     }
 
-    /// The bias gradient, `dy`'s column sums, when the layer has a bias.
-    fn bias_grad(&self, t: Float, dy: u64, rows: usize, cols: usize, bias: ParamId) -> Result<()> {
+    /// The bias gradient, `dy`'s column sums, when the layer has a bias; split into row parts
+    /// in the step's `scratch` when the plan says so.
+    fn bias_grad(
+        &self,
+        t: Float,
+        dy: u64,
+        shape: [usize; 2],
+        bias: ParamId,
+        scratch: TensorId,
+    ) -> Result<()> {
         if bias == NONE {
             return Ok(());
         }
+        let [rows, cols] = shape;
+        let (db, split) = (self.pg(bias)?, self.split(scratch, 0, [rows, cols, 1], 1)?);
         self.k(
             name1("mw_column_sums", t),
-            LaunchCfg::strip(cols as u64, 1),
-            vec![p(dy), u(rows), u(cols), p(self.pg(bias)?)],
+            split.strip(cols, 1),
+            vec![p(dy), u(rows), u(cols), p(db), p(split.partials)],
+        )?;
+        self.add_parts(&split, 0, cols, cols, db)
+    }
+
+    /// How a column reduction over `[rows, cols]` (`ys` of them side by side) runs: in the row
+    /// parts the planner chose ([`memwise_plan::column_parts`]), with `sums` f64 partial sums
+    /// per part, y and column in the step's `scratch` from `at` f32 elements on, checked to fit.
+    fn split(
+        &self,
+        scratch: TensorId,
+        at: usize,
+        [rows, cols, ys]: [usize; 3],
+        sums: usize,
+    ) -> Result<Split> {
+        let parts = memwise_plan::column_parts(rows, cols, ys);
+        let need = memwise_plan::column_parts_scratch_f32(rows, cols, ys, sums);
+        let what = || format!("a column reduction over {rows}×{cols} (×{ys}) in {parts} parts");
+        self.partials(scratch, at, parts, need, what)
+    }
+
+    /// How the value of a loss over `elems` elements (`units` rows or elements) is reduced:
+    /// on the blocks [`memwise_plan::loss_value_parts`] gives, their results in the step's
+    /// `scratch` when there are several.
+    fn loss_split(&self, scratch: TensorId, elems: usize, units: usize) -> Result<Split> {
+        let parts = memwise_plan::loss_value_parts(elems, units);
+        let need = memwise_plan::op::loss_parts_scratch_f32(elems, units);
+        self.partials(scratch, 0, parts, need, || {
+            format!("a loss value over {elems} elements")
+        })
+    }
+
+    /// A split of `parts` whose f64 partial sums take `need` f32 of the step's `scratch` from
+    /// `at` on: checked to fit, 8-byte aligned. Not split (1 part), nothing is read.
+    fn partials(
+        &self,
+        scratch: TensorId,
+        at: usize,
+        parts: usize,
+        need: usize,
+        what: impl Fn() -> String,
+    ) -> Result<Split> {
+        if parts == 1 {
+            return Ok(Split { parts, partials: 0 });
+        }
+        let have = if scratch == NONE {
+            0
+        } else {
+            self.elems(scratch)?
+        };
+        let partials = self.t_or_null(scratch)? + 4 * at as u64;
+        if have < at + need || !partials.is_multiple_of(8) {
+            return Err(dev(format!(
+                "{} needs {} f32 of 8-byte-aligned scratch; the plan gives {have}",
+                what(),
+                at + need
+            )));
+        }
+        Ok(Split { parts, partials })
+    }
+
+    /// A loss's value kernel `name` on `args` (the partial sums' address appended): one block,
+    /// or the split's blocks and then `mw_loss_value_parts` adding their results in order into
+    /// `loss` as `weight · sum / denom`.
+    fn loss_value(
+        &self,
+        name: String,
+        mut args: Vec<KArg>,
+        s: &Split,
+        [denom, weight]: [f64; 2],
+        loss: u64,
+    ) -> Result<()> {
+        args.push(p(s.partials));
+        self.k(name, LaunchCfg::single().with_blocks(s.parts as u32), args)?;
+        if s.parts == 1 {
+            return Ok(());
+        }
+        let finish = vec![
+            p(s.partials),
+            u(s.parts),
+            KArg::F64(denom),
+            KArg::F32(weight as f32),
+            p(loss),
+            self.sc(),
+        ];
+        self.k(
+            "mw_loss_value_parts".into(),
+            LaunchCfg::pointwise(1),
+            finish,
         )
+    }
+
+    /// The second pass of a split reduction: `out[i] += Σ_p partials[p·stride + i]` for
+    /// `i < n`, the partials from f64 value `first` on; nothing when it is not split.
+    fn add_parts(&self, s: &Split, first: usize, stride: usize, n: usize, out: u64) -> Result<()> {
+        if s.parts == 1 || out == 0 {
+            return Ok(());
+        }
+        self.k(
+            "mw_add_parts".into(),
+            LaunchCfg::pointwise(n as u64),
+            vec![
+                p(s.partials + 8 * first as u64),
+                u(s.parts),
+                u(stride),
+                u(n),
+                p(out),
+            ],
+        )
+    }
+
+    /// `dgamma` and `dbeta` (0 when there is none) from the parts' sums `[Σ dy, Σ dy·x̂]` of
+    /// `c` channels (`mw_channel_grad_parts`); nothing when not split.
+    fn add_affine_parts(&self, s: &Split, c: usize, dgamma: u64, dbeta: u64) -> Result<()> {
+        self.add_parts(s, 0, 2 * c, c, dbeta)?;
+        self.add_parts(s, c, 2 * c, c, dgamma)
     }
 
     /// The flash kernels' launch settings (dims, scale, dropout stream); dims they do not take
@@ -226,19 +364,18 @@ impl<B: Backend> CudaKernels<B> {
                 ],
             )?;
         }
-        self.k(
-            name2("mw_elem_loss_value", pt, yt),
-            LaunchCfg::single(),
-            vec![
-                KArg::I32(kind),
-                p(pr),
-                p(tg),
-                u(n),
-                KArg::F64(denom),
-                KArg::F32(weight),
-                p(loss),
-            ],
-        )?;
+        let args = vec![
+            KArg::I32(kind),
+            p(pr),
+            p(tg),
+            u(n),
+            KArg::F64(denom),
+            KArg::F32(weight),
+            p(loss),
+        ];
+        let split = self.loss_split(io.scratch, n, n)?;
+        let name = name2("mw_elem_loss_value", pt, yt);
+        self.loss_value(name, args, &split, [denom, weight as f64], loss)?;
         self.flag_nonfinite_loss(loss)
     }
 
@@ -555,11 +692,20 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         } else {
             (0, 0)
         };
+        let (t, x, c) = (self.ft(io.y)?, self.t(io.x)?, d.channels);
+        // Split: the parts' Σx, then their Σ(x − mean)², then each part normalises its rows.
+        let split = self.split(io.scratch, 0, [d.rows, c, 1], 2)?;
+        if split.parts > 1 {
+            let sums = vec![p(x), u(d.rows), u(c), p(0), p(split.partials)];
+            self.k(name1("mw_column_sums", t), split.strip(c, 1), sums)?;
+            let var = vec![p(x), u(d.rows), u(c), p(split.partials)];
+            self.k(name1("mw_bn_var_parts", t), split.strip(c, 1), var)?;
+        }
         self.k(
-            name1("mw_bn_train_fwd", self.ft(io.y)?),
-            LaunchCfg::strip(d.channels as u64, 1),
+            name1("mw_bn_train_fwd", t),
+            split.strip(c, 1),
             vec![
-                p(self.t(io.x)?),
+                p(x),
                 p(self.t(io.y)?),
                 p(self.t(io.x_hat)?),
                 p(self.t(io.mean)?),
@@ -572,6 +718,7 @@ impl<B: Backend> Kernels for CudaKernels<B> {
                 u(d.channels),
                 KArg::F32(cfg.epsilon),
                 KArg::F32(cfg.momentum),
+                p(split.partials),
             ],
         )?;
         Ok(())
@@ -879,7 +1026,7 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         for g in cm::dense_backward(d, io.dx != NONE) {
             self.gemm(&g, &|o| a.buf(o))?;
         }
-        self.bias_grad(a.t, a.dy, d.batch, d.out_features, io.bias)?;
+        self.bias_grad(a.t, a.dy, [d.batch, d.out_features], io.bias, io.scratch)?;
         Ok(())
     }
 
@@ -922,7 +1069,7 @@ impl<B: Backend> Kernels for CudaKernels<B> {
                 }
             }
         }
-        self.bias_grad(t, a.dy, d.y_len() / d.c_out, d.c_out, io.bias)?;
+        self.bias_grad(t, a.dy, [d.y_len() / d.c_out, d.c_out], io.bias, io.scratch)?;
         Ok(())
     }
 
@@ -941,12 +1088,21 @@ impl<B: Backend> Kernels for CudaKernels<B> {
                 vec![p(w), p(dy), p(self.t(io.dx)?), md],
             )?;
         }
+        let (dw, taps, co) = (self.pg(io.weight)?, d.kh * d.kw, d.c_out());
+        let split = self.split(io.scratch, 0, [d.y_len() / co, co, taps], 1)?;
         self.k(
             name1("mw_dw_bwd_dw", t),
-            LaunchCfg::strip(d.c_out() as u64, (d.kh * d.kw) as u32),
-            vec![p(x), p(dy), p(self.pg(io.weight)?), md],
+            split.strip(co, taps),
+            vec![p(x), p(dy), p(dw), md, p(split.partials)],
         )?;
-        self.bias_grad(t, dy, d.y_len() / d.c_out(), d.c_out(), io.bias)?;
+        self.add_parts(&split, 0, taps * co, taps * co, dw)?;
+        self.bias_grad(
+            t,
+            dy,
+            [d.y_len() / d.c_out(), d.c_out()],
+            io.bias,
+            io.scratch,
+        )?;
         Ok(())
     }
 
@@ -981,7 +1137,7 @@ impl<B: Backend> Kernels for CudaKernels<B> {
                 }
             }
         }
-        self.bias_grad(t, a.dy, d.y_len() / d.c_out, d.c_out, io.bias)?;
+        self.bias_grad(t, a.dy, [d.y_len() / d.c_out, d.c_out], io.bias, io.scratch)?;
         Ok(())
     }
 
@@ -1028,19 +1184,32 @@ impl<B: Backend> Kernels for CudaKernels<B> {
     }
 
     fn batch_norm_backward(&self, io: &NormBackward, d: k::norm::NormDims) -> OpResult {
+        let (t, h, dy, c) = (
+            self.ft(io.x_hat)?,
+            self.t(io.x_hat)?,
+            self.t(io.dy)?,
+            d.channels,
+        );
+        // Split: the parts' Σ dy and Σ dy·x̂ first, then every part's dx from their totals.
+        let split = self.split(io.scratch, 0, [d.rows, c, 1], 2)?;
+        if split.parts > 1 {
+            let sums = vec![p(h), p(dy), u(d.rows), u(c), p(split.partials)];
+            self.k(name1("mw_bn_grad_parts", t), split.strip(c, 1), sums)?;
+        }
         self.k(
-            name1("mw_bn_bwd", self.ft(io.x_hat)?),
-            LaunchCfg::strip(d.channels as u64, 1),
+            name1("mw_bn_bwd", t),
+            split.strip(c, 1),
             vec![
-                p(self.t(io.x_hat)?),
+                p(h),
                 p(self.t(io.inv_std)?),
                 p(self.pv(io.gamma)),
-                p(self.t(io.dy)?),
+                p(dy),
                 p(self.t(io.dx)?),
                 p(self.pg(io.gamma)?),
                 p(self.pg(io.beta)?),
                 u(d.rows),
-                u(d.channels),
+                u(c),
+                p(split.partials),
             ],
         )?;
         Ok(())
@@ -1051,20 +1220,40 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         io: &BatchNormRebuildBackward,
         d: k::norm::NormDims,
     ) -> OpResult {
+        let (t, x, c) = (self.ft(io.x)?, self.t(io.x)?, d.channels);
+        let (mean, inv_std, dy) = (self.t(io.mean)?, self.t(io.inv_std)?, self.t(io.dy)?);
+        let split = self.split(io.scratch, 0, [d.rows, c, 1], 2)?;
+        if split.parts > 1 {
+            let sums = vec![
+                p(x),
+                p(mean),
+                p(inv_std),
+                p(dy),
+                u(d.rows),
+                u(c),
+                p(split.partials),
+            ];
+            self.k(
+                name1("mw_bn_grad_parts_rebuild", t),
+                split.strip(c, 1),
+                sums,
+            )?;
+        }
         self.k(
-            name1("mw_bn_bwd_rebuild", self.ft(io.x)?),
-            LaunchCfg::strip(d.channels as u64, 1),
+            name1("mw_bn_bwd_rebuild", t),
+            split.strip(c, 1),
             vec![
-                p(self.t(io.x)?),
-                p(self.t(io.mean)?),
-                p(self.t(io.inv_std)?),
+                p(x),
+                p(mean),
+                p(inv_std),
                 p(self.pv(io.gamma)),
-                p(self.t(io.dy)?),
+                p(dy),
                 p(self.t(io.dx)?),
                 p(self.pg(io.gamma)?),
                 p(self.pg(io.beta)?),
                 u(d.rows),
-                u(d.channels),
+                u(c),
+                p(split.partials),
             ],
         )?;
         Ok(())
@@ -1074,18 +1263,22 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         let t = self.ft(io.x_hat)?;
         let (rows, features) = (d.rows, d.channels);
         let (h, rs, dy) = (self.t(io.x_hat)?, self.t(io.inv_std)?, self.t(io.dy)?);
+        let (dgamma, dbeta) = (self.pg(io.gamma)?, self.pg(io.beta)?);
+        let split = self.split(io.scratch, 0, [rows, features, 1], 2)?;
         self.k(
             name1("mw_ln_param_grads", t),
-            LaunchCfg::strip(features as u64, 1),
+            split.strip(features, 1),
             vec![
                 p(h),
                 p(dy),
-                p(self.pg(io.gamma)?),
-                p(self.pg(io.beta)?),
+                p(dgamma),
+                p(dbeta),
                 u(rows),
                 u(features),
+                p(split.partials),
             ],
         )?;
+        self.add_affine_parts(&split, features, dgamma, dbeta)?;
         self.k(
             name1("mw_ln_bwd", t),
             LaunchCfg::rows(rows as u64),
@@ -1120,20 +1313,25 @@ impl<B: Backend> Kernels for CudaKernels<B> {
             LaunchCfg::rows(rows as u64),
             vec![p(x), p(mean), u(rows), u(features)],
         )?;
+        // The row means fill the scratch's start; the partial sums follow, 8-byte aligned.
+        let (dgamma, dbeta) = (self.pg(io.gamma)?, self.pg(io.beta)?);
+        let split = self.split(io.scratch, rows.next_multiple_of(2), [rows, features, 1], 2)?;
         self.k(
             name1("mw_ln_param_grads_rebuild", t),
-            LaunchCfg::strip(features as u64, 1),
+            split.strip(features, 1),
             vec![
                 p(x),
                 p(mean),
                 p(rs),
                 p(dy),
-                p(self.pg(io.gamma)?),
-                p(self.pg(io.beta)?),
+                p(dgamma),
+                p(dbeta),
                 u(rows),
                 u(features),
+                p(split.partials),
             ],
         )?;
+        self.add_affine_parts(&split, features, dgamma, dbeta)?;
         self.k(
             name1("mw_ln_bwd_rebuild", t),
             LaunchCfg::rows(rows as u64),
@@ -1161,18 +1359,22 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         };
         // The affine gradients are layer norm's per-channel sums over every (sample,
         // position) row, so its kernel serves.
+        let (rows, dgamma) = (d.samples.saturating_mul(d.spatial), self.pg(io.gamma)?);
+        let split = self.split(io.scratch, 0, [rows, d.channels, 1], 2)?;
         self.k(
             name1("mw_ln_param_grads", t),
-            LaunchCfg::strip(d.channels as u64, 1),
+            split.strip(d.channels, 1),
             vec![
                 p(h),
                 p(dy),
-                p(self.pg(io.gamma)?),
+                p(dgamma),
                 p(dbeta),
-                u(d.samples.saturating_mul(d.spatial)),
+                u(rows),
                 u(d.channels),
+                p(split.partials),
             ],
         )?;
+        self.add_affine_parts(&split, d.channels, dgamma, dbeta)?;
         self.k(
             name1("mw_gn_bwd", t),
             LaunchCfg::rows(d.stats() as u64),
@@ -1201,7 +1403,7 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         let t = self.ft(io.dy)?;
         let dy = self.t(io.dy)?;
         // The table's gradient is dy's column sums, as a bias's.
-        self.bias_grad(t, dy, batch, len, io.table)?;
+        self.bias_grad(t, dy, [batch, len], io.table, io.scratch)?;
         // dx = dy: nothing to move when the plan put one over the other.
         if io.dx != NONE && self.t(io.dx)? != dy {
             let n = batch.saturating_mul(len);
@@ -1472,19 +1674,18 @@ impl<B: Backend> Kernels for CudaKernels<B> {
                 ],
             )?;
         }
-        self.k(
-            name1("mw_scce_value", pt),
-            LaunchCfg::single(),
-            vec![
-                p(probs),
-                p(labels),
-                u(rows),
-                u(classes),
-                KArg::F32(weight),
-                p(loss),
-                self.sc(),
-            ],
-        )?;
+        let args = vec![
+            p(probs),
+            p(labels),
+            u(rows),
+            u(classes),
+            KArg::F32(weight),
+            p(loss),
+            self.sc(),
+        ];
+        let split = self.loss_split(io.scratch, rows * classes, rows)?;
+        let name = name1("mw_scce_value", pt);
+        self.loss_value(name, args, &split, [rows as f64, weight as f64], loss)?;
         self.flag_nonfinite_loss(loss)?;
         Ok(())
     }
@@ -1547,11 +1748,10 @@ impl<B: Backend> Kernels for CudaKernels<B> {
                 ],
             )?;
         }
-        self.k(
-            name1("mw_kl_value", t),
-            LaunchCfg::single(),
-            vec![p(m), p(lv), u(n), u(rows), KArg::F32(weight), p(loss)],
-        )?;
+        let args = vec![p(m), p(lv), u(n), u(rows), KArg::F32(weight), p(loss)];
+        let split = self.loss_split(io.scratch, n, n)?;
+        let name = name1("mw_kl_value", t);
+        self.loss_value(name, args, &split, [rows as f64, weight as f64], loss)?;
         self.flag_nonfinite_loss(loss)?;
         Ok(())
     }
