@@ -2,9 +2,7 @@
 //! many, and the f64 partial sums it reserves for them in the op's scratch, so that the
 //! estimate counts what the CUDA kernels will write.
 
-use memwise_plan::op::{
-    loss_parts_scratch_f32, COLUMN_PART_BLOCKS, MIN_PART_ROWS, PART_MIN_ELEMS,
-};
+use memwise_plan::op::{loss_parts_scratch_f32, COLUMN_PART_BLOCKS, MIN_PART_ROWS, PART_MIN_ELEMS};
 use memwise_plan::{
     column_parts, column_parts_scratch_f32, loss_value_parts, plan, DType, Op, Window2d,
 };
@@ -34,7 +32,10 @@ fn a_narrow_long_reduction_fills_twice_the_sms_and_a_short_one_stays_whole() {
 #[test]
 fn partial_sums_are_f64_per_part_y_column_and_sum() {
     let parts = column_parts(50_176, 32, 1);
-    assert_eq!(column_parts_scratch_f32(50_176, 32, 1, 2), 2 * parts * 32 * 2);
+    assert_eq!(
+        column_parts_scratch_f32(50_176, 32, 1, 2),
+        2 * parts * 32 * 2
+    );
     assert_eq!(column_parts_scratch_f32(128, 512, 1, 1), 0);
     let bn = Op::BatchNorm {
         rows: 50_176,
@@ -55,7 +56,10 @@ fn partial_sums_are_f64_per_part_y_column_and_sum() {
     let parts = column_parts_scratch_f32(36_865, 16, 1, 2);
     assert!(parts > 0);
     assert_eq!(ln(36_865, false).scratch_f32_elems(DType::F32), parts);
-    assert_eq!(ln(36_865, true).scratch_f32_elems(DType::F32), 36_866 + parts);
+    assert_eq!(
+        ln(36_865, true).scratch_f32_elems(DType::F32),
+        36_866 + parts
+    );
     assert_eq!(ln(100, true).scratch_f32_elems(DType::F32), 100);
     // A depthwise op reserves the larger of its weight's and its bias's partial sums.
     let d = Window2d {
@@ -70,7 +74,10 @@ fn partial_sums_are_f64_per_part_y_column_and_sum() {
         sw: 1,
         padding: memwise_plan::Padding::Same,
     };
-    let dw = Op::DepthwiseConv2d { dims: d, bias: true };
+    let dw = Op::DepthwiseConv2d {
+        dims: d,
+        bias: true,
+    };
     let weight = column_parts_scratch_f32(50_176, 32, 9, 1);
     let bias = column_parts_scratch_f32(50_176, 32, 1, 1);
     assert_eq!(dw.scratch_f32_elems(DType::F32), weight.max(bias));
@@ -81,7 +88,10 @@ fn a_large_loss_value_is_split_one_block_per_4096_elements() {
     // The GPT's next-byte loss: 2,048 rows × 256 classes.
     assert_eq!(loss_value_parts(2048 * 256, 2048), 128);
     // The VAE's reconstruction: 128 × 784 elements, capped at twice the SMs.
-    assert_eq!(loss_value_parts(128 * 784 * 16, 128 * 784 * 16), COLUMN_PART_BLOCKS);
+    assert_eq!(
+        loss_value_parts(128 * 784 * 16, 128 * 784 * 16),
+        COLUMN_PART_BLOCKS
+    );
     // The MNIST MLP's loss: one block as before, no scratch.
     assert_eq!(loss_value_parts(128 * 10, 128), 1);
     assert_eq!(loss_parts_scratch_f32(128 * 10, 128), 0);
@@ -113,5 +123,8 @@ fn the_plan_reserves_the_partial_sums_in_each_steps_scratch() {
             t.elems()
         );
     }
-    assert!(split > 0, "no step of the VAE at batch 64 splits a reduction");
+    assert!(
+        split > 0,
+        "no step of the VAE at batch 64 splits a reduction"
+    );
 }
