@@ -10,7 +10,9 @@
 # Without a GPU (or without the binary) it fails at once with the reason: exit 2 (no GPU or
 # no CUDA library), 3 (no binary). Every stage has a time limit, so nothing hangs.
 # Environment: GPU_CHECK_STEPS (200), GPU_CHECK_MODELS (40 random models per kind),
-# GPU_CHECK_TIMED (100 timed steps), GPU_CHECK_{MLP,CONV,VAE}_BATCH, OUT (where logs go).
+# GPU_CHECK_TIMED (100 timed steps), GPU_CHECK_{MLP,CONV,VAE}_BATCH, OUT (where logs go),
+# MEMWISE_CUDA_SYNC=1 (synchronise after every launch, no graphs: a device fault such as an
+# illegal address then names its kernel and plan step instead of surfacing at a later call).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 

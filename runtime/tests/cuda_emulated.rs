@@ -8,8 +8,12 @@
 //! engine too, next to a CPU trainer, and checkpoints move between the two.
 //!
 //! The backend also records "graphs" the way stream capture does (launches are recorded, not
-//! run; a host copy inside a capture is an error) and replays them, so the whole-step capture
-//! is checked too: a per-step value baked into a launch would make the replayed steps differ.
+//! run) and replays them, so the whole-step capture is checked too: a per-step value baked
+//! into a launch would make the replayed steps differ. It holds a capture to CUDA's rules: a
+//! host copy, an allocation, a synchronisation or a memory query inside a capture is an error,
+//! and so is a kernel (or a cuBLAS GEMM of a kind) launched for the first time inside one —
+//! with CUDA's lazy loading its module would be loaded there. A sticky device error (an
+//! illegal address) can be injected: every later call fails, as on a GPU.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::cell::{Cell, RefCell};
@@ -26,6 +30,7 @@ use memwise_runtime::reference::{random_digits, random_inputs};
 use memwise_runtime::train::epoch_line;
 use memwise_runtime::{Batch, Device, Engine, Executor, FitOptions, Trainer};
 
+#[derive(Debug)]
 enum Cmd {
     Launch(KernelCall),
     Gemm(CublasGemm, GemmBuffers),
@@ -47,6 +52,13 @@ struct EmuBackend {
     /// what an illegal call inside a real capture does).
     captures: Cell<u64>,
     failing_captures: Cell<u64>,
+    /// Kernels and kinds of GEMM run outside a capture so far (their modules are loaded).
+    loaded: RefCell<std::collections::BTreeSet<String>>,
+    /// Calls that break a capture's rules but cannot return an error (memory queries).
+    violations: RefCell<Vec<String>>,
+    /// After this many launches the device has a sticky error (injected): the launch that
+    /// reaches it, and every call after it, fail.
+    sticky_after: Cell<Option<u64>>,
 }
 
 impl Drop for EmuBackend {
@@ -67,8 +79,28 @@ unsafe fn slice_mut<'a, T>(addr: u64, n: usize) -> &'a mut [T] {
     std::slice::from_raw_parts_mut(addr as *mut T, n)
 }
 
+/// What a capture must not be the first to use: a kernel, or a kind of cuBLAS GEMM.
+fn lazily_loaded(c: &Cmd) -> Option<String> {
+    match c {
+        Cmd::Launch(call) => Some(call.name.clone()),
+        Cmd::Gemm(g, b) => Some(format!("gemm {:?} {} {}", b.types, g.transa, g.transb)),
+        Cmd::Zero(..) => None,
+    }
+}
+
 impl EmuBackend {
+    /// The injected sticky error, once it has happened.
+    fn sticky(&self) -> Result<(), String> {
+        match self.sticky_after.get() {
+            Some(n) if *self.launches.borrow() >= n => {
+                Err("CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access (injected)".into())
+            }
+            _ => Ok(()),
+        }
+    }
+
     unsafe fn run(&self, c: &Cmd) -> Result<(), String> {
+        self.sticky()?;
         *self.launches.borrow_mut() += 1;
         match c {
             Cmd::Launch(call) => memwise_cuda_emu::launch(
@@ -108,10 +140,17 @@ impl EmuBackend {
     }
 
     unsafe fn submit(&self, c: Cmd) -> Result<(), String> {
+        let first_use = lazily_loaded(&c);
         if let Some(rec) = self.recording.borrow_mut().as_mut() {
+            if let Some(name) = first_use.filter(|n| !self.loaded.borrow().contains(n)) {
+                return Err(format!(
+                    "`{name}` first used inside a graph capture (its module would load there)"
+                ));
+            }
             rec.push(c);
             return Ok(());
         }
+        self.loaded.borrow_mut().extend(first_use);
         self.run(&c)
     }
 
@@ -119,7 +158,7 @@ impl EmuBackend {
         if self.recording.borrow().is_some() {
             Err(format!("{what} inside a graph capture"))
         } else {
-            Ok(())
+            self.sticky()
         }
     }
 }
@@ -129,9 +168,15 @@ impl Backend for EmuBackend {
         "emulated".into()
     }
     fn memory(&self) -> Option<(u64, u64)> {
+        if self.no_capture("a memory query").is_err() {
+            self.violations
+                .borrow_mut()
+                .push("a memory query inside a capture".into());
+        }
         Some((EMU_DEVICE_BYTES - self.used.get(), EMU_DEVICE_BYTES))
     }
     fn alloc(&mut self, bytes: usize) -> Result<u64, String> {
+        self.no_capture("an allocation")?;
         let l = Layout::from_size_align(bytes.max(1), 256).unwrap();
         // SAFETY: non-zero size.
         let p = unsafe { alloc_zeroed(l) };
@@ -160,7 +205,7 @@ impl Backend for EmuBackend {
         self.submit(Cmd::Gemm(*g, bufs))
     }
     fn synchronize(&self) -> Result<(), String> {
-        Ok(())
+        self.no_capture("a synchronisation")
     }
     fn begin_capture(&mut self) -> Result<bool, String> {
         *self.recording.borrow_mut() = Some(Vec::new());
@@ -285,6 +330,10 @@ fn compare(name: &str, spec: &ModelSpec, steps: usize, graph: bool) -> Result<()
         if step == 0 {
             compare_weights(name, &p, &cpu, &gpu, tol)?;
         }
+    }
+    let violations = gpu.kernels().backend().violations.borrow().clone();
+    if !violations.is_empty() {
+        return Err(format!("{name}: capture rules broken: {violations:?}"));
     }
     if graph && steps > 1 && gpu.kernels().graph_replays() != steps as u64 - 1 {
         return Err(format!(
@@ -1054,6 +1103,118 @@ fn a_resumed_executor_runs_its_first_step_eagerly() {
     gpu.train_step(&b).unwrap();
     assert_eq!(gpu.kernels().backend().captures.get(), 1);
     assert_eq!(gpu.kernels().graph_replays(), 1);
+}
+
+/// A step captured again (after the graph was dropped, as loading weights drops it) records
+/// exactly the launches of the first capture, in the same order with the same arguments: no
+/// per-step value is baked into a launch, so replaying one graph is every later step.
+#[test]
+fn a_step_recorded_again_after_replays_is_the_same_graph() {
+    for spec in [zoo::mnist_mlp(8), zoo::conv_vae(2)] {
+        let p = plan(&spec).unwrap();
+        let mut gpu =
+            GpuExecutor::new(p.clone(), &Device::cpu(), EmuBackend::default(), 5).unwrap();
+        let graph = |g: &GpuExecutor<EmuBackend>| format!("{:?}", g.kernels().backend().graph);
+        let mut recorded = Vec::new();
+        for round in 0..2 {
+            for step in 0..4u64 {
+                let raw = random_inputs(&p, 10 * round + step);
+                gpu.train_step(&batches(&p, &raw)).unwrap();
+            }
+            recorded.push(graph(&gpu));
+            gpu.kernels_mut().set_graph(false);
+            gpu.kernels_mut().set_graph(true);
+        }
+        assert_eq!(gpu.kernels().backend().captures.get(), 2);
+        assert!(recorded[0].len() > 100, "nothing was recorded");
+        assert!(
+            recorded[0] == recorded[1],
+            "{}: the re-recorded graph differs",
+            spec.name
+        );
+    }
+}
+
+/// A capture is held to CUDA's rules by the emulated backend: a kernel first launched inside a
+/// capture, a synchronisation, an allocation and a host copy are errors there, and the
+/// executor then falls back to eager launches (the rules are what make the other tests'
+/// captures count).
+#[test]
+fn the_emulated_capture_refuses_what_a_real_one_refuses() {
+    let mut b = EmuBackend::default();
+    assert!(b.begin_capture().unwrap());
+    let call = KernelCall::new(
+        "mw_relu_f32",
+        memwise_kernels::cuda::LaunchCfg::pointwise(1),
+        vec![],
+    );
+    // SAFETY: refused before anything runs.
+    let first = unsafe { b.launch(&call) }.unwrap_err();
+    assert!(
+        first.contains("first used inside a graph capture"),
+        "{first}"
+    );
+    assert!(b.synchronize().unwrap_err().contains("synchronisation"));
+    assert!(b.alloc(16).unwrap_err().contains("allocation"));
+    // SAFETY: refused before anything is copied.
+    assert!(unsafe { b.upload(&[0u8; 4], 0) }
+        .unwrap_err()
+        .contains("copy"));
+    let _ = b.memory();
+    assert_eq!(
+        b.violations.borrow().len(),
+        1,
+        "the memory query is recorded"
+    );
+    b.end_capture().unwrap();
+}
+
+/// `MEMWISE_CUDA_SYNC=1` (here `set_sync_each_launch`): a sticky device error is reported by
+/// the kernel that caused it, with its step; without it, by the next call that reads the
+/// device, which cannot say which kernel it was. Steps are never captured in this mode, and
+/// train as with a graph.
+#[test]
+fn synchronising_each_launch_names_the_kernel_of_a_sticky_error() {
+    let p = plan(&zoo::mnist_mlp(8)).unwrap();
+    let raw = random_inputs(&p, 3);
+    let b = batches(&p, &raw);
+    let failing = |sync: bool| {
+        let backend = EmuBackend::default();
+        let mut gpu = GpuExecutor::new(p.clone(), &Device::cpu(), backend, 5).unwrap();
+        gpu.kernels_mut().set_sync_each_launch(sync);
+        let before = *gpu.kernels().backend().launches.borrow();
+        gpu.kernels().backend().sticky_after.set(Some(before + 7));
+        gpu.train_step(&b).unwrap_err().to_string()
+    };
+    let named = failing(true);
+    assert!(named.contains("ILLEGAL_ADDRESS"), "{named}");
+    assert!(named.contains("MEMWISE_CUDA_SYNC=1"), "{named}");
+    assert!(
+        named.contains("found by the synchronisation after `"),
+        "{named}"
+    );
+    assert!(named.contains("step"), "the walk names the step: {named}");
+    let unnamed = failing(false);
+    assert!(unnamed.contains("ILLEGAL_ADDRESS"), "{unnamed}");
+    assert!(!unnamed.contains("synchronisation after"), "{unnamed}");
+
+    let mut synced = GpuExecutor::new(p.clone(), &Device::cpu(), EmuBackend::default(), 5).unwrap();
+    synced.kernels_mut().set_sync_each_launch(true);
+    let mut graphed =
+        GpuExecutor::new(p.clone(), &Device::cpu(), EmuBackend::default(), 5).unwrap();
+    for _ in 0..3 {
+        let (s, g) = (
+            synced.train_step(&b).unwrap(),
+            graphed.train_step(&b).unwrap(),
+        );
+        assert_eq!(s.loss.to_bits(), g.loss.to_bits());
+    }
+    assert_eq!(
+        synced.kernels().backend().captures.get(),
+        0,
+        "a synchronising step was captured"
+    );
+    assert_eq!(graphed.kernels().graph_replays(), 2);
 }
 
 /// `Trainer::set_cuda_graphs(false)` reaches the engine: `fit` then never captures.

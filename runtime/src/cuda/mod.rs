@@ -121,7 +121,16 @@ pub struct CudaKernels<B: Backend> {
     eager_steps: u64,
     /// The first capture's error, when one failed.
     capture_error: Option<String>,
+    /// Synchronise after every launch and GEMM, so that an asynchronous device error (an
+    /// illegal address, which is sticky: every later call fails too) is reported by the
+    /// kernel that caused it, with its step, instead of by a later call. Slow; no graph.
+    sync_each_launch: bool,
 }
+
+/// The environment variable that turns [`CudaKernels::set_sync_each_launch`] on for every
+/// engine of the process (`MEMWISE_CUDA_SYNC=1`): the GPU self-check's way to name a failing
+/// kernel.
+pub const SYNC_ENV: &str = "MEMWISE_CUDA_SYNC";
 
 impl<B: Backend> CudaKernels<B> {
     /// Allocates the plan's two regions on `backend` (see [`GpuExecutor::new`]) and uploads
@@ -177,6 +186,7 @@ impl<B: Backend> CudaKernels<B> {
             graph_replays: 0,
             eager_steps: 0,
             capture_error: None,
+            sync_each_launch: std::env::var(SYNC_ENV).is_ok_and(|v| v == "1"),
         })
     }
 
@@ -191,6 +201,16 @@ impl<B: Backend> CudaKernels<B> {
         if !on && self.graph == Graph::Captured {
             self.backend.clear_graph();
             self.graph = Graph::Eager;
+        }
+    }
+
+    /// Whether every launch and GEMM is followed by a synchronisation that names the kernel
+    /// in a device error (default: `MEMWISE_CUDA_SYNC=1`). On, steps are never captured (a
+    /// capture cannot synchronise), and a captured graph is dropped.
+    pub fn set_sync_each_launch(&mut self, on: bool) {
+        self.sync_each_launch = on;
+        if on {
+            self.drop_graph();
         }
     }
 
@@ -280,30 +300,39 @@ impl<B: Backend> CudaKernels<B> {
                 self.backend.replay().map_err(dev)?;
                 self.graph_replays += 1;
             }
-            Graph::Eager if self.use_graph && self.eager_steps > 0 => match self.capture(steps) {
-                Ok(true) => {
-                    self.graph = Graph::Captured;
-                    self.backend.replay().map_err(dev)?;
-                    self.graph_replays += 1;
-                }
-                Ok(false) => {
-                    self.graph = Graph::Unsupported;
-                    self.run_eagerly(steps)?;
-                }
-                Err(e) => {
-                    // Nothing ran while recording: the step runs now, eagerly, and so do the
-                    // later ones. Said once; the error is kept for `capture_error`.
-                    eprintln!(
-                        "memwise: capturing the step as a CUDA graph failed ({e}); every step \
-                         runs its kernels eagerly from now on"
-                    );
-                    self.backend.clear_graph();
-                    self.capture_error = Some(e);
-                    self.graph = Graph::Failed;
-                    self.run_eagerly(steps)?;
-                }
-            },
+            Graph::Eager if self.use_graph && !self.sync_each_launch && self.eager_steps > 0 => {
+                self.capture_and_replay(steps)?
+            }
             _ => self.run_eagerly(steps)?,
+        }
+        Ok(())
+    }
+
+    /// Captures the step, then replays it; a failed capture runs it eagerly, and every later
+    /// step too.
+    fn capture_and_replay(&mut self, steps: &mut dyn FnMut(&Self) -> Result<()>) -> Result<()> {
+        match self.capture(steps) {
+            Ok(true) => {
+                self.graph = Graph::Captured;
+                self.backend.replay().map_err(dev)?;
+                self.graph_replays += 1;
+            }
+            Ok(false) => {
+                self.graph = Graph::Unsupported;
+                self.run_eagerly(steps)?;
+            }
+            Err(e) => {
+                // Nothing ran while recording: the step runs now, eagerly, and so do the
+                // later ones. Said once; the error is kept for `capture_error`.
+                eprintln!(
+                    "memwise: capturing the step as a CUDA graph failed ({e}); every step \
+                         runs its kernels eagerly from now on"
+                );
+                self.backend.clear_graph();
+                self.capture_error = Some(e);
+                self.graph = Graph::Failed;
+                self.run_eagerly(steps)?;
+            }
         }
         Ok(())
     }
@@ -604,7 +633,21 @@ impl<B: Backend> CudaKernels<B> {
     fn launch(&self, call: &KernelCall) -> Result<()> {
         // SAFETY: every pointer argument is an address inside the two regions, at a tensor's
         // or parameter's planned offset, sized by the plan for the dims passed.
-        unsafe { self.backend.launch(call).map_err(dev) }
+        unsafe { self.backend.launch(call).map_err(dev)? };
+        self.sync_after(&call.name)
+    }
+
+    /// With [`CudaKernels::set_sync_each_launch`] on, waits for the device and names `what`
+    /// (the kernel or GEMM just launched) in its error; the walk adds the step.
+    fn sync_after(&self, what: &str) -> Result<()> {
+        if !self.sync_each_launch {
+            return Ok(());
+        }
+        self.backend.synchronize().map_err(|e| {
+            dev(format!(
+                "{e} (found by the synchronisation after `{what}`, {SYNC_ENV}=1)"
+            ))
+        })
     }
 
     /// Runs row-major GEMM `g`, resolving its operands with `buf` to (address, type).
@@ -621,8 +664,12 @@ impl<B: Backend> CudaKernels<B> {
         unsafe {
             self.backend
                 .gemm(&cg, GemmBuffers { a, b, c, types })
-                .map_err(dev)
-        }
+                .map_err(dev)?
+        };
+        self.sync_after(&format!(
+            "cuBLAS GEMM {}×{}×{} ({types:?})",
+            cg.m, cg.n, cg.k
+        ))
     }
 }
 
