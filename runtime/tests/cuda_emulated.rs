@@ -79,6 +79,28 @@ unsafe fn slice_mut<'a, T>(addr: u64, n: usize) -> &'a mut [T] {
     std::slice::from_raw_parts_mut(addr as *mut T, n)
 }
 
+/// cuBLAS leaves a GEMM whose output overlaps an input undefined: the bytes `C` spans must
+/// not meet those `A` or `B` span (spans from the first to one past the last element).
+fn gemm_output_apart(g: &CublasGemm, b: &GemmBuffers) -> Result<(), String> {
+    let e = g.extents();
+    let span = |base: u64, first: usize, end: usize, t: Float| {
+        let size = t.size() as u64;
+        (base + first as u64 * size, base + end as u64 * size)
+    };
+    let a = span(b.a, g.a.1, e[0].1, b.types[0]);
+    let bb = span(b.b, g.b.1, e[1].1, b.types[1]);
+    let c = span(b.c, g.c.1, e[2].1, b.types[2]);
+    for (name, x) in [("A", a), ("B", bb)] {
+        if x.0 < c.1 && c.0 < x.1 {
+            return Err(format!(
+                "GEMM {}×{}×{}: its output C {c:x?} overlaps its input {name} {x:x?}",
+                g.m, g.n, g.k
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// What a capture must not be the first to use: a kernel, or a kind of cuBLAS GEMM.
 fn lazily_loaded(c: &Cmd) -> Option<String> {
     match c {
@@ -202,6 +224,7 @@ impl Backend for EmuBackend {
     }
     unsafe fn gemm(&self, g: &CublasGemm, bufs: GemmBuffers) -> Result<(), String> {
         g.validate()?;
+        gemm_output_apart(g, &bufs)?;
         self.submit(Cmd::Gemm(*g, bufs))
     }
     fn synchronize(&self) -> Result<(), String> {
@@ -1167,6 +1190,40 @@ fn the_emulated_capture_refuses_what_a_real_one_refuses() {
         "the memory query is recorded"
     );
     b.end_capture().unwrap();
+}
+
+/// A GEMM whose output overlaps one of its inputs (undefined in cuBLAS) is refused by the
+/// emulated backend: a dense layer's forward with `y` placed over the end of `x`, and then
+/// apart from it.
+#[test]
+fn a_gemm_whose_output_overlaps_an_input_is_refused() {
+    let d = memwise_kernels::dense::DenseDims {
+        batch: 4,
+        in_features: 3,
+        out_features: 5,
+    };
+    let g = cm::to_cublas(&cm::dense_forward(d));
+    let mut b = EmuBackend::default();
+    let base = b.alloc(4 * 64).unwrap();
+    let (x, w) = (base, base + 4 * 12);
+    let types = [Float::F32; 3];
+    let overlapping = GemmBuffers {
+        a: x,
+        b: w,
+        c: base + 4 * 8,
+        types,
+    };
+    // SAFETY: refused before anything runs.
+    let e = unsafe { b.gemm(&g, overlapping) }.unwrap_err();
+    assert!(e.contains("overlaps its input"), "{e}");
+    let apart = GemmBuffers {
+        a: x,
+        b: w,
+        c: base + 4 * 27,
+        types,
+    };
+    // SAFETY: x [4×3], w [3×5] and y [4×5] lie apart inside the 64 floats allocated.
+    unsafe { b.gemm(&g, apart) }.unwrap();
 }
 
 /// `MEMWISE_CUDA_SYNC=1` (here `set_sync_each_launch`): a sticky device error is reported by
