@@ -1,6 +1,18 @@
 //! Compiles every `kernels/cuda/*.cu` as C++ with the emulation shim into one static library,
 //! and generates the registry of its `extern "C" __global__` kernels (name → launcher and
 //! parameter signature) by scanning the preprocessed sources.
+//!
+//! Two things make the emulation stricter than the sources alone would (docs/CUDA.md,
+//! "Emulation"):
+//! - every `__shared__` declaration is followed by a call that tells the emulator where the
+//!   variable lives, so it fills it with NaN bytes the first time a block reaches it (a kernel
+//!   that reads shared memory it did not write gets NaN). The sources are copied into
+//!   `OUT_DIR` with that call appended on the declaration's own line, so line numbers stay;
+//! - with GCC the library is compiled with `-fsanitize=thread` but without TSan's runtime:
+//!   the compiler then calls `__tsan_read4(addr)`, `__tsan_write2(addr)` … around every
+//!   memory access of the kernels, and runtime.h defines those hooks itself. They return at
+//!   once unless a launch checks for races (`MW_EMU_RACES=1`), when they log global and
+//!   shared memory accesses and flag unordered conflicting ones.
 
 use std::path::{Path, PathBuf};
 
@@ -30,13 +42,37 @@ fn main() {
         println!("cargo:rerun-if-changed={}", p.display());
     }
 
+    // The sources with their `__shared__` declarations registered (see the top), laid out as
+    // in kernels/cuda so that `#include "common.cuh"` and `"../common.cuh"` still resolve.
+    let copy = out.join("cu");
+    std::fs::create_dir_all(copy.join("emu")).unwrap();
+    std::fs::copy(cuda.join("common.cuh"), copy.join("common.cuh")).unwrap();
+    let mut copies = Vec::new();
+    for (s, rel) in sources
+        .iter()
+        .map(|s| (s.clone(), PathBuf::from(s.file_name().unwrap())))
+        // The emulator's own test kernels (misused barriers, races), not kernel sources.
+        .chain([(
+            cuda.join("emu/selftest.cu"),
+            PathBuf::from("emu/selftest.cu"),
+        )])
+    {
+        let text = std::fs::read_to_string(&s).unwrap();
+        // `#line` keeps compiler messages pointing at the real file.
+        let body = format!(
+            "#line 1 \"{}\"\n{}",
+            s.display(),
+            register_shared(&s, &text)
+        );
+        std::fs::write(copy.join(&rel), body).unwrap();
+        copies.push(copy.join(&rel));
+    }
+
     // One translation unit: the shim, every kernel source, then the launcher and registry.
     let mut all = format!("#include \"{}\"\n", cuda.join("emu/shim.h").display());
-    for s in &sources {
+    for s in &copies {
         all += &format!("#include \"{}\"\n", s.display());
     }
-    // The emulator's own test kernels (misused barriers), not part of the kernel sources.
-    all += &format!("#include \"{}\"\n", cuda.join("emu/selftest.cu").display());
     all += &format!(
         "#ifndef MW_EMU_SCAN\n#include \"{}\"\n#endif\n",
         cuda.join("emu/runtime.h").display()
@@ -72,7 +108,59 @@ fn main() {
     let registry: String = names.iter().map(|n| format!("MW_EMU_REG({n})\n")).collect();
     std::fs::write(out.join("registry.inc"), registry).unwrap();
 
-    base(&out).file(&all_path).compile("mwemu");
+    let mut lib = base(&out);
+    // The race log's hooks (runtime.h): GCC instruments every load and store with a call to
+    // `__tsan_{read,write}N`, which runtime.h defines, and leaves atomics and functions marked
+    // `no_sanitize("thread")` alone. Clang would also route atomics through `__tsan_atomic*`,
+    // which the emulator does not define, so other compilers build without the hooks and a
+    // launch that asks for the race check fails with a message saying so.
+    if lib.get_compiler().is_like_gnu() {
+        lib.flag("-fsanitize=thread")
+            .flag("--param=tsan-instrument-func-entry-exit=0")
+            .define("MW_EMU_RACE_HOOKS", None);
+    }
+    lib.file(&all_path).compile("mwemu");
+}
+
+/// `text` with `mw_emu::shared_decl(&NAME, sizeof NAME, "NAME");` after each `__shared__`
+/// declaration, on the same line. Only the one form the kernels use is accepted — one
+/// variable per declaration, on one line, inside a function — so that a new form fails the
+/// build here instead of going unregistered (and unfilled).
+fn register_shared(path: &Path, text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 1024);
+    for (n, line) in text.lines().enumerate() {
+        out += line;
+        let decl = line.trim_start();
+        if let Some(rest) = decl.strip_prefix("__shared__") {
+            let fail = |why: &str| -> ! {
+                panic!(
+                    "{}:{}: {why} (the emulator registers one `__shared__ T name[..];` per line)",
+                    path.display(),
+                    n + 1
+                )
+            };
+            let Some(end) = rest.find(';') else {
+                fail("declaration does not end on its line")
+            };
+            let declarator = rest[..end].split('=').next().unwrap();
+            let before_dims = declarator.split('[').next().unwrap();
+            if before_dims.contains(',') || before_dims.contains('(') {
+                fail("not a single variable");
+            }
+            let name = before_dims.split_whitespace().last().unwrap_or("");
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                fail("no variable name");
+            }
+            let at =
+                out.len() - line.len() + (line.len() - decl.len()) + "__shared__".len() + end + 1;
+            out.insert_str(
+                at,
+                &format!(" mw_emu::shared_decl(&{name}, sizeof {name}, \"{name}\");"),
+            );
+        }
+        out.push('\n');
+    }
+    out
 }
 
 fn base(out: &Path) -> cc::Build {

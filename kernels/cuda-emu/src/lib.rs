@@ -9,6 +9,12 @@
 //!
 //! Nothing here knows the kernels' meaning: `kernels/tests/cuda_emulation.rs` compares every
 //! kernel against the CPU kernels.
+//!
+//! Two checks are stricter than a GPU's luck (docs/CUDA.md, "Emulation"): every block's
+//! `__shared__` variables start as NaN (0xFF bytes), always; and a launch can log every
+//! global and shared memory access of the kernel code and fail on a data race — with
+//! `MW_EMU_RACES=1`, or [`check_races`] on the calling thread. That check is slow (a hash
+//! lookup per byte accessed), so it is off by default.
 
 use std::ffi::{c_char, c_void, CStr, CString};
 
@@ -25,6 +31,26 @@ extern "C" {
         err: *mut c_char,
         errlen: usize,
     ) -> i32;
+    fn mw_emu_check_races(on: i32);
+    fn mw_emu_races_available() -> i32;
+}
+
+/// Race checks for the launches made on the calling OS thread: `Some(true)` on, `Some(false)`
+/// off, `None` as the `MW_EMU_RACES` environment variable says (`1`: on). A checked launch
+/// fails with an error naming the memory (`parameter k + n bytes`, or the shared variable) and
+/// the two threads when two threads of the launch access one byte, at least one of them
+/// writing, and no `__syncthreads` of one block orders them (blocks are never ordered).
+/// Atomics are exempt.
+pub fn check_races(on: Option<bool>) {
+    // SAFETY: sets a thread-local flag.
+    unsafe { mw_emu_check_races(on.map_or(-1, i32::from)) }
+}
+
+/// Whether this build of the emulator can check for races: it needs GCC's `-fsanitize=thread`
+/// instrumentation, whose hooks the emulator defines (kernels/cuda-emu/build.rs).
+pub fn races_available() -> bool {
+    // SAFETY: reads a constant.
+    unsafe { mw_emu_races_available() != 0 }
 }
 
 /// Every kernel in the sources, with its parameter signature (`p` pointer, `f` f32, `d` f64,

@@ -8,7 +8,18 @@
 // that returns leaves the block (as an exited CUDA thread does). When no fiber can move — a
 // barrier some threads never reach, a shuffle with an exited lane — the launch fails with a
 // message instead of hanging. `__shared__` is per-block storage (one block runs at a time on
-// a thread; `thread_local`, so tests on several threads do not share it).
+// a thread; `thread_local`, so tests on several threads do not share it). The build appends
+// `mw_emu::shared_decl(&var, sizeof var, "var");` to every `__shared__` declaration, so the
+// first thread of a block to reach one fills the variable with 0xFF bytes — NaN as f32, f64,
+// f16 and bf16, −1 as an integer — and a kernel reading shared memory it did not write gets
+// NaN in its results, as it would get garbage on a GPU, instead of the zeros a fresh
+// `thread_local` holds or the values the previous block left.
+//
+// The library is compiled with GCC's `-fsanitize=thread` instrumentation (kernels/cuda-emu/
+// build.rs) and runtime.h defines its hooks: with `MW_EMU_RACES=1` a launch logs every access
+// the kernel code makes to global and shared memory and fails on a data race (runtime.h).
+// The atomics below are marked MW_EMU_UNLOGGED: many threads updating one address
+// atomically is not a race, so they are not logged.
 //
 // The 16-bit conversions round to nearest even with IEEE subnormals, overflow to infinity and
 // NaN kept NaN, exactly like the `half` crate and the PTX `cvt.rn` instructions.
@@ -48,11 +59,17 @@ using std::sin;
 using std::sqrt;
 using std::tanh;
 
+// A function whose memory accesses the race log does not see (the compiler does not
+// instrument it, and it is never inlined into instrumented code).
+#define MW_EMU_UNLOGGED __attribute__((no_sanitize("thread")))
+
 namespace mw_emu {
 // Implemented in runtime.h.
 void sync_block();
 void sync_warp();
 void exchange(const void* v, unsigned size, int src_lane_xor, int src_lane_down, void* out);
+// A `__shared__` variable's storage, reported each time a thread passes its declaration.
+void shared_decl(void* p, unsigned long size, const char* name);
 } // namespace mw_emu
 
 inline void __syncthreads() { mw_emu::sync_block(); }
@@ -86,8 +103,9 @@ inline int __float_as_int(float f) { return (int)__float_as_uint(f); }
 inline float __int_as_float(int i) { return __uint_as_float((unsigned)i); }
 
 // Atomics: fibers of one launch never run at the same time, but tests on several OS threads
-// may touch shared buffers, so these are real atomics.
-inline float atomicAdd(float* p, float v) {
+// may touch shared buffers, so these are real atomics. Unlogged: concurrent atomics on one
+// address are not a race.
+MW_EMU_UNLOGGED inline float atomicAdd(float* p, float v) {
     unsigned* u = reinterpret_cast<unsigned*>(p);
     unsigned old = __atomic_load_n(u, __ATOMIC_RELAXED);
     while (true) {
@@ -96,9 +114,9 @@ inline float atomicAdd(float* p, float v) {
             return __uint_as_float(old);
     }
 }
-inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
-inline int atomicOr(int* p, int v) { return __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }
-inline int atomicMax(int* p, int v) {
+MW_EMU_UNLOGGED inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+MW_EMU_UNLOGGED inline int atomicOr(int* p, int v) { return __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }
+MW_EMU_UNLOGGED inline int atomicMax(int* p, int v) {
     int old = __atomic_load_n(p, __ATOMIC_RELAXED);
     while (old < v && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_RELAXED,
                                                    __ATOMIC_RELAXED)) {
