@@ -817,9 +817,30 @@ pub fn depthwise_conv2d_backward<T: Element>(
     x: &[T],
     w: &[T],
     dy: &[T],
-    mut dx: Option<&mut [T]>,
+    dx: Option<&mut [T]>,
     dw: &mut [f32],
     db: Option<&mut [f32]>,
+) -> KResult {
+    depthwise_conv2d_backward_ws(d, x, w, dy, dx, dw, db, &mut [])
+}
+
+/// [`depthwise_conv2d_backward`] with a workspace (the plan's scratch of the step): when it
+/// holds at least two parts of `kh·kw·c·m` (+ `c·m` with a bias) f32 partial sums, the weight
+/// and bias gradients of an f32, multiplier-1 convolution are summed in one pass over the
+/// output rows, split into as many parts as the workspace holds (fixed by the plan, not by the
+/// thread count): each part adds every tap of each row while the row is in cache, and the
+/// parts are added in order. Otherwise (or with no workspace) each tap walks the rows on its
+/// own.
+#[allow(clippy::too_many_arguments)]
+pub fn depthwise_conv2d_backward_ws<T: Element>(
+    d: DepthwiseConv2dDims,
+    x: &[T],
+    w: &[T],
+    dy: &[T],
+    mut dx: Option<&mut [T]>,
+    dw: &mut [f32],
+    mut db: Option<&mut [f32]>,
+    ws: &mut [f32],
 ) -> KResult {
     let what = "depthwise_conv2d_backward";
     check_window(what, d.h, d.w, d.kh, d.kw, d.sh, d.sw, d.padding)?;
@@ -831,6 +852,17 @@ pub fn depthwise_conv2d_backward<T: Element>(
     let (oh, ow, co, m, c) = (d.out_h(), d.out_w(), d.c_out(), d.multiplier, d.c);
     let (pt, pl) = (d.pad_top() as isize, d.pad_left() as isize);
     if co == 0 {
+        return Ok(());
+    }
+
+    let by_rows = match (f32_view(x), f32_view(dy)) {
+        (Some(x), Some(dy)) if m == 1 => {
+            depthwise_param_grads_by_rows(&d, x, dy, dw, db.as_deref_mut(), ws)
+        }
+        _ => false,
+    };
+    if by_rows {
+        depthwise_dx(&d, w, dy, dx.as_deref_mut());
         return Ok(());
     }
 
@@ -883,7 +915,174 @@ pub fn depthwise_conv2d_backward<T: Element>(
                 });
         });
 
-    // dx: each input pixel gathers from the output pixels whose window covers it.
+    depthwise_dx(&d, w, dy, dx);
+    if let Some(db) = db {
+        add_column_sums(dy, d.n * oh * ow, co, db);
+    }
+    Ok(())
+}
+
+/// The weight gradient (and the bias gradient, when `db` is given) of an f32 multiplier-1
+/// depthwise convolution in parts of the output rows, each part's f32 partial sums in `ws`
+/// (`[parts, kh·kw·c (+ c)]`), added in part order. `false` (nothing written) when `ws` holds
+/// fewer than two parts.
+fn depthwise_param_grads_by_rows(
+    d: &DepthwiseConv2dDims,
+    x: &[f32],
+    dy: &[f32],
+    dw: &mut [f32],
+    db: Option<&mut [f32]>,
+    ws: &mut [f32],
+) -> bool {
+    let (oh, ow, c, taps) = (d.out_h(), d.out_w(), d.c, d.kh * d.kw);
+    let (pt, pl) = (d.pad_top() as isize, d.pad_left() as isize);
+    let part_len = taps * c + if db.is_some() { c } else { 0 };
+    let rows = d.n * oh;
+    let parts = (ws.len() / part_len.max(1)).min(rows);
+    if parts < 2 {
+        return false;
+    }
+    ws[..parts * part_len]
+        .par_chunks_mut(part_len)
+        .enumerate()
+        .for_each(|(p, acc)| {
+            acc.fill(0.0);
+            let rows = rows * p / parts..rows * (p + 1) / parts;
+            if d.kh == 3 && d.kw == 3 && c % 8 == 0 {
+                for c0 in (0..c).step_by(8) {
+                    depthwise_part_3x3(d, x, dy, rows.clone(), c0, acc);
+                }
+                return;
+            }
+            let (acc_w, acc_b) = acc.split_at_mut(taps * c);
+            for r in rows {
+                let (s, oy) = (r / oh, r % oh);
+                for ox in 0..ow {
+                    let g = &dy[((s * oh + oy) * ow + ox) * c..][..c];
+                    for (b, gv) in acc_b.iter_mut().zip(g) {
+                        *b += gv;
+                    }
+                    for tap in 0..taps {
+                        let (ki, kj) = (tap / d.kw, tap % d.kw);
+                        let iy = (oy * d.sh + ki) as isize - pt;
+                        let ix = (ox * d.sw + kj) as isize - pl;
+                        if iy < 0 || iy >= d.h as isize || ix < 0 || ix >= d.w as isize {
+                            continue;
+                        }
+                        let xp = &x[((s * d.h + iy as usize) * d.w + ix as usize) * c..][..c];
+                        let a = &mut acc_w[tap * c..(tap + 1) * c];
+                        for ((a, xv), gv) in a.iter_mut().zip(xp).zip(g) {
+                            *a += xv * gv;
+                        }
+                    }
+                }
+            }
+        });
+    let sums = |i: usize| (0..parts).map(|p| ws[p * part_len + i]).sum::<f32>();
+    for (i, g) in dw[..taps * c].iter_mut().enumerate() {
+        *g += sums(i);
+    }
+    if let Some(db) = db {
+        for (j, g) in db[..c].iter_mut().enumerate() {
+            *g += sums(taps * c + j);
+        }
+    }
+    true
+}
+
+/// One part's sums of a 3×3 depthwise kernel for the 8 channels from `c0`: its 9 taps' (and
+/// the bias's) accumulators stay in registers over the part's output rows — 8 lanes wide
+/// with AVX2 (multiply, then add: the same arithmetic as the loop above) — and are added into
+/// `acc` (`[9·c (+ c)]`, as there) at the end.
+#[inline(always)]
+fn depthwise_part_3x3(
+    d: &DepthwiseConv2dDims,
+    x: &[f32],
+    dy: &[f32],
+    rows: std::ops::Range<usize>,
+    c0: usize,
+    acc: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        #[target_feature(enable = "avx2")]
+        unsafe fn avx2(
+            d: &DepthwiseConv2dDims,
+            x: &[f32],
+            dy: &[f32],
+            rows: std::ops::Range<usize>,
+            c0: usize,
+            acc: &mut [f32],
+        ) {
+            depthwise_part_3x3_body(d, x, dy, rows, c0, acc)
+        }
+        // SAFETY: the CPU has the feature `avx2` is compiled with.
+        return unsafe { avx2(d, x, dy, rows, c0, acc) };
+    }
+    depthwise_part_3x3_body(d, x, dy, rows, c0, acc)
+}
+
+#[inline(always)]
+fn depthwise_part_3x3_body(
+    d: &DepthwiseConv2dDims,
+    x: &[f32],
+    dy: &[f32],
+    rows: std::ops::Range<usize>,
+    c0: usize,
+    acc: &mut [f32],
+) {
+    let (oh, ow, c) = (d.out_h(), d.out_w(), d.c);
+    let (pt, pl) = (d.pad_top() as isize, d.pad_left() as isize);
+    let (h, w) = (d.h as isize, d.w as isize);
+    let mut taps = [[0f32; 8]; 9];
+    let mut bias = [0f32; 8];
+    for r in rows {
+        let (s, oy) = (r / oh, r % oh);
+        for ox in 0..ow {
+            let g: [f32; 8] = dy[((s * oh + oy) * ow + ox) * c + c0..][..8]
+                .try_into()
+                .expect("8 lanes");
+            for q in 0..8 {
+                bias[q] += g[q];
+            }
+            for ki in 0..3 {
+                let iy = (oy * d.sh + ki) as isize - pt;
+                if iy < 0 || iy >= h {
+                    continue;
+                }
+                for kj in 0..3 {
+                    let ix = (ox * d.sw + kj) as isize - pl;
+                    if ix < 0 || ix >= w {
+                        continue;
+                    }
+                    let at = ((s * d.h + iy as usize) * d.w + ix as usize) * c + c0;
+                    let xv: [f32; 8] = x[at..at + 8].try_into().expect("8 lanes");
+                    let t = &mut taps[ki * 3 + kj];
+                    for q in 0..8 {
+                        t[q] += xv[q] * g[q];
+                    }
+                }
+            }
+        }
+    }
+    for (tap, t) in taps.iter().enumerate() {
+        for (a, v) in acc[tap * c + c0..tap * c + c0 + 8].iter_mut().zip(t) {
+            *a += v;
+        }
+    }
+    if acc.len() > 9 * c {
+        for (a, v) in acc[9 * c + c0..9 * c + c0 + 8].iter_mut().zip(&bias) {
+            *a += v;
+        }
+    }
+}
+
+/// A depthwise convolution's input gradient, overwritten (nothing when `dx` is `None`): each
+/// input pixel gathers from the output pixels whose window covers it.
+fn depthwise_dx<T: Element>(d: &DepthwiseConv2dDims, w: &[T], dy: &[T], dx: Option<&mut [T]>) {
+    let (oh, ow, co, m, c) = (d.out_h(), d.out_w(), d.c_out(), d.multiplier, d.c);
+    let (pt, pl) = (d.pad_top() as isize, d.pad_left() as isize);
+    let mut dx = dx;
     let f32_rows = m == 1 && d.sh == 1 && d.sw == 1;
     if let (Some(dx), Some(w), Some(dy), true) = (
         dx.as_deref_mut().and_then(f32_view_mut),
@@ -894,7 +1093,7 @@ pub fn depthwise_conv2d_backward<T: Element>(
         dx[..d.x_len()]
             .par_chunks_mut(d.w * c)
             .enumerate()
-            .for_each(|(r, dxrow)| depthwise_dx_row(&d, w, dy, r, dxrow));
+            .for_each(|(r, dxrow)| depthwise_dx_row(d, w, dy, r, dxrow));
     } else if let Some(dx) = dx {
         dx[..d.x_len()]
             .par_chunks_mut(d.w * c)
@@ -937,11 +1136,6 @@ pub fn depthwise_conv2d_backward<T: Element>(
                 }
             });
     }
-
-    if let Some(db) = db {
-        add_column_sums(dy, d.n * oh * ow, co, db);
-    }
-    Ok(())
 }
 
 /// One output row `r` (sample and row) of a stride-1, multiplier-1, f32 depthwise

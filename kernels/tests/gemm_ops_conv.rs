@@ -529,6 +529,98 @@ fn depthwise_forward_matches_naive() {
     }
 }
 
+/// The f64 reference of a depthwise convolution's weight and bias gradients.
+fn naive_depthwise_param_grads(
+    d: DepthwiseConv2dDims,
+    x: &[f32],
+    dy: &[f32],
+) -> (Vec<f64>, Vec<f64>) {
+    let (oh, ow, c, m) = (d.out_h(), d.out_w(), d.c, d.multiplier);
+    let (pt, pl) = (d.pad_top() as isize, d.pad_left() as isize);
+    let (mut dw, mut db) = (vec![0f64; d.w_len()], vec![0f64; d.c_out()]);
+    for s in 0..d.n {
+        for oy in 0..oh {
+            for ox in 0..ow {
+                for o in 0..c * m {
+                    let g = dy[((s * oh + oy) * ow + ox) * c * m + o] as f64;
+                    db[o] += g;
+                    for ki in 0..d.kh {
+                        for kj in 0..d.kw {
+                            let iy = (oy * d.sh + ki) as isize - pt;
+                            let ix = (ox * d.sw + kj) as isize - pl;
+                            if iy < 0 || ix < 0 || iy >= d.h as isize || ix >= d.w as isize {
+                                continue;
+                            }
+                            let xi = ((s * d.h + iy as usize) * d.w + ix as usize) * c + o / m;
+                            dw[(ki * d.kw + kj) * c * m + o] += x[xi] as f64 * g;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    (dw, db)
+}
+
+/// With a workspace of row parts (the plan's scratch), an f32 multiplier-1 depthwise backward
+/// sums its weight and bias gradients part by part — the 3×3, 8-channel registers path and
+/// the general one — and matches the f64 reference and the path without a workspace; the
+/// input gradient is the same bits; the result does not depend on the thread count.
+#[test]
+fn depthwise_backward_in_row_parts_matches_the_reference() {
+    let mut rng = Rng::new(33);
+    let configs: &[Cfg] = &[
+        (3, 9, 7, 16, 1, 3, 3, 1, 1, true),
+        (2, 11, 8, 24, 1, 3, 3, 2, 2, true),
+        (2, 6, 7, 70, 1, 4, 2, 1, 1, true),
+        (2, 8, 5, 12, 1, 3, 3, 1, 1, false),
+    ];
+    for cfg in configs {
+        let d = dw_dims(cfg);
+        let (x, w, dy) = (rng.vec(d.x_len()), rng.vec(d.w_len()), rng.vec(d.y_len()));
+        let (want_dw, want_db) = naive_depthwise_param_grads(d, &x, &dy);
+        let (want_dx, _, _) = dw_bwd::<f32>(d, &x, &w, &dy);
+        for (parts, bias) in [(2, true), (5, true), (3, false)] {
+            let part = d.w_len() + if bias { d.c_out() } else { 0 };
+            let mut ws = vec![f32::NAN; parts * part + 3];
+            let run = |ws: &mut [f32]| {
+                let mut dx = vec![f32::NAN; d.x_len()];
+                let (mut dw, mut db) = (vec![0f32; d.w_len()], vec![0f32; d.c_out()]);
+                let db_arg = if bias { Some(&mut db[..]) } else { None };
+                depthwise_conv2d_backward_ws(d, &x, &w, &dy, Some(&mut dx), &mut dw, db_arg, ws)
+                    .unwrap();
+                (dx, dw, db)
+            };
+            let (dx, dw, db) = run(&mut ws);
+            let what = format!("{d:?} in {parts} parts");
+            assert_close(&format!("{what} dw"), &dw, &want_dw, 1e-5, 1e-5);
+            if bias {
+                assert_close(&format!("{what} db"), &db, &want_db, 1e-5, 1e-5);
+            } else {
+                assert!(
+                    db.iter().all(|&v| v == 0.0),
+                    "{what}: db written without a bias"
+                );
+            }
+            let same_bits =
+                |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits());
+            assert!(
+                same_bits(&dx, &want_dx),
+                "{what}: dx differs from the path without parts"
+            );
+            let one_thread = rayon::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .build()
+                .unwrap();
+            let (dx1, dw1, db1) = one_thread.install(|| run(&mut ws));
+            assert!(
+                same_bits(&dw, &dw1) && same_bits(&db, &db1) && same_bits(&dx, &dx1),
+                "{what}: depends on the threads"
+            );
+        }
+    }
+}
+
 #[test]
 fn depthwise_backward_matches_finite_differences() {
     let mut rng = Rng::new(32);

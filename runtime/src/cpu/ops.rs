@@ -741,7 +741,8 @@ impl Kernels for CpuKernels {
     ) -> OpResult {
         unsafe {
             with_float!(self.dtype(io.dy), T, {
-                k::conv::depthwise_conv2d_backward::<T>(
+                // The step's scratch (the GPU's split partial sums) holds the CPU's row parts.
+                k::conv::depthwise_conv2d_backward_ws::<T>(
                     d,
                     self.r::<T>(io.x)?,
                     self.weight::<T>(io.weight)?,
@@ -749,6 +750,7 @@ impl Kernels for CpuKernels {
                     self.wo::<T>(io.dx)?,
                     self.grad_mut(io.weight)?,
                     self.grad_opt(io.bias)?,
+                    self.ws::<f32>(io.scratch)?,
                 )?
             })
         }
