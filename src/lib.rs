@@ -295,13 +295,13 @@ pub use memwise_macros::__model_continue;
 /// ```
 ///
 /// ```text
-/// error: model `TooBig` needs 88.02 MiB but the budget is 64 MiB (24.02 MiB over)
-///        = note: at batch 4096, float32: params 8.01 MiB + grads 8.01 MiB + optimizer 8.01 MiB + activations 48 MiB + workspace 0 B + inputs 16 MiB = 88.02 MiB total, budget 64 MiB
+/// error: model `TooBig` needs 88.09 MiB but the budget is 64 MiB (24.09 MiB over)
+///        = note: at batch 4096, float32: params 8.01 MiB + grads 8.01 MiB + optimizer 8.01 MiB + activations 48 MiB + workspace 72 KiB + inputs 16 MiB = 88.09 MiB total, budget 64 MiB
 ///        = help: each of these fits (planned):
-///                - `batch = 2558` (the largest batch that fits): 63.99 MiB
+///                - `batch = 2553` (the largest batch that fits): 63.98 MiB
 ///        = note: these do not fit alone:
-///                - `precision = mixed_float16` still needs 76.02 MiB (with it, `batch = 3069` fits)
-///                - checkpointing: the best placement tried still needs 88.02 MiB
+///                - `precision = mixed_float16` still needs 76.03 MiB (with it, `batch = 3069` fits)
+///                - checkpointing: the best placement tried still needs 88.09 MiB
 ///  --> src/main.rs:3:52
 ///   |
 /// 3 | #[memwise::model(batch = 4096, loss = mse(out, x), budget = "64 MiB")]
