@@ -19,6 +19,7 @@
 //! activation gradients (`dx`) are **overwritten**.
 
 use crate::dense::add_column_sums;
+use crate::elementwise::wide_loop;
 use crate::gemm::{
     add_f32, check_part, gemm_core, load_f32, matmul_mixed_ws_len, store_f32, Mat, MatMut,
 };
@@ -990,36 +991,21 @@ fn depthwise_param_grads_by_rows(
     true
 }
 
-/// One part's sums of a 3×3 depthwise kernel for the 8 channels from `c0`: its 9 taps' (and
-/// the bias's) accumulators stay in registers over the part's output rows — 8 lanes wide
-/// with AVX2 (multiply, then add: the same arithmetic as the loop above) — and are added into
-/// `acc` (`[9·c (+ c)]`, as there) at the end.
-#[inline(always)]
-fn depthwise_part_3x3(
-    d: &DepthwiseConv2dDims,
-    x: &[f32],
-    dy: &[f32],
-    rows: std::ops::Range<usize>,
-    c0: usize,
-    acc: &mut [f32],
-) {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
-        #[target_feature(enable = "avx2")]
-        unsafe fn avx2(
-            d: &DepthwiseConv2dDims,
-            x: &[f32],
-            dy: &[f32],
-            rows: std::ops::Range<usize>,
-            c0: usize,
-            acc: &mut [f32],
-        ) {
-            depthwise_part_3x3_body(d, x, dy, rows, c0, acc)
-        }
-        // SAFETY: the CPU has the feature `avx2` is compiled with.
-        return unsafe { avx2(d, x, dy, rows, c0, acc) };
+wide_loop! {
+    /// One part's sums of a 3×3 depthwise kernel for the 8 channels from `c0`: its 9 taps'
+    /// (and the bias's) accumulators stay in registers over the part's output rows — 8 lanes
+    /// wide with AVX2 (multiply, then add: the same arithmetic as the loop above) — and are
+    /// added into `acc` (`[9·c (+ c)]`, as there) at the end.
+    fn depthwise_part_3x3<>(
+        d: &DepthwiseConv2dDims,
+        x: &[f32],
+        dy: &[f32],
+        rows: std::ops::Range<usize>,
+        c0: usize,
+        acc: &mut [f32]
+    ) wide if true, {
+        depthwise_part_3x3_body(d, x, dy, rows, c0, acc)
     }
-    depthwise_part_3x3_body(d, x, dy, rows, c0, acc)
 }
 
 #[inline(always)]

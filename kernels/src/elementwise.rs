@@ -158,6 +158,7 @@ macro_rules! wide_loop {
         }
     };
 }
+pub(crate) use wide_loop;
 
 wide_loop! {
     /// One chunk of [`map1_with`].
