@@ -25,7 +25,8 @@ MW_DEV void column_sums(const T* m, u64 rows, u64 cols, float* sums, double* par
     mw_part_rows(rows, r0, r1);
     double acc = 0.0;
     if (j < cols)
-        for (u64 r = r0 + threadIdx.y; r < r1; r += MW_STRIP_Y) acc += (double)ld(m[r * cols + j]);
+        for (u64 r = r0 + threadIdx.y; r < r1; r += MW_STRIP_Y)
+            acc += (double)ld(m[r * cols + j]);
     acc = mw_strip_sum(acc, sh);
     if (threadIdx.y == 0 && j < cols) mw_strip_out(acc, sums, partials, cols, j);
 }
@@ -149,7 +150,7 @@ MW_DEV void mw_channel_grad_sums(H hat, const T* dy, u64 rows, u64 c, u64 ch, bo
 }
 
 // A channel's Σ dy and Σ dy·x̂: this strip's own (partials null), or the parts' sums that
-// mw_channel_grad_parts left in partials [parts, 2c] (Σ dy, then Σ dy·x̂, per part).
+// ln_param_grads left in partials [parts, 2c] (Σ dy, then Σ dy·x̂, per part).
 template <typename T, typename H>
 MW_DEV void mw_channel_grad_totals(H hat, const T* dy, u64 rows, u64 c, u64 ch, bool ok,
                                    const double* partials, double (*sh)[33], float& sum_dy,
@@ -167,19 +168,22 @@ MW_DEV void mw_channel_grad_totals(H hat, const T* dy, u64 rows, u64 c, u64 ch, 
     sum_dyh = (float)b;
 }
 
-// Split parameter gradients, first pass: each part's Σ dy and Σ dy·x̂ per channel into
-// partials [parts, 2c] (dbeta's sums, then dgamma's), for mw_add_parts or bn_bwd.
+// dgamma += Σ_rows dy·x_hat, dbeta += Σ_rows dy (a channel strip; dbeta may be null). Run it
+// before mw_ln_bwd when dx is written over dy. Group and RMS norm use it too.
+// `hat(i)` is x̂ at element i (MwKeptHat, or MwRowRebuiltHat below). Split (partials
+// non-null), each part's sums go to partials [parts, 2c] instead (dbeta's, then dgamma's), for
+// mw_add_parts or batch norm's backward.
 template <typename T, typename H>
-MW_DEV void mw_channel_grad_parts(H hat, const T* dy, u64 rows, u64 c, double* partials) {
+MW_DEV void ln_param_grads(H hat, const T* dy, float* dgamma, float* dbeta, u64 rows, u64 c,
+                           double* partials) {
     __shared__ double sh[MW_STRIP_Y][33];
     u64 ch = (u64)blockIdx.x * 32 + threadIdx.x;
     bool ok = ch < c;
     double a, b;
     mw_channel_grad_sums(hat, dy, rows, c, ch, ok, sh, a, b);
-    if (ok && threadIdx.y == 0) {
-        partials[(u64)blockIdx.z * 2 * c + ch] = a;
-        partials[(u64)blockIdx.z * 2 * c + c + ch] = b;
-    }
+    if (!ok || threadIdx.y != 0) return;
+    if (dbeta || partials) mw_strip_out(a, dbeta, partials, 2 * c, ch); // no dbeta: RMS norm
+    mw_strip_out(b, dgamma, partials ? partials + c : partials, 2 * c, ch);
 }
 
 // x̂ as the forward kept it.
@@ -203,7 +207,7 @@ template <typename T> struct MwRebuiltHat {
 
 // Backward: dx = gamma·inv_std·(dy − (Σdy + x_hat·Σ(dy·x_hat))/rows) (overwritten),
 // dgamma += Σ dy·x_hat, dbeta += Σ dy; `hat(i)` is x̂ at element i.
-// Split, the sums are the parts' (partials from mw_channel_grad_parts) and each part's block
+// Split, the sums are the parts' (partials from ln_param_grads) and each part's block
 // writes its rows' dx.
 template <typename T, typename H>
 MW_DEV void bn_bwd(H hat, const float* inv_std, const float* gamma, const T* dy, T* dx,
@@ -261,12 +265,13 @@ MW_DEV void bn_bwd(H hat, const float* inv_std, const float* gamma, const T* dy,
     }                                                                                           \
     extern "C" __global__ void mw_bn_grad_parts_##S(const T* x_hat, const T* dy, u64 rows,      \
                                                     u64 c, double* partials) {                  \
-        mw_channel_grad_parts(MwKeptHat<T>{x_hat}, dy, rows, c, partials);                      \
+        ln_param_grads<T>(MwKeptHat<T>{x_hat}, dy, 0, 0, rows, c, partials);                    \
     }                                                                                           \
     extern "C" __global__ void mw_bn_grad_parts_rebuild_##S(                                    \
         const T* x, const float* mean, const float* inv_std, const T* dy, u64 rows, u64 c,      \
         double* partials) {                                                                     \
-        mw_channel_grad_parts(MwRebuiltHat<T>{x, mean, inv_std, c}, dy, rows, c, partials);     \
+        ln_param_grads<T>(MwRebuiltHat<T>{x, mean, inv_std, c}, dy, 0, 0, rows, c,             \
+                          partials);                                                            \
     }
 MW_FLOATS(MW_BN)
 
@@ -303,29 +308,6 @@ MW_DEV void ln_fwd(const T* x, T* y, T* x_hat, float* rstd, const float* gamma,
         float h = (ld(xr[j]) - m) * rs;
         x_hat[r * c + j] = st<T>(h);
         y[r * c + j] = st<T>(gamma[j] * h + beta[j]);
-    }
-}
-
-// dgamma += Σ_rows dy·x_hat, dbeta += Σ_rows dy (a channel strip; dbeta may be null). Run it
-// before mw_ln_bwd when dx is written over dy. Group and RMS norm use it too.
-// `hat(i)` is x̂ at element i (MwKeptHat, or MwRowRebuiltHat below).
-// Split (partials non-null), each part's sums go to partials [parts, 2c] instead, and
-// mw_add_parts adds them into dbeta and dgamma.
-template <typename T, typename H>
-MW_DEV void ln_param_grads(H hat, const T* dy, float* dgamma, float* dbeta, u64 rows, u64 c,
-                           double* partials) {
-    if (partials) {
-        mw_channel_grad_parts(hat, dy, rows, c, partials);
-        return;
-    }
-    __shared__ double sh[MW_STRIP_Y][33];
-    u64 ch = (u64)blockIdx.x * 32 + threadIdx.x;
-    bool ok = ch < c;
-    double a, b;
-    mw_channel_grad_sums(hat, dy, rows, c, ch, ok, sh, a, b);
-    if (ok && threadIdx.y == 0) {
-        if (dbeta) dbeta[ch] += (float)a; // null for RMS norm, which has no shift
-        dgamma[ch] += (float)b;
     }
 }
 
