@@ -100,6 +100,12 @@ pub struct Args {
     /// (also in `--report-json`, as `roofline`).
     #[arg(long)]
     pub roofline: bool,
+    /// Train data-parallel: this process is one rank of an `mpirun -n N …` job (needs the
+    /// `mpi` feature). The declared batch is the global one; each rank plans and trains its
+    /// share. Rank 0 prints and writes `--save-weights`; every rank writes its own
+    /// `--report-json` (rank k beside rank 0's, `.rankK` before the extension).
+    #[arg(long)]
+    pub data_parallel: bool,
 }
 
 fn io(e: std::io::Error, what: &str, path: &std::path::Path) -> RuntimeError {
@@ -195,9 +201,32 @@ impl Args {
             println!("{}", self.summary::<M>(&plan));
             return Ok(None);
         }
-        self.write_plan_outputs(&spec, &plan)?;
+        let collective = self.collective()?;
+        let (spec, plan) = match &collective {
+            Some(c) => {
+                let s = spec.with_replicas(c.size());
+                let p = crate::plan::plan(&s)?;
+                (s, p)
+            }
+            None => (spec, plan),
+        };
+        if collective.as_ref().is_none_or(|c| c.rank() == 0) {
+            self.write_plan_outputs(&spec, &plan)?;
+        }
         let monitor = MemoryMonitor::start_on(&device);
         let mut trainer = Trainer::from_plan(&spec, plan, &device, self.seed, monitor)?;
+        if let Some(c) = collective {
+            let (rank, size) = (c.rank(), c.size());
+            trainer.set_data_parallel(c)?;
+            if rank == 0 {
+                eprintln!(
+                    "data parallel: {size} ranks over {}, {} samples each per global batch of {}",
+                    trainer.engine().collective().map_or("?", |c| c.engine()),
+                    trainer.plan().batch,
+                    trainer.plan().batch * size
+                );
+            }
+        }
         if self.roofline {
             trainer.engine_mut().enable_profiling();
         }
@@ -210,6 +239,35 @@ impl Args {
             eprintln!("initial weights written to {}", p.display());
         }
         Ok(Some(trainer))
+    }
+
+    /// `--data-parallel`: this process's rank of the MPI job.
+    #[cfg(feature = "mpi")]
+    fn collective(
+        &self,
+    ) -> Result<Option<std::sync::Arc<dyn crate::runtime::collective::Collective>>, RuntimeError>
+    {
+        if !self.data_parallel {
+            return Ok(None);
+        }
+        let mpi = crate::runtime::collective::Mpi::init()?;
+        Ok(Some(std::sync::Arc::new(mpi)))
+    }
+
+    /// `--data-parallel` needs MPI, which this build does not have.
+    #[cfg(not(feature = "mpi"))]
+    fn collective(
+        &self,
+    ) -> Result<Option<std::sync::Arc<dyn crate::runtime::collective::Collective>>, RuntimeError>
+    {
+        if self.data_parallel {
+            return Err(RuntimeError::Device(
+                "--data-parallel runs the ranks of an MPI job: build with `--features mpi` \
+                 (scripts/install-mpi.sh installs Open MPI) and launch with `mpirun -n N`"
+                    .into(),
+            ));
+        }
+        Ok(None)
     }
 
     /// `FitOptions` from `--epochs` (else `default_epochs`), `--steps`, `--seed` and
@@ -232,13 +290,17 @@ impl Args {
         history: &History,
         metrics: serde_json::Value,
     ) -> Result<(), RuntimeError> {
-        eprint!("{}", measured_memory(trainer, history));
+        let rank = trainer.engine().collective().map_or(0, |c| c.rank());
+        if rank == 0 {
+            eprint!("{}", measured_memory(trainer, history));
+        }
         let roofline = self.roofline(trainer, history);
-        if let Some(p) = &self.save_weights {
+        if let (Some(p), 0) = (&self.save_weights, rank) {
             trainer.engine().save_weights(p)?;
             eprintln!("weights written to {}", p.display());
         }
         if let Some(p) = &self.report_json {
+            let p = &rank_path(p, rank);
             let mut report = trainer.report(history, metrics);
             report["roofline"] = roofline.unwrap_or(serde_json::Value::Null);
             let text = serde_json::to_string_pretty(&report)
@@ -272,6 +334,21 @@ impl Args {
         eprint!("{}", by_op_table(&groups, 12));
         Some(r.to_json(median))
     }
+}
+
+/// Where rank `rank` writes a file rank 0 writes at `path`: `r.json` → `r.rank1.json`.
+pub fn rank_path(path: &std::path::Path, rank: usize) -> PathBuf {
+    if rank == 0 {
+        return path.to_path_buf();
+    }
+    let stem = path
+        .file_stem()
+        .map_or_else(Default::default, |s| s.to_string_lossy().into_owned());
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}.rank{rank}.{}", ext.to_string_lossy()),
+        None => format!("{stem}.rank{rank}"),
+    };
+    path.with_file_name(name)
 }
 
 /// The summary's memory block with the peak `fit` measured beside the estimate: on a GPU the

@@ -299,6 +299,7 @@ pub use memwise_macros::__model_continue;
 ///        = note: at batch 4096, float32: params 8.01 MiB + grads 8.01 MiB + optimizer 8.01 MiB + activations 48 MiB + workspace 72 KiB + inputs 16 MiB = 88.09 MiB total, budget 64 MiB
 ///        = help: each of these fits (planned):
 ///                - `batch = 2553` (the largest batch that fits): 63.98 MiB
+///                - `replicas = 2` (data parallel: 2 devices, each planned for 2048 of the 4096 samples): 56.09 MiB per device
 ///        = note: these do not fit alone:
 ///                - `precision = mixed_float16` still needs 76.03 MiB (with it, `batch = 3069` fits)
 ///                - checkpointing: the best placement tried still needs 88.09 MiB

@@ -417,10 +417,14 @@ impl<'a> Summary<'a> {
             thousands(plan.trainable_count),
             thousands(plan.params_count - plan.trainable_count.min(plan.params_count)),
         )?;
-        let what = if plan.training {
-            "One training step"
-        } else {
-            "One inference pass"
+        let what = match (plan.training, plan.replicas) {
+            (false, _) => "One inference pass".to_string(),
+            (true, 1) => "One training step".to_string(),
+            (true, n) => format!(
+                "One replica's training step ({} of the global batch of {}, on each of {n} data-parallel replicas)",
+                plan.batch,
+                plan.batch * n
+            ),
         };
         writeln!(f, "{what}, planned (binary units: 1 KiB = 1024 B):")?;
         for (name, bytes) in total_rows(m) {
@@ -436,12 +440,26 @@ impl<'a> Summary<'a> {
             )?;
         }
         writeln!(f)?;
+        if plan.replicas > 1 {
+            writeln!(
+                f,
+                "  {:<20}{:>12}  ({} replicas; the gradients are summed in place, no second copy)",
+                "whole job",
+                format_bytes(m.total * plan.replicas as u64),
+                plan.replicas
+            )?;
+        }
         if let Some(peak) = self.measured_peak {
             let estimate = m.total + self.outside_plan;
             if self.outside_plan > 0 {
+                let sums = if plan.replicas > 1 {
+                    ", gradient sums"
+                } else {
+                    ""
+                };
                 writeln!(
                     f,
-                    "  {:<20}{:>12}  (besides the plan: staging, GEMM, prefetch, sample order)",
+                    "  {:<20}{:>12}  (besides the plan: staging, GEMM, prefetch, sample order{sums})",
                     "+ host",
                     format_bytes(self.outside_plan)
                 )?;

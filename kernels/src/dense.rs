@@ -172,9 +172,15 @@ pub fn dense_backward<T: Element>(
     Ok(())
 }
 
-/// `sums[j] += Σ_r m[r, j]` over a row-major `[rows, cols]` matrix, in f32; parallel over
-/// column blocks so every thread owns its slice of `sums` (no atomics, deterministic).
-/// Lengths are the caller's to check.
+/// `sums[j] += Σ_r m[r, j]` over a row-major `[rows, cols]` matrix, accumulated in f64 and
+/// rounded once; parallel over column blocks so every thread owns its slice of `sums` (no
+/// atomics, deterministic). Lengths are the caller's to check.
+///
+/// Why f64: bias gradients often cancel (terms of both signs summing to little), and an f32
+/// running sum then carries the rounding of its terms, not of its result. Data-parallel
+/// replicas each sum their share of the batch; in f64 the replicas' sums agree with one
+/// device's whole-batch sum to the result's own rounding, so Adam (which divides by the
+/// gradient's magnitude) does not amplify the split into a visible weight difference.
 pub(crate) fn add_column_sums<T: Element>(m: &[T], rows: usize, cols: usize, sums: &mut [f32]) {
     const COLS_PER_TASK: usize = 64;
     sums[..cols]
@@ -182,13 +188,17 @@ pub(crate) fn add_column_sums<T: Element>(m: &[T], rows: usize, cols: usize, sum
         .enumerate()
         .for_each(|(blk, s)| {
             let j0 = blk * COLS_PER_TASK;
-            let mut acc = [0f32; COLS_PER_TASK];
-            let acc = &mut acc[..s.len()];
+            let mut acc = [0f64; COLS_PER_TASK];
+            let mut row = [0f32; COLS_PER_TASK];
+            let (acc, row) = (&mut acc[..s.len()], &mut row[..s.len()]);
             for r in 0..rows {
-                crate::gemm::add_f32(&m[r * cols + j0..r * cols + j0 + s.len()], acc);
+                crate::gemm::load_f32(&m[r * cols + j0..][..s.len()], row);
+                for (a, x) in acc.iter_mut().zip(row.iter()) {
+                    *a += f64::from(*x);
+                }
             }
             for (s, a) in s.iter_mut().zip(acc.iter()) {
-                *s += a;
+                *s = (f64::from(*s) + a) as f32;
             }
         });
 }

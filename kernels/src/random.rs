@@ -119,6 +119,11 @@ pub struct RngKey {
     pub seed: u64,
     pub layer: u32,
     pub step: u64,
+    /// The stream's block 0 is the counter's block `first_block`: a data-parallel replica
+    /// `r` whose tensor has `n` elements draws from `r · ⌈n/4⌉` on, so the replicas' streams
+    /// are disjoint and, when `n` is a multiple of 4, together the one device's stream of the
+    /// whole batch (0 on one device).
+    pub first_block: u32,
 }
 
 /// Most elements one stream can address (2^32 blocks of 4 words).
@@ -129,7 +134,10 @@ impl RngKey {
     #[inline(always)]
     pub fn block(&self, block: u32) -> [u32; 4] {
         let [s0, s1] = split64(self.step);
-        philox4x32_10([block, s0, s1, self.layer], split64(self.seed))
+        philox4x32_10(
+            [block.wrapping_add(self.first_block), s0, s1, self.layer],
+            split64(self.seed),
+        )
     }
 
     /// Uniform `[0, 1)` for element `i`.

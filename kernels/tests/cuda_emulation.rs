@@ -1911,6 +1911,7 @@ fn dropout_case<T: Ty>(r: &mut Rng) {
         seed: 0xDEAD_BEEF_0123_4567,
         layer: 3,
         step: 0x1_0000_0002,
+        first_block: 0,
     };
     let (n, rate) = (1003usize, 0.3f32);
     let x: Vec<T> = r.t(n, -2.0, 2.0);
@@ -1974,6 +1975,7 @@ fn sample_normal_case<T: Ty>(r: &mut Rng) {
         seed: 42,
         layer: 9,
         step: 17,
+        first_block: 0,
     };
     let n = 1001;
     let mean: Vec<T> = r.t(n, -1.0, 1.0);
@@ -2034,6 +2036,7 @@ fn random() {
         seed: 0x1234_5678_9ABC_DEF0,
         layer: 7,
         step: 0x1_0000_0003,
+        first_block: 0,
     };
     let nb = 1001usize;
     let mut out = vec![0u32; 4 * nb];

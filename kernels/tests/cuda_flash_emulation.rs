@@ -254,6 +254,7 @@ fn case<T: Ty>(rng: &mut Rng, seq: usize, head_dim: usize, causal: bool, rate: f
         seed: 0xDEAD_BEEF_0123_4567,
         layer: 5,
         step: 0x1_0000_0003,
+        first_block: 0,
     };
     let mut sc = MwScalars {
         step: key.step,

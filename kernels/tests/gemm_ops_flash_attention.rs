@@ -17,6 +17,7 @@ const KEY: RngKey = RngKey {
     seed: 7,
     layer: 3,
     step: 11,
+    first_block: 0,
 };
 
 struct Outputs {

@@ -61,6 +61,7 @@ fn all_kernels(n: usize) -> usize {
         seed: 1,
         layer: 2,
         step: 3,
+        first_block: 0,
     };
     let (rows, cols) = (n / 4, 4);
     let labels = vec![1i32; rows];

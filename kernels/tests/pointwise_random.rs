@@ -33,6 +33,7 @@ fn stream_layout_is_as_documented() {
         seed: 0x0123_4567_89ab_cdef,
         layer: 7,
         step: 0x1_0000_0002,
+        first_block: 0,
     };
     let key = [0x89ab_cdef, 0x0123_4567];
     for i in [0u64, 1, 2, 3, 4, 5, 1023, 40_001] {
@@ -58,6 +59,7 @@ fn stream_layout_is_as_documented() {
     assert_ne!(
         RngKey {
             step: k.step + 1,
+            first_block: 0,
             ..k
         }
         .block(0),
@@ -72,6 +74,7 @@ fn uniform_and_normal_statistics() {
         seed: 42,
         layer: 1,
         step: 3,
+        first_block: 0,
     };
     let n = 200_000u64;
     let (mut s, mut s2, mut lo, mut hi) = (0f64, 0f64, 1f32, 0f32);
@@ -116,6 +119,7 @@ fn dropout_mask_is_reproducible_and_keeps_one_minus_rate() {
         seed: 1234,
         layer: 3,
         step: 17,
+        first_block: 0,
     };
     let n = 100_003;
     let rate = 0.3;
@@ -163,6 +167,7 @@ fn dropout_backward_matches_finite_differences_and_errors() {
         seed: 9,
         layer: 0,
         step: 0,
+        first_block: 0,
     };
     for trial in 0..3 {
         let n = rng.pick(SIZES) * rng.pick(SIZES) + trial;
@@ -217,6 +222,7 @@ fn sample_normal_forward_and_backward() {
         seed: 77,
         layer: 5,
         step: 2,
+        first_block: 0,
     };
     for trial in 0..3 {
         let n = rng.pick(SIZES) * 2 + trial;

@@ -170,6 +170,7 @@ pub fn lower(
         metrics: args.metrics.clone(),
         layers: l.layers,
         budget: args.budget.as_ref().map(|b| b.0),
+        replicas: args.replicas,
     };
     Lowered {
         spec,

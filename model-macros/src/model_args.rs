@@ -1,5 +1,5 @@
 //! The model attribute's arguments: `batch`, `optimizer`, `loss`, `metrics`, `budget`,
-//! `precision`, `checkpoint`.
+//! `precision`, `checkpoint`, `replicas`.
 use memwise_plan::advice::parse_bytes;
 use memwise_plan::{
     LossKind, LossTerm, Metric, ModelSpec, Optimizer, Precision, Reduction, DEFAULT_BATCH,
@@ -31,9 +31,11 @@ pub struct ModelArgs {
     pub budget: Option<(u64, TokenStream)>,
     /// `checkpoint = auto`: the whole argument, when given.
     pub checkpoint_auto: Option<TokenStream>,
+    /// `replicas = N`: data-parallel replicas sharing each batch (1 when not given).
+    pub replicas: usize,
 }
 
-const ARGS: [&str; 7] = [
+const ARGS: [&str; 8] = [
     "batch",
     "optimizer",
     "loss",
@@ -41,6 +43,7 @@ const ARGS: [&str; 7] = [
     "budget",
     "precision",
     "checkpoint",
+    "replicas",
 ];
 const OPTIMIZERS: [&str; 5] = ["sgd", "momentum", "rmsprop", "adam", "adamw"];
 const LOSSES: [&str; 4] = [
@@ -80,7 +83,9 @@ pub fn parse(attr: TokenStream, e: &mut Errors) -> ModelArgs {
         metrics: Vec::new(),
         budget: None,
         checkpoint_auto: None,
+        replicas: defaults.replicas,
     };
+    let mut replicas_tokens: Option<TokenStream> = None;
     let env = Env::new();
     let mut seen: Vec<String> = Vec::new();
     for arg in split_args(attr, e) {
@@ -102,6 +107,24 @@ pub fn parse(attr: TokenStream, e: &mut Errors) -> ModelArgs {
                         _ => e.at(
                             &v.tokens,
                             format!("`batch` must be a positive integer, found {}", v.describe()),
+                        ),
+                    }
+                }
+            }
+            "replicas" => {
+                if let Some(v) = e.ok(eval(&arg.value, &env)) {
+                    match v.v {
+                        V::Int(n) if n > 0 => {
+                            out.replicas = n as usize;
+                            replicas_tokens = Some(arg.tokens.clone());
+                        }
+                        _ => e.at(
+                            &v.tokens,
+                            format!(
+                                "`replicas` is how many devices train the model data-parallel: \
+                                 a positive integer, found {}",
+                                v.describe()
+                            ),
                         ),
                     }
                 }
@@ -180,6 +203,13 @@ pub fn parse(attr: TokenStream, e: &mut Errors) -> ModelArgs {
                     list_names(ARGS)
                 ),
             ),
+        }
+    }
+    if let Some(tokens) = replicas_tokens {
+        // The planner says the same for specs built in code; here it points at the attribute.
+        let spec = ModelSpec::new("", out.batch).with_replicas(out.replicas);
+        if let Err(err) = spec.per_replica() {
+            e.at(&tokens, err.message);
         }
     }
     out

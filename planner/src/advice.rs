@@ -490,7 +490,28 @@ fn fix_lines(spec: &ModelSpec, plan: &StaticPlan, fixes: &Fixes) -> (Vec<String>
         )),
         (None, None) => {}
     }
+    if let Some((n, t)) = smallest_replicas(spec, budget) {
+        fits.push(format!(
+            "`replicas = {n}` (data parallel: {n} devices, each planned for {} of the {} samples): {} per device",
+            spec.batch / n,
+            spec.batch,
+            format_bytes(t)
+        ));
+    }
     (fits, not)
+}
+
+/// The fewest data-parallel replicas, more than `spec`'s, whose share of the batch fits
+/// `budget` on each device, and one replica's planned total. Only counts that divide the
+/// batch are tried (the global batch stays as declared).
+pub fn smallest_replicas(spec: &ModelSpec, budget: u64) -> Option<(usize, u64)> {
+    (spec.replicas.max(1) + 1..=spec.batch)
+        .filter(|n| spec.batch.is_multiple_of(*n))
+        .find_map(|n| {
+            total(&spec.with_replicas(n))
+                .filter(|&t| t <= budget)
+                .map(|t| (n, t))
+        })
 }
 
 /// The checkpoint fix as the user writes it: `` `#[checkpoint]` on `a`, `b` `` or

@@ -38,6 +38,8 @@ pub struct StepGraph {
     pub loss_scaling: bool,
     /// False for an inference pass: no gradients, no backward, no update.
     pub training: bool,
+    /// Data-parallel replicas whose gradients are summed (1: none).
+    pub replicas: usize,
 }
 
 impl StepGraph {
@@ -127,6 +129,7 @@ impl StepGraph {
             backward,
             forward_in_place,
             loss_scaling,
+            replicas: spec.replicas.max(1),
         })
     }
 }
@@ -157,6 +160,7 @@ impl StepGraph {
             forward_in_place,
             loss_scaling: false,
             training: false,
+            replicas: 1,
         }
     }
 }
@@ -361,6 +365,7 @@ fn saved_for_backward(op: &GOp, param_grads: bool, same_dtype: bool) -> Result<S
         | crate::loss_ops!()
         | Op::KlNormal { .. }
         | Op::CheckFinite
+        | Op::AllReduceGradients { .. }
         | Op::Update => {
             return Err(PlanError::internal(format!(
                 "{} is not a forward op of a training graph",

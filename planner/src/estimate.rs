@@ -149,6 +149,7 @@ pub fn assemble(
     let mut plan = StaticPlan {
         model: Cow::Owned(spec.name.clone()),
         batch: spec.batch,
+        replicas: spec.replicas.max(1),
         alignment: arena.alignment,
         precision: spec.precision,
         optimizer: spec.optimizer,

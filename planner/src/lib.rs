@@ -53,6 +53,8 @@ pub const ALIGNMENT: u64 = 256;
 /// loss values, batch norm from its running statistics, no dropout, nothing kept for a
 /// backward pass. Its parameters are laid out exactly as in [`plan()`]'s persistent region.
 pub fn plan_inference(spec: &ModelSpec) -> Result<StaticPlan, PlanError> {
+    // An inference pass is one device's: it has no gradients to sum.
+    let spec = &spec.with_replicas(1);
     let graph = graph::Graph::build_inference(spec)?;
     let step = autodiff::StepGraph::inference(&graph);
     finish(spec, &graph, &step)
@@ -61,6 +63,8 @@ pub fn plan_inference(spec: &ModelSpec) -> Result<StaticPlan, PlanError> {
 /// Plans one training step of `spec`: every step, every tensor's lifetime and offset,
 /// and the memory report. The plan is validated before it is returned.
 pub fn plan(spec: &ModelSpec) -> Result<StaticPlan, PlanError> {
+    // Data parallel: one replica's step (its share of the batch, the gradient sums).
+    let spec = &spec.per_replica()?;
     let mut graph = graph::Graph::build(spec)?;
     let step = autodiff::StepGraph::build(&mut graph, spec)?;
     finish(spec, &graph, &step)

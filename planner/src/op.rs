@@ -236,6 +236,11 @@ ops! {
     } = "kl_normal";
     /// Mixed precision: are all parameter gradients finite? (update phase, no tensors).
     CheckFinite = "check_finite";
+    /// Data parallel: sums the step's parameters' gradients (`bytes` of them) over the
+    /// replicas, in place, once the backward steps before it have written them; `last`: the
+    /// step's final sum, which also settles the replicas' non-finite flag (backward phase,
+    /// no tensors).
+    AllReduceGradients { bytes: u64, last: bool } = "all_reduce_gradients";
     /// Optimizer update of one layer's trainable parameters (update phase, no tensors).
     Update = "update";
 }
@@ -444,7 +449,9 @@ impl Op {
             | Op::KlNormal { rows, features, .. } => {
                 (4 * u(s(rows, features)), Backward::AsForward)
             }
-            Op::CheckFinite | Op::Update => (U(0), Backward::AsForward),
+            Op::CheckFinite | Op::AllReduceGradients { .. } | Op::Update => {
+                (U(0), Backward::AsForward)
+            }
         };
         (r.0, backward)
     }

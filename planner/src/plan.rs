@@ -196,7 +196,12 @@ impl MemoryReport {
 #[derive(Clone, Debug, PartialEq)]
 pub struct StaticPlan {
     pub model: Text,
+    /// One replica's batch: the model's `batch` divided by `replicas`.
     pub batch: usize,
+    /// Data-parallel replicas that each run this plan on their share of the batch, their
+    /// gradients summed by the plan's `AllReduceGradients` steps (1: one device). The
+    /// memory report is one replica's.
+    pub replicas: usize,
     pub alignment: u64,
     pub precision: Precision,
     pub optimizer: Optimizer,
@@ -229,6 +234,7 @@ impl StaticPlan {
     pub const EMPTY: StaticPlan = StaticPlan {
         model: Cow::Borrowed(""),
         batch: 0,
+        replicas: 1,
         alignment: crate::ALIGNMENT,
         precision: Precision::Float32,
         optimizer: Optimizer::RMSPROP,
@@ -362,7 +368,7 @@ impl StaticPlan {
         use serde_json::json;
         let m = &self.memory;
         let ids = |l: &[u32]| l.iter().copied().filter(|&t| t != NONE).collect::<Vec<_>>();
-        json!({
+        let mut plan = json!({
             "schema": "memwise.plan/1",
             "model": self.model,
             "batch": self.batch,
@@ -383,7 +389,12 @@ impl StaticPlan {
                 "index": s.index, "phase": s.phase.name(), "layer": s.layer,
                 "op": s.op.name(), "reads": ids(&s.reads), "writes": ids(&s.writes),
             })).collect::<Vec<_>>(),
-        })
+        });
+        // Written only for data parallelism, so one device's plan reads as it always did.
+        if self.replicas > 1 {
+            plan["replicas"] = json!(self.replicas);
+        }
+        plan
     }
 
     /// The plan as a Rust expression of type `StaticPlan`, usable in a `const` item.
@@ -639,6 +650,7 @@ struct_to_rust!(
     [
         model,
         batch,
+        replicas,
         alignment,
         precision,
         optimizer,
@@ -745,7 +757,7 @@ struct_to_rust!(
 struct_to_rust!(
     ModelSpec,
     "ModelSpec",
-    [name, batch, precision, optimizer, loss, metrics, layers, budget]
+    [name, batch, precision, optimizer, loss, metrics, layers, budget, replicas]
 );
 
 impl ModelSpec {
@@ -781,7 +793,7 @@ mod tests {
             assert!(src.contains(part), "{part} in {src}");
         }
         assert!(
-            src.ends_with("budget: ::core::option::Option::None,}"),
+            src.ends_with("budget: ::core::option::Option::None,replicas: 1usize,}"),
             "{src}"
         );
     }

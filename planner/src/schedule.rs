@@ -228,6 +228,9 @@ impl Schedule {
         let prediction = graph.losses.first().map_or(NONE, |l| l.prediction as u32);
         let (segments, seg_of_layer) = checkpoint_segments(graph);
         backward_steps(&mut cx, step, &segments, &seg_of_layer);
+        if step.replicas > 1 {
+            all_reduce_steps(&mut cx);
+        }
         let has_grad = update_steps(&mut cx, step);
         Schedule {
             tensors: cx.tensors,
@@ -559,6 +562,68 @@ fn backward_step(
     });
     for (x, g) in contributions {
         cx.contribute(x, g);
+    }
+}
+
+/// The most gradient bytes one data-parallel sum carries: PyTorch DDP's default bucket
+/// (`bucket_cap_mb = 25`). A bucket is summed as soon as its last gradient is written.
+pub const BUCKET_BYTES: u64 = 25 << 20;
+
+/// Data parallel: inserts the gradient sums among the backward steps. The trained
+/// parameters are taken in the order their gradients are finished (the last backward step
+/// that writes each) and grouped into buckets of up to [`BUCKET_BYTES`]; each bucket's
+/// `AllReduceGradients` step goes right after the step that finishes it, so a device that
+/// overlaps communication with compute can start it while backward goes on.
+fn all_reduce_steps(cx: &mut Ctx<'_>) {
+    let graph = cx.graph;
+    let mut last_writer: Vec<Option<usize>> = vec![None; graph.params.len()];
+    for (i, st) in cx.steps.iter().enumerate() {
+        if st.phase == Phase::Backward {
+            for &p in st
+                .params
+                .iter()
+                .filter(|&&p| graph.params[p as usize].trainable)
+            {
+                last_writer[p as usize] = Some(i);
+            }
+        }
+    }
+    let mut finished: Vec<(usize, u32)> = last_writer
+        .iter()
+        .enumerate()
+        .filter_map(|(p, w)| w.map(|i| (i, p as u32)))
+        .collect();
+    finished.sort_unstable();
+    // (insert after step, parameters, bytes)
+    let mut buckets: Vec<(usize, Vec<u32>, u64)> = Vec::new();
+    for (i, p) in finished {
+        let bytes = graph.params[p as usize].elems() as u64 * 4;
+        match buckets.last_mut() {
+            Some((at, ps, b)) if *b + bytes <= BUCKET_BYTES || ps.is_empty() => {
+                *at = i;
+                ps.push(p);
+                *b += bytes;
+            }
+            _ => buckets.push((i, vec![p], bytes)),
+        }
+    }
+    let n = buckets.len();
+    for (k, (at, params, bytes)) in buckets.into_iter().enumerate().rev() {
+        cx.steps.insert(
+            at + 1,
+            SStep {
+                phase: Phase::Backward,
+                layer: None,
+                op: Op::AllReduceGradients {
+                    bytes,
+                    last: k + 1 == n,
+                },
+                reads: vec![],
+                writes: vec![],
+                params,
+                in_place: vec![],
+            },
+        );
     }
 }
 

@@ -438,6 +438,10 @@ pub struct ModelSpec {
     pub layers: Vec<LayerSpec>,
     /// Budget in bytes for one training step, if any.
     pub budget: Option<u64>,
+    /// Data parallelism: how many replicas share each batch of `batch` samples (1: one
+    /// device). A training plan is one replica's step: `batch / replicas` samples, the
+    /// gradients summed over the replicas ([`ModelSpec::per_replica`]).
+    pub replicas: usize,
 }
 
 impl ModelSpec {
@@ -452,6 +456,7 @@ impl ModelSpec {
             metrics: Vec::new(),
             layers: Vec::new(),
             budget: None,
+            replicas: 1,
         }
     }
 
@@ -517,5 +522,43 @@ impl ModelSpec {
             batch,
             ..self.clone()
         }
+    }
+
+    /// The same model trained on `replicas` data-parallel replicas (the global batch stays).
+    pub fn with_replicas(&self, replicas: usize) -> Self {
+        ModelSpec {
+            replicas,
+            ..self.clone()
+        }
+    }
+
+    /// One replica's share of a data-parallel step: `batch / replicas` samples, and every
+    /// loss term's weight divided by `replicas`. Every loss is a mean over the batch, so the
+    /// sum over the replicas of their losses and of their gradients is the loss and the
+    /// gradient of the whole batch: the collective only ever sums. `replicas` is kept, so the
+    /// plan adds the gradient sums. A batch the replicas do not divide is an error.
+    pub fn per_replica(&self) -> Result<ModelSpec, crate::PlanError> {
+        let n = self.replicas;
+        if n == 0 {
+            return Err(crate::PlanError::model("`replicas` must be at least 1"));
+        }
+        if n == 1 {
+            return Ok(self.clone());
+        }
+        if !self.batch.is_multiple_of(n) {
+            let below = self.batch / n * n;
+            let above = below + n;
+            return Err(crate::PlanError::model(format!(
+                "`batch = {}` does not split evenly over {n} replicas: the global batch must be a \
+                 multiple of the replica count (`batch = {}` or `batch = {above}` would be)",
+                self.batch,
+                below.max(n),
+            )));
+        }
+        let mut local = self.with_batch(self.batch / n);
+        for term in &mut local.loss {
+            term.weight /= n as f32;
+        }
+        Ok(local)
     }
 }

@@ -12,9 +12,11 @@
 
 use std::any::Any;
 use std::path::Path;
+use std::sync::Arc;
 
 use memwise_plan::StaticPlan;
 
+use crate::collective::Collective;
 use crate::device::Device;
 use crate::error::{Result, RuntimeError};
 use crate::executor::{Batch, Executor, StepOutput};
@@ -76,6 +78,11 @@ pub trait Engine: Any {
     fn checkpoint_to_bytes(&self) -> Result<Vec<u8>>;
     /// Restores a checkpoint (checked first; on error the model is unchanged).
     fn load_checkpoint(&mut self, path: &Path) -> Result<()>;
+    /// Data parallel: makes this engine one replica of `c`'s job
+    /// ([`PlanExecutor::set_collective`]).
+    fn set_collective(&mut self, c: Arc<dyn Collective>) -> Result<()>;
+    /// The data-parallel job this engine is a replica of, if any.
+    fn collective(&self) -> Option<&dyn Collective>;
 }
 
 impl dyn Engine {
@@ -217,5 +224,11 @@ impl<K: Kernels + 'static> Engine for PlanExecutor<K> {
     }
     fn load_checkpoint(&mut self, path: &Path) -> Result<()> {
         weights::load_checkpoint(self, path)
+    }
+    fn set_collective(&mut self, c: Arc<dyn Collective>) -> Result<()> {
+        PlanExecutor::set_collective(self, c)
+    }
+    fn collective(&self) -> Option<&dyn Collective> {
+        PlanExecutor::collective(self)
     }
 }

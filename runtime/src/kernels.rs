@@ -14,6 +14,7 @@ use memwise_kernels as k;
 use memwise_plan::io::*;
 use memwise_plan::{Activation, Optimizer, PlanStep, Reduction, StaticPlan};
 
+use crate::collective::Collective;
 use crate::error::{Result, RuntimeError};
 use crate::executor::Batch;
 
@@ -345,6 +346,11 @@ pub trait Kernels {
 
     /// With loss scaling: flags the step non-finite when a gradient is.
     fn check_finite(&self) -> OpResult;
+
+    /// Data parallel: replaces parameters `params`' gradients by their sums over the
+    /// replicas of `c`; with `last` (the step's final sum), flags the step non-finite on
+    /// every replica when it is on any, so all keep or all update their weights.
+    fn all_reduce_gradients(&self, params: &[u32], last: bool, c: &dyn Collective) -> OpResult;
     /// The optimizer update of one layer's parameters (skipped when the step is flagged
     /// non-finite) and their 16-bit copies.
     fn update(&self, step: &PlanStep, u: UpdateStep<'_>) -> OpResult;

@@ -1,6 +1,7 @@
 //! The runtime: devices, memory regions, the executor that walks a static plan, weight
 //! initialisation, and datasets.
 
+pub mod collective;
 pub mod cpu;
 pub mod cpu_heap;
 pub mod cuda;

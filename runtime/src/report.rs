@@ -18,6 +18,9 @@ impl Trainer {
     ///  "loss": [per step], "metrics": {…}}
     /// ```
     ///
+    /// A data-parallel replica adds `"replicas"`, `"rank"`, `"global_batch"` and
+    /// `measured.job_samples_per_s`; `batch` and the estimate are the replica's own.
+    ///
     /// `measured.peak_rss_growth_bytes` is the peak resident growth at the end of the last
     /// epoch and `estimate.total` what the trainer estimated for that moment: the plan's
     /// total plus the host memory beside it ([`Trainer::host_bytes`]: batch staging, the CPU
@@ -35,7 +38,11 @@ impl Trainer {
         };
         let total = last.map_or_else(|| self.estimate_bytes(), |e| e.estimate_bytes);
         let median = history.step_ms_median();
-        json!({
+        let (rank, replicas) = self
+            .engine()
+            .collective()
+            .map_or((0, 1), |c| (c.rank(), c.size()));
+        let mut report = json!({
             "schema": "memwise.report/1",
             "model": plan.model,
             "device": self.device().name(),
@@ -59,6 +66,19 @@ impl Trainer {
             },
             "loss": history.step_losses,
             "metrics": metrics,
-        })
+        });
+        // Data parallel: which replica this is; its estimate and measurement are its own,
+        // and the samples per second the job's (every replica steps together).
+        if replicas > 1 {
+            report["replicas"] = json!(replicas);
+            report["rank"] = json!(rank);
+            report["global_batch"] = json!(plan.batch * replicas);
+            report["measured"]["job_samples_per_s"] = json!(if median > 0.0 {
+                (plan.batch * replicas) as f64 / (median / 1e3)
+            } else {
+                0.0
+            });
+        }
+        report
     }
 }

@@ -3,12 +3,14 @@
 //! monitor that sets the measured peak beside the compile-time estimate.
 
 use std::io::IsTerminal;
+use std::sync::Arc;
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use memwise_plan::advice::format_bytes;
 use memwise_plan::{plan, plan_inference, ModelSpec, Op, StaticPlan};
 
+use crate::collective::Collective;
 use crate::data::dataset::{Column, Dataset};
 use crate::device::Device;
 use crate::engine::{build_engine, Engine};
@@ -170,11 +172,14 @@ pub struct HostBytes {
     /// epoch's when one follows (shuffled one epoch early), and the larger of the indices
     /// announced to the dataset and validation's announcement. 60,000 samples hold 469 KiB.
     pub order: u64,
+    /// Data parallel: what summing the gradients over the replicas holds on the host at
+    /// its peak ([`Trainer::collective_bytes`]); 0 on one device.
+    pub collective: u64,
 }
 
 impl HostBytes {
     pub fn total(&self) -> u64 {
-        self.staging + self.gemm + self.inference + self.prefetch + self.order
+        self.staging + self.gemm + self.inference + self.prefetch + self.order + self.collective
     }
 }
 
@@ -247,25 +252,55 @@ fn announce_epoch(
     (order, next, rng): (&mut Vec<usize>, &mut Option<Vec<usize>>, &mut u64),
     shuffled: bool,
     steps: (usize, usize),
-    batch: usize,
+    shard: Shard,
 ) {
     match next.take() {
         Some(n) => *order = n,
         None if shuffled => shuffle(order, rng),
         None => {}
     }
+    let batch = shard.batch;
     // Sized once, so its capacity is exactly what `order_bytes` plans.
     let mut upcoming = Vec::with_capacity((steps.0 + steps.1) * batch);
-    upcoming.extend_from_slice(&order[..steps.0 * batch]);
+    for s in 0..steps.0 {
+        upcoming.extend_from_slice(shard.of(order, s));
+    }
     if steps.1 > 0 {
         let mut n = order.clone();
         if shuffled {
             shuffle(&mut n, rng);
         }
-        upcoming.extend_from_slice(&n[..steps.1 * batch]);
+        for s in 0..steps.1 {
+            upcoming.extend_from_slice(shard.of(&n, s));
+        }
         *next = Some(n);
     }
     train.will_gather(&upcoming, batch);
+}
+
+/// Which samples of each global batch this replica trains on: `fit`'s distributed sampler.
+/// Every rank shuffles the same order (the same seed); global batch `s` is
+/// `order[s·G .. (s+1)·G]` with `G = batch · replicas`, and replica `r` takes its `r`-th
+/// run of `batch` samples — so the replicas together see exactly the batches one device
+/// would at the global batch, and the samples past the last whole global batch wait for
+/// the next epoch's shuffle, as on one device.
+#[derive(Clone, Copy, Debug)]
+struct Shard {
+    /// One replica's batch (the plan's).
+    batch: usize,
+    rank: usize,
+    replicas: usize,
+}
+
+impl Shard {
+    fn global(&self) -> usize {
+        self.batch * self.replicas
+    }
+
+    /// This replica's samples of global batch `step`.
+    fn of<'o>(&self, order: &'o [usize], step: usize) -> &'o [usize] {
+        &order[step * self.global() + self.rank * self.batch..][..self.batch]
+    }
 }
 
 /// Fisher–Yates with [`splitmix`]: `fit`'s per-epoch shuffle.
@@ -349,6 +384,27 @@ impl Trainer {
             order: 0,
             graphs: true,
         })
+    }
+
+    /// Data parallel: makes this trainer replica `c.rank()` of `c.size()` (the plan's
+    /// `replicas`). Rank 0's weights are copied to every rank first, as PyTorch's
+    /// `DistributedDataParallel` does when it wraps a model, so the replicas start equal
+    /// whatever each loaded. `fit` then trains this rank on its share of every global batch
+    /// ([`Trainer::fit`]), and only rank 0 prints.
+    pub fn set_data_parallel(&mut self, c: Arc<dyn Collective>) -> Result<()> {
+        self.train.set_collective(c)?;
+        self.mark_inference_stale();
+        Ok(())
+    }
+
+    /// This replica's share of each batch (the whole batch on one device).
+    fn shard(&self) -> Shard {
+        let c = self.train.collective();
+        Shard {
+            batch: self.plan().batch,
+            rank: c.map_or(0, |c| c.rank()),
+            replicas: c.map_or(1, |c| c.size()),
+        }
     }
 
     /// The training engine.
@@ -460,7 +516,36 @@ impl Trainer {
                 .sum(),
             prefetch: self.prefetch,
             order: self.order,
+            collective: self.collective_bytes(),
         }
+    }
+
+    /// Host bytes of the largest gradient sum: the CPU sums each bucket's gradients in place
+    /// (one call per bucket, its padding included), so only the engine's own buffers count;
+    /// CUDA sums one parameter at a time through the host, holding its gradient downloaded
+    /// (f32) and again as the bytes uploaded back.
+    fn collective_bytes(&self) -> u64 {
+        let Some(c) = self.train.collective() else {
+            return 0;
+        };
+        let p = self.plan();
+        let cuda = self.device.is_cuda();
+        let n = p
+            .steps
+            .iter()
+            .filter_map(|s| match s.op {
+                Op::AllReduceGradients { bytes, .. } if !cuda => {
+                    Some((bytes + s.params.len() as u64 * p.alignment) as usize / 4)
+                }
+                Op::AllReduceGradients { .. } => {
+                    s.params.iter().map(|&i| p.params[i as usize].elems()).max()
+                }
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        let copies = if cuda { 8 * n as u64 } else { 0 };
+        c.scratch_bytes(n) + copies
     }
 
     fn is_classifier(p: &StaticPlan) -> bool {
@@ -515,19 +600,20 @@ impl Trainer {
         opts: &FitOptions,
     ) -> Result<usize> {
         let batch = self.plan().batch;
+        let global = self.shard().global();
         self.check_columns(
             train,
-            &format!("`fit` needs at least one batch of {batch} samples"),
+            &format!("`fit` needs at least one batch of {global} samples"),
         )?;
-        if train.len() < batch {
+        if train.len() < global {
             return Err(RuntimeError::Input(format!(
-                "the dataset has {} samples, fewer than one batch of {batch}",
+                "the dataset has {} samples, fewer than one batch of {global}",
                 train.len()
             )));
         }
         self.prefetch =
             train.prefetch_bytes(batch) + validation.map_or(0, |v| v.prefetch_bytes(batch));
-        let full = train.len() / batch;
+        let full = train.len() / global;
         let per_epoch = opts.steps_per_epoch.map_or(full, |s| s.min(full)).max(1);
         let steps = opts.max_steps.unwrap_or(usize::MAX);
         // The first epoch announces the most steps: later ones have as many or fewer left.
@@ -553,9 +639,13 @@ impl Trainer {
         callbacks: &mut [&mut dyn Callback],
     ) -> Result<History> {
         let batch = self.plan().batch;
+        let shard = self.shard();
+        // Only one replica reports: the others train in silence, as DDP's other ranks.
+        let verbose = opts.verbose && shard.rank == 0;
         let per_epoch = self.prepare_fit(train, validation, opts)?;
         let classifier = Trainer::is_classifier(self.plan());
-        let scored_per_step = scored_predictions(self.plan());
+        // The step's output is the whole global batch's (summed over the replicas).
+        let scored_per_step = scored_predictions(self.plan()) * shard.replicas;
         let mut remaining = opts.max_steps.unwrap_or(usize::MAX);
         let mut order: Vec<usize> = (0..train.len()).collect();
         let mut bufs: Vec<Column> = train.columns().iter().map(|c| c.buffer(batch)).collect();
@@ -577,9 +667,9 @@ impl Trainer {
                 0
             };
             let orders = (&mut order, &mut next_order, &mut rng);
-            announce_epoch(train, orders, opts.shuffle, (steps, next_steps), batch);
+            announce_epoch(train, orders, opts.shuffle, (steps, next_steps), shard);
             let mut data_wait = 0f64;
-            let bar = if opts.verbose && tty {
+            let bar = if verbose && tty {
                 let b = ProgressBar::new(steps as u64);
                 b.set_style(
                     ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
@@ -594,7 +684,7 @@ impl Trainer {
             let t0 = Instant::now();
             let (mut loss_sum, mut correct, mut seen) = (0f64, 0usize, 0usize);
             for s in 0..steps {
-                let idx = &order[s * batch..(s + 1) * batch];
+                let idx = shard.of(&order, s);
                 let tw = Instant::now();
                 train.gather(idx, &mut bufs)?;
                 let waited = tw.elapsed().as_secs_f64();
@@ -667,7 +757,7 @@ impl Trainer {
                 estimate_bytes: self.estimate_bytes(),
                 data_wait_seconds: data_wait,
             };
-            if opts.verbose {
+            if verbose {
                 eprintln!("{}", epoch_line(&log, opts.epochs, self.estimate_bytes()));
             }
             for c in callbacks.iter_mut() {

@@ -8,6 +8,7 @@ use memwise_kernels as k;
 use memwise_plan::io::*;
 use memwise_plan::{Op, Phase, PlanStep, Reduction, StaticPlan, NONE};
 
+use crate::collective::Collective;
 use crate::error::{Result, RuntimeError};
 use crate::executor::{
     attention_dims, check_inputs, check_param_values, conv_dims, convt_dims, dw_dims, param_named,
@@ -29,6 +30,8 @@ pub struct PlanExecutor<K: Kernels> {
     profile: Option<Vec<f64>>,
     /// Steps run in all (every phase), for tests that count work.
     pub steps_executed: u64,
+    /// Data parallel: the other replicas ([`PlanExecutor::set_collective`]).
+    collective: Option<std::sync::Arc<dyn Collective>>,
 }
 
 fn kerr(step: &PlanStep, e: k::KernelError) -> RuntimeError {
@@ -62,6 +65,62 @@ impl<K: Kernels> PlanExecutor<K> {
             poison_after: None,
             profile: None,
             steps_executed: 0,
+            collective: None,
+        }
+    }
+
+    /// Data parallel: this executor is replica `c.rank()` of `c.size()`, which must be the
+    /// plan's `replicas`. Its gradients are summed with the others' at the plan's
+    /// `AllReduceGradients` steps, and each step's output is the whole batch's. Takes rank
+    /// 0's seed, step counters and parameters (a collective call: every rank makes it).
+    pub fn set_collective(&mut self, c: std::sync::Arc<dyn Collective>) -> Result<()> {
+        let replicas = self.plan().replicas;
+        if c.size() != replicas {
+            return Err(RuntimeError::Input(format!(
+                "the plan is one of {replicas} data-parallel replicas, the {} job has {} ranks: \
+                 plan the model with `replicas = {}` or launch {replicas} ranks",
+                c.engine(),
+                c.size(),
+                c.size()
+            )));
+        }
+        // Rank 0's seed and counters, so every replica keys its random streams and its
+        // optimizer's step alike whatever it was built or restored with.
+        let mut shared = [self.seed, self.step_counter, self.updates]
+            .map(u64::to_le_bytes)
+            .concat();
+        c.broadcast(0, &mut shared)?;
+        let word =
+            |i: usize| u64::from_le_bytes(shared[8 * i..8 * i + 8].try_into().unwrap_or([0; 8]));
+        (self.seed, self.step_counter, self.updates) = (word(0), word(1), word(2));
+        // Rank 0's parameters and batch-norm statistics, in place (no copy on the CPU), as
+        // PyTorch's DistributedDataParallel does when it wraps a model: the replicas start
+        // equal whatever each was initialised with or loaded.
+        let params: Vec<(usize, usize)> = (self.plan().params.iter())
+            .map(|p| (p.offset as usize, p.elems() * 4))
+            .collect();
+        self.k.write_persistent(&mut |region: &mut [u8]| {
+            for &(at, len) in &params {
+                c.broadcast(0, &mut region[at..at + len])?;
+            }
+            Ok(())
+        })?;
+        self.collective = Some(c);
+        Ok(())
+    }
+
+    /// The data-parallel replicas this executor is one of, if any.
+    pub fn collective(&self) -> Option<&dyn Collective> {
+        self.collective.as_deref()
+    }
+
+    /// What the steps of the next training step share.
+    fn step_cx(&self) -> StepCx<'_> {
+        StepCx {
+            seed: self.seed,
+            step: self.step_counter,
+            replica: self.collective.as_ref().map_or(0, |c| c.rank() as u32),
+            collective: self.collective.as_deref(),
         }
     }
 
@@ -202,16 +261,30 @@ impl<K: Kernels> PlanExecutor<K> {
             update: self.updates + 1,
         };
         self.k.begin_step(&scalars)?;
-        let seed = self.seed;
+        if self.plan().replicas > 1 && self.plan().training && self.collective.is_none() {
+            return Err(RuntimeError::Input(format!(
+                "the plan is one of {} data-parallel replicas: give the executor its \
+                 collective (`set_collective`) before training",
+                self.plan().replicas
+            )));
+        }
+        let cx = StepCx {
+            seed: self.seed,
+            step: scalars.step,
+            replica: self.step_cx().replica,
+            collective: self.collective.as_deref(),
+        };
         let (profile, poison) = (&mut self.profile, &self.poison_after);
         // Without loss scaling a non-finite loss ends the step where the device can tell at
-        // once: no gradient is computed from it (the optimizer would skip it anyway).
-        let stop_on_nonfinite = self.k.plan().training && !self.k.plan().loss_scaling;
+        // once: no gradient is computed from it (the optimizer would skip it anyway). Not
+        // with replicas: each must reach the sums, which settle the flag for all.
+        let stop_on_nonfinite =
+            self.k.plan().training && !self.k.plan().loss_scaling && self.k.plan().replicas == 1;
         let mut executed = 0u64;
         self.k.run_steps(&mut |k: &K| {
             for (i, s) in k.plan().steps.iter().enumerate() {
                 let t0 = profile.is_some().then(std::time::Instant::now);
-                run_step(k, s, seed, scalars.step)?;
+                run_step(k, s, &cx)?;
                 executed += 1;
                 if let (Some(t0), Some(p)) = (t0, profile.as_mut()) {
                     p[i] += t0.elapsed().as_secs_f64();
@@ -226,7 +299,10 @@ impl<K: Kernels> PlanExecutor<K> {
             Ok(())
         })?;
         self.steps_executed += executed;
-        let flags = self.k.end_step()?;
+        let mut flags = self.k.end_step()?;
+        if let Some(c) = &self.collective {
+            sum_over_replicas(&**c, &mut flags)?;
+        }
         self.finish_step(inputs, flags)
     }
 
@@ -283,9 +359,9 @@ impl<K: Kernels> PlanExecutor<K> {
                 ));
             }
         }
-        let (seed, step) = (self.seed, self.step_counter);
+        let cx = self.step_cx();
         for s in plan.steps.iter().take_while(|s| s.phase == Phase::Forward) {
-            run_step(&self.k, s, seed, step)?;
+            run_step(&self.k, s, &cx)?;
             let n = s.writes.len().saturating_sub(2);
             for &w in &s.writes[..n] {
                 if w != NONE && !self.k.tensor_finite(w)? {
@@ -301,11 +377,73 @@ impl<K: Kernels> PlanExecutor<K> {
     }
 }
 
+/// Data parallel: one step's output over every replica — the loss (each replica's is its
+/// share of the whole batch's, [`memwise_plan::ModelSpec::per_replica`]), the correct
+/// predictions, and a label out of range anywhere — so every rank decides alike.
+fn sum_over_replicas(c: &dyn Collective, flags: &mut crate::kernels::StepFlags) -> Result<()> {
+    let mut v = [
+        flags.loss as f64,
+        flags.correct as f64,
+        flags.bad_index.is_some() as u8 as f64,
+    ];
+    c.all_reduce_sum_f64(&mut v)?;
+    flags.loss = v[0] as f32;
+    flags.correct = v[1] as usize;
+    if v[2] > 0.0 && flags.bad_index.is_none() {
+        return Err(RuntimeError::Input(
+            "another replica's batch has a label or id out of range; the weights were not updated"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// What the steps of one training step share: the random streams' seed and step, and
+/// data parallelism's replica and collective.
+#[derive(Clone, Copy)]
+pub struct StepCx<'c> {
+    pub seed: u64,
+    pub step: u64,
+    /// This replica's index (0 on one device): where its random streams start.
+    pub replica: u32,
+    pub collective: Option<&'c dyn Collective>,
+}
+
+impl StepCx<'_> {
+    /// Step `step` of one device's training.
+    pub fn one_device(seed: u64, step: u64) -> StepCx<'static> {
+        StepCx {
+            seed,
+            step,
+            replica: 0,
+            collective: None,
+        }
+    }
+
+    /// The random stream of layer `layer`'s tensor of `elems` elements on this replica
+    /// ([`k::random::RngKey::first_block`]).
+    fn key(&self, layer: u32, elems: usize) -> std::result::Result<k::random::RngKey, OpError> {
+        let first = self.replica as u64 * (elems as u64).div_ceil(4);
+        let first_block = u32::try_from(first).map_err(|_| {
+            OpError::Runtime(RuntimeError::Input(format!(
+                "replica {}'s random numbers for {elems} elements start past one stream's 2^34",
+                self.replica
+            )))
+        })?;
+        Ok(k::random::RngKey {
+            seed: self.seed,
+            layer,
+            step: self.step,
+            first_block,
+        })
+    }
+}
+
 /// Runs step `s` on `k`: decodes its tensors and calls its op's kernel for its phase.
-pub(crate) fn run_step<K: Kernels>(k: &K, s: &PlanStep, seed: u64, step: u64) -> Result<()> {
+pub(crate) fn run_step<K: Kernels>(k: &K, s: &PlanStep, cx: &StepCx<'_>) -> Result<()> {
     let r = match s.phase {
-        Phase::Forward | Phase::Recompute => forward(k, s, seed, step),
-        Phase::Backward => backward(k, s, seed, step),
+        Phase::Forward | Phase::Recompute => forward(k, s, cx),
+        Phase::Backward => backward(k, s, cx),
         Phase::Loss => loss(k, s),
         Phase::Update => update(k, s),
     };
@@ -327,10 +465,6 @@ fn at_step(s: &PlanStep, m: &str) -> String {
     )
 }
 
-fn key(seed: u64, layer: u32, step: u64) -> k::random::RngKey {
-    k::random::RngKey { seed, layer, step }
-}
-
 fn not_in_phase(s: &PlanStep) -> OpError {
     OpError::Runtime(RuntimeError::Memory(format!(
         "{} has no {} step",
@@ -341,18 +475,13 @@ fn not_in_phase(s: &PlanStep) -> OpError {
 
 /// Both attention ops, forward and backward (the backward of the materialising one draws
 /// nothing: its mask is saved).
-fn attention<K: Kernels>(
-    k: &K,
-    s: &PlanStep,
-    seed: u64,
-    step: u64,
-) -> std::result::Result<(), OpError> {
+fn attention<K: Kernels>(k: &K, s: &PlanStep, cx: &StepCx<'_>) -> std::result::Result<(), OpError> {
     let backward = s.phase == Phase::Backward;
     let Some(a) = s.op.attention() else {
         return Err(not_in_phase(s));
     };
     let (d, causal, dropout) = (attention_dims(&a), a.causal, a.dropout);
-    let key = key(seed, a.key, step);
+    let key = cx.key(a.key, d.batch * d.heads * d.seq * d.seq)?;
     match (a.flash, backward) {
         (false, false) => k.attention(
             &AttentionForward::of(s).map_err(io_err)?,
@@ -375,12 +504,7 @@ fn attention<K: Kernels>(
     }
 }
 
-fn forward<K: Kernels>(
-    k: &K,
-    s: &PlanStep,
-    seed: u64,
-    step: u64,
-) -> std::result::Result<(), OpError> {
+fn forward<K: Kernels>(k: &K, s: &PlanStep, cx: &StepCx<'_>) -> std::result::Result<(), OpError> {
     let recompute = s.phase == Phase::Recompute;
     match s.op {
         Op::InputCast { scale, .. } => k.input_cast(&UnaryForward::of(s).map_err(io_err)?, scale),
@@ -472,10 +596,14 @@ fn forward<K: Kernels>(
             },
             epsilon,
         ),
-        Op::Dropout { rate, key: l, .. } => k.dropout(
+        Op::Dropout {
+            rate,
+            key: l,
+            elems,
+        } => k.dropout(
             &DropoutForward::of(s).map_err(io_err)?,
             rate,
-            key(seed, l, step),
+            cx.key(l, elems)?,
         ),
         Op::Activation { act, elems, cols } => k.activation(
             &UnaryForward::of(s).map_err(io_err)?,
@@ -494,25 +622,21 @@ fn forward<K: Kernels>(
             batch,
             seq.saturating_mul(dim),
         ),
-        Op::Attention { .. } | Op::FlashAttention { .. } => attention(k, s, seed, step),
-        Op::SampleNormal { key: l, .. } => k.sample_normal(
+        Op::Attention { .. } | Op::FlashAttention { .. } => attention(k, s, cx),
+        Op::SampleNormal { key: l, elems } => k.sample_normal(
             &SampleNormalForward::of(s).map_err(io_err)?,
-            key(seed, l, step),
+            cx.key(l, elems)?,
         ),
         Op::Accumulate { .. }
         | memwise_plan::loss_ops!()
         | Op::KlNormal { .. }
         | Op::CheckFinite
+        | Op::AllReduceGradients { .. }
         | Op::Update => Err(not_in_phase(s)),
     }
 }
 
-fn backward<K: Kernels>(
-    k: &K,
-    s: &PlanStep,
-    seed: u64,
-    step: u64,
-) -> std::result::Result<(), OpError> {
+fn backward<K: Kernels>(k: &K, s: &PlanStep, cx: &StepCx<'_>) -> std::result::Result<(), OpError> {
     match s.op {
         Op::Cast { .. } => k.cast_backward(&UnaryBackward::of(s).map_err(io_err)?),
         Op::Dense {
@@ -625,17 +749,23 @@ fn backward<K: Kernels>(
             &EmbeddingBackward::of(s).map_err(io_err)?,
             k::embedding::EmbeddingDims { tokens, vocab, dim },
         ),
-        Op::Attention { .. } | Op::FlashAttention { .. } => attention(k, s, seed, step),
+        Op::Attention { .. } | Op::FlashAttention { .. } => attention(k, s, cx),
         Op::PositionalEmbedding { batch, seq, dim } => k.positional_embedding_backward(
             &PositionalEmbeddingBackward::of(s).map_err(io_err)?,
             batch,
             seq.saturating_mul(dim),
         ),
-        Op::SampleNormal { key: l, .. } => k.sample_normal_backward(
+        Op::SampleNormal { key: l, elems } => k.sample_normal_backward(
             &SampleNormalBackward::of(s).map_err(io_err)?,
-            key(seed, l, step),
+            cx.key(l, elems)?,
         ),
         Op::Accumulate { .. } => k.accumulate(&AccumulateIo::of(s).map_err(io_err)?),
+        Op::AllReduceGradients { last, .. } => match cx.collective {
+            Some(c) => k.all_reduce_gradients(&s.params, last, c),
+            None => Err(OpError::Runtime(RuntimeError::Input(
+                "a data-parallel plan's gradient sum without the other replicas".into(),
+            ))),
+        },
         Op::InputCast { .. }
         | Op::Add { .. }
         | Op::BatchNormInference { .. }
@@ -748,6 +878,7 @@ fn loss<K: Kernels>(k: &K, s: &PlanStep) -> std::result::Result<(), OpError> {
         | Op::SampleNormal { .. }
         | Op::Accumulate { .. }
         | Op::CheckFinite
+        | Op::AllReduceGradients { .. }
         | Op::Update => Err(not_in_phase(s)),
     }
 }
@@ -786,7 +917,8 @@ fn update<K: Kernels>(k: &K, s: &PlanStep) -> std::result::Result<(), OpError> {
         | Op::SampleNormal { .. }
         | Op::Accumulate { .. }
         | memwise_plan::loss_ops!()
-        | Op::KlNormal { .. } => Err(not_in_phase(s)),
+        | Op::KlNormal { .. }
+        | Op::AllReduceGradients { .. } => Err(not_in_phase(s)),
     }
 }
 

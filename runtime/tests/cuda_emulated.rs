@@ -1301,3 +1301,97 @@ fn the_trainer_turns_graph_capture_off() {
     assert_eq!(gpu.kernels().backend().captures.get(), 0);
     assert_eq!(gpu.kernels().graph_replays(), 0);
 }
+
+/// Data parallel on the GPU executor (issue 15): two emulated devices, each a replica on its
+/// own thread meeting through `collective::Threads`, train the MLP to the weights the CPU
+/// reaches on one device at the global batch; each replica's gradient sums are plan steps of
+/// the one walk. A model with batch norm keeps each replica's own batch statistics (as
+/// TensorFlow's MirroredStrategy without SyncBatchNorm): its trained weights stay equal
+/// across the replicas, its running statistics are each replica's.
+#[test]
+fn replicas_on_emulated_devices_train_as_one_cpu_at_the_global_batch() {
+    for (name, spec, as_one_device) in [
+        ("mnist_mlp", zoo::mnist_mlp(32), true),
+        (
+            "split_reductions",
+            split_reductions_model(Precision::Float32).with_batch(4),
+            false,
+        ),
+    ] {
+        let one = plan(&spec).unwrap();
+        let inputs: Vec<Vec<Vec<u8>>> = (0..3).map(|s| random_inputs(&one, 300 + s)).collect();
+        let mut cpu = Executor::new(one.clone(), &Device::cpu(), 11).unwrap();
+        let cpu_losses: Vec<f32> = inputs
+            .iter()
+            .map(|raw| cpu.train_step(&batches(&one, raw)).unwrap().loss)
+            .collect();
+        let two = plan(&spec.with_replicas(2)).unwrap();
+        let results = emulated_replicas(&two, &inputs);
+        for (k, p) in two.params.iter().enumerate() {
+            let (a, b) = (&results[0].1[k], &results[1].1[k]);
+            if p.trainable {
+                assert_eq!(a, b, "{name}: `{}` drifted apart on the replicas", p.name);
+            }
+        }
+        if !as_one_device {
+            continue;
+        }
+        assert_eq!(results[0].0, results[1].0, "{name}: the replicas' losses");
+        for (c, g) in cpu_losses.iter().zip(&results[0].0) {
+            assert!(
+                (c - g).abs() / c.abs().max(1e-3) < 1e-4,
+                "{name}: loss {c} vs {g}"
+            );
+        }
+        for (p, w) in one.params.iter().zip(&results[0].1) {
+            let e = rel(w, &cpu.param(&p.name).unwrap());
+            assert!(
+                e < 2e-3,
+                "{name}: `{}` differs by {e:.2e} (relative L2)",
+                p.name
+            );
+        }
+    }
+}
+
+/// Trains replica plan `two` on two emulated devices (threads), each on its half of every
+/// batch of `inputs`: each replica's losses and parameters.
+fn emulated_replicas(two: &StaticPlan, inputs: &[Vec<Vec<u8>>]) -> Vec<(Vec<f32>, Vec<Vec<f32>>)> {
+    use memwise_runtime::collective::{Collective, ThreadGroup};
+    use std::sync::Arc;
+    let ranks = ThreadGroup::new(2);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = ranks
+            .into_iter()
+            .map(|c| {
+                s.spawn(move || {
+                    let r = c.rank();
+                    let mut gpu =
+                        GpuExecutor::new(two.clone(), &Device::cpu(), EmuBackend::default(), 11)
+                            .unwrap();
+                    gpu.set_collective(Arc::new(c) as Arc<dyn Collective>)
+                        .unwrap();
+                    let losses = inputs
+                        .iter()
+                        .map(|raw| {
+                            // This replica's half of every input.
+                            let mine: Vec<Vec<u8>> = raw
+                                .iter()
+                                .map(|x| x[r * x.len() / 2..(r + 1) * x.len() / 2].to_vec())
+                                .collect();
+                            gpu.train_step(&batches(two, &mine)).unwrap().loss
+                        })
+                        .collect();
+                    let weights = two
+                        .params
+                        .iter()
+                        .map(|p| gpu.param(&p.name).unwrap())
+                        .collect();
+                    assert!(gpu.kernels().backend().violations.borrow().is_empty());
+                    (losses, weights)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}

@@ -197,6 +197,12 @@ impl Policy {
 /// (planning it is cheap) until it no longer fits, and only there is the solver asked again
 /// whether any other segmentation fits. The answer is checked by [`Solver::solve`].
 pub fn max_batch_with(spec: &ModelSpec, budget: u64, policy: Policy) -> Option<usize> {
+    let n = spec.replicas.max(1);
+    if n > 1 {
+        // A replica at its share `b` of the batch holds what one device holds at batch `b`
+        // (the gradient sums are in place): the largest global batch is `n` such shares.
+        return max_batch_with(&spec.with_replicas(1), budget, policy).map(|b| b * n);
+    }
     let base = policy.spec(spec);
     let fits = |b: usize| crate::advice::total(&base.with_batch(b)).is_some_and(|t| t <= budget);
     let plain = largest_batch(0, fits);

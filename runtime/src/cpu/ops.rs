@@ -16,6 +16,7 @@ use memwise_plan::liveness::align_up;
 use memwise_plan::{Activation as Act, DType, PlanStep, Reduction, StaticPlan, NONE};
 
 use super::CpuKernels;
+use crate::collective::Collective;
 use crate::error::{Result, RuntimeError};
 use crate::executor::match_float;
 use crate::executor::Batch;
@@ -1329,6 +1330,34 @@ impl Kernels for CpuKernels {
     fn check_finite(&self) -> OpResult {
         if !self.grads_finite()? {
             self.nonfinite.set(true);
+        }
+        Ok(())
+    }
+
+    fn all_reduce_gradients(&self, params: &[u32], last: bool, c: &dyn Collective) -> OpResult {
+        // Neighbouring gradients go in one sum: the persistent region lays them out in
+        // parameter order, each padded to the alignment (zeros, summed to zeros).
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        for &pid in params {
+            let p = &self.plan.params[pid as usize];
+            let end = p.grad_offset + align_up(p.elems() as u64 * 4, self.plan.alignment);
+            match ranges.last_mut() {
+                Some(r) if r.1 == p.grad_offset => r.1 = end,
+                _ => ranges.push((p.grad_offset, end)),
+            }
+        }
+        for (start, end) in ranges {
+            // SAFETY: no other view of the gradients is live between steps.
+            let grads = unsafe {
+                self.persistent
+                    .view_mut::<f32>(start, ((end - start) / 4) as usize)?
+            };
+            c.all_reduce_sum_f32(grads).map_err(OpError::Runtime)?;
+        }
+        if last {
+            let mut flag = [self.nonfinite.get() as u8 as f64];
+            c.all_reduce_sum_f64(&mut flag).map_err(OpError::Runtime)?;
+            self.nonfinite.set(flag[0] > 0.0);
         }
         Ok(())
     }

@@ -300,7 +300,13 @@ impl<B: Backend> CudaKernels<B> {
                 self.backend.replay().map_err(dev)?;
                 self.graph_replays += 1;
             }
-            Graph::Eager if self.use_graph && !self.sync_each_launch && self.eager_steps > 0 => {
+            // A data-parallel step sums its gradients through the host: nothing to capture.
+            Graph::Eager
+                if self.use_graph
+                    && !self.sync_each_launch
+                    && self.eager_steps > 0
+                    && self.plan.replicas == 1 =>
+            {
                 self.capture_and_replay(steps)?
             }
             _ => self.run_eagerly(steps)?,
@@ -398,6 +404,20 @@ impl<B: Backend> CudaKernels<B> {
             nonfinite: after.nonfinite != 0,
             bad_index: (after.bad_index != 0).then(|| after.bad_index as usize - 1),
         })
+    }
+
+    /// Data parallel: the step's non-finite flag, set on every replica when it is on any.
+    pub(crate) fn sum_nonfinite_flag(&self, c: &dyn crate::collective::Collective) -> Result<()> {
+        let at = self.scalars + std::mem::offset_of!(MwScalars, nonfinite) as u64;
+        let mut raw = [0u8; 4];
+        // SAFETY: one i32 field of the scalars block.
+        unsafe { self.backend.download(at, &mut raw).map_err(dev)? };
+        let mut flag = [(i32::from_le_bytes(raw) != 0) as u8 as f64];
+        c.all_reduce_sum_f64(&mut flag)?;
+        let set = (flag[0] > 0.0) as i32;
+        // SAFETY: as above.
+        unsafe { self.backend.upload(&set.to_le_bytes(), at).map_err(dev)? };
+        Ok(())
     }
 
     // ---- state ----

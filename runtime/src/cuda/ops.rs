@@ -25,6 +25,7 @@ use memwise_plan::{
 };
 
 use super::{dev, p, u, Backend, CudaKernels};
+use crate::collective::Collective;
 use crate::cpu::Opt;
 use crate::error::Result;
 use crate::executor::Batch;
@@ -275,6 +276,7 @@ impl<B: Backend> CudaKernels<B> {
             )));
         }
         let dropout = if rate > 0.0 {
+            no_replica_offset(key)?;
             flash::FlashDropout {
                 rate,
                 seed: key.seed,
@@ -292,8 +294,9 @@ impl<B: Backend> CudaKernels<B> {
         })
     }
 
-    fn key_args(&self, key: k::random::RngKey) -> [KArg; 2] {
-        [KArg::U64(key.seed), KArg::U32(key.layer)]
+    fn key_args(&self, key: k::random::RngKey) -> Result<[KArg; 2]> {
+        no_replica_offset(key)?;
+        Ok([KArg::U64(key.seed), KArg::U32(key.layer)])
     }
 
     /// The gradient a training loss writes (`None` in an inference plan).
@@ -460,6 +463,19 @@ impl<B: Backend> CudaKernels<B> {
             }
         }
     }
+}
+
+/// The CUDA random kernels draw every stream from block 0: a data-parallel replica's
+/// offset stream ([`k::random::RngKey::first_block`]) is refused rather than drawn wrong.
+fn no_replica_offset(key: k::random::RngKey) -> Result<()> {
+    if key.first_block != 0 {
+        return Err(dev(
+            "data-parallel replicas' dropout and sampling streams are not on the GPU yet \
+             (issue 15): train this model's replicas on the CPU"
+                .to_string(),
+        ));
+    }
+    Ok(())
 }
 
 impl<B: Backend> Kernels for CudaKernels<B> {
@@ -816,7 +832,7 @@ impl<B: Backend> Kernels for CudaKernels<B> {
 
     fn dropout(&self, io: &DropoutForward, rate: f32, key: k::random::RngKey) -> OpResult {
         let n = self.elems(io.y)?;
-        let [seed, layer] = self.key_args(key);
+        let [seed, layer] = self.key_args(key)?;
         self.k(
             name1("mw_dropout_fwd", self.ft(io.y)?),
             LaunchCfg::pointwise(n.div_ceil(4) as u64),
@@ -945,7 +961,7 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         )?;
         if dropout > 0.0 {
             let n = d.scores_len();
-            let [seed, layer] = self.key_args(key);
+            let [seed, layer] = self.key_args(key)?;
             self.k(
                 name1("mw_dropout_fwd", t),
                 LaunchCfg::pointwise(n.div_ceil(4) as u64),
@@ -992,7 +1008,7 @@ impl<B: Backend> Kernels for CudaKernels<B> {
 
     fn sample_normal(&self, io: &SampleNormalForward, key: k::random::RngKey) -> OpResult {
         let n = self.elems(io.z)?;
-        let [seed, layer] = self.key_args(key);
+        let [seed, layer] = self.key_args(key)?;
         self.k(
             name1("mw_sample_normal_fwd", self.ft(io.z)?),
             LaunchCfg::pointwise(n.div_ceil(4) as u64),
@@ -1586,7 +1602,7 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         key: k::random::RngKey,
     ) -> OpResult {
         let n = self.elems(io.dz)?;
-        let [seed, layer] = self.key_args(key);
+        let [seed, layer] = self.key_args(key)?;
         self.k(
             name1("mw_sample_normal_bwd", self.ft(io.log_var)?),
             LaunchCfg::pointwise(n.div_ceil(4) as u64),
@@ -1769,6 +1785,25 @@ impl<B: Backend> Kernels for CudaKernels<B> {
             LaunchCfg::pointwise(n as u64),
             vec![p(self.persistent + g0), u(n), self.sc()],
         )?;
+        Ok(())
+    }
+
+    fn all_reduce_gradients(&self, params: &[u32], last: bool, c: &dyn Collective) -> OpResult {
+        // Through the host, in eager steps (`launch_step` captures no data-parallel plan):
+        // correct on any backend, the emulated one included; NCCL on device memory is the
+        // fast path still to come.
+        for &pid in params {
+            let prm = &self.plan.params[pid as usize];
+            let at = self.persistent + prm.grad_offset;
+            let mut g = self.download_f32(at, prm.elems())?;
+            c.all_reduce_sum_f32(&mut g)?;
+            let bytes: Vec<u8> = g.iter().flat_map(|x| x.to_le_bytes()).collect();
+            // SAFETY: the parameter's gradient lies inside the persistent region.
+            unsafe { self.backend.upload(&bytes, at).map_err(dev)? };
+        }
+        if last {
+            self.sum_nonfinite_flag(c)?;
+        }
         Ok(())
     }
 

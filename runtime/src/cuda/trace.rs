@@ -480,7 +480,7 @@ pub fn trace_training_step(plan: &StaticPlan, seed: u64) -> Result<Vec<LaunchRec
     k.record_step(&mut |k: &CudaKernels<TraceBackend>| {
         for s in k.plan.steps.iter() {
             k.backend.set_step(Some(s.index));
-            crate::walk::run_step(k, s, seed, 0)?;
+            crate::walk::run_step(k, s, &crate::walk::StepCx::one_device(seed, 0))?;
         }
         k.backend.set_step(None);
         Ok(())

@@ -1,0 +1,44 @@
+//! `Collective`: what data-parallel training asks of the other replicas — sums over every
+//! rank, a broadcast, a barrier — behind one trait, so the walk and the trainer never know
+//! which engine carries it: [`Threads`] (replicas as threads of one process: tests, the
+//! emulated GPU) or, with the `mpi` feature, `Mpi` (ranks launched by `mpirun`).
+//!
+//! Every rank must end a sum with the same bits, or the replicas' weights drift apart: the
+//! implementations sum in an order that does not depend on the rank.
+
+mod threads;
+pub use threads::{ThreadGroup, Threads};
+
+#[cfg(feature = "mpi")]
+mod mpi;
+#[cfg(feature = "mpi")]
+pub use self::mpi::Mpi;
+
+use crate::error::Result;
+
+/// The replicas of one data-parallel job, seen from one of them.
+pub trait Collective: Send + Sync {
+    /// This replica's index, `0..size()`.
+    fn rank(&self) -> usize;
+    /// How many replicas the job has.
+    fn size(&self) -> usize;
+    /// Replaces `values` on every rank by their sum over the ranks (the same length on
+    /// every rank), identical bits everywhere.
+    fn all_reduce_sum_f32(&self, values: &mut [f32]) -> Result<()>;
+    /// The same, in f64 (loss values, counts, flags).
+    fn all_reduce_sum_f64(&self, values: &mut [f64]) -> Result<()>;
+    /// Copies `bytes` of rank `root` into `bytes` of every other rank.
+    fn broadcast(&self, root: usize, bytes: &mut [u8]) -> Result<()>;
+    /// Returns once every rank has called it.
+    fn barrier(&self) -> Result<()>;
+    /// What carries it, for messages ("threads", "MPI").
+    fn engine(&self) -> &'static str;
+    /// Host memory this engine holds beside the values while it sums `largest` f32 values
+    /// at once (its send buffers, the copies it gathers): the trainer adds it to the
+    /// estimate the memory monitor checks.
+    fn scratch_bytes(&self, largest: usize) -> u64;
+}
+
+/// How long a rank waits for the others before it gives up with an error: a rank that
+/// died or stopped early makes the others fail within this time, never hang.
+pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);

@@ -1,0 +1,206 @@
+//! `Mpi`: the ranks of a data-parallel job as processes launched by `mpirun`, one
+//! [`Collective`] per process over `MPI_COMM_WORLD` (the `mpi` crate, rsmpi, over Open MPI;
+//! `scripts/install-mpi.sh` installs it, `scripts/ci-mpi.sh` checks it).
+//!
+//! * **Sums** are `MPI_Allreduce` with `MPI_SUM` on `MPI_FLOAT` / `MPI_DOUBLE`. The mpi crate
+//!   has no in-place form (`MPI_IN_PLACE`) in its safe API, so each call copies the buffer into
+//!   a send buffer kept in the `Mpi`, at most [`Mpi::CHUNK`] elements at a time: the extra
+//!   memory is bounded (4 MiB in f32, 8 MiB in f64), never the size of a gradient bucket.
+//!   Every rank ends with the same bits: the sum is element-wise and Open MPI's reductions
+//!   either combine the same partial sums on every rank (recursive doubling: IEEE addition is
+//!   commutative) or compute each element on one rank and send it to the others (ring,
+//!   reduce-scatter + gather). `examples/mpi_check.rs` checks the bits across ranks.
+//! * **Broadcast** is `MPI_Bcast` of bytes, in place; **barrier** is `MPI_Barrier`.
+//! * **Failures.** `MPI_COMM_WORLD`'s error handler is MPI's default, `MPI_ERRORS_ARE_FATAL`:
+//!   an MPI error (such as buffers of different lengths on different ranks, which the trait
+//!   forbids) aborts the whole job instead of returning. With Open MPI, a rank that dies
+//!   (a crash, a signal, or an exit before `MPI_Finalize`, whatever its status) makes `mpirun`
+//!   kill every other rank and exit non-zero, so no rank hangs waiting in a collective for
+//!   one that is gone: the job ends within seconds (`scripts/ci-mpi.sh` measures it), well
+//!   under [`super::DEFAULT_TIMEOUT`], which `Threads` needs and this engine does not.
+//!
+//! Threading: MPI is initialised with `MPI_THREAD_SERIALIZED` — any thread may call MPI, but
+//! never two at once — and [`Mpi::init`] fails unless the library provides at least that. The
+//! trait is `Send + Sync`, so a rank may be driven from any thread (the trainer's, a worker's);
+//! every MPI call is made while holding one `Mutex`, which is exactly the serialisation that
+//! level asks of the caller. `MPI_THREAD_MULTIPLE` would only add locking inside Open MPI for
+//! concurrency the lock forbids anyway. No `unsafe impl Send/Sync` is needed: the state kept
+//! across calls is the mpi crate's `Universe` (which is `Send`) and the send buffers; the
+//! communicator handle, a raw pointer that is neither `Send` nor `Sync`, is made afresh under
+//! the lock for each call (`MPI_COMM_WORLD` is a constant: that costs nothing).
+
+use std::sync::{Mutex, MutexGuard};
+
+use mpi::collective::SystemOperation;
+use mpi::environment::Universe;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::{Communicator, CommunicatorCollectives, Equivalence, Root};
+use mpi::Threading;
+
+use super::Collective;
+use crate::error::{Result, RuntimeError};
+
+/// What is only touched while holding the lock.
+struct Inner {
+    /// MPI itself: dropping it calls `MPI_Finalize`.
+    universe: Universe,
+    /// The send buffers of the sums (the mpi crate has no in-place all-reduce).
+    send_f32: Vec<f32>,
+    send_f64: Vec<f64>,
+}
+
+/// This process's rank of a job launched by `mpirun` (`mpirun -n N program`): one per
+/// process, made by [`Mpi::init`]. A program run without `mpirun` is a job of one rank.
+///
+/// Dropping it finalises MPI (`MPI_Finalize`), after which MPI cannot start again in this
+/// process; drop it on the thread that called [`Mpi::init`] (normally the main thread), as the
+/// MPI standard asks of `MPI_Finalize`, and only after the last collective of every rank's
+/// handle. A process that exits without dropping it (`std::process::exit`, a panic that
+/// aborts) counts as a dead rank: `mpirun` ends the job with a non-zero status.
+pub struct Mpi {
+    rank: usize,
+    size: usize,
+    inner: Mutex<Inner>,
+}
+
+impl Mpi {
+    /// The most elements one `MPI_Allreduce` carries: longer sums run in pieces of this
+    /// many, so the send buffer never holds more (and every count fits MPI's `int`).
+    pub const CHUNK: usize = 1 << 20;
+
+    /// Initialises MPI (`MPI_Init_thread`, asking for `MPI_THREAD_SERIALIZED`) and returns
+    /// this process's rank of `MPI_COMM_WORLD`.
+    ///
+    /// Fails with [`RuntimeError::Device`] when MPI was already initialised in this process
+    /// (by an earlier `Mpi`, or by other code: there is one MPI per process) or when the MPI
+    /// library does not provide `MPI_THREAD_SERIALIZED` (MPI is then finalised again).
+    pub fn init() -> Result<Mpi> {
+        let Some((universe, provided)) = mpi::initialize_with_threading(Threading::Serialized)
+        else {
+            return Err(RuntimeError::Device(if mpi::is_finalized() {
+                "MPI: already initialised and finalised in this process (an earlier Mpi was \
+                 dropped), and MPI cannot start twice: keep one Mpi for the whole program"
+                    .into()
+            } else {
+                "MPI: already initialised in this process; Mpi::init must be its only \
+                 initialisation: make one Mpi per process and share it"
+                    .into()
+            }));
+        };
+        if provided < Threading::Serialized {
+            // `universe` is dropped on return: MPI is finalised again.
+            return Err(RuntimeError::Device(format!(
+                "MPI: the library provides threading level {provided:?}, below the \
+                 MPI_THREAD_SERIALIZED that Mpi needs (it may be called from any thread, \
+                 one at a time)"
+            )));
+        }
+        let world = universe.world();
+        let (rank, size) = (world.rank(), world.size());
+        drop(world);
+        Ok(Mpi {
+            rank: usize::try_from(rank).expect("MPI ranks are non-negative"),
+            size: usize::try_from(size).expect("MPI sizes are positive"),
+            inner: Mutex::new(Inner {
+                universe,
+                send_f32: Vec::new(),
+                send_f64: Vec::new(),
+            }),
+        })
+    }
+
+    /// How many ranks `mpirun` (Open MPI's) launched, read from the environment it gives each
+    /// rank (`OMPI_COMM_WORLD_SIZE`), without initialising MPI; `None` when not launched by
+    /// Open MPI's `mpirun`. Lets a program decide whether to call [`Mpi::init`], and lets a
+    /// rank check that the MPI library it was linked with is the launcher's (a program linked
+    /// with another MPI runs as N separate jobs of one rank).
+    pub fn world_size_from_env() -> Option<usize> {
+        std::env::var("OMPI_COMM_WORLD_SIZE")
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock can only come from the mpi crate's checks before a
+        // call is made (MPI errors abort the process): the state is as it was, going on is
+        // sound.
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// `values` ← their element-wise sum over the ranks of `world`, [`Mpi::CHUNK`] elements per
+/// `MPI_Allreduce`, each piece copied into `send` first.
+fn all_reduce_sum<T: Equivalence + Copy>(
+    world: &SimpleCommunicator,
+    send: &mut Vec<T>,
+    values: &mut [T],
+) {
+    for piece in values.chunks_mut(Mpi::CHUNK) {
+        send.clear();
+        // Exactly the longest piece so far, so `scratch_bytes` is what is held.
+        send.reserve_exact(piece.len());
+        send.extend_from_slice(piece);
+        world.all_reduce_into(&send[..], piece, SystemOperation::sum());
+    }
+}
+
+impl Collective for Mpi {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn all_reduce_sum_f32(&self, values: &mut [f32]) -> Result<()> {
+        let mut inner = self.lock();
+        let inner = &mut *inner;
+        all_reduce_sum(&inner.universe.world(), &mut inner.send_f32, values);
+        Ok(())
+    }
+
+    fn all_reduce_sum_f64(&self, values: &mut [f64]) -> Result<()> {
+        let mut inner = self.lock();
+        let inner = &mut *inner;
+        all_reduce_sum(&inner.universe.world(), &mut inner.send_f64, values);
+        Ok(())
+    }
+
+    fn broadcast(&self, root: usize, bytes: &mut [u8]) -> Result<()> {
+        if root >= self.size {
+            // Every rank is given the same root, so every rank fails here alike and none is
+            // left waiting in MPI_Bcast.
+            return Err(RuntimeError::Device(format!(
+                "MPI broadcast (rank {}): root {root} is not a rank of this job of {}",
+                self.rank, self.size
+            )));
+        }
+        let inner = self.lock();
+        let world = inner.universe.world();
+        let root = world.process_at_rank(root as mpi::Rank);
+        // MPI counts in `int`: pieces of at most 1 GiB.
+        for piece in bytes.chunks_mut(1 << 30) {
+            root.broadcast_into(piece);
+        }
+        Ok(())
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.lock().universe.world().barrier();
+        Ok(())
+    }
+
+    fn engine(&self) -> &'static str {
+        "MPI"
+    }
+
+    fn scratch_bytes(&self, largest: usize) -> u64 {
+        // The f32 send buffer at its longest (the f64 one carries a few scalars).
+        largest.min(Mpi::CHUNK) as u64 * 4
+    }
+}

@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# The MPI check (issue 15): the `mpi` feature (collective::Mpi over Open MPI) installs, lints,
+# builds and works across processes, and a rank that dies ends the job instead of hanging it.
+#   1. scripts/install-mpi.sh (Open MPI and libclang from Debian; nothing when present);
+#   2. clippy of memwise-runtime with --features mpi, every target, warnings denied;
+#   3. runtime/examples/mpi_check under `mpirun -n 2`: sums bit for bit, broadcast, barrier;
+#   4. the fault test: rank 1 exits after 5 barriers while rank 0 keeps calling collectives;
+#      mpirun must exit non-zero within 60 s (under `timeout 120`, so nothing hangs);
+#   5. the examples with --data-parallel on 2 ranks: mnist_mlp and vae end 10 steps with the
+#      weights of one process at the same global batch (scripts/compare_weights.py, 1e-5);
+#      each rank's peak RSS growth is within 5 % of its estimate (MLP at global batch 4096,
+#      VAE at 2048); a rank killed with SIGKILL mid-training ends the job within 60 s.
+# Prints a PASS or FAIL line per check; exits non-zero when any fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_INCREMENTAL=0
+
+LOG="${OUT:-target/ci-mpi}"
+mkdir -p "$LOG"
+failed=0
+pass() { echo "ci-mpi: PASS: $*"; }
+fail() { echo "ci-mpi: FAIL: $*"; failed=1; }
+
+# A step the rest depends on: FAIL and stop when it fails.
+must() {
+    local what="$1"
+    shift
+    if "$@"; then
+        pass "$what"
+    else
+        echo "ci-mpi: FAIL: $what (exit status $?)"
+        exit 1
+    fi
+}
+
+echo "== MPI: install (scripts/install-mpi.sh)"
+must "install-mpi.sh" bash scripts/install-mpi.sh
+
+echo "== MPI: clippy --features mpi"
+must "clippy -p memwise-runtime --features mpi --all-targets" \
+    cargo clippy -p memwise-runtime --features mpi --all-targets -- -D warnings
+
+echo "== MPI: build mpi_check (release)"
+must "build mpi_check (release)" \
+    cargo build --release -p memwise-runtime --features mpi --example mpi_check
+BIN=target/release/examples/mpi_check
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe -n 2)
+
+echo "== MPI: mpi_check on 2 ranks"
+rc=0
+timeout 120 "${MPIRUN[@]}" "$BIN" > "$LOG/check.txt" 2>&1 || rc=$?
+cat "$LOG/check.txt"
+if [[ $rc == 0 ]] && grep -qx "mpi_check: rank 0 of 2 ok" "$LOG/check.txt" \
+    && grep -qx "mpi_check: rank 1 of 2 ok" "$LOG/check.txt"; then
+    pass "mpi_check: both ranks ok"
+else
+    fail "mpi_check: exit status $rc, or a rank did not print ok (output above)"
+fi
+
+echo "== MPI: fault test (rank 1 exits after 5 barriers)"
+rc=0
+start=$(date +%s.%N)
+timeout 120 "${MPIRUN[@]}" "$BIN" --die-at-step 5 > "$LOG/fault.txt" 2>&1 || rc=$?
+secs=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }')
+cat "$LOG/fault.txt"
+echo "ci-mpi: the fault test's mpirun exited with status $rc after $secs s"
+if [[ $rc == 0 ]]; then
+    fail "fault test: mpirun exited 0 although rank 1 died"
+elif [[ $rc == 124 || $rc == 137 ]]; then
+    fail "fault test: mpirun was still running after 120 s (the surviving rank hung)"
+elif awk -v s="$secs" 'BEGIN { exit !(s < 60) }'; then
+    pass "fault test: mpirun ended the job with status $rc in $secs s"
+else
+    fail "fault test: mpirun took $secs s to end the job (60 s allowed)"
+fi
+
+echo "== MPI: data-parallel examples (release, --features mpi)"
+must "build mnist_mlp and vae with --features mpi (release)" \
+    cargo build --release --features mpi --example mnist_mlp --example vae
+
+# 1. Equivalence: 2 ranks at global batch 128 end with the weights of 1 process at 128.
+for ex in mnist_mlp vae; do
+    bin=target/release/examples/$ex
+    common=(--device cpu --steps 10 --batch 128 --no-shuffle)
+    rc=0
+    timeout 300 "${MPIRUN[@]}" "$bin" "${common[@]}" --data-parallel \
+        --save-weights "$LOG/$ex.2ranks.safetensors" > "$LOG/$ex.2ranks.txt" 2>&1 || rc=$?
+    timeout 300 "$bin" "${common[@]}" \
+        --save-weights "$LOG/$ex.1process.safetensors" > "$LOG/$ex.1process.txt" 2>&1 || rc=$?
+    if [[ $rc != 0 ]]; then
+        tail -n 20 "$LOG/$ex.2ranks.txt" "$LOG/$ex.1process.txt"
+        fail "$ex: a run exited with status $rc"
+    elif python3 scripts/compare_weights.py --tol 1e-5 \
+        "$LOG/$ex.1process.safetensors" "$LOG/$ex.2ranks.safetensors"; then
+        pass "$ex: 2 ranks = 1 process after 10 steps at batch 128"
+    else
+        fail "$ex: 2 ranks and 1 process trained different weights"
+    fi
+done
+
+# 2. Memory: each rank's measured peak RSS growth within 5 % of its per-replica estimate.
+for run in "mnist_mlp 4096 10" "vae 2048 4"; do
+    read -r ex batch steps <<< "$run"
+    rc=0
+    timeout 600 "${MPIRUN[@]}" "target/release/examples/$ex" --device cpu --data-parallel \
+        --batch "$batch" --steps "$steps" --no-shuffle --report-json "$LOG/$ex.$batch.json" \
+        > "$LOG/$ex.$batch.txt" 2>&1 || rc=$?
+    if [[ $rc != 0 ]]; then
+        tail -n 20 "$LOG/$ex.$batch.txt"
+        fail "$ex at batch $batch on 2 ranks: exit status $rc"
+    elif python3 - "$LOG/$ex.$batch.json" "$LOG/$ex.$batch.rank1.json" <<'PY'
+import json, sys
+ok = True
+for path in sys.argv[1:]:
+    r = json.load(open(path))
+    est, got = r["estimate"]["total"], r["measured"]["peak_rss_growth_bytes"]
+    off = 100 * (got - est) / est
+    print(f"ci-mpi: {r['model']} rank {r['rank']} of {r['replicas']}, batch {r['batch']} of "
+          f"{r['global_batch']}: measured {got / 2**20:.2f} MiB, estimate {est / 2**20:.2f} MiB "
+          f"({off:+.1f} %)")
+    ok &= abs(off) <= 5
+sys.exit(0 if ok else 1)
+PY
+    then
+        pass "$ex at global batch $batch: every rank within 5 % of its estimate"
+    else
+        fail "$ex at global batch $batch: a rank's peak is more than 5 % off its estimate"
+    fi
+done
+
+# 3. A rank killed mid-training ends the job: mpirun exits non-zero, with a message, in 60 s.
+echo "== MPI: one of two mnist_mlp ranks killed mid-training"
+timeout 120 "${MPIRUN[@]}" target/release/examples/mnist_mlp --device cpu --data-parallel \
+    --epochs 100000 > "$LOG/kill.txt" 2>&1 &
+job=$!
+victim=""
+for _ in $(seq 100); do
+    # Training has begun once rank 0 has printed its first epoch line.
+    if grep -q "^Epoch 1/" "$LOG/kill.txt"; then
+        victim=$(pgrep -f "target/release/examples/mnist_mlp --device cpu --data-parallel" \
+            | tail -n 1 || true)
+        break
+    fi
+    sleep 0.2
+done
+rc=0
+if [[ -z "$victim" ]]; then
+    kill "$job" 2> /dev/null || true
+    wait "$job" || true
+    cat "$LOG/kill.txt"
+    fail "kill test: training never started"
+else
+    start=$(date +%s.%N)
+    kill -KILL "$victim"
+    wait "$job" || rc=$?
+    secs=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }')
+    tail -n 8 "$LOG/kill.txt"
+    # 137 is the killed rank's own status (128 + SIGKILL), which mpirun passes on; 124 is
+    # `timeout`'s: the job outlived 120 s.
+    if [[ $rc == 0 || $rc == 124 ]]; then
+        fail "kill test: mpirun exited with status $rc after $secs s"
+    elif awk -v s="$secs" 'BEGIN { exit !(s < 60) }' && grep -qi "killed\|signal" "$LOG/kill.txt"; then
+        pass "kill test: the job ended with status $rc and a message $secs s after the kill"
+    else
+        fail "kill test: status $rc after $secs s, or no message naming the killed rank"
+    fi
+fi
+
+
+if [[ $failed != 0 ]]; then
+    echo "ci-mpi: FAIL (see the FAIL lines above)"
+    exit 1
+fi
+echo "ci-mpi: PASS: every MPI check"
