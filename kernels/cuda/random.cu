@@ -3,8 +3,11 @@
 // recomputed (checkpointed) forward or a backward regenerates exactly the same numbers.
 //
 //   key     = [seed lo, seed hi]
-//   counter = [element / 4, step lo, step hi, layer]
+//   counter = [first + element / 4, step lo, step hi, layer]
 //   word    = philox4x32_10(counter, key)[element % 4]
+//
+// `first` is the stream's first block (RngKey::first_block): 0 on one device; a data-parallel
+// replica r draws from r·⌈n/4⌉ on, so the replicas together draw one device's whole batch.
 //
 // Uniforms are (word >> 8)·2⁻²⁴ (exact in f32). Normals use Box–Muller on the word pairs
 // (0, 1) and (2, 3); logf/sqrtf/sincos here match the CPU's libm to a few ulp (a tensor's
@@ -37,11 +40,11 @@ extern "C" __global__ void mw_philox_words(u32* out, u64 nblocks, u64 seed, u32 
 // mask[i] = uniform(i) >= rate; y = mask ? x / (1 − rate) : 0 (y may be x).
 template <typename T>
 MW_DEV void dropout_fwd(const T* x, T* y, unsigned char* mask, u64 n, float rate, u64 seed,
-                        u32 layer, const MwScalars* sc) {
+                        u32 layer, u32 first, const MwScalars* sc) {
     u64 step = sc->step;
     float scale = 1.0f / (1.0f - rate);
     MW_FOR(b, (n + 3) / 4) {
-        MwWords w = mw_rng_block(b, seed, layer, step);
+        MwWords w = mw_rng_block((u32)b + first, seed, layer, step);
         #pragma unroll
         for (int j = 0; j < 4; j++) {
             u64 i = 4 * b + j;
@@ -67,14 +70,14 @@ MW_DEV void mw_normals(u64 b, u64 seed, u32 layer, u64 step, float e[4]) {
     mw_box_muller(w.w[2], w.w[3], &e[2], &e[3]);
 }
 
-// Runs `f(i, ε)` for every i < n, ε the i-th standard normal of stream (seed, layer, step):
-// grid-stride over the RNG blocks, 4 normals each.
+// Runs `f(i, ε)` for every i < n, ε the i-th standard normal of stream (seed, layer, step)
+// from block `first` on: grid-stride over the RNG blocks, 4 normals each.
 template <typename F>
-MW_DEV void mw_for_normals(u64 n, u64 seed, u32 layer, const MwScalars* sc, F f) {
+MW_DEV void mw_for_normals(u64 n, u64 seed, u32 layer, u32 first, const MwScalars* sc, F f) {
     u64 step = sc->step;
     MW_FOR(b, (n + 3) / 4) {
         float e[4];
-        mw_normals(b, seed, layer, step, e);
+        mw_normals((u32)b + first, seed, layer, step, e);
         #pragma unroll
         for (int j = 0; j < 4; j++) {
             u64 i = 4 * b + j;
@@ -87,8 +90,8 @@ MW_DEV void mw_for_normals(u64 n, u64 seed, u32 layer, const MwScalars* sc, F f)
 // z = mean + exp(0.5·logvar)·ε, ε ~ N(0, 1) from stream (seed, layer, step).
 template <typename T>
 MW_DEV void sample_normal_fwd(const T* mean, const T* logvar, T* z, u64 n, u64 seed, u32 layer,
-                              const MwScalars* sc) {
-    mw_for_normals(n, seed, layer, sc, [=](u64 i, float e) {
+                              u32 first, const MwScalars* sc) {
+    mw_for_normals(n, seed, layer, first, sc, [=](u64 i, float e) {
         z[i] = st<T>(ld(mean[i]) + expf(0.5f * ld(logvar[i])) * e);
     });
 }
@@ -97,8 +100,9 @@ MW_DEV void sample_normal_fwd(const T* mean, const T* logvar, T* z, u64 n, u64 s
 // what is there when `accumulate` (the KL loss wrote its share first).
 template <typename T>
 MW_DEV void sample_normal_bwd(const T* logvar, const T* dz, T* dmean, T* dlogvar, u64 n,
-                              u64 seed, u32 layer, const MwScalars* sc, int accumulate) {
-    mw_for_normals(n, seed, layer, sc, [=](u64 i, float e) {
+                              u64 seed, u32 layer, u32 first, const MwScalars* sc,
+                              int accumulate) {
+    mw_for_normals(n, seed, layer, first, sc, [=](u64 i, float e) {
         float g = ld(dz[i]);
         float dl = g * 0.5f * expf(0.5f * ld(logvar[i])) * e;
         if (accumulate) {
@@ -113,22 +117,22 @@ MW_DEV void sample_normal_bwd(const T* logvar, const T* dz, T* dmean, T* dlogvar
 
 #define MW_RANDOM(S, T)                                                                         \
     extern "C" __global__ void mw_dropout_fwd_##S(const T* x, T* y, unsigned char* mask, u64 n, \
-                                                  float rate, u64 seed, u32 layer,              \
+                                                  float rate, u64 seed, u32 layer, u32 first,   \
                                                   const MwScalars* sc) {                        \
-        dropout_fwd<T>(x, y, mask, n, rate, seed, layer, sc);                                   \
+        dropout_fwd<T>(x, y, mask, n, rate, seed, layer, first, sc);                            \
     }                                                                                           \
     extern "C" __global__ void mw_dropout_bwd_##S(const unsigned char* mask, const T* dy, T* dx, \
                                                   u64 n, float rate) {                          \
         dropout_bwd<T>(mask, dy, dx, n, rate);                                                  \
     }                                                                                           \
     extern "C" __global__ void mw_sample_normal_fwd_##S(const T* mean, const T* logvar, T* z,   \
-                                                        u64 n, u64 seed, u32 layer,             \
+                                                        u64 n, u64 seed, u32 layer, u32 first,  \
                                                         const MwScalars* sc) {                  \
-        sample_normal_fwd<T>(mean, logvar, z, n, seed, layer, sc);                              \
+        sample_normal_fwd<T>(mean, logvar, z, n, seed, layer, first, sc);                       \
     }                                                                                           \
     extern "C" __global__ void mw_sample_normal_bwd_##S(                                        \
         const T* logvar, const T* dz, T* dmean, T* dlogvar, u64 n, u64 seed, u32 layer,         \
-        const MwScalars* sc, int accumulate) {                                                  \
-        sample_normal_bwd<T>(logvar, dz, dmean, dlogvar, n, seed, layer, sc, accumulate);       \
+        u32 first, const MwScalars* sc, int accumulate) {                                       \
+        sample_normal_bwd<T>(logvar, dz, dmean, dlogvar, n, seed, layer, first, sc, accumulate); \
     }
 MW_FLOATS(MW_RANDOM)

@@ -1911,7 +1911,8 @@ fn dropout_case<T: Ty>(r: &mut Rng) {
         seed: 0xDEAD_BEEF_0123_4567,
         layer: 3,
         step: 0x1_0000_0002,
-        first_block: 0,
+        // A data-parallel replica's stream: block 0 of this tensor is the counter's 17.
+        first_block: 17,
     };
     let (n, rate) = (1003usize, 0.3f32);
     let x: Vec<T> = r.t(n, -2.0, 2.0);
@@ -1935,6 +1936,7 @@ fn dropout_case<T: Ty>(r: &mut Rng) {
             KArg::F32(rate),
             KArg::U64(key.seed),
             KArg::U32(key.layer),
+            KArg::U32(key.first_block),
             scal(&mut sc),
         ],
     );
@@ -1952,6 +1954,7 @@ fn dropout_case<T: Ty>(r: &mut Rng) {
             KArg::F32(rate),
             KArg::U64(key.seed),
             KArg::U32(key.layer),
+            KArg::U32(key.first_block),
             scal(&mut sc),
         ],
     );
@@ -1975,7 +1978,7 @@ fn sample_normal_case<T: Ty>(r: &mut Rng) {
         seed: 42,
         layer: 9,
         step: 17,
-        first_block: 0,
+        first_block: 251,
     };
     let n = 1001;
     let mean: Vec<T> = r.t(n, -1.0, 1.0);
@@ -1998,6 +2001,7 @@ fn sample_normal_case<T: Ty>(r: &mut Rng) {
             u(n),
             KArg::U64(key.seed),
             KArg::U32(key.layer),
+            KArg::U32(key.first_block),
             scal(&mut sc),
         ],
     );
@@ -2019,6 +2023,7 @@ fn sample_normal_case<T: Ty>(r: &mut Rng) {
                 u(n),
                 KArg::U64(key.seed),
                 KArg::U32(key.layer),
+                KArg::U32(key.first_block),
                 scal(&mut sc),
                 KArg::I32(acc),
             ],

@@ -1312,6 +1312,8 @@ fn the_trainer_turns_graph_capture_off() {
 fn replicas_on_emulated_devices_train_as_one_cpu_at_the_global_batch() {
     for (name, spec, as_one_device) in [
         ("mnist_mlp", zoo::mnist_mlp(32), true),
+        // Sampling: each replica draws its share of one device's noise (`first_block`).
+        ("conv_vae", zoo::conv_vae(4), true),
         (
             "split_reductions",
             split_reductions_model(Precision::Float32).with_batch(4),

@@ -294,9 +294,14 @@ impl<B: Backend> CudaKernels<B> {
         })
     }
 
-    fn key_args(&self, key: k::random::RngKey) -> Result<[KArg; 2]> {
-        no_replica_offset(key)?;
-        Ok([KArg::U64(key.seed), KArg::U32(key.layer)])
+    /// A random stream's kernel arguments: seed, layer and first block (the step is read
+    /// from the scalars).
+    fn key_args(&self, key: k::random::RngKey) -> [KArg; 3] {
+        [
+            KArg::U64(key.seed),
+            KArg::U32(key.layer),
+            KArg::U32(key.first_block),
+        ]
     }
 
     /// The gradient a training loss writes (`None` in an inference plan).
@@ -465,13 +470,14 @@ impl<B: Backend> CudaKernels<B> {
     }
 }
 
-/// The CUDA random kernels draw every stream from block 0: a data-parallel replica's
-/// offset stream ([`k::random::RngKey::first_block`]) is refused rather than drawn wrong.
+/// The flash attention kernels draw their dropout from block 0 of the stream: a
+/// data-parallel replica's offset stream ([`k::random::RngKey::first_block`]) is refused
+/// rather than drawn wrong (the materialised attention, dropout and sampling take it).
 fn no_replica_offset(key: k::random::RngKey) -> Result<()> {
     if key.first_block != 0 {
         return Err(dev(
-            "data-parallel replicas' dropout and sampling streams are not on the GPU yet \
-             (issue 15): train this model's replicas on the CPU"
+            "data-parallel replicas' attention dropout is not in the flash attention \
+             kernels yet (issue 15): train this model's replicas on the CPU"
                 .to_string(),
         ));
     }
@@ -832,7 +838,7 @@ impl<B: Backend> Kernels for CudaKernels<B> {
 
     fn dropout(&self, io: &DropoutForward, rate: f32, key: k::random::RngKey) -> OpResult {
         let n = self.elems(io.y)?;
-        let [seed, layer] = self.key_args(key)?;
+        let [seed, layer, first] = self.key_args(key);
         self.k(
             name1("mw_dropout_fwd", self.ft(io.y)?),
             LaunchCfg::pointwise(n.div_ceil(4) as u64),
@@ -844,6 +850,7 @@ impl<B: Backend> Kernels for CudaKernels<B> {
                 KArg::F32(rate),
                 seed,
                 layer,
+                first,
                 self.sc(),
             ],
         )?;
@@ -961,7 +968,7 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         )?;
         if dropout > 0.0 {
             let n = d.scores_len();
-            let [seed, layer] = self.key_args(key)?;
+            let [seed, layer, first] = self.key_args(key);
             self.k(
                 name1("mw_dropout_fwd", t),
                 LaunchCfg::pointwise(n.div_ceil(4) as u64),
@@ -973,6 +980,7 @@ impl<B: Backend> Kernels for CudaKernels<B> {
                     KArg::F32(dropout),
                     seed,
                     layer,
+                    first,
                     self.sc(),
                 ],
             )?;
@@ -1008,7 +1016,7 @@ impl<B: Backend> Kernels for CudaKernels<B> {
 
     fn sample_normal(&self, io: &SampleNormalForward, key: k::random::RngKey) -> OpResult {
         let n = self.elems(io.z)?;
-        let [seed, layer] = self.key_args(key)?;
+        let [seed, layer, first] = self.key_args(key);
         self.k(
             name1("mw_sample_normal_fwd", self.ft(io.z)?),
             LaunchCfg::pointwise(n.div_ceil(4) as u64),
@@ -1019,6 +1027,7 @@ impl<B: Backend> Kernels for CudaKernels<B> {
                 u(n),
                 seed,
                 layer,
+                first,
                 self.sc(),
             ],
         )?;
@@ -1602,7 +1611,7 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         key: k::random::RngKey,
     ) -> OpResult {
         let n = self.elems(io.dz)?;
-        let [seed, layer] = self.key_args(key)?;
+        let [seed, layer, first] = self.key_args(key);
         self.k(
             name1("mw_sample_normal_bwd", self.ft(io.log_var)?),
             LaunchCfg::pointwise(n.div_ceil(4) as u64),
@@ -1614,6 +1623,7 @@ impl<B: Backend> Kernels for CudaKernels<B> {
                 u(n),
                 seed,
                 layer,
+                first,
                 self.sc(),
                 KArg::I32(0),
             ],
