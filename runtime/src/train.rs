@@ -794,17 +794,26 @@ impl Trainer {
 
     /// Loss (and accuracy for classifiers) over every sample of `data`, in inference mode
     /// (batch norm from running statistics, no dropout).
+    ///
+    /// Data parallel, it is distributed as Keras's `evaluate` under a strategy: rank `r` of
+    /// `N` evaluates samples `r·len/N .. (r+1)·len/N` (every rank must call it on the same
+    /// data) and the sums are added over the ranks, so each returns the whole set's figures.
+    /// With batch norm, each rank's share is normalised by that rank's running statistics
+    /// (they are per replica, docs/DATA_PARALLEL.md).
     pub fn evaluate(&mut self, data: &dyn Dataset) -> Result<Evaluation> {
         self.check_columns(data, "`evaluate` needs at least one sample")?;
         let batch = self.plan().batch;
         let classifier = Trainer::is_classifier(self.plan());
-        let (mut loss, mut correct, mut scored) = (0f64, 0usize, 0usize);
-        data.will_gather(&(0..data.len()).collect::<Vec<_>>(), batch);
-        let mut start = 0;
-        while start < data.len() {
-            let n = batch.min(data.len() - start);
+        let shard = self.shard();
+        let bound = |r: usize| r * data.len() / shard.replicas;
+        let (first, end) = (bound(shard.rank), bound(shard.rank + 1));
+        // (loss × samples, correct predictions, scored predictions), summed.
+        let mut sums = [0f64; 3];
+        data.will_gather(&(first..end).collect::<Vec<_>>(), batch);
+        let mut start = first;
+        while start < end {
+            let n = batch.min(end - start);
             let k = self.inference(n)?;
-            scored += scored_predictions(self.infer[k].engine.plan());
             let idx: Vec<usize> = (start..start + n).collect();
             let mut bufs: Vec<Column> = data.columns().iter().map(|c| c.buffer(n)).collect();
             data.gather(&idx, &mut bufs)?;
@@ -813,14 +822,18 @@ impl Trainer {
                 .engine
                 .evaluate_step(&batches)
                 .map_err(|e| in_dataset(e, &idx, "`evaluate`"))?;
-            loss += out.loss as f64 * n as f64;
-            correct += out.correct;
+            sums[0] += out.loss as f64 * n as f64;
+            sums[1] += out.correct as f64;
+            sums[2] += scored_predictions(self.infer[k].engine.plan()) as f64;
             start += n;
+        }
+        if let Some(c) = self.train.collective() {
+            c.all_reduce_sum_f64(&mut sums)?;
         }
         let samples = data.len();
         Ok(Evaluation {
-            loss: (loss / samples as f64) as f32,
-            accuracy: classifier.then_some(correct as f32 / scored.max(1) as f32),
+            loss: (sums[0] / samples as f64) as f32,
+            accuracy: classifier.then_some((sums[1] / sums[2].max(1.0)) as f32),
             samples,
         })
     }

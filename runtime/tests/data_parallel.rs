@@ -8,7 +8,7 @@ use std::sync::Arc;
 use memwise_plan::{zoo, ModelSpec, Op};
 use memwise_runtime::collective::{Collective, ThreadGroup};
 use memwise_runtime::data::dataset::{Column, Dataset, InMemory};
-use memwise_runtime::train::{FitOptions, Trainer};
+use memwise_runtime::train::{Evaluation, FitOptions, Trainer};
 use memwise_runtime::Device;
 
 /// `n` MNIST-shaped samples: u8 pixels with a little structure, and labels that follow it.
@@ -173,6 +173,49 @@ fn two_replicas_train_the_vae_as_one_device_including_its_sampling() {
     // The VAE draws its latent noise: each replica draws its own samples' share of the
     // one device's stream.
     check_equivalent(&zoo::conv_vae(16), &pixels_only(170), 1e-5);
+}
+
+/// `evaluate` on replicas: each rank evaluates its share of the samples (an uneven split of
+/// 1,001 samples, with partial batches) and every rank returns the whole set's figures, those
+/// one device gets with the same weights.
+#[test]
+fn evaluate_on_replicas_returns_the_whole_sets_figures() {
+    let (train, held_out) = (digits(640), digits(1001));
+    let spec = zoo::mnist_mlp(128).with_replicas(2);
+    let ranks = ThreadGroup::new(2);
+    let results: Vec<(Weights, Evaluation)> = std::thread::scope(|s| {
+        let hs: Vec<_> = ranks
+            .into_iter()
+            .map(|c| {
+                let (spec, train, held_out) = (&spec, &train, &held_out);
+                s.spawn(move || {
+                    let mut t = Trainer::build(spec, &Device::cpu(), 5).unwrap();
+                    t.set_data_parallel(Arc::new(c) as Arc<dyn Collective>)
+                        .unwrap();
+                    t.fit(train, None, &options(), &mut []).unwrap();
+                    (weights(&t), t.evaluate(held_out).unwrap())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut one = Trainer::build(&zoo::mnist_mlp(128), &Device::cpu(), 7).unwrap();
+    for (name, values) in &results[0].0 {
+        one.engine_mut().set_param(name, values).unwrap();
+    }
+    let whole = one.evaluate(&held_out).unwrap();
+    for (_, e) in &results {
+        assert_eq!(e.samples, 1001);
+        assert_eq!(e.accuracy, whole.accuracy, "accuracy over the ranks");
+        let d = (e.loss - whole.loss).abs() / whole.loss;
+        assert!(
+            d < 1e-6,
+            "loss {} on the ranks vs {} on one device",
+            e.loss,
+            whole.loss
+        );
+    }
+    assert_eq!(results[0].1.loss, results[1].1.loss, "the ranks' losses");
 }
 
 #[test]
