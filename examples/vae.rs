@@ -261,7 +261,9 @@ fn main() -> Res<()> {
     let l = &history.step_losses;
     let head = l.iter().take(10).sum::<f32>() / l.len().clamp(1, 10) as f32;
     let tail = l.iter().rev().take(10).sum::<f32>() / l.len().clamp(1, 10) as f32;
-    println!("loss (reconstruction + KL): first 10 steps {head:.1}, last 10 steps {tail:.1}; held-out {:.1}", eval.loss);
+    if trainer.rank() == 0 {
+        println!("loss (reconstruction + KL): first 10 steps {head:.1}, last 10 steps {tail:.1}; held-out {:.1}", eval.loss);
+    }
     args.finish(
         &trainer,
         &history,

@@ -290,7 +290,7 @@ impl Args {
         history: &History,
         metrics: serde_json::Value,
     ) -> Result<(), RuntimeError> {
-        let rank = trainer.engine().collective().map_or(0, |c| c.rank());
+        let rank = trainer.rank();
         if rank == 0 {
             eprint!("{}", measured_memory(trainer, history));
         }

@@ -155,12 +155,14 @@ pub fn fit_and_evaluate_classifier(
     let history = trainer.fit(train, None, &options, &mut [&mut mem])?;
     let eval = trainer.evaluate(test)?;
     let acc = eval.accuracy.unwrap_or(0.0);
-    println!(
-        "held-out: loss {:.4}, accuracy {:.2}% on {} samples",
-        eval.loss,
-        100.0 * acc,
-        eval.samples
-    );
+    if trainer.rank() == 0 {
+        println!(
+            "held-out: loss {:.4}, accuracy {:.2}% on {} samples",
+            eval.loss,
+            100.0 * acc,
+            eval.samples
+        );
+    }
     let metrics = memwise::serde_json::json!({"val_loss": eval.loss, "val_accuracy": acc});
     args.finish(trainer, &history, metrics)?;
     Ok(())

@@ -397,6 +397,12 @@ impl Trainer {
         Ok(())
     }
 
+    /// This trainer's rank in its data-parallel job (0 on one device): what prints and
+    /// saves is rank 0's, as `torch.distributed.get_rank() == 0` decides in PyTorch.
+    pub fn rank(&self) -> usize {
+        self.shard().rank
+    }
+
     /// This replica's share of each batch (the whole batch on one device).
     fn shard(&self) -> Shard {
         let c = self.train.collective();
