@@ -114,12 +114,17 @@ impl<K: Kernels> PlanExecutor<K> {
         self.collective.as_deref()
     }
 
+    /// This executor's replica index (0 on one device).
+    fn replica(&self) -> u32 {
+        self.collective.as_ref().map_or(0, |c| c.rank() as u32)
+    }
+
     /// What the steps of the next training step share.
     fn step_cx(&self) -> StepCx<'_> {
         StepCx {
             seed: self.seed,
             step: self.step_counter,
-            replica: self.collective.as_ref().map_or(0, |c| c.rank() as u32),
+            replica: self.replica(),
             collective: self.collective.as_deref(),
         }
     }
@@ -271,7 +276,7 @@ impl<K: Kernels> PlanExecutor<K> {
         let cx = StepCx {
             seed: self.seed,
             step: scalars.step,
-            replica: self.step_cx().replica,
+            replica: self.replica(),
             collective: self.collective.as_deref(),
         };
         let (profile, poison) = (&mut self.profile, &self.poison_after);
