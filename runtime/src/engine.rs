@@ -65,6 +65,9 @@ pub trait Engine: Any {
     /// Device memory in use now minus before this engine was built, in bytes: `Some` on a
     /// GPU that reports its memory (`cuMemGetInfo`), `None` on the CPU.
     fn device_bytes_used(&self) -> Option<u64>;
+    /// Device memory of the engine's stream and cuBLAS handle and workspace, taken before
+    /// the model and shared with its inference engines: `Some` on a GPU, `None` on the CPU.
+    fn device_lane_bytes(&self) -> Option<u64>;
     /// Writes the weights as safetensors (see [`crate::weights`]).
     fn save_weights(&self, path: &Path) -> Result<()>;
     /// The bytes [`Engine::save_weights`] would write.
@@ -206,6 +209,9 @@ impl<K: Kernels + 'static> Engine for PlanExecutor<K> {
     }
     fn device_bytes_used(&self) -> Option<u64> {
         PlanExecutor::device_bytes_used(self)
+    }
+    fn device_lane_bytes(&self) -> Option<u64> {
+        PlanExecutor::device_lane_bytes(self)
     }
     fn save_weights(&self, path: &Path) -> Result<()> {
         weights::save_weights(self, path)

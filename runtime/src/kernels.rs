@@ -99,6 +99,48 @@ pub struct UpdateStep<'a> {
     pub params: &'a [u32],
 }
 
+/// Turns on a device lane shared by several engines (a trainer's training and inference
+/// engines share one CUDA stream and cuBLAS handle: each handle costs about 100 MiB of device
+/// memory). An engine holds the turn for a whole step, so no other engine's launches land
+/// in the middle of its step or inside its captured graph, whatever thread drives it.
+#[derive(Default)]
+pub struct DeviceTurn {
+    busy: std::sync::Mutex<bool>,
+    free: std::sync::Condvar,
+}
+
+impl DeviceTurn {
+    /// Waits until no other engine holds the turn, then holds it until the `TurnHold` drops.
+    pub fn take(self: &std::sync::Arc<Self>) -> TurnHold {
+        let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        while *busy {
+            busy = self.free.wait(busy).unwrap_or_else(|p| p.into_inner());
+        }
+        *busy = true;
+        TurnHold(Some(self.clone()))
+    }
+}
+
+/// A held [`DeviceTurn`] (or none, where the device is not shared); released on drop, on
+/// every path out of a step, errors and panics included.
+pub struct TurnHold(Option<std::sync::Arc<DeviceTurn>>);
+
+impl TurnHold {
+    /// Nothing held: a device no other engine uses.
+    pub fn none() -> TurnHold {
+        TurnHold(None)
+    }
+}
+
+impl Drop for TurnHold {
+    fn drop(&mut self) {
+        if let Some(t) = &self.0 {
+            *t.busy.lock().unwrap_or_else(|p| p.into_inner()) = false;
+            t.free.notify_one();
+        }
+    }
+}
+
 /// A device's memory and one kernel per op and phase.
 pub trait Kernels {
     /// The device's name (`cpu`, `cuda:0 (NVIDIA H200)`, `emulated` …).
@@ -108,6 +150,12 @@ pub trait Kernels {
     /// Device memory in use minus what was in use before these kernels allocated; `None`
     /// on the CPU.
     fn device_bytes_used(&self) -> Option<u64>;
+    /// Device memory taken for the device's stream and GEMM library (cuBLAS's handle and
+    /// workspace) before the model's allocations, so not in `device_bytes_used`; `None` on
+    /// the CPU.
+    fn device_lane_bytes(&self) -> Option<u64> {
+        None
+    }
     /// Kernels of the same kind for another plan (an inference plan of the same model) on
     /// `device`, weights initialised from `seed`.
     fn another(&self, plan: StaticPlan, device: &crate::device::Device, seed: u64) -> Result<Self>
@@ -115,6 +163,12 @@ pub trait Kernels {
         Self: Sized;
 
     // ---- a step's frame ----
+
+    /// Exclusive use of the device for one step, where engines share it (see
+    /// [`DeviceTurn`]); the walk holds it from the inputs' upload to the step's flags.
+    fn take_turn(&self) -> TurnHold {
+        TurnHold::none()
+    }
 
     /// Copies checked inputs into their tensors.
     fn load_inputs(&mut self, inputs: &[Batch<'_>]) -> Result<()>;
@@ -359,6 +413,44 @@ pub trait Kernels {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two threads stepping on one shared device take turns: a step never starts while
+    /// another holds the turn, and a turn dropped on an error path (here a panic) frees it.
+    #[test]
+    fn engines_on_a_shared_device_take_turns_a_step_at_a_time() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let turn = Arc::new(DeviceTurn::default());
+        let inside = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let (turn, inside, most) = (turn.clone(), inside.clone(), most.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..50 {
+                        let _hold = turn.take();
+                        let n = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(n, Ordering::SeqCst);
+                        std::thread::yield_now();
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(most.load(Ordering::SeqCst), 1, "two steps overlapped");
+        let t2 = turn.clone();
+        let failed = std::thread::spawn(move || {
+            let _hold = t2.take();
+            panic!("a step fails while holding the turn");
+        })
+        .join();
+        assert!(failed.is_err());
+        drop(turn.take()); // would wait forever had the panic kept the turn
+        assert!(TurnHold::none().0.is_none());
+    }
 
     /// Both executors run every activation but softmax by name through [`pointwise`], not by
     /// an arm per activation: so a planner activation without a kernel would compile and fail

@@ -13,8 +13,9 @@ impl Trainer {
     /// {"schema": "memwise.report/1", "model", "device", "batch", "steps",
     ///  "estimate": {"params", "grads", "optimizer", "activations_peak", "workspace_peak",
     ///               "inputs", "plan_total", "host", "total"},
-    ///  "measured": {"peak_rss_growth_bytes", "device_peak_bytes", "step_ms_median",
-    ///               "samples_per_s", "runtime_warm_up_bytes", "data_wait_ms_after_warmup"},
+    ///  "measured": {"peak_rss_growth_bytes", "device_peak_bytes", "device_lane_bytes",
+    ///               "step_ms_median", "samples_per_s", "runtime_warm_up_bytes",
+    ///               "data_wait_ms_after_warmup"},
     ///  "loss": [per step], "metrics": {…}}
     /// ```
     ///
@@ -25,8 +26,9 @@ impl Trainer {
     /// epoch and `estimate.total` what the trainer estimated for that moment: the plan's
     /// total plus the host memory beside it ([`Trainer::host_bytes`]: batch staging, the CPU
     /// GEMM library's buffers, the inference engines validation built). On a GPU
-    /// `device_peak_bytes` is the device memory the model held at its peak; it is null on
-    /// the CPU. `runtime_warm_up_bytes` is what the process paid once, before the first
+    /// `device_peak_bytes` is the device memory the model held at its peak, and
+    /// `device_lane_bytes` what its stream and cuBLAS handle and workspace took before it
+    /// (measured when they opened; about 100 MiB on an H200); both are null on the CPU. `runtime_warm_up_bytes` is what the process paid once, before the first
     /// model's baseline ([`crate::warm_up`]).
     pub fn report(&self, history: &History, metrics: Value) -> Value {
         let plan = self.plan();
@@ -57,6 +59,8 @@ impl Trainer {
             "measured": {
                 "peak_rss_growth_bytes": peak,
                 "device_peak_bytes": self.device_peak_bytes(),
+                // The stream and cuBLAS handle and workspace, taken before the baseline.
+                "device_lane_bytes": self.device_lane_bytes(),
                 "step_ms_median": median,
                 "samples_per_s": if median > 0.0 { plan.batch as f64 / (median / 1e3) } else { 0.0 },
                 // Paid once per process before the baseline, not by the model.

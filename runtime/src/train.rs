@@ -127,10 +127,11 @@ impl Callback for MemoryCallback {
         let est = model.estimate_bytes();
         let line = match log.device_peak_bytes {
             Some(device) => format!(
-                "memory: estimate {} | device peak {} ({:+.1}% vs estimate) | host resident current {} peak {}",
+                "memory: estimate {} | device peak {} ({:+.1}% vs estimate) | cuBLAS handle and workspace {} beside it | host resident current {} peak {}",
                 format_bytes(est),
                 format_bytes(device),
                 error_percent(device, est),
+                format_bytes(model.device_lane_bytes().unwrap_or_default()),
                 format_bytes(log.rss_growth),
                 format_bytes(log.peak_rss_growth)
             ),
@@ -478,6 +479,13 @@ impl Trainer {
     /// `device_peak_bytes`). `None` on the CPU.
     pub fn device_peak_bytes(&self) -> Option<u64> {
         self.monitor.device_peak()
+    }
+
+    /// The device memory of the trainer's stream and cuBLAS handle and workspace (one for
+    /// the training and inference engines), measured when they opened, before the model's
+    /// baseline: beside [`Trainer::device_peak_bytes`], not in it. `None` on the CPU.
+    pub fn device_lane_bytes(&self) -> Option<u64> {
+        self.train.device_lane_bytes()
     }
 
     pub fn plan(&self) -> &StaticPlan {

@@ -162,6 +162,12 @@ impl<K: Kernels> PlanExecutor<K> {
         self.k.device_bytes_used()
     }
 
+    /// Device memory of the device's stream and cuBLAS handle and workspace, taken before
+    /// the model (`None` on the CPU).
+    pub fn device_lane_bytes(&self) -> Option<u64> {
+        self.k.device_lane_bytes()
+    }
+
     /// Starts timing every step of the plan (see [`PlanExecutor::profile`]). On a GPU the
     /// times are those of launching, not of running.
     pub fn enable_profiling(&mut self) {
@@ -258,6 +264,7 @@ impl<K: Kernels> PlanExecutor<K> {
     /// Runs one training step on `inputs` (one batch per model input, in declaration order).
     pub fn train_step(&mut self, inputs: &[Batch<'_>]) -> Result<StepOutput> {
         check_inputs(self.plan(), inputs)?;
+        let _turn = self.k.take_turn();
         self.k.load_inputs(inputs)?;
         let scalars = StepScalars {
             step: self.step_counter,

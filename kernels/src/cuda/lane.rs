@@ -28,6 +28,9 @@ pub struct Lane {
     blas: CudaBlas,
     _blas_workspace: DeviceBuffer,
     stream: Arc<CudaStream>,
+    /// Device memory the lane took when it opened (the stream, the cuBLAS handle's own
+    /// allocations and the workspace): about 100 MiB on an H200.
+    device_bytes: u64,
     dev: Arc<CudaDevice>,
 }
 
@@ -35,6 +38,8 @@ impl Lane {
     /// A new stream on `dev`, with its own cuBLAS handle and workspace.
     pub fn open(dev: Arc<CudaDevice>) -> DeviceResult<Lane> {
         dev.bind()?;
+        let used = || dev.mem_get_info().map(|(free, total)| total - free).ok();
+        let before = used();
         let stream = dev
             .context()
             .new_stream()
@@ -49,12 +54,23 @@ impl Lane {
                 .result()
                 .map_err(|e| format!("setting the cuBLAS workspace: {e:?}"))?
         };
+        let device_bytes = match (before, used()) {
+            (Some(b), Some(a)) => a.saturating_sub(b),
+            _ => ws.bytes() as u64,
+        };
         Ok(Lane {
             blas,
             _blas_workspace: ws,
             stream,
+            device_bytes,
             dev,
         })
+    }
+
+    /// Device memory the lane took when it opened, measured (`cuMemGetInfo` before and
+    /// after).
+    pub fn device_bytes(&self) -> u64 {
+        self.device_bytes
     }
 
     pub fn device(&self) -> &Arc<CudaDevice> {

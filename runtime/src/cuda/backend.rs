@@ -13,6 +13,17 @@ pub trait Backend {
     fn name(&self) -> String;
     /// `(free, total)` device memory in bytes, when the device knows it.
     fn memory(&self) -> Option<(u64, u64)>;
+    /// Device memory an executor keeps free beyond its plan: what the device allocates after
+    /// the executor is built (GEMM kernels the library loads lazily at the first step, the
+    /// captured graph's instantiation).
+    fn headroom(&self) -> u64 {
+        0
+    }
+    /// Device memory the backend's stream and GEMM library took before any executor
+    /// allocation (not in `device_bytes_used`), where measured.
+    fn lane_bytes(&self) -> Option<u64> {
+        None
+    }
     /// One zeroed allocation of `bytes`, owned by the backend; returns its address.
     fn alloc(&mut self, bytes: usize) -> std::result::Result<u64, String>;
     /// Host → device copy (ordered with the launches).
@@ -50,6 +61,10 @@ pub trait Backend {
     fn replay(&self) -> std::result::Result<(), String>;
     /// Forgets the recorded graph.
     fn clear_graph(&mut self);
+    /// The turns on this backend's stream, where other backends share it.
+    fn turn(&self) -> Option<&std::sync::Arc<crate::kernels::DeviceTurn>> {
+        None
+    }
     /// A new backend on the same device, holding no allocations and no graph: for the
     /// inference executors a trainer builds beside its training executor.
     fn open_another(&self) -> std::result::Result<Self, String>

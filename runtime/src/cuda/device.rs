@@ -17,9 +17,19 @@ use memwise_kernels::cuda::device::cudarc::driver::CudaGraph;
 use super::{Backend, GpuExecutor};
 use crate::device::{Device, DeviceKind};
 use crate::error::{Result, RuntimeError};
+use crate::kernels::DeviceTurn;
+
+/// What an executor keeps free beyond its plan on a CUDA device: cuBLAS loads the kernels of
+/// a GEMM shape at its first call (CUDA's lazy loading), and a graph's instantiation takes
+/// device memory. Measured on an H200 (`GPU_CHECK_PROBE=1 gpu_check`): the MLP's first step
+/// +2 MiB, its capture +0; 32 MiB leaves room for larger models' GEMM shapes.
+pub const LAZY_ALLOCATION_HEADROOM: u64 = 32 << 20;
 
 /// Opens CUDA device `ordinal` once per process (its context and compiled kernels) and hands
 /// out the same one afterwards. An `Err` says what is missing (libraries, driver, device).
+/// Every kernel module is loaded at open (compiled, or read from the module cache), so that
+/// no executor's step loads one later: module memory is taken before any plan is checked
+/// against the free memory.
 pub fn open(ordinal: usize) -> Result<Arc<CudaDevice>> {
     static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<CudaDevice>>>> = OnceLock::new();
     let mut map = DEVICES
@@ -30,19 +40,23 @@ pub fn open(ordinal: usize) -> Result<Arc<CudaDevice>> {
         return Ok(d.clone());
     }
     let d = Arc::new(CudaDevice::open(ordinal).map_err(RuntimeError::Device)?);
+    d.load_all().map_err(RuntimeError::Device)?;
     map.insert(ordinal, d.clone());
     Ok(d)
 }
 
 /// A [`Backend`] on a CUDA device: plain `cuMemAlloc` buffers owned here, launches and
-/// cuBLAS calls on a [`Lane`] of its own (its stream, cuBLAS handle and workspace, so
-/// engines never interleave or catch each other's work in a capture), and one captured
-/// graph.
+/// cuBLAS calls on a [`Lane`] (its stream, cuBLAS handle and workspace), and one captured
+/// graph. Each trainer has a lane of its own, so two trainers never interleave or catch each
+/// other's work in a capture; its inference engines share it (a lane's cuBLAS handle and
+/// workspace take about 100 MiB on an H200, measured by the GPU self-check), taking turns a
+/// step at a time ([`DeviceTurn`]).
 pub struct CudaBackend {
     // The graph and buffers go before the lane whose stream they were made on.
     graph: Option<CudaGraph>,
     buffers: Vec<DeviceBuffer>,
-    lane: Lane,
+    lane: Arc<Lane>,
+    turn: Arc<DeviceTurn>,
 }
 
 impl CudaBackend {
@@ -51,7 +65,8 @@ impl CudaBackend {
         Ok(CudaBackend {
             graph: None,
             buffers: Vec::new(),
-            lane: Lane::open(dev)?,
+            lane: Arc::new(Lane::open(dev)?),
+            turn: Arc::default(),
         })
     }
 
@@ -75,6 +90,14 @@ impl Backend for CudaBackend {
 
     fn memory(&self) -> Option<(u64, u64)> {
         self.device().mem_get_info().ok()
+    }
+
+    fn headroom(&self) -> u64 {
+        LAZY_ALLOCATION_HEADROOM
+    }
+
+    fn lane_bytes(&self) -> Option<u64> {
+        Some(self.lane.device_bytes())
     }
 
     fn alloc(&mut self, bytes: usize) -> std::result::Result<u64, String> {
@@ -144,8 +167,17 @@ impl Backend for CudaBackend {
         self.graph = None;
     }
 
+    fn turn(&self) -> Option<&Arc<DeviceTurn>> {
+        Some(&self.turn)
+    }
+
     fn open_another(&self) -> std::result::Result<CudaBackend, String> {
-        CudaBackend::new(self.device().clone())
+        Ok(CudaBackend {
+            graph: None,
+            buffers: Vec::new(),
+            lane: self.lane.clone(),
+            turn: self.turn.clone(),
+        })
     }
 }
 

@@ -138,9 +138,12 @@ impl<B: Backend> CudaKernels<B> {
     pub fn new(plan: StaticPlan, device: &Device, mut backend: B, seed: u64) -> Result<Self> {
         let total = plan.persistent_bytes + SCALARS_BYTES + plan.arena_bytes;
         let mem = backend.memory();
-        let available = match (device.memory_limit, mem) {
-            (Some(l), Some((free, _))) => Some(l.min(free)),
-            (l, m) => l.or(m.map(|m| m.0)),
+        // What the device has free for the plan: its free memory less the headroom for what
+        // the device allocates after this check (so that a model that starts does not run out).
+        let free = mem.map(|(free, _)| free.saturating_sub(backend.headroom()));
+        let available = match (device.memory_limit, free) {
+            (Some(l), Some(free)) => Some(l.min(free)),
+            (l, free) => l.or(free),
         };
         if let Some(avail) = available {
             if total > avail {

@@ -497,9 +497,20 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         self.bytes_used()
     }
 
+    fn device_lane_bytes(&self) -> Option<u64> {
+        self.backend.lane_bytes()
+    }
+
     fn another(&self, plan: StaticPlan, device: &crate::device::Device, seed: u64) -> Result<Self> {
         let backend = self.backend.open_another().map_err(dev)?;
         CudaKernels::new(plan, device, backend, seed)
+    }
+
+    fn take_turn(&self) -> crate::kernels::TurnHold {
+        match self.backend.turn() {
+            Some(t) => t.take(),
+            None => crate::kernels::TurnHold::none(),
+        }
     }
 
     fn load_inputs(&mut self, inputs: &[Batch<'_>]) -> Result<()> {
