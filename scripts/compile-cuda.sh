@@ -3,7 +3,9 @@
 #   1. nvcc -cubin with ptxas -v: any error fails, and so does a register spill in any
 #      kernel; prints registers / stack / spills of the hot kernels;
 #   2. NVRTC (when libnvrtc is present, which step 0 ensures): each module exactly as the
-#      runtime compiles it (common.cuh + the file, no include path), then ptxas on the PTX.
+#      runtime compiles it (common.cuh + the file, no include path), then ptxas on the PTX;
+#      every kernel must declare its block bound (__launch_bounds__, `.maxntid` in the PTX)
+#      and its registers × that many threads must fit an SM's 65,536 registers.
 # Step 0 installs nvcc, ptxas, the CCCL headers and NVRTC from PyPI into a cached venv
 # ($MEMWISE_CUDA_VENV, default ~/.cache/memwise/cuda13), pinned to CUDA 13.0 — the
 # version of the GPU machine's driver (580) — so the PTX it makes would load there.

@@ -80,7 +80,9 @@ fn main() {
     let all_path = out.join("mw_emu_all.cpp");
     std::fs::write(&all_path, all).unwrap();
 
-    // Kernel names: `extern "C" __global__ void NAME(` with `__global__` expanded by the shim.
+    // Kernel names: `extern "C" __global__ void NAME(` with `__global__` expanded by the shim,
+    // and `__launch_bounds__(N)` before the name as `mw_emu_bound(N)` (N as the preprocessor
+    // leaves it: a product such as `32 * 8`).
     std::fs::write(out.join("registry.inc"), "").unwrap();
     let expanded = base(&out)
         .define("MW_EMU_SCAN", None)
@@ -88,16 +90,29 @@ fn main() {
         .expand();
     let text = String::from_utf8_lossy(&expanded);
     let marker = "__attribute__((used)) void ";
-    let mut names: Vec<String> = Vec::new();
+    let mut names: Vec<(String, u64)> = Vec::new();
     let mut rest = &text[..];
     while let Some(at) = rest.find(marker) {
         rest = &rest[at + marker.len()..];
+        let mut bound = 0;
+        if let Some(after) = rest.strip_prefix("mw_emu_bound(") {
+            let end = after.find(')').expect("mw_emu_bound( closes");
+            bound = after[..end]
+                .split('*')
+                .map(|f| {
+                    f.trim()
+                        .parse::<u64>()
+                        .expect("a launch bound is a product of numbers")
+                })
+                .product();
+            rest = after[end + 1..].trim_start();
+        }
         let name: String = rest
             .chars()
             .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
             .collect();
-        if !name.is_empty() && !names.contains(&name) {
-            names.push(name);
+        if !name.is_empty() && !names.iter().any(|(n, _)| *n == name) {
+            names.push((name, bound));
         }
     }
     assert!(
@@ -105,7 +120,10 @@ fn main() {
         "found only {} kernels in the preprocessed sources",
         names.len()
     );
-    let registry: String = names.iter().map(|n| format!("MW_EMU_REG({n})\n")).collect();
+    let registry: String = names
+        .iter()
+        .map(|(n, b)| format!("MW_EMU_REG({n}, {b})\n"))
+        .collect();
     std::fs::write(out.join("registry.inc"), registry).unwrap();
 
     let mut lib = base(&out);

@@ -69,10 +69,10 @@ MW_DEV void act_bwd(int act, float p, const T* saved, const T* dy, T* dx, u64 n)
     MW_FOR(i, n) dx[i] = st<T>(mw_act_grad(act, p, ld(saved[i]), ld(dy[i])));
 }
 #define MW_ACT_KERNELS(S, T)                                                                    \
-    extern "C" __global__ void mw_act_fwd_##S(int act, float p, const T* x, T* y, u64 n) {      \
+    MW_KERNEL_1D mw_act_fwd_##S(int act, float p, const T* x, T* y, u64 n) {                    \
         act_fwd<T>(act, p, x, y, n);                                                            \
     }                                                                                           \
-    extern "C" __global__ void mw_act_bwd_##S(int act, float p, const T* saved, const T* dy,    \
+    MW_KERNEL_1D mw_act_bwd_##S(int act, float p, const T* saved, const T* dy,                  \
                                               T* dx, u64 n) {                                   \
         act_bwd<T>(act, p, saved, dy, dx, n);                                                   \
     }
@@ -100,7 +100,7 @@ template <typename I, typename O> MW_DEV void softmax(const I* x, O* y, u64 rows
     if (r < rows) softmax_row<I, O>(x + r * cols, y + r * cols, cols);
 }
 #define MW_SOFTMAX(SA, TA, SB, TB)                                                              \
-    extern "C" __global__ void mw_softmax_##SA##_##SB(const TA* x, TB* y, u64 rows, u64 cols) { \
+    MW_KERNEL_ROWS mw_softmax_##SA##_##SB(const TA* x, TB* y, u64 rows, u64 cols) {             \
         softmax<TA, TB>(x, y, rows, cols);                                                      \
     }
 MW_FLOAT_PAIRS(MW_SOFTMAX)
@@ -121,7 +121,7 @@ MW_DEV void softmax_bwd(const Y* y, const G* dy, D* dx, u64 rows, u64 cols) {
     for (u64 j = lane; j < cols; j += 32) dr[j] = st<D>(ld(yr[j]) * (ld(gr[j]) - dot));
 }
 #define MW_SOFTMAX_BWD(SA, TA, SB, TB, SC, TC)                                                  \
-    extern "C" __global__ void mw_softmax_bwd_##SA##_##SB##_##SC(const TA* y, const TB* dy,     \
+    MW_KERNEL_ROWS mw_softmax_bwd_##SA##_##SB##_##SC(const TA* y, const TB* dy,                 \
                                                                  TC* dx, u64 rows, u64 cols) {  \
         softmax_bwd<TA, TB, TC>(y, dy, dx, rows, cols);                                         \
     }
@@ -135,7 +135,7 @@ template <typename T> MW_DEV void causal_mask(T* scores, u64 pairs, u64 s) {
     }
 }
 #define MW_CAUSAL(S, T)                                                                         \
-    extern "C" __global__ void mw_causal_mask_##S(T* scores, u64 pairs, u64 s) {                \
+    MW_KERNEL_1D mw_causal_mask_##S(T* scores, u64 pairs, u64 s) {                              \
         causal_mask<T>(scores, pairs, s);                                                       \
     }
 MW_FLOATS(MW_CAUSAL)

@@ -405,25 +405,25 @@ MW_DEV void flash_bwd_dq(const T* qkv, const T* dctx, const float* lse, const fl
 }
 
 #define MW_FLASH(S, T)                                                                          \
-    extern "C" __global__ void mw_flash_fwd_##S(                                                \
+    MW_KERNEL(MW_FA_THREADS) mw_flash_fwd_##S(                                                  \
         const T* qkv, T* ctx, float* lse, int batch, int seq, int heads, int head_dim,          \
         int causal, float scale, float rate, u64 seed, u32 layer, const MwScalars* sc) {        \
         flash_fwd<T>(qkv, ctx, lse, batch, seq, heads, head_dim, causal, scale, rate, seed,     \
                      layer, sc);                                                                \
     }                                                                                           \
-    extern "C" __global__ void mw_flash_bwd_dot_##S(const T* dctx, const T* ctx, float* dr,     \
+    MW_KERNEL_ROWS mw_flash_bwd_dot_##S(const T* dctx, const T* ctx, float* dr,                 \
                                                     int batch, int seq, int heads,              \
                                                     int head_dim) {                             \
         flash_bwd_dot<T>(dctx, ctx, dr, batch, seq, heads, head_dim);                           \
     }                                                                                           \
-    extern "C" __global__ void mw_flash_bwd_dkv_##S(                                            \
+    MW_KERNEL(MW_FA_THREADS) mw_flash_bwd_dkv_##S(                                              \
         const T* qkv, const T* dctx, const float* lse, const float* dr, T* dqkv, int batch,     \
         int seq, int heads, int head_dim, int causal, float scale, float rate, u64 seed,        \
         u32 layer, const MwScalars* sc) {                                                       \
         flash_bwd_dkv<T>(qkv, dctx, lse, dr, dqkv, batch, seq, heads, head_dim, causal, scale,  \
                          rate, seed, layer, sc);                                                \
     }                                                                                           \
-    extern "C" __global__ void mw_flash_bwd_dq_##S(                                             \
+    MW_KERNEL(MW_FA_THREADS) mw_flash_bwd_dq_##S(                                               \
         const T* qkv, const T* dctx, const float* lse, const float* dr, T* dqkv, int batch,     \
         int seq, int heads, int head_dim, int causal, float scale, float rate, u64 seed,        \
         u32 layer, const MwScalars* sc) {                                                       \

@@ -38,6 +38,16 @@ typedef unsigned int u32;
 // Threads of the single-block reductions (loss values).
 #define MW_REDUCE_THREADS 1024
 
+// Entry points, by the block they are launched with (kernels/src/cuda/launch.rs's LaunchCfg):
+// each declares it as __launch_bounds__, so ptxas keeps the kernel's registers within what a
+// block of that size may use of an SM's 65,536 (scripts/compile-cuda.sh fails on any spill),
+// and a launch with a larger block is refused (by the emulator too, so the tests catch it).
+#define MW_KERNEL(threads) extern "C" __global__ void __launch_bounds__(threads)
+#define MW_KERNEL_1D MW_KERNEL(MW_BLOCK)
+#define MW_KERNEL_ROWS MW_KERNEL(32 * MW_ROW_WARPS)
+#define MW_KERNEL_STRIP MW_KERNEL(32 * MW_STRIP_Y)
+#define MW_KERNEL_BLOCK MW_KERNEL(MW_REDUCE_THREADS)
+
 // ---- 16-bit storage ------------------------------------------------------------------------
 
 struct mw_f16 {

@@ -152,22 +152,22 @@ MW_DEV void dw_bwd_dw(const T* x, const T* dy, float* dw, MwDepthwise d, double*
 }
 
 #define MW_CONV(S, T)                                                                           \
-    extern "C" __global__ void mw_im2col_##S(const T* img, T* col, MwGeom g, int n0, int cn) {  \
+    MW_KERNEL_1D mw_im2col_##S(const T* img, T* col, MwGeom g, int n0, int cn) {                \
         im2col<T>(img, col, g, n0, cn);                                                         \
     }                                                                                           \
-    extern "C" __global__ void mw_col2im_##S(const T* col, T* img, MwGeom g, int cn,            \
+    MW_KERNEL_1D mw_col2im_##S(const T* col, T* img, MwGeom g, int cn,                          \
                                              const float* bias) {                               \
         col2im<T>(col, img, g, cn, bias);                                                       \
     }                                                                                           \
-    extern "C" __global__ void mw_dw_fwd_##S(const T* x, const T* w, const float* bias, T* y,   \
+    MW_KERNEL_1D mw_dw_fwd_##S(const T* x, const T* w, const float* bias, T* y,                 \
                                              MwDepthwise d) {                                   \
         dw_fwd<T>(x, w, bias, y, d);                                                            \
     }                                                                                           \
-    extern "C" __global__ void mw_dw_bwd_dx_##S(const T* w, const T* dy, T* dx,                 \
+    MW_KERNEL_1D mw_dw_bwd_dx_##S(const T* w, const T* dy, T* dx,                               \
                                                 MwDepthwise d) {                                \
         dw_bwd_dx<T>(w, dy, dx, d);                                                             \
     }                                                                                           \
-    extern "C" __global__ void mw_dw_bwd_dw_##S(const T* x, const T* dy, float* dw,             \
+    MW_KERNEL_STRIP mw_dw_bwd_dw_##S(const T* x, const T* dy, float* dw,                        \
                                                 MwDepthwise d, double* partials) {              \
         dw_bwd_dw<T>(x, dy, dw, d, partials);                                                   \
     }

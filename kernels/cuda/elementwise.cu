@@ -13,7 +13,7 @@ MW_DEV void cast_u8(const unsigned char* x, T* y, u64 n, float scale, float offs
     MW_FOR(i, n) y[i] = st<T>((float)x[i] * scale + offset);
 }
 #define MW_CAST_U8(S, T)                                                                        \
-    extern "C" __global__ void mw_cast_u8_##S(const unsigned char* x, T* y, u64 n, float scale, \
+    MW_KERNEL_1D mw_cast_u8_##S(const unsigned char* x, T* y, u64 n, float scale,               \
                                               float offset) {                                   \
         cast_u8<T>(x, y, n, scale, offset);                                                     \
     }
@@ -24,7 +24,7 @@ template <typename S, typename D> MW_DEV void cast(const S* x, D* y, u64 n) {
     MW_FOR(i, n) y[i] = st<D>(ld(x[i]));
 }
 #define MW_CAST(SA, TA, SB, TB)                                                                 \
-    extern "C" __global__ void mw_cast_##SA##_##SB(const TA* x, TB* y, u64 n) {                 \
+    MW_KERNEL_1D mw_cast_##SA##_##SB(const TA* x, TB* y, u64 n) {                               \
         cast<TA, TB>(x, y, n);                                                                  \
     }
 MW_FLOAT_PAIRS(MW_CAST)
@@ -48,7 +48,7 @@ MW_DEV void add_n(T* y, const T* x0, const T* x1, const T* x2, const T* x3, cons
     }
 }
 #define MW_ADD_N(S, T)                                                                          \
-    extern "C" __global__ void mw_add_n_##S(T* y, const T* x0, const T* x1, const T* x2,        \
+    MW_KERNEL_1D mw_add_n_##S(T* y, const T* x0, const T* x1, const T* x2,                      \
                                             const T* x3, const T* x4, const T* x5, const T* x6, \
                                             const T* x7, int arity, u64 n) {                    \
         add_n<T>(y, x0, x1, x2, x3, x4, x5, x6, x7, arity, n);                                  \
@@ -60,7 +60,7 @@ template <typename T> MW_DEV void accumulate(T* dst, const T* src, u64 n) {
     MW_FOR(i, n) dst[i] = st<T>(ld(dst[i]) + ld(src[i]));
 }
 #define MW_ACCUMULATE(S, T)                                                                     \
-    extern "C" __global__ void mw_accumulate_##S(T* dst, const T* src, u64 n) {                 \
+    MW_KERNEL_1D mw_accumulate_##S(T* dst, const T* src, u64 n) {                               \
         accumulate<T>(dst, src, n);                                                             \
     }
 MW_FLOATS(MW_ACCUMULATE)
@@ -86,11 +86,11 @@ MW_DEV void concat_backward(const T* dy, T* da, T* db, u64 rows, u64 wa, u64 wb)
     }
 }
 #define MW_CONCAT(S, T)                                                                         \
-    extern "C" __global__ void mw_concat_##S(const T* a, const T* b, T* y, u64 rows, u64 wa,    \
+    MW_KERNEL_1D mw_concat_##S(const T* a, const T* b, T* y, u64 rows, u64 wa,                  \
                                              u64 wb) {                                          \
         concat<T>(a, b, y, rows, wa, wb);                                                       \
     }                                                                                           \
-    extern "C" __global__ void mw_concat_backward_##S(const T* dy, T* da, T* db, u64 rows,      \
+    MW_KERNEL_1D mw_concat_backward_##S(const T* dy, T* da, T* db, u64 rows,                    \
                                                       u64 wa, u64 wb) {                         \
         concat_backward<T>(dy, da, db, rows, wa, wb);                                           \
     }
@@ -101,14 +101,14 @@ template <typename T> MW_DEV void bias_add(T* y, const float* bias, u64 rows, u6
     MW_FOR(i, rows * cols) y[i] = st<T>(ld(y[i]) + bias[i % cols]);
 }
 #define MW_BIAS_ADD(S, T)                                                                       \
-    extern "C" __global__ void mw_bias_add_##S(T* y, const float* bias, u64 rows, u64 cols) {   \
+    MW_KERNEL_1D mw_bias_add_##S(T* y, const float* bias, u64 rows, u64 cols) {                 \
         bias_add<T>(y, bias, rows, cols);                                                       \
     }
 MW_FLOATS(MW_BIAS_ADD)
 
 // Loss scaling's overflow check: sets sc->nonfinite when any x[i] is NaN or ±inf. Run over
 // the whole gradient range of the persistent region (its padding is zeroed with it).
-extern "C" __global__ void mw_all_finite_f32(const float* x, u64 n, MwScalars* sc) {
+MW_KERNEL_1D mw_all_finite_f32(const float* x, u64 n, MwScalars* sc) {
     bool bad = false;
     MW_FOR(i, n) bad |= !mw_isfinite(x[i]);
     if (bad) atomicOr(&sc->nonfinite, 1);
@@ -116,6 +116,6 @@ extern "C" __global__ void mw_all_finite_f32(const float* x, u64 n, MwScalars* s
 
 // Copies of plain bytes (an input batch into its tensor is a host→device copy; this is for
 // device→device moves inside a captured step).
-extern "C" __global__ void mw_copy_u8(const unsigned char* x, unsigned char* y, u64 n) {
+MW_KERNEL_1D mw_copy_u8(const unsigned char* x, unsigned char* y, u64 n) {
     MW_FOR(i, n) y[i] = x[i];
 }

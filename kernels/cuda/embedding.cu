@@ -33,12 +33,12 @@ MW_DEV void embedding_bwd(const int* ids, const T* dy, float* dw, u64 tokens, u6
 }
 
 #define MW_EMBEDDING(S, T)                                                                      \
-    extern "C" __global__ void mw_embedding_fwd_##S(const int* ids, const float* w, T* y,       \
+    MW_KERNEL_1D mw_embedding_fwd_##S(const int* ids, const float* w, T* y,                     \
                                                     u64 tokens, u64 vocab, u64 dim,             \
                                                     MwScalars* sc) {                            \
         embedding_fwd<T>(ids, w, y, tokens, vocab, dim, sc);                                    \
     }                                                                                           \
-    extern "C" __global__ void mw_embedding_bwd_##S(const int* ids, const T* dy, float* dw,     \
+    MW_KERNEL_1D mw_embedding_bwd_##S(const int* ids, const T* dy, float* dw,                   \
                                                     u64 tokens, u64 vocab, u64 dim) {           \
         embedding_bwd<T>(ids, dy, dw, tokens, vocab, dim);                                      \
     }
@@ -51,7 +51,7 @@ MW_DEV void pos_embedding_fwd(const T* x, const float* table, T* y, u64 rows, u6
     MW_FOR(i, rows * len) y[i] = st<T>(ld(x[i]) + table[i % len]);
 }
 #define MW_POS_EMBEDDING(S, T)                                                                  \
-    extern "C" __global__ void mw_pos_embedding_fwd_##S(const T* x, const float* table, T* y,   \
+    MW_KERNEL_1D mw_pos_embedding_fwd_##S(const T* x, const float* table, T* y,                 \
                                                         u64 rows, u64 len) {                    \
         pos_embedding_fwd<T>(x, table, y, rows, len);                                           \
     }

@@ -31,7 +31,7 @@ MW_DEV void mw_loss_part_out(double* partials, double sum, int correct, int bad)
 // The second pass of a split loss value (one thread): the blocks' sums added in block order,
 // then as the unsplit kernels finish: *loss = weight · sum / denom and sc->correct += correct,
 // or, with an out-of-range label, sc->bad_index = the first one + 1 and a NaN loss.
-extern "C" __global__ void mw_loss_value_parts(const double* partials, u64 parts, double denom,
+MW_KERNEL_1D mw_loss_value_parts(const double* partials, u64 parts, double denom,
                                                float weight, float* loss, MwScalars* sc) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
     double sum = 0.0, correct = 0.0, bad = 0.0;
@@ -72,7 +72,7 @@ MW_DEV void scce(const P* probs, const int* labels, G* dlogits, u64 rows, u64 cl
     }
 }
 #define MW_SCCE(SA, TA, SB, TB)                                                                 \
-    extern "C" __global__ void mw_scce_##SA##_##SB(const TA* probs, const int* labels,          \
+    MW_KERNEL_ROWS mw_scce_##SA##_##SB(const TA* probs, const int* labels,                      \
                                                    TB* dlogits, u64 rows, u64 classes,          \
                                                    float weight, const MwScalars* sc) {         \
         scce<TA, TB>(probs, labels, dlogits, rows, classes, weight, sc);                        \
@@ -141,7 +141,7 @@ MW_DEV void scce_value(const P* probs, const int* labels, u64 rows, u64 classes,
     }
 }
 #define MW_SCCE_VALUE(S, T)                                                                     \
-    extern "C" __global__ void mw_scce_value_##S(const T* probs, const int* labels, u64 rows,   \
+    MW_KERNEL_BLOCK mw_scce_value_##S(const T* probs, const int* labels, u64 rows,              \
                                                  u64 classes, float weight, float* loss,        \
                                                  MwScalars* sc, double* partials) {             \
         scce_value<T>(probs, labels, rows, classes, weight, loss, sc, partials);                \
@@ -216,12 +216,12 @@ MW_DEV void elem_loss_value(int kind, const P* p, const Y* t, u64 n, double deno
         *loss = weight * (float)(sum / denom);
 }
 #define MW_ELEM_LOSS(SA, TA, SB, TB)                                                            \
-    extern "C" __global__ void mw_elem_loss_##SA##_##SB(int kind, const TA* p, const TB* t,     \
+    MW_KERNEL_1D mw_elem_loss_##SA##_##SB(int kind, const TA* p, const TB* t,                   \
                                                         TA* grad, u64 n, double denom,          \
                                                         float weight, const MwScalars* sc) {    \
         elem_loss<TA, TB>(kind, p, t, grad, n, denom, weight, sc);                              \
     }                                                                                           \
-    extern "C" __global__ void mw_elem_loss_value_##SA##_##SB(                                  \
+    MW_KERNEL_BLOCK mw_elem_loss_value_##SA##_##SB(                                             \
         int kind, const TA* p, const TB* t, u64 n, double denom, float weight, float* loss,     \
         double* partials) {                                                                     \
         elem_loss_value<TA, TB>(kind, p, t, n, denom, weight, loss, partials);                  \
@@ -261,11 +261,11 @@ MW_DEV void kl_value(const T* mean, const T* logvar, u64 n, u64 rows, float weig
         *loss = weight * (float)(sum / (double)rows);
 }
 #define MW_KL(S, T)                                                                             \
-    extern "C" __global__ void mw_kl_##S(const T* mean, const T* logvar, T* dmean, T* dlogvar,  \
+    MW_KERNEL_1D mw_kl_##S(const T* mean, const T* logvar, T* dmean, T* dlogvar,                \
                                          u64 n, u64 rows, float weight, const MwScalars* sc) {  \
         kl<T>(mean, logvar, dmean, dlogvar, n, rows, weight, sc);                               \
     }                                                                                           \
-    extern "C" __global__ void mw_kl_value_##S(const T* mean, const T* logvar, u64 n, u64 rows, \
+    MW_KERNEL_BLOCK mw_kl_value_##S(const T* mean, const T* logvar, u64 n, u64 rows,            \
                                                float weight, float* loss, double* partials) {   \
         kl_value<T>(mean, logvar, n, rows, weight, loss, partials);                             \
     }

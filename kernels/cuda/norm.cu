@@ -31,14 +31,14 @@ MW_DEV void column_sums(const T* m, u64 rows, u64 cols, float* sums, double* par
     if (threadIdx.y == 0 && j < cols) mw_strip_out(acc, sums, partials, cols, j);
 }
 #define MW_COLUMN_SUMS(S, T)                                                                    \
-    extern "C" __global__ void mw_column_sums_##S(const T* m, u64 rows, u64 cols, float* sums,  \
+    MW_KERNEL_STRIP mw_column_sums_##S(const T* m, u64 rows, u64 cols, float* sums,             \
                                                   double* partials) {                           \
         column_sums<T>(m, rows, cols, sums, partials);                                          \
     }
 MW_FLOATS(MW_COLUMN_SUMS)
 
 // out[i] += Σ_p partials[p·stride + i] for i < n: the second pass of a split column reduction.
-extern "C" __global__ void mw_add_parts(const double* partials, u64 parts, u64 stride, u64 n,
+MW_KERNEL_1D mw_add_parts(const double* partials, u64 parts, u64 stride, u64 n,
                                         float* out) {
     MW_FOR(i, n) out[i] += (float)mw_parts_total(partials, parts, stride, i);
 }
@@ -234,40 +234,40 @@ MW_DEV void bn_bwd(H hat, const float* inv_std, const float* gamma, const T* dy,
 }
 
 #define MW_BN(S, T)                                                                             \
-    extern "C" __global__ void mw_bn_train_fwd_##S(                                             \
+    MW_KERNEL_STRIP mw_bn_train_fwd_##S(                                                        \
         const T* x, T* y, T* x_hat, float* mean, float* inv_std, float* run_mean,               \
         float* run_var, const float* gamma, const float* beta, u64 rows, u64 c, float eps,      \
         float momentum, const double* partials) {                                               \
         bn_train_fwd<T>(x, y, x_hat, mean, inv_std, run_mean, run_var, gamma, beta, rows, c,    \
                         eps, momentum, partials);                                               \
     }                                                                                           \
-    extern "C" __global__ void mw_bn_var_parts_##S(const T* x, u64 rows, u64 c,                 \
+    MW_KERNEL_STRIP mw_bn_var_parts_##S(const T* x, u64 rows, u64 c,                            \
                                                    double* partials) {                          \
         bn_var_parts<T>(x, rows, c, partials);                                                  \
     }                                                                                           \
-    extern "C" __global__ void mw_bn_infer_##S(const T* x, T* y, const float* gamma,            \
+    MW_KERNEL_1D mw_bn_infer_##S(const T* x, T* y, const float* gamma,                          \
                                                const float* beta, const float* rm,              \
                                                const float* rv, u64 rows, u64 c, float eps) {   \
         bn_infer<T>(x, y, gamma, beta, rm, rv, rows, c, eps);                                   \
     }                                                                                           \
-    extern "C" __global__ void mw_bn_bwd_##S(const T* x_hat, const float* inv_std,              \
+    MW_KERNEL_STRIP mw_bn_bwd_##S(const T* x_hat, const float* inv_std,                         \
                                              const float* gamma, const T* dy, T* dx,            \
                                              float* dgamma, float* dbeta, u64 rows, u64 c,      \
                                              const double* partials) {                          \
         bn_bwd<T>(MwKeptHat<T>{x_hat}, inv_std, gamma, dy, dx, dgamma, dbeta, rows, c,          \
                   partials);                                                                    \
     }                                                                                           \
-    extern "C" __global__ void mw_bn_bwd_rebuild_##S(                                           \
+    MW_KERNEL_STRIP mw_bn_bwd_rebuild_##S(                                                      \
         const T* x, const float* mean, const float* inv_std, const float* gamma, const T* dy,   \
         T* dx, float* dgamma, float* dbeta, u64 rows, u64 c, const double* partials) {          \
         bn_bwd<T>(MwRebuiltHat<T>{x, mean, inv_std, c}, inv_std, gamma, dy, dx, dgamma, dbeta,  \
                   rows, c, partials);                                                           \
     }                                                                                           \
-    extern "C" __global__ void mw_bn_grad_parts_##S(const T* x_hat, const T* dy, u64 rows,      \
+    MW_KERNEL_STRIP mw_bn_grad_parts_##S(const T* x_hat, const T* dy, u64 rows,                 \
                                                     u64 c, double* partials) {                  \
         ln_param_grads<T>(MwKeptHat<T>{x_hat}, dy, 0, 0, rows, c, partials);                    \
     }                                                                                           \
-    extern "C" __global__ void mw_bn_grad_parts_rebuild_##S(                                    \
+    MW_KERNEL_STRIP mw_bn_grad_parts_rebuild_##S(                                               \
         const T* x, const float* mean, const float* inv_std, const T* dy, u64 rows, u64 c,      \
         double* partials) {                                                                     \
         ln_param_grads<T>(MwRebuiltHat<T>{x, mean, inv_std, c}, dy, 0, 0, rows, c,             \
@@ -358,31 +358,31 @@ MW_DEV void ln_bwd(H hat, const float* rstd, const float* gamma, const T* dy, T*
 }
 
 #define MW_LN(S, T)                                                                             \
-    extern "C" __global__ void mw_ln_fwd_##S(const T* x, T* y, T* x_hat, float* rstd,           \
+    MW_KERNEL_ROWS mw_ln_fwd_##S(const T* x, T* y, T* x_hat, float* rstd,                       \
                                              const float* gamma, const float* beta, u64 rows,   \
                                              u64 c, float eps) {                                \
         ln_fwd<T>(x, y, x_hat, rstd, gamma, beta, rows, c, eps);                                \
     }                                                                                           \
-    extern "C" __global__ void mw_ln_param_grads_##S(const T* x_hat, const T* dy, float* dgamma, \
+    MW_KERNEL_STRIP mw_ln_param_grads_##S(const T* x_hat, const T* dy, float* dgamma,           \
                                                      float* dbeta, u64 rows, u64 c,             \
                                                      double* partials) {                        \
         ln_param_grads<T>(MwKeptHat<T>{x_hat}, dy, dgamma, dbeta, rows, c, partials);           \
     }                                                                                           \
-    extern "C" __global__ void mw_ln_bwd_##S(const T* x_hat, const float* rstd,                 \
+    MW_KERNEL_ROWS mw_ln_bwd_##S(const T* x_hat, const float* rstd,                             \
                                              const float* gamma, const T* dy, T* dx, u64 rows,  \
                                              u64 c) {                                           \
         ln_bwd<T>(MwKeptHat<T>{x_hat}, rstd, gamma, dy, dx, rows, c);                           \
     }                                                                                           \
-    extern "C" __global__ void mw_ln_mean_##S(const T* x, float* mean, u64 rows, u64 c) {       \
+    MW_KERNEL_ROWS mw_ln_mean_##S(const T* x, float* mean, u64 rows, u64 c) {                   \
         ln_mean<T>(x, mean, rows, c);                                                           \
     }                                                                                           \
-    extern "C" __global__ void mw_ln_param_grads_rebuild_##S(                                   \
+    MW_KERNEL_STRIP mw_ln_param_grads_rebuild_##S(                                              \
         const T* x, const float* mean, const float* rstd, const T* dy, float* dgamma,           \
         float* dbeta, u64 rows, u64 c, double* partials) {                                      \
         ln_param_grads<T>(MwRowRebuiltHat<T>{x, mean, rstd, c}, dy, dgamma, dbeta, rows, c,     \
                           partials);                                                            \
     }                                                                                           \
-    extern "C" __global__ void mw_ln_bwd_rebuild_##S(const T* x, const float* mean,             \
+    MW_KERNEL_ROWS mw_ln_bwd_rebuild_##S(const T* x, const float* mean,                         \
                                                      const float* rstd, const float* gamma,     \
                                                      const T* dy, T* dx, u64 rows, u64 c) {     \
         ln_bwd<T>(MwRowRebuiltHat<T>{x, mean, rstd, c}, rstd, gamma, dy, dx, rows, c);          \
@@ -459,13 +459,13 @@ MW_DEV void gn_bwd(const T* x_hat, const float* rstd, const float* gamma, const 
 }
 
 #define MW_GN(S, T)                                                                             \
-    extern "C" __global__ void mw_gn_fwd_##S(const T* x, T* y, T* x_hat, float* rstd,           \
+    MW_KERNEL_ROWS mw_gn_fwd_##S(const T* x, T* y, T* x_hat, float* rstd,                       \
                                              const float* gamma, const float* beta,             \
                                              u64 samples, u64 spatial, u64 c, u64 groups,       \
                                              int center, float eps) {                           \
         gn_fwd<T>(x, y, x_hat, rstd, gamma, beta, samples, spatial, c, groups, center, eps);    \
     }                                                                                           \
-    extern "C" __global__ void mw_gn_bwd_##S(const T* x_hat, const float* rstd,                 \
+    MW_KERNEL_ROWS mw_gn_bwd_##S(const T* x_hat, const float* rstd,                             \
                                              const float* gamma, const T* dy, T* dx,            \
                                              u64 samples, u64 spatial, u64 c, u64 groups,       \
                                              int center) {                                      \

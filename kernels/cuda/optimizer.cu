@@ -10,7 +10,7 @@
 
 // Without momentum p −= g·lr; with it m = momentum·m − g·lr, then p += m, or with Nesterov
 // p += momentum·m − g·lr. m is null without momentum.
-extern "C" __global__ void mw_sgd(float* p, const float* g, float* m, u64 n, float lr,
+MW_KERNEL_1D mw_sgd(float* p, const float* g, float* m, u64 n, float lr,
                                   float momentum, int nesterov, const MwScalars* sc) {
     if (sc->nonfinite || sc->bad_index) return;
     float unscale = sc->grad_unscale;
@@ -29,7 +29,7 @@ extern "C" __global__ void mw_sgd(float* p, const float* g, float* m, u64 n, flo
 // v = rho·v + (1 − rho)·g²; centered: a = rho·a + (1 − rho)·g, den = v − a² + ε, else
 // den = v + ε; inc = lr·g / sqrt(den); with momentum mom = momentum·mom + inc, p −= mom,
 // else p −= inc. mom and avg are null when unused.
-extern "C" __global__ void mw_rmsprop(float* p, const float* g, float* v, float* mom, float* avg,
+MW_KERNEL_1D mw_rmsprop(float* p, const float* g, float* v, float* mom, float* avg,
                                       u64 n, float lr, float rho, float momentum, float eps,
                                       const MwScalars* sc) {
     if (sc->nonfinite || sc->bad_index) return;
@@ -60,7 +60,7 @@ extern "C" __global__ void mw_rmsprop(float* p, const float* g, float* v, float*
 // Decoupled weight decay first (p −= p·decay, decay = weight_decay·lr, 0 for Adam), then
 // m += (g − m)(1 − β₁), v += (g² − v)(1 − β₂), p −= alpha·m / (sqrt(v) + ε) with
 // alpha = sc->adam_alpha = lr·sqrt(1 − β₂ᵗ)/(1 − β₁ᵗ).
-extern "C" __global__ void mw_adam(float* p, const float* g, float* m, float* v, u64 n,
+MW_KERNEL_1D mw_adam(float* p, const float* g, float* m, float* v, u64 n,
                                    float beta1, float beta2, float eps, float decay,
                                    const MwScalars* sc) {
     if (sc->nonfinite || sc->bad_index) return;

@@ -150,24 +150,24 @@ template <typename T> MW_DEV void gap_bwd(const T* dy, T* dx, u64 n, u64 hw, u64
 }
 
 #define MW_POOL(S, T)                                                                           \
-    extern "C" __global__ void mw_maxpool_fwd_##S(const T* x, T* y, unsigned char* argmax,      \
+    MW_KERNEL_1D mw_maxpool_fwd_##S(const T* x, T* y, unsigned char* argmax,                    \
                                                   MwPool d) {                                   \
         maxpool_fwd<T>(x, y, argmax, d);                                                        \
     }                                                                                           \
-    extern "C" __global__ void mw_maxpool_bwd_##S(const unsigned char* argmax, const T* dy,     \
+    MW_KERNEL_1D mw_maxpool_bwd_##S(const unsigned char* argmax, const T* dy,                   \
                                                   T* dx, MwPool d) {                            \
         maxpool_bwd<T>(argmax, dy, dx, d);                                                      \
     }                                                                                           \
-    extern "C" __global__ void mw_avgpool_fwd_##S(const T* x, T* y, MwPool d) {                 \
+    MW_KERNEL_1D mw_avgpool_fwd_##S(const T* x, T* y, MwPool d) {                               \
         avgpool_fwd<T>(x, y, d);                                                                \
     }                                                                                           \
-    extern "C" __global__ void mw_avgpool_bwd_##S(const T* dy, T* dx, MwPool d) {               \
+    MW_KERNEL_1D mw_avgpool_bwd_##S(const T* dy, T* dx, MwPool d) {                             \
         avgpool_bwd<T>(dy, dx, d);                                                              \
     }                                                                                           \
-    extern "C" __global__ void mw_gap_fwd_##S(const T* x, T* y, u64 n, u64 hw, u64 c) {         \
+    MW_KERNEL_1D mw_gap_fwd_##S(const T* x, T* y, u64 n, u64 hw, u64 c) {                       \
         gap_fwd<T>(x, y, n, hw, c);                                                             \
     }                                                                                           \
-    extern "C" __global__ void mw_gap_bwd_##S(const T* dy, T* dx, u64 n, u64 hw, u64 c) {       \
+    MW_KERNEL_1D mw_gap_bwd_##S(const T* dy, T* dx, u64 n, u64 hw, u64 c) {                     \
         gap_bwd<T>(dy, dx, n, hw, c);                                                           \
     }
 MW_FLOATS(MW_POOL)

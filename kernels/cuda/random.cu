@@ -29,7 +29,7 @@ MW_DEV void mw_box_muller(u32 w1, u32 w2, float* a, float* b) {
 }
 
 // Raw words, for the bit-exactness test against the CPU: out[4b + j] = word j of block b.
-extern "C" __global__ void mw_philox_words(u32* out, u64 nblocks, u64 seed, u32 layer, u64 step) {
+MW_KERNEL_1D mw_philox_words(u32* out, u64 nblocks, u64 seed, u32 layer, u64 step) {
     MW_FOR(b, nblocks) {
         MwWords w = mw_rng_block(b, seed, layer, step);
         #pragma unroll
@@ -116,21 +116,21 @@ MW_DEV void sample_normal_bwd(const T* logvar, const T* dz, T* dmean, T* dlogvar
 }
 
 #define MW_RANDOM(S, T)                                                                         \
-    extern "C" __global__ void mw_dropout_fwd_##S(const T* x, T* y, unsigned char* mask, u64 n, \
+    MW_KERNEL_1D mw_dropout_fwd_##S(const T* x, T* y, unsigned char* mask, u64 n,               \
                                                   float rate, u64 seed, u32 layer, u32 first,   \
                                                   const MwScalars* sc) {                        \
         dropout_fwd<T>(x, y, mask, n, rate, seed, layer, first, sc);                            \
     }                                                                                           \
-    extern "C" __global__ void mw_dropout_bwd_##S(const unsigned char* mask, const T* dy, T* dx, \
+    MW_KERNEL_1D mw_dropout_bwd_##S(const unsigned char* mask, const T* dy, T* dx,              \
                                                   u64 n, float rate) {                          \
         dropout_bwd<T>(mask, dy, dx, n, rate);                                                  \
     }                                                                                           \
-    extern "C" __global__ void mw_sample_normal_fwd_##S(const T* mean, const T* logvar, T* z,   \
+    MW_KERNEL_1D mw_sample_normal_fwd_##S(const T* mean, const T* logvar, T* z,                 \
                                                         u64 n, u64 seed, u32 layer, u32 first,  \
                                                         const MwScalars* sc) {                  \
         sample_normal_fwd<T>(mean, logvar, z, n, seed, layer, first, sc);                       \
     }                                                                                           \
-    extern "C" __global__ void mw_sample_normal_bwd_##S(                                        \
+    MW_KERNEL_1D mw_sample_normal_bwd_##S(                                                      \
         const T* logvar, const T* dz, T* dmean, T* dlogvar, u64 n, u64 seed, u32 layer,         \
         u32 first, const MwScalars* sc, int accumulate) {                                       \
         sample_normal_bwd<T>(logvar, dz, dmean, dlogvar, n, seed, layer, first, sc, accumulate); \

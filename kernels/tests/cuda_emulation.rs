@@ -2364,7 +2364,7 @@ fn every_kernel_has_a_module() {
     {
         let src = k::cuda::sources::source_of(&name).unwrap_or_else(|| panic!("{name}: no module"));
         let text = k::cuda::sources::module_source(src.module).unwrap();
-        assert!(text.contains("extern \"C\" __global__"), "{name}");
+        assert!(text.contains("MW_KERNEL"), "{name}");
     }
 }
 

@@ -3,7 +3,9 @@
 //! - every block's `__shared__` memory starts as NaN, so a kernel that reads shared memory it
 //!   did not write gets NaN, not the zeros of a fresh variable or what the previous block left;
 //! - with the race check on, a launch fails when two of its threads access one byte of global
-//!   or shared memory, one of them writing, with nothing ordering them.
+//!   or shared memory, one of them writing, with nothing ordering them;
+//! - every kernel declares its block size as `__launch_bounds__`, and a launch with a larger
+//!   block is refused, as a GPU refuses it.
 //!
 //! First on deliberately wrong kernels (`kernels/cuda/emu/selftest.cu`), which the checks must
 //! flag, and correct ones, which they must pass; then on a representative set of the real
@@ -485,4 +487,42 @@ fn pooling_has_no_race() {
             vec![p(&dy), pm(&mut dx), md],
         );
     }
+}
+
+/// Every kernel of the sources declares `__launch_bounds__` (through `MW_KERNEL_*` in
+/// common.cuh: the block its launch shape uses), and the emulator refuses a launch over it as
+/// a GPU would; the launch shapes of `LaunchCfg` are within their kernels' bounds (the other
+/// emulation tests launch every kernel through them).
+#[test]
+fn every_kernel_declares_its_launch_bound_and_a_larger_block_is_refused() {
+    let bounds = emu::launch_bounds();
+    let missing: Vec<&str> = bounds
+        .iter()
+        .filter(|(name, b)| *b == 0 && !name.starts_with("mw_emu_selftest"))
+        .map(|(name, _)| name.as_str())
+        .collect();
+    assert!(missing.is_empty(), "no __launch_bounds__: {missing:?}");
+    let bound = |name: &str| bounds.iter().find(|(n, _)| n == name).unwrap().1;
+    assert_eq!(bound("mw_copy_u8"), l::BLOCK);
+    assert_eq!(bound("mw_softmax_f32_f32"), 32 * l::ROW_WARPS);
+    assert_eq!(bound("mw_column_sums_f32"), 32 * l::STRIP_Y);
+    assert_eq!(bound("mw_scce_value_f32"), l::REDUCE_THREADS);
+    assert_eq!(bound("mw_flash_fwd_f32"), k::cuda::flash::THREADS);
+
+    let x = vec![7u8; 600];
+    let mut y = vec![0u8; 600];
+    let err = launch(
+        "mw_copy_u8",
+        shape(1, 2 * l::BLOCK),
+        vec![p(&x), pm(&mut y), u(600)],
+    )
+    .unwrap_err();
+    assert!(err.contains("__launch_bounds__(256)"), "{err}");
+    assert!(y.iter().all(|&v| v == 0), "a refused launch ran");
+    run(
+        "mw_copy_u8",
+        shape(3, l::BLOCK),
+        vec![p(&x), pm(&mut y), u(600)],
+    );
+    assert_eq!(x, y);
 }

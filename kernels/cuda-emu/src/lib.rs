@@ -21,6 +21,7 @@ use std::ffi::{c_char, c_void, CStr, CString};
 extern "C" {
     fn mw_emu_kernel_count() -> u32;
     fn mw_emu_kernel_name(i: u32) -> *const c_char;
+    fn mw_emu_kernel_bound(i: u32) -> u32;
     fn mw_emu_kernel_sig(i: u32, out: *mut c_char, len: usize) -> i32;
     fn mw_emu_launch(
         name: *const c_char,
@@ -69,6 +70,22 @@ pub fn kernels() -> Vec<(String, String)> {
                     .to_string_lossy()
                     .into_owned();
                 (name, sig)
+            })
+            .collect()
+    }
+}
+
+/// Every kernel with its `__launch_bounds__` (the most threads a block may have; 0 where it
+/// declares none). A launch with a larger block is refused, as a GPU refuses it.
+pub fn launch_bounds() -> Vec<(String, u32)> {
+    // SAFETY: the registry is a static table; names are NUL-terminated literals.
+    unsafe {
+        (0..mw_emu_kernel_count())
+            .map(|i| {
+                let name = CStr::from_ptr(mw_emu_kernel_name(i))
+                    .to_string_lossy()
+                    .into_owned();
+                (name, mw_emu_kernel_bound(i))
             })
             .collect()
     }

@@ -539,9 +539,11 @@ struct Entry {
     const char* name;
     void (*call)(void**);
     std::string (*sig)();
+    // Its __launch_bounds__ (threads per block at most); 0 when it declares none.
+    unsigned bound;
 };
 
-#define MW_EMU_REG(k) {#k, &mw_emu::Thunk<decltype(&k)>::template call<&k>, &mw_emu::Thunk<decltype(&k)>::sig},
+#define MW_EMU_REG(k, b) {#k, &mw_emu::Thunk<decltype(&k)>::template call<&k>, &mw_emu::Thunk<decltype(&k)>::sig, b},
 inline const Entry REGISTRY[] = {
 #include "registry.inc"
 };
@@ -558,6 +560,7 @@ extern "C" unsigned mw_emu_kernel_count() {
     return sizeof(mw_emu::REGISTRY) / sizeof(mw_emu::REGISTRY[0]);
 }
 extern "C" const char* mw_emu_kernel_name(unsigned i) { return mw_emu::REGISTRY[i].name; }
+extern "C" unsigned mw_emu_kernel_bound(unsigned i) { return mw_emu::REGISTRY[i].bound; }
 extern "C" int mw_emu_kernel_sig(unsigned i, char* out, unsigned long len) {
     mw_emu::copy_err(mw_emu::REGISTRY[i].sig(), out, len);
     return 0;
@@ -574,6 +577,15 @@ extern "C" int mw_emu_launch(const char* name, const unsigned grid[3], const uns
         if (sig && want != sig) {
             mw_emu::copy_err(std::string(name) + ": the kernel takes (" + want +
                                  ") but was given (" + sig + ")",
+                             err, errlen);
+            return 1;
+        }
+        unsigned long threads = (unsigned long)block[0] * block[1] * block[2];
+        if (e.bound != 0 && threads > e.bound) {
+            // A GPU refuses it (CUDA_ERROR_INVALID_VALUE): the kernel was built for less.
+            mw_emu::copy_err(std::string(name) + ": a block of " + std::to_string(threads) +
+                                 " threads is over the kernel's __launch_bounds__(" +
+                                 std::to_string(e.bound) + ")",
                              err, errlen);
             return 1;
         }

@@ -49,7 +49,13 @@ inline thread_local dim3 gridDim;
 #define __host__
 #define __forceinline__ inline
 #define __shared__ static thread_local
+// The registry scan (kernels/cuda-emu/build.rs) reads each kernel's block bound from the
+// preprocessed text; compiled, the bound is the registry's and the launch checks it.
+#ifdef MW_EMU_SCAN
+#define __launch_bounds__(threads) mw_emu_bound(threads)
+#else
 #define __launch_bounds__(...)
+#endif
 
 using std::cos;
 using std::erf;

@@ -15,19 +15,24 @@ pub struct Source {
 }
 
 impl Source {
-    /// The kernels this file defines, read from its `__global__ void NAME(` lines: a name, or
-    /// for kernels stamped out per storage type by a macro the name's fixed part (`mw_act_fwd_`
-    /// of `mw_act_fwd_##S`). Read from the text, so a new kernel needs no list here.
+    /// The kernels this file defines, read from its `MW_KERNEL_1D NAME(` lines (every entry
+    /// point is declared through one of common.cuh's `MW_KERNEL…` macros, which carry its
+    /// launch bound; `MW_KERNEL(N) NAME(` too): a name, or for kernels stamped out per storage
+    /// type by a macro the name's fixed part (`mw_act_fwd_` of `mw_act_fwd_##S`). Read from
+    /// the text, so a new kernel needs no list here.
     pub fn kernel_prefixes(&self) -> impl Iterator<Item = &'static str> {
         let text = self.text;
-        let marker = "__global__ void ";
+        let marker = "MW_KERNEL";
+        let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
         text.match_indices(marker)
-            .map(move |(at, _)| {
-                let rest = &text[at + marker.len()..];
-                let end = rest
-                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                    .unwrap_or(rest.len());
-                &rest[..end]
+            .filter_map(move |(at, _)| {
+                let mut rest = text[at + marker.len()..].trim_start_matches(ident);
+                if let Some(bound) = rest.strip_prefix('(') {
+                    rest = &bound[bound.find(')')? + 1..];
+                }
+                let rest = rest.trim_start();
+                let end = rest.find(|c: char| !ident(c)).unwrap_or(rest.len());
+                Some(&rest[..end])
             })
             .filter(|p| !p.is_empty())
     }
