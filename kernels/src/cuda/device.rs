@@ -1,7 +1,8 @@
 //! One CUDA device through cudarc (feature `cuda`): its context, plain device allocations, and
 //! the kernels compiled with NVRTC to CUBIN on first use of their module (cached in memory and
-//! on disk, `module_cache.rs`). What launches on it — a stream, a cuBLAS handle and its
-//! workspace — is a [`Lane`], one per engine (`lane.rs`).
+//! on disk, `module_cache.rs`; the runtime loads every module when it opens the device). What
+//! launches on it — a stream, a cuBLAS handle and its workspace — is a [`Lane`], one per
+//! trainer, shared by its inference engines (`lane.rs`).
 //!
 //! cudarc is built with dynamic loading: nothing about CUDA is needed to build or to run
 //! without a GPU. [`CudaDevice::open`] first checks that libcuda, libnvrtc and libcublas can
