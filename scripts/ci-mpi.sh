@@ -135,8 +135,9 @@ timeout 120 "${MPIRUN[@]}" target/release/examples/mnist_mlp --device cpu --data
 job=$!
 victim=""
 for _ in $(seq 100); do
-    # Training has begun once rank 0 has printed its first epoch line.
-    if grep -q "^Epoch 1/" "$LOG/kill.txt"; then
+    # Training has begun once rank 0 has printed its first epoch line (anywhere in a line:
+    # the ranks share the output, and a line may follow another's unfinished one).
+    if grep -q "Epoch 1/" "$LOG/kill.txt"; then
         victim=$(pgrep -f "target/release/examples/mnist_mlp --device cpu --data-parallel" \
             | tail -n 1 || true)
         break

@@ -116,7 +116,8 @@ pub trait Callback {
 }
 
 /// The seed's `MemoryCallback`, done right: after each epoch, prints the measured current and
-/// peak resident growth next to the compile-time estimate and the error between them.
+/// peak resident growth next to the compile-time estimate and the error between them (rank 0
+/// prints; every rank keeps its own lines).
 #[derive(Clone, Debug, Default)]
 pub struct MemoryCallback {
     pub lines: Vec<String>,
@@ -143,7 +144,11 @@ impl Callback for MemoryCallback {
                 error_percent(log.peak_rss_growth, est)
             ),
         };
-        eprintln!("{line}");
+        // Each data-parallel rank keeps its own figures; only rank 0 prints, as `fit` does (two
+        // processes writing one terminal would interleave their lines).
+        if model.rank() == 0 {
+            eprintln!("{line}");
+        }
         self.lines.push(line);
     }
 }
