@@ -133,25 +133,27 @@ impl StepErrors {
     }
 }
 
-/// The gradients of `spec` after one CPU step on `raw`.
-fn cpu_grads(spec: &ModelSpec, raw: &[Vec<u8>]) -> Result<(StaticPlan, Executor), String> {
-    let p = plan(spec).map_err(|e| e.to_string())?;
+/// The CPU executor of `p` after one step on `raw` (its gradients).
+fn cpu_grads(p: &StaticPlan, raw: &[Vec<u8>]) -> Result<Executor, String> {
     let mut cpu = Executor::new(p.clone(), &Device::cpu(), 11).map_err(|e| e.to_string())?;
-    cpu.train_step(&batches(&p, raw))
+    cpu.train_step(&batches(p, raw))
         .map_err(|e| format!("cpu: {e}"))?;
-    Ok((p, cpu))
+    Ok(cpu)
 }
 
 fn one_step(dev: &Device, spec: &ModelSpec) -> Result<StepErrors, String> {
     let p = plan(spec).map_err(|e| e.to_string())?;
     let raw = random_inputs(&p, 100);
-    let (_, cpu) = cpu_grads(spec, &raw)?;
+    let cpu = cpu_grads(&p, &raw)?;
     let mut gpu = CudaExecutor::on_cuda(p.clone(), dev, 11).map_err(|e| e.to_string())?;
     gpu.train_step(&batches(&p, &raw))
         .map_err(|e| format!("cuda: {e}"))?;
     let f32_cpu = match bound(&p).0 {
         "f32" => None,
-        _ => Some(cpu_grads(&all_float32(spec), &raw)?.1),
+        _ => {
+            let p32 = plan(&all_float32(spec)).map_err(|e| e.to_string())?;
+            Some(cpu_grads(&p32, &raw)?)
+        }
     };
     let mut grads = Vec::new();
     let mut largest = 0f32;
@@ -202,8 +204,7 @@ fn all_float32(spec: &ModelSpec) -> ModelSpec {
 /// For a model over its bound: every gradient's error, then the model again with all layers
 /// in float32, and with one 16-bit layer at a time made float32 — a change that brings the
 /// error within the bound points at that layer's kernels.
-fn diagnose(dev: &Device, spec: &ModelSpec) {
-    let Ok(e) = one_step(dev, spec) else { return };
+fn diagnose(dev: &Device, spec: &ModelSpec, e: &StepErrors) {
     for g in &e.grads {
         let note = if g.noise { " (noise level)" } else { "" };
         println!(
@@ -600,9 +601,12 @@ fn trainer_check(dev: &Device) -> Result<String, String> {
     ))
 }
 
+/// PyTorch's figures: (model, batch) → (samples/s, max_memory_allocated in bytes).
+type TorchRows = std::collections::HashMap<(String, usize), (f64, u64)>;
+
 /// PyTorch's figures from `torch_bench.py`'s output (the file the environment variable
 /// `var` names): (model, batch) → (samples/s, max_memory_allocated in bytes).
-fn torch_rows(var: &str) -> std::collections::HashMap<(String, usize), (f64, u64)> {
+fn torch_rows(var: &str) -> TorchRows {
     let text = std::env::var(var)
         .ok()
         .and_then(|p| std::fs::read_to_string(p).ok())
@@ -646,9 +650,8 @@ type MemoryRow<'a> = (&'a str, usize, Result<(u64, u64), String>);
 /// 2 MiB granularity is lost in the total), next to PyTorch's `max_memory_allocated`.
 /// PyTorch's figure counts its cuBLAS workspace; memwise's is allocated with the device's
 /// lane, before the model, and shown on its own.
-fn memory_table(dev: &Device, trained: &[Trained], failures: &mut Vec<String>) {
+fn memory_table(dev: &Device, trained: &[Trained], small: &TorchRows, failures: &mut Vec<String>) {
     let big = torch_rows("GPU_CHECK_TORCH_MEM");
-    let small = torch_rows("GPU_CHECK_TORCH");
     let ws = memwise_kernels::cuda::lane::CUBLAS_WORKSPACE_BYTES as u64;
     println!(
         "== device memory (memwise's cuBLAS workspace, {} per engine, not in these figures)",
@@ -813,7 +816,7 @@ fn main() -> ExitCode {
                             "{kind} {seed} ({class}): {worst:.2e} > {b:.0e} ({which})"
                         ));
                         println!("FAILED {kind} {seed} ({class}): {worst:.2e} > {b:.0e}");
-                        diagnose(&dev, &spec);
+                        diagnose(&dev, &spec, &e);
                     }
                     let p = e.plan;
                     let ops: std::collections::BTreeSet<&'static str> =
@@ -930,7 +933,7 @@ fn main() -> ExitCode {
         );
     }
     println!();
-    memory_table(&dev, &trained, &mut failures);
+    memory_table(&dev, &trained, &torch, &mut failures);
     println!("== Trainer on {} (CPU / CUDA)", dev.name());
     match trainer_check(&dev) {
         Ok(line) => println!("{line}"),

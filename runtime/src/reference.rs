@@ -12,7 +12,7 @@ use crate::data::dataset::{Column, InMemory};
 use crate::executor::Batch;
 
 /// A xorshift64 stream from `seed`: cheap, seeded and the same on every machine.
-fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+pub fn xorshift(seed: u64) -> impl FnMut() -> u64 {
     let mut s = seed | 1;
     move || {
         s ^= s << 13;
@@ -106,6 +106,12 @@ pub fn random_digits(n: usize, seed: u64) -> InMemory {
     let mut next = xorshift(seed);
     let pixels: Vec<u8> = (0..n * 784).map(|_| next() as u8).collect();
     let labels: Vec<i32> = (0..n).map(|_| (next() % 10) as i32).collect();
+    digits_dataset(pixels, labels)
+}
+
+/// MNIST-shaped samples from their columns: 784 u8 pixels and one i32 label per sample, the
+/// inputs of `zoo::mnist_mlp`.
+pub fn digits_dataset(pixels: Vec<u8>, labels: Vec<i32>) -> InMemory {
     InMemory::new(vec![
         Column::U8 {
             data: pixels,

@@ -8,18 +8,13 @@ use std::sync::Arc;
 use memwise_plan::{zoo, ModelSpec, Op};
 use memwise_runtime::collective::{Collective, ThreadGroup};
 use memwise_runtime::data::dataset::{Column, Dataset, InMemory};
+use memwise_runtime::reference::{digits_dataset, xorshift};
 use memwise_runtime::train::{Evaluation, FitOptions, Trainer};
 use memwise_runtime::Device;
 
 /// `n` MNIST-shaped samples: u8 pixels with a little structure, and labels that follow it.
 fn digits(n: usize) -> InMemory {
-    let mut state = 0x2545_F491_4F6C_DD1Du64;
-    let mut next = || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut next = xorshift(0x2545_F491_4F6C_DD1D);
     let labels: Vec<i32> = (0..n).map(|_| (next() % 10) as i32).collect();
     let pixels: Vec<u8> = (0..n * 784)
         .map(|i| {
@@ -28,17 +23,7 @@ fn digits(n: usize) -> InMemory {
             (next() % 64) as u8 + if bright { 160 } else { 0 }
         })
         .collect();
-    InMemory::new(vec![
-        Column::U8 {
-            data: pixels,
-            per_sample: 784,
-        },
-        Column::I32 {
-            data: labels,
-            per_sample: 1,
-        },
-    ])
-    .unwrap()
+    digits_dataset(pixels, labels)
 }
 
 /// Only the pixels (the VAE's one input).

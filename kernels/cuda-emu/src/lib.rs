@@ -57,38 +57,36 @@ pub fn races_available() -> bool {
 /// Every kernel in the sources, with its parameter signature (`p` pointer, `f` f32, `d` f64,
 /// `i` i32, `u` u32, `q` i64, `Q` u64, `sN` an N-byte struct; comma-separated).
 pub fn kernels() -> Vec<(String, String)> {
-    // SAFETY: the registry is a static table; names are NUL-terminated literals.
+    // SAFETY: the registry is a static table.
     unsafe {
         (0..mw_emu_kernel_count())
             .map(|i| {
-                let name = CStr::from_ptr(mw_emu_kernel_name(i))
-                    .to_string_lossy()
-                    .into_owned();
                 let mut buf = vec![0u8; 512];
                 mw_emu_kernel_sig(i, buf.as_mut_ptr() as *mut c_char, buf.len());
                 let sig = CStr::from_ptr(buf.as_ptr() as *const c_char)
                     .to_string_lossy()
                     .into_owned();
-                (name, sig)
+                (kernel_name(i), sig)
             })
             .collect()
     }
 }
 
+/// The name of registry entry `i` (below `mw_emu_kernel_count()`).
+fn kernel_name(i: u32) -> String {
+    // SAFETY: `i` is in the static registry, whose names are NUL-terminated literals.
+    unsafe { CStr::from_ptr(mw_emu_kernel_name(i)) }
+        .to_string_lossy()
+        .into_owned()
+}
+
 /// Every kernel with its `__launch_bounds__` (the most threads a block may have; 0 where it
 /// declares none). A launch with a larger block is refused, as a GPU refuses it.
 pub fn launch_bounds() -> Vec<(String, u32)> {
-    // SAFETY: the registry is a static table; names are NUL-terminated literals.
-    unsafe {
-        (0..mw_emu_kernel_count())
-            .map(|i| {
-                let name = CStr::from_ptr(mw_emu_kernel_name(i))
-                    .to_string_lossy()
-                    .into_owned();
-                (name, mw_emu_kernel_bound(i))
-            })
-            .collect()
-    }
+    // SAFETY: the registry is a static table.
+    (0..unsafe { mw_emu_kernel_count() })
+        .map(|i| (kernel_name(i), unsafe { mw_emu_kernel_bound(i) }))
+        .collect()
 }
 
 /// Runs kernel `name` over `grid` × `block` threads on the CPU.
