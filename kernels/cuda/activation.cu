@@ -128,14 +128,15 @@ MW_DEV void softmax_bwd(const Y* y, const G* dy, D* dx, u64 rows, u64 cols) {
 MW_FLOAT_TRIPLES(MW_SOFTMAX_BWD)
 
 // Attention's causal mask: scores[p, i, j] = -1e30 (−inf in f16) for keys after the query.
-template <typename T> MW_DEV void causal_mask(T* scores, u64 pairs, u64 s) {
-    MW_FOR(k, pairs * s * s) {
-        u64 j = k % s, i = (k / s) % s;
+// `I` is the index type (MW_BY_INDEX).
+template <typename T, typename I> MW_DEV void causal_mask(T* scores, u64 pairs, u64 s) {
+    MW_FOR_I(I, k, pairs * s * s) {
+        I j = k % (I)s, i = (k / (I)s) % (I)s;
         if (j > i) scores[k] = st<T>(-1.0e30f);
     }
 }
 #define MW_CAUSAL(S, T)                                                                         \
     MW_KERNEL_1D mw_causal_mask_##S(T* scores, u64 pairs, u64 s) {                              \
-        causal_mask<T>(scores, pairs, s);                                                       \
+        MW_BY_INDEX(pairs * s * s, causal_mask, T, scores, pairs, s);                           \
     }
 MW_FLOATS(MW_CAUSAL)

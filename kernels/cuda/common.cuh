@@ -192,6 +192,28 @@ MW_DEV u64 mw_nthreads() { return (u64)gridDim.x * blockDim.x; }
 // Grid-stride loop over [0, n).
 #define MW_FOR(i, n) for (u64 i = mw_tid(); i < (n); i += mw_nthreads())
 
+// 32-bit index fast paths. A GPU divides 64-bit integers in software (dozens of
+// instructions) and 32-bit ones in a few, so the kernels whose per-element index arithmetic
+// divides (NHWC coordinates, im2col/col2im, pooling windows, a bias's or a table's column)
+// take their index type as a template parameter `I`, and their entry points run them with u32
+// when every index the launch computes stays below MW_U32_INDICES, with u64 otherwise (an
+// H200 holds tensors of more than 2^31 elements). The limit is 2^31, not 2^32, so that a
+// grid-stride step (i + threads, with fewer than 2^31 threads) cannot wrap.
+#define MW_U32_INDICES 0x80000000ull
+MW_DEV bool mw_u32_fits(u64 largest) { return largest < MW_U32_INDICES; }
+MW_DEV u64 mw_max(u64 a, u64 b) { return a > b ? a : b; }
+// Grid-stride loop over [0, n) with an index of type I (n must fit I: see MW_BY_INDEX).
+#define MW_FOR_I(I, i, n) for (I i = (I)mw_tid(); i < (I)(n); i += (I)mw_nthreads())
+// Runs F<T, u32>(args…) when `largest` (one past the largest index the launch computes) fits
+// 32 bits, else F<T, u64>(args…).
+#define MW_BY_INDEX(largest, F, T, ...)                                                         \
+    do {                                                                                        \
+        if (mw_u32_fits(largest))                                                               \
+            F<T, u32>(__VA_ARGS__);                                                             \
+        else                                                                                    \
+            F<T, u64>(__VA_ARGS__);                                                             \
+    } while (0)
+
 // ---- warp and block reductions ---------------------------------------------------------------
 
 MW_DEV float mw_warp_sum(float v) {
@@ -285,19 +307,20 @@ MW_DEV double mw_parts_total(const double* partials, u64 parts, u64 stride, u64 
 
 // The coordinates of flat element e of an NHWC tensor [.., h, w, c]: sample, row, column,
 // channel.
-struct MwNhwc {
-    u64 s;
+// `I` is the index type (MW_BY_INDEX): the divisions are I's.
+template <typename I> struct MwNhwc {
+    I s;
     int y, x, c;
 };
 
-MW_DEV MwNhwc mw_nhwc(u64 e, int h, int w, int c) {
-    MwNhwc p;
-    p.c = (int)(e % c);
-    u64 q = e / c;
-    p.x = (int)(q % w);
-    q /= w;
-    p.y = (int)(q % h);
-    p.s = q / h;
+template <typename I> MW_DEV MwNhwc<I> mw_nhwc(I e, int h, int w, int c) {
+    MwNhwc<I> p;
+    p.c = (int)(e % (I)c);
+    I q = e / (I)c;
+    p.x = (int)(q % (I)w);
+    q /= (I)w;
+    p.y = (int)(q % (I)h);
+    p.s = q / (I)h;
     return p;
 }
 

@@ -66,19 +66,21 @@ template <typename T> MW_DEV void accumulate(T* dst, const T* src, u64 n) {
 MW_FLOATS(MW_ACCUMULATE)
 
 // y[r, :] = [a[r, :wa], b[r, :wb]] (a pure copy).
-template <typename T> MW_DEV void concat(const T* a, const T* b, T* y, u64 rows, u64 wa, u64 wb) {
-    u64 w = wa + wb;
-    MW_FOR(i, rows * w) {
-        u64 r = i / w, j = i % w;
+// `I` is the index type (MW_BY_INDEX), here and below.
+template <typename T, typename I>
+MW_DEV void concat(const T* a, const T* b, T* y, u64 rows, u64 wa, u64 wb) {
+    I w = (I)(wa + wb);
+    MW_FOR_I(I, i, rows * w) {
+        I r = i / w, j = i % w;
         y[i] = j < wa ? a[r * wa + j] : b[r * wb + (j - wa)];
     }
 }
 // da[r, :] = dy[r, :wa], db[r, :] = dy[r, wa:] (overwritten).
-template <typename T>
+template <typename T, typename I>
 MW_DEV void concat_backward(const T* dy, T* da, T* db, u64 rows, u64 wa, u64 wb) {
-    u64 w = wa + wb;
-    MW_FOR(i, rows * w) {
-        u64 r = i / w, j = i % w;
+    I w = (I)(wa + wb);
+    MW_FOR_I(I, i, rows * w) {
+        I r = i / w, j = i % w;
         if (j < wa)
             da[r * wa + j] = dy[i];
         else
@@ -88,21 +90,22 @@ MW_DEV void concat_backward(const T* dy, T* da, T* db, u64 rows, u64 wa, u64 wb)
 #define MW_CONCAT(S, T)                                                                         \
     MW_KERNEL_1D mw_concat_##S(const T* a, const T* b, T* y, u64 rows, u64 wa,                  \
                                              u64 wb) {                                          \
-        concat<T>(a, b, y, rows, wa, wb);                                                       \
+        MW_BY_INDEX(rows * (wa + wb), concat, T, a, b, y, rows, wa, wb);                        \
     }                                                                                           \
     MW_KERNEL_1D mw_concat_backward_##S(const T* dy, T* da, T* db, u64 rows,                    \
                                                       u64 wa, u64 wb) {                         \
-        concat_backward<T>(dy, da, db, rows, wa, wb);                                           \
+        MW_BY_INDEX(rows * (wa + wb), concat_backward, T, dy, da, db, rows, wa, wb);            \
     }
 MW_FLOATS(MW_CONCAT)
 
 // y[r, j] = y[r, j] + bias[j] in f32, rounded once (the bias of a GEMM's output).
-template <typename T> MW_DEV void bias_add(T* y, const float* bias, u64 rows, u64 cols) {
-    MW_FOR(i, rows * cols) y[i] = st<T>(ld(y[i]) + bias[i % cols]);
+template <typename T, typename I>
+MW_DEV void bias_add(T* y, const float* bias, u64 rows, u64 cols) {
+    MW_FOR_I(I, i, rows * cols) y[i] = st<T>(ld(y[i]) + bias[i % (I)cols]);
 }
 #define MW_BIAS_ADD(S, T)                                                                       \
     MW_KERNEL_1D mw_bias_add_##S(T* y, const float* bias, u64 rows, u64 cols) {                 \
-        bias_add<T>(y, bias, rows, cols);                                                       \
+        MW_BY_INDEX(rows * cols, bias_add, T, y, bias, rows, cols);                             \
     }
 MW_FLOATS(MW_BIAS_ADD)
 

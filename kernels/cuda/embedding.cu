@@ -8,11 +8,12 @@
 // [rows, len]; its table gradient is mw_column_sums of dy (norm.cu), as a bias's.
 #include "common.cuh"
 
-template <typename T>
+// `I` is the index type (MW_BY_INDEX) of y and dy; the table's rows are indexed in 64 bits.
+template <typename T, typename I>
 MW_DEV void embedding_fwd(const int* ids, const float* w, T* y, u64 tokens, u64 vocab, u64 dim,
                           MwScalars* sc) {
-    MW_FOR(e, tokens * dim) {
-        u64 t = e / dim, j = e % dim;
+    MW_FOR_I(I, e, tokens * dim) {
+        I t = e / (I)dim, j = e % (I)dim;
         long long id = ids[t];
         if (id < 0 || id >= (long long)vocab) {
             y[e] = st<T>(0.0f);
@@ -23,10 +24,10 @@ MW_DEV void embedding_fwd(const int* ids, const float* w, T* y, u64 tokens, u64 
     }
 }
 
-template <typename T>
+template <typename T, typename I>
 MW_DEV void embedding_bwd(const int* ids, const T* dy, float* dw, u64 tokens, u64 vocab, u64 dim) {
-    MW_FOR(e, tokens * dim) {
-        u64 t = e / dim, j = e % dim;
+    MW_FOR_I(I, e, tokens * dim) {
+        I t = e / (I)dim, j = e % (I)dim;
         long long id = ids[t];
         if (id >= 0 && id < (long long)vocab) atomicAdd(&dw[(u64)id * dim + j], ld(dy[e]));
     }
@@ -36,23 +37,23 @@ MW_DEV void embedding_bwd(const int* ids, const T* dy, float* dw, u64 tokens, u6
     MW_KERNEL_1D mw_embedding_fwd_##S(const int* ids, const float* w, T* y,                     \
                                                     u64 tokens, u64 vocab, u64 dim,             \
                                                     MwScalars* sc) {                            \
-        embedding_fwd<T>(ids, w, y, tokens, vocab, dim, sc);                                    \
+        MW_BY_INDEX(tokens * dim, embedding_fwd, T, ids, w, y, tokens, vocab, dim, sc);         \
     }                                                                                           \
     MW_KERNEL_1D mw_embedding_bwd_##S(const int* ids, const T* dy, float* dw,                   \
                                                     u64 tokens, u64 vocab, u64 dim) {           \
-        embedding_bwd<T>(ids, dy, dw, tokens, vocab, dim);                                      \
+        MW_BY_INDEX(tokens * dim, embedding_bwd, T, ids, dy, dw, tokens, vocab, dim);           \
     }
 MW_FLOATS(MW_EMBEDDING)
 
 // y = x + table per sample; in place when y is x (each element read, then written, by one
 // thread).
-template <typename T>
+template <typename T, typename I>
 MW_DEV void pos_embedding_fwd(const T* x, const float* table, T* y, u64 rows, u64 len) {
-    MW_FOR(i, rows * len) y[i] = st<T>(ld(x[i]) + table[i % len]);
+    MW_FOR_I(I, i, rows * len) y[i] = st<T>(ld(x[i]) + table[i % (I)len]);
 }
 #define MW_POS_EMBEDDING(S, T)                                                                  \
     MW_KERNEL_1D mw_pos_embedding_fwd_##S(const T* x, const float* table, T* y,                 \
                                                         u64 rows, u64 len) {                    \
-        pos_embedding_fwd<T>(x, table, y, rows, len);                                           \
+        MW_BY_INDEX(rows * len, pos_embedding_fwd, T, x, table, y, rows, len);                  \
     }
 MW_FLOATS(MW_POS_EMBEDDING)

@@ -118,11 +118,12 @@ MW_DEV void bn_train_fwd(const T* x, T* y, T* x_hat, float* mean, float* inv_std
 }
 
 // Inference: y = gamma·(x − running_mean)·(1/sqrt(running_var + eps)) + beta (pointwise).
-template <typename T>
+// `I` is the index type (MW_BY_INDEX).
+template <typename T, typename I>
 MW_DEV void bn_infer(const T* x, T* y, const float* gamma, const float* beta, const float* rm,
                      const float* rv, u64 rows, u64 c, float eps) {
-    MW_FOR(i, rows * c) {
-        u64 ch = i % c;
+    MW_FOR_I(I, i, rows * c) {
+        I ch = i % (I)c;
         float inv = 1.0f / sqrtf(rv[ch] + eps);
         y[i] = st<T>(gamma[ch] * (ld(x[i]) - rm[ch]) * inv + beta[ch]);
     }
@@ -248,7 +249,7 @@ MW_DEV void bn_bwd(H hat, const float* inv_std, const float* gamma, const T* dy,
     MW_KERNEL_1D mw_bn_infer_##S(const T* x, T* y, const float* gamma,                          \
                                                const float* beta, const float* rm,              \
                                                const float* rv, u64 rows, u64 c, float eps) {   \
-        bn_infer<T>(x, y, gamma, beta, rm, rv, rows, c, eps);                                   \
+        MW_BY_INDEX(rows * c, bn_infer, T, x, y, gamma, beta, rm, rv, rows, c, eps);            \
     }                                                                                           \
     MW_KERNEL_STRIP mw_bn_bwd_##S(const T* x_hat, const float* inv_std,                         \
                                              const float* gamma, const T* dy, T* dx,            \
@@ -270,7 +271,7 @@ MW_DEV void bn_bwd(H hat, const float* inv_std, const float* gamma, const T* dy,
     MW_KERNEL_STRIP mw_bn_grad_parts_rebuild_##S(                                               \
         const T* x, const float* mean, const float* inv_std, const T* dy, u64 rows, u64 c,      \
         double* partials) {                                                                     \
-        ln_param_grads<T>(MwRebuiltHat<T>{x, mean, inv_std, c}, dy, 0, 0, rows, c,             \
+        ln_param_grads<T>(MwRebuiltHat<T>{x, mean, inv_std, c}, dy, 0, 0, rows, c,              \
                           partials);                                                            \
     }
 MW_FLOATS(MW_BN)

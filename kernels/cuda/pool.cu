@@ -40,8 +40,8 @@ struct MwWin {
     int b, ch, hs, ilo, ihi, ws, jlo, jhi;
 };
 
-MW_DEV MwWin mw_out_window(u64 o, MwPool d) {
-    MwNhwc p = mw_nhwc(o, d.oh, d.ow, d.c);
+template <typename I> MW_DEV MwWin mw_out_window(I o, MwPool d) {
+    MwNhwc<I> p = mw_nhwc(o, d.oh, d.ow, d.c);
     MwWin v;
     v.ch = p.c;
     v.b = (int)p.s;
@@ -51,19 +51,27 @@ MW_DEV MwWin mw_out_window(u64 o, MwPool d) {
 }
 
 // y = the window's max (a copy of the element), argmax = its position ki·kw + kj in the
-// window (padding counted); first max on ties; a NaN wins over numbers.
-template <typename T> MW_DEV void maxpool_fwd(const T* x, T* y, unsigned char* argmax, MwPool d) {
+// window (padding counted); first max on ties; a NaN wins over numbers. `I` is the index
+// type (MW_BY_INDEX), here and below.
+template <typename T, typename I>
+MW_DEV void maxpool_fwd(const T* x, T* y, unsigned char* argmax, MwPool d) {
     u64 total = (u64)d.n * d.oh * d.ow * d.c;
-    MW_FOR(o, total) {
+    MW_FOR_I(I, o, total) {
         MwWin v = mw_out_window(o, d);
-        const T* img = x + (u64)v.b * d.h * d.w * d.c;
-        T best = img[((u64)v.ilo * d.w + v.jlo) * d.c + v.ch];
+        // The window's first element; rows of the image are d.w·d.c apart.
+        const T* first = x + (((I)v.b * d.h + v.ilo) * d.w + v.jlo) * d.c + v.ch;
+        const I row = (I)d.w * d.c;
+        T best = *first;
         float cur = ld(best);
         int idx = (v.ilo - v.hs) * d.kw + (v.jlo - v.ws);
+        // Not unrolled: a window has a few taps, and with both index paths in one kernel the
+        // unrolled loops spilled registers.
+#pragma unroll 1
         for (int i = v.ilo; i < v.ihi; i++)
+#pragma unroll 1
             for (int j = v.jlo; j < v.jhi; j++) {
                 if (i == v.ilo && j == v.jlo) continue;
-                T xv = img[((u64)i * d.w + j) * d.c + v.ch];
+                T xv = first[(I)(i - v.ilo) * row + (I)(j - v.jlo) * d.c];
                 float val = ld(xv);
                 if (val > cur || (mw_isnan(val) && !mw_isnan(cur))) {
                     best = xv;
@@ -79,10 +87,10 @@ template <typename T> MW_DEV void maxpool_fwd(const T* x, T* y, unsigned char* a
 // The gather both backwards share: dx[e] = what `add(acc, o, oh, ow, ih, iw)` adds into acc
 // over the output windows (oh, ow) covering input element e = (b, ih, iw, ch), in the CPU
 // kernel's order; o is that window's output offset at channel ch.
-template <typename T, typename F> MW_DEV void mw_pool_bwd(T* dx, MwPool d, F add) {
+template <typename T, typename I, typename F> MW_DEV void mw_pool_bwd(T* dx, MwPool d, F add) {
     u64 total = (u64)d.n * d.h * d.w * d.c;
-    MW_FOR(e, total) {
-        MwNhwc p = mw_nhwc(e, d.h, d.w, d.c);
+    MW_FOR_I(I, e, total) {
+        MwNhwc<I> p = mw_nhwc(e, d.h, d.w, d.c);
         int ih = p.y, iw = p.x;
         int ohl, ohh, owl, owh;
         mw_covering(ih, d.sh, d.pt, d.kh, d.oh, &ohl, &ohh);
@@ -96,9 +104,9 @@ template <typename T, typename F> MW_DEV void mw_pool_bwd(T* dx, MwPool d, F add
 }
 
 // dx[input] = Σ dy over the windows whose recorded arg-max is this input (0 elsewhere).
-template <typename T>
+template <typename T, typename I>
 MW_DEV void maxpool_bwd(const unsigned char* argmax, const T* dy, T* dx, MwPool d) {
-    mw_pool_bwd(dx, d, [=](float& acc, u64 o, int oh, int ow, int ih, int iw) {
+    mw_pool_bwd<T, I>(dx, d, [=](float& acc, I o, int oh, int ow, int ih, int iw) {
         int ki = ih + d.pt - oh * d.sh;
         int kj = iw + d.pl - ow * d.sw;
         unsigned char want = (unsigned char)(ki * d.kw + kj);
@@ -107,22 +115,22 @@ MW_DEV void maxpool_bwd(const unsigned char* argmax, const T* dy, T* dx, MwPool 
 }
 
 // y = mean of the window's valid elements.
-template <typename T> MW_DEV void avgpool_fwd(const T* x, T* y, MwPool d) {
+template <typename T, typename I> MW_DEV void avgpool_fwd(const T* x, T* y, MwPool d) {
     u64 total = (u64)d.n * d.oh * d.ow * d.c;
-    MW_FOR(o, total) {
+    MW_FOR_I(I, o, total) {
         MwWin v = mw_out_window(o, d);
         float inv = 1.0f / (float)((v.ihi - v.ilo) * (v.jhi - v.jlo));
-        const T* img = x + (u64)v.b * d.h * d.w * d.c;
+        const T* img = x + (I)v.b * d.h * d.w * d.c;
         float acc = 0.0f;
         for (int i = v.ilo; i < v.ihi; i++)
-            for (int j = v.jlo; j < v.jhi; j++) acc += ld(img[((u64)i * d.w + j) * d.c + v.ch]);
+            for (int j = v.jlo; j < v.jhi; j++) acc += ld(img[((I)i * d.w + j) * d.c + v.ch]);
         y[o] = st<T>(acc * inv);
     }
 }
 
 // dx[input] = Σ over covering windows of dy / (that window's valid count).
-template <typename T> MW_DEV void avgpool_bwd(const T* dy, T* dx, MwPool d) {
-    mw_pool_bwd(dx, d, [=](float& acc, u64 o, int oh, int ow, int, int) {
+template <typename T, typename I> MW_DEV void avgpool_bwd(const T* dy, T* dx, MwPool d) {
+    mw_pool_bwd<T, I>(dx, d, [=](float& acc, I o, int oh, int ow, int, int) {
         int hs, ilo, ihi, ws, jlo, jhi;
         mw_window(oh, d.sh, d.pt, d.kh, d.h, &hs, &ilo, &ihi);
         mw_window(ow, d.sw, d.pl, d.kw, d.w, &ws, &jlo, &jhi);
@@ -141,33 +149,38 @@ template <typename T> MW_DEV void gap_fwd(const T* x, T* y, u64 n, u64 hw, u64 c
     }
 }
 // dx[b, p, ch] = dy[b, ch] / hw.
-template <typename T> MW_DEV void gap_bwd(const T* dy, T* dx, u64 n, u64 hw, u64 c) {
+template <typename T, typename I> MW_DEV void gap_bwd(const T* dy, T* dx, u64 n, u64 hw, u64 c) {
     float inv = 1.0f / (float)hw;
-    MW_FOR(e, n * hw * c) {
-        u64 ch = e % c, b = e / (hw * c);
+    MW_FOR_I(I, e, n * hw * c) {
+        I ch = e % (I)c, b = e / (I)(hw * c);
         dx[e] = st<T>(ld(dy[b * c + ch]) * inv);
     }
+}
+
+// One past the largest index of a pooling's input and output.
+MW_DEV u64 mw_pool_largest(MwPool d) {
+    return mw_max((u64)d.n * d.h * d.w * d.c, (u64)d.n * d.oh * d.ow * d.c);
 }
 
 #define MW_POOL(S, T)                                                                           \
     MW_KERNEL_1D mw_maxpool_fwd_##S(const T* x, T* y, unsigned char* argmax,                    \
                                                   MwPool d) {                                   \
-        maxpool_fwd<T>(x, y, argmax, d);                                                        \
+        MW_BY_INDEX(mw_pool_largest(d), maxpool_fwd, T, x, y, argmax, d);                       \
     }                                                                                           \
     MW_KERNEL_1D mw_maxpool_bwd_##S(const unsigned char* argmax, const T* dy,                   \
                                                   T* dx, MwPool d) {                            \
-        maxpool_bwd<T>(argmax, dy, dx, d);                                                      \
+        MW_BY_INDEX(mw_pool_largest(d), maxpool_bwd, T, argmax, dy, dx, d);                     \
     }                                                                                           \
     MW_KERNEL_1D mw_avgpool_fwd_##S(const T* x, T* y, MwPool d) {                               \
-        avgpool_fwd<T>(x, y, d);                                                                \
+        MW_BY_INDEX(mw_pool_largest(d), avgpool_fwd, T, x, y, d);                               \
     }                                                                                           \
     MW_KERNEL_1D mw_avgpool_bwd_##S(const T* dy, T* dx, MwPool d) {                             \
-        avgpool_bwd<T>(dy, dx, d);                                                              \
+        MW_BY_INDEX(mw_pool_largest(d), avgpool_bwd, T, dy, dx, d);                             \
     }                                                                                           \
     MW_KERNEL_1D mw_gap_fwd_##S(const T* x, T* y, u64 n, u64 hw, u64 c) {                       \
         gap_fwd<T>(x, y, n, hw, c);                                                             \
     }                                                                                           \
     MW_KERNEL_1D mw_gap_bwd_##S(const T* dy, T* dx, u64 n, u64 hw, u64 c) {                     \
-        gap_bwd<T>(dy, dx, n, hw, c);                                                           \
+        MW_BY_INDEX(n * hw * c, gap_bwd, T, dy, dx, n, hw, c);                                  \
     }
 MW_FLOATS(MW_POOL)

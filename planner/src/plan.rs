@@ -270,6 +270,31 @@ impl StaticPlan {
         &self.tensors[id as usize]
     }
 
+    /// The arena's padding: `(offset, bytes)` ranges that no tensor's elements ever occupy
+    /// (alignment gaps, the tail of a tensor's aligned size), in order. No kernel may read or
+    /// write them; the poisoned-arena tests fill them with NaN bytes before every step.
+    pub fn arena_padding(&self) -> Vec<(u64, u64)> {
+        let mut used: Vec<(u64, u64)> = self
+            .tensors
+            .iter()
+            .map(|t| (t.offset, t.offset + t.elems() as u64 * t.dtype.size()))
+            .filter(|(a, b)| b > a)
+            .collect();
+        used.sort_unstable();
+        let mut gaps = Vec::new();
+        let mut covered = 0;
+        for (a, b) in used {
+            if a > covered {
+                gaps.push((covered, a - covered));
+            }
+            covered = covered.max(b);
+        }
+        if self.arena_bytes > covered {
+            gaps.push((covered, self.arena_bytes - covered));
+        }
+        gaps
+    }
+
     /// Forward FLOPs of the steps in `phase` ([`Op::forward_flops`], saturating).
     pub fn phase_flops(&self, phase: Phase) -> u64 {
         self.steps

@@ -201,9 +201,10 @@ pub trait Kernels {
     fn persistent_image(&self) -> Result<std::borrow::Cow<'_, [u8]>>;
     /// Lets `write` change the persistent region's bytes, then refreshes the 16-bit copies.
     fn write_persistent(&mut self, write: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<()>;
-    /// Overwrites tensors `ids` with NaN (floats) or a fixed byte (integers): the poisoned
-    /// arena test's hook. `Err` where the device cannot.
-    fn poison(&self, ids: &[u32]) -> Result<()>;
+    /// Overwrites tensors `ids` with NaN (floats) or a fixed byte (integers), and the arena's
+    /// `padding` ranges ([`memwise_plan::StaticPlan::arena_padding`]) with 0xFF bytes: the
+    /// poisoned-arena tests' hook.
+    fn poison(&self, ids: &[u32], padding: &[(u64, u64)]) -> Result<()>;
 
     // ---- forward ----
 

@@ -16,6 +16,13 @@ use crate::executor::{
 };
 use crate::kernels::{BceInput, Kernels, OpError, StepScalars, UpdateStep};
 
+/// The poisoned-arena test's lists: the tensors whose life ends at each step, by step, and the
+/// arena's padding ([`memwise_plan::StaticPlan::arena_padding`]), poisoned with them.
+struct Poisoning {
+    by_step: Vec<Vec<u32>>,
+    padding: Vec<(u64, u64)>,
+}
+
 /// Runs training (or inference) steps of one plan over kernels `K`.
 pub struct PlanExecutor<K: Kernels> {
     pub(crate) k: K,
@@ -24,8 +31,8 @@ pub struct PlanExecutor<K: Kernels> {
     /// Optimizer updates applied (Adam's bias correction counts these).
     pub(crate) updates: u64,
     pub(crate) scaler: k::optimizer::LossScaler,
-    /// Tensors to poison after each step (the poisoned-arena test), by step.
-    poison_after: Option<Vec<Vec<u32>>>,
+    /// What to poison after each step (the poisoned-arena test).
+    poison_after: Option<Poisoning>,
     /// Seconds per step, when profiling.
     profile: Option<Vec<f64>>,
     /// Steps run in all (every phase), for tests that count work.
@@ -192,9 +199,10 @@ impl<K: Kernels> PlanExecutor<K> {
     }
 
     /// Test hook: after each step, overwrite with NaN every tensor whose life ends there
-    /// (unless another tensor took its bytes over in place). A plan that frees anything too
-    /// early then poisons the result.
-    pub fn enable_poisoning(&mut self) {
+    /// (unless another tensor took its bytes over in place), and the arena's padding (bytes no
+    /// tensor occupies, poisoned from now on). A plan that frees anything too early, or a
+    /// kernel that reads past its tensor, then poisons the result.
+    pub fn enable_poisoning(&mut self) -> Result<()> {
         let plan = self.k.plan();
         let mut by_step = vec![Vec::new(); plan.steps.len()];
         let donated: std::collections::HashSet<u32> = plan
@@ -211,7 +219,10 @@ impl<K: Kernels> PlanExecutor<K> {
                 by_step[t.last as usize].push(t.id);
             }
         }
-        self.poison_after = Some(by_step);
+        let padding = plan.arena_padding();
+        self.k.poison(&[], &padding)?;
+        self.poison_after = Some(Poisoning { by_step, padding });
+        Ok(())
     }
 
     /// The f32 values of parameter `name` (`hidden.weight` …).
@@ -301,8 +312,8 @@ impl<K: Kernels> PlanExecutor<K> {
                 if let (Some(t0), Some(p)) = (t0, profile.as_mut()) {
                     p[i] += t0.elapsed().as_secs_f64();
                 }
-                if let Some(by_step) = poison {
-                    k.poison(&by_step[i])?;
+                if let Some(Poisoning { by_step, padding }) = poison {
+                    k.poison(&by_step[i], padding)?;
                 }
                 if stop_on_nonfinite && s.phase == Phase::Loss && k.flagged_now() == Some(true) {
                     break;

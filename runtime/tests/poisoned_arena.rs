@@ -54,7 +54,7 @@ fn check(name: &str, spec: &memwise_plan::ModelSpec) -> Result<bool, String> {
     let plain = without_reuse(&planned);
     let dev = Device::cpu();
     let mut a = Executor::new(planned.clone(), &dev, 7).map_err(|e| format!("{name}: {e}"))?;
-    a.enable_poisoning();
+    a.enable_poisoning().map_err(|e| format!("{name}: {e}"))?;
     let mut b = Executor::new(plain, &dev, 7).map_err(|e| format!("{name}: {e}"))?;
     let raw = random_inputs(&planned, 99);
     let oa = a

@@ -439,8 +439,12 @@ inline bool races_wanted() {
     return env && std::strcmp(env, "0") != 0 && *env;
 }
 
+// `only` (when not null) lists `n_only` blocks (x, y, z triples) to run instead of the whole
+// grid: a test of a launch too large to run whole (indices past 2^32 over sparse memory) runs
+// the blocks it checks.
 MW_EMU_UNLOGGED inline int launch(const char* name, const unsigned grid[3], const unsigned block[3],
-                  void (*body)(void**), void** args, const std::string& sig, std::string& err) {
+                  void (*body)(void**), void** args, const std::string& sig, std::string& err,
+                  const unsigned* only, unsigned n_only) {
     Launch l;
     l.seed = schedule_seed(name, grid, block);
     if (races_wanted()) {
@@ -483,10 +487,24 @@ MW_EMU_UNLOGGED inline int launch(const char* name, const unsigned grid[3], cons
     gridDim = dim3{grid[0], grid[1], grid[2]};
     blockDim = dim3{block[0], block[1], block[2]};
     std::vector<uint3> blocks;
-    blocks.reserve((size_t)grid[0] * grid[1] * grid[2]);
-    for (unsigned z = 0; z < grid[2]; z++)
-        for (unsigned y = 0; y < grid[1]; y++)
-            for (unsigned x = 0; x < grid[0]; x++) blocks.push_back(uint3{x, y, z});
+    if (only) {
+        for (unsigned b = 0; b < n_only; b++) {
+            const unsigned* i = only + 3 * b;
+            if (i[0] >= grid[0] || i[1] >= grid[1] || i[2] >= grid[2]) {
+                err = "block (" + std::to_string(i[0]) + "," + std::to_string(i[1]) + "," +
+                      std::to_string(i[2]) + ") is outside the grid";
+                L = saved;
+                for (char* s : l.stacks) std::free(s);
+                return 1;
+            }
+            blocks.push_back(uint3{i[0], i[1], i[2]});
+        }
+    } else {
+        blocks.reserve((size_t)grid[0] * grid[1] * grid[2]);
+        for (unsigned z = 0; z < grid[2]; z++)
+            for (unsigned y = 0; y < grid[1]; y++)
+                for (unsigned x = 0; x < grid[0]; x++) blocks.push_back(uint3{x, y, z});
+    }
     shuffle(blocks, l.seed);
     bool ok = true;
     for (size_t b = 0; ok && b < blocks.size(); b++) {
@@ -569,8 +587,10 @@ extern "C" int mw_emu_kernel_sig(unsigned i, char* out, unsigned long len) {
 // Launches kernel `name` over `grid` × `block` with `args` (one pointer per parameter, as
 // cuLaunchKernel takes them). `sig` is the caller's idea of the parameters ("p,Q,f,s48"…); a
 // mismatch with the kernel's is an error, as is an unknown name, a bad shape or a deadlock.
+// `only`/`n_only`: the blocks to run (x, y, z triples), or null for the whole grid.
 extern "C" int mw_emu_launch(const char* name, const unsigned grid[3], const unsigned block[3],
-                             void** args, const char* sig, char* err, unsigned long errlen) {
+                             void** args, const char* sig, char* err, unsigned long errlen,
+                             const unsigned* only, unsigned n_only) {
     for (const mw_emu::Entry& e : mw_emu::REGISTRY) {
         if (std::strcmp(e.name, name) != 0) continue;
         std::string want = e.sig();
@@ -590,7 +610,7 @@ extern "C" int mw_emu_launch(const char* name, const unsigned grid[3], const uns
             return 1;
         }
         std::string m;
-        if (mw_emu::launch(name, grid, block, e.call, args, want, m) != 0) {
+        if (mw_emu::launch(name, grid, block, e.call, args, want, m, only, n_only) != 0) {
             mw_emu::copy_err(std::string(name) + ": " + m, err, errlen);
             return 1;
         }

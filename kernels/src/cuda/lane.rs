@@ -116,16 +116,17 @@ impl Lane {
         self.synchronize()
     }
 
-    /// Sets `bytes` bytes at `dst` to zero, on the stream.
+    /// Sets `bytes` bytes at `dst` to `value`, on the stream.
     ///
     /// # Safety
     /// `dst .. dst + bytes` must be device memory.
-    pub unsafe fn memset_zero(&self, dst: u64, bytes: usize) -> DeviceResult<()> {
+    pub unsafe fn memset(&self, dst: u64, bytes: usize, value: u8) -> DeviceResult<()> {
         if bytes == 0 {
             return Ok(());
         }
         self.dev.bind()?;
-        drv::memset_d8_async(dst, 0, bytes, self.stream.cu_stream()).map_err(err("cuMemsetD8Async"))
+        drv::memset_d8_async(dst, value, bytes, self.stream.cu_stream())
+            .map_err(err("cuMemsetD8Async"))
     }
 
     /// Waits for everything queued on the lane's stream.

@@ -263,7 +263,15 @@ impl CpuKernels {
         }
     }
 
-    pub(crate) fn poison_tensors(&self, ids: &[u32]) -> Result<()> {
+    pub(crate) fn poison_tensors(&self, ids: &[u32], padding: &[(u64, u64)]) -> Result<()> {
+        for &(offset, bytes) in padding {
+            // SAFETY: padding is no tensor's; nothing views it.
+            unsafe {
+                self.arena
+                    .view_mut::<u8>(offset, bytes as usize)?
+                    .fill(0xff)
+            };
+        }
         for &id in ids {
             let t = &self.plan.tensors[id as usize];
             let len = t.elems();

@@ -191,8 +191,8 @@ impl Kernels for CpuKernels {
         self.refresh_half_copies(None)
     }
 
-    fn poison(&self, ids: &[u32]) -> Result<()> {
-        self.poison_tensors(ids)
+    fn poison(&self, ids: &[u32], padding: &[(u64, u64)]) -> Result<()> {
+        self.poison_tensors(ids, padding)
     }
 
     // ---- forward ----

@@ -36,11 +36,12 @@ pub trait Backend {
     /// # Safety
     /// `src` must hold `dst.len()` bytes.
     unsafe fn download(&self, src: u64, dst: &mut [u8]) -> std::result::Result<(), String>;
-    /// Zeroes `bytes` bytes at `dst` (capturable).
+    /// Sets `bytes` bytes at `dst` to `value` (capturable): 0 for gradients, 0xFF for the
+    /// poisoned-arena tests' NaN.
     ///
     /// # Safety
     /// `dst .. dst + bytes` must be device memory.
-    unsafe fn zero(&self, dst: u64, bytes: usize) -> std::result::Result<(), String>;
+    unsafe fn memset(&self, dst: u64, bytes: usize, value: u8) -> std::result::Result<(), String>;
     /// Launches a kernel.
     ///
     /// # Safety

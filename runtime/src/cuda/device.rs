@@ -117,8 +117,8 @@ impl Backend for CudaBackend {
         self.lane.dtoh(src, dst)
     }
 
-    unsafe fn zero(&self, dst: u64, bytes: usize) -> std::result::Result<(), String> {
-        self.lane.memset_zero(dst, bytes)
+    unsafe fn memset(&self, dst: u64, bytes: usize, value: u8) -> std::result::Result<(), String> {
+        self.lane.memset(dst, bytes, value)
     }
 
     unsafe fn launch(&self, call: &KernelCall) -> std::result::Result<(), String> {

@@ -375,7 +375,7 @@ impl<B: Backend> CudaKernels<B> {
             // SAFETY: the gradient range is inside the persistent region.
             unsafe {
                 self.backend
-                    .zero(self.persistent + g0, (g1 - g0) as usize)
+                    .memset(self.persistent + g0, (g1 - g0) as usize, 0)
                     .map_err(dev)?
             };
         }

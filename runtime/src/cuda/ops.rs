@@ -21,7 +21,7 @@ use memwise_kernels::cuda::launch::{
 use memwise_plan::io::*;
 use memwise_plan::liveness::align_up;
 use memwise_plan::{
-    Activation as Act, Optimizer, PlanStep, Reduction, StaticPlan, NONE, NO_OFFSET,
+    Activation as Act, DType, Optimizer, PlanStep, Reduction, StaticPlan, NONE, NO_OFFSET,
 };
 
 use super::{dev, p, u, Backend, CudaKernels};
@@ -563,11 +563,23 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         self.rewrite_persistent(write)
     }
 
-    fn poison(&self, _ids: &[u32]) -> Result<()> {
-        Err(dev(format!(
-            "{}: poisoning the arena is a CPU test hook",
-            self.backend.name()
-        )))
+    fn poison(&self, ids: &[u32], padding: &[(u64, u64)]) -> Result<()> {
+        let tensors = ids.iter().map(|&id| {
+            let t = self.plan.tensor(id);
+            // 0xFF bytes are NaN in every float type and -1 as an i32; u8 gets the CPU's 0xA5.
+            let value = if t.dtype == DType::U8 { 0xA5 } else { 0xFF };
+            (t.offset, t.elems() as u64 * t.dtype.size(), value)
+        });
+        let padding = padding.iter().map(|&(offset, bytes)| (offset, bytes, 0xFF));
+        for (offset, bytes, value) in tensors.chain(padding) {
+            // SAFETY: a tensor's bytes, or padding, inside the arena.
+            unsafe {
+                self.backend
+                    .memset(self.arena + offset, bytes as usize, value)
+                    .map_err(dev)?
+            };
+        }
+        Ok(())
     }
 
     // ---- forward ----

@@ -132,7 +132,7 @@ impl Backend for TraceBackend {
         dst.fill(0);
         Ok(())
     }
-    unsafe fn zero(&self, dst: u64, bytes: usize) -> std::result::Result<(), String> {
+    unsafe fn memset(&self, dst: u64, bytes: usize, _: u8) -> std::result::Result<(), String> {
         self.record(Command::Memset { dst, bytes });
         Ok(())
     }
