@@ -20,7 +20,7 @@ use memwise_kernels as k;
 use memwise_kernels::cublas_map::{self as cm, RowGemm};
 use memwise_kernels::cuda::launch::{
     self as l, name1, name2, Float, KArg, KernelCall, LaunchCfg, MwDepthwise, MwGeom, MwPool,
-    MwScalars,
+    MwScalars, MwUpdateChunk,
 };
 use memwise_kernels::Element;
 
@@ -2070,9 +2070,6 @@ fn random() {
 // ---------------------------------------------------------------------------------------------
 // optimizer.cu
 
-/// Builds an optimizer kernel's arguments from its state slots, params and scalars.
-type ArgsFn<'a> = dyn Fn(&mut [Vec<f32>], &mut Vec<f32>, &mut MwScalars) -> Vec<KArg> + 'a;
-
 fn optimizer() {
     use k::optimizer::{Adam, AdamW, Optimizer, RmsProp, Sgd};
     let r = &mut Rng::new(8);
@@ -2083,31 +2080,65 @@ fn optimizer() {
     let s0: Vec<Vec<f32>> = (0..3).map(|_| r.vec(n, 0.0, 0.5)).collect();
     let step = 3u64;
 
-    // Runs the CPU update and the kernel from the same state; params and state must agree bit
-    // for bit (the same f32 operations in the same order; sqrt and division correctly rounded).
-    let check = |what: &str, opt: &dyn Optimizer, name: &str, extra: &ArgsFn<'_>, alpha: f32| {
+    // Runs the CPU update and the multi-tensor kernel from the same state, the parameter cut
+    // into chunks of 300 (4 blocks, the last short), with no 16-bit copy, a float16 or a
+    // bfloat16 one; params and state must agree bit for bit (the same f32 operations in the
+    // same order; sqrt and division correctly rounded), the copy be the updated values
+    // rounded, and a flagged step leave everything as it was. `layout[j]`: the CPU's state
+    // slot the kernel's `s[j]` points at.
+    let check = |what: &str,
+                 opt: &dyn Optimizer,
+                 name: &str,
+                 hyper: &[KArg],
+                 layout: [Option<usize>; 3],
+                 alpha: f32| {
         let slots = opt.state_slots();
         let (mut wp, mut ws) = (p0.clone(), s0[..slots].to_vec());
         {
             let mut refs: Vec<&mut [f32]> = ws.iter_mut().map(|v| v.as_mut_slice()).collect();
             opt.update(step, &mut wp, &g, &mut refs, unscale).unwrap();
         }
-        for skip in [0, 1] {
-            let (mut pp, mut ss) = (p0.clone(), s0[..slots].to_vec());
+        let cases = [
+            (0, None),
+            (0, Some(Float::F16)),
+            (0, Some(Float::Bf16)),
+            (1, Some(Float::F16)),
+        ];
+        for (skip, half) in cases {
+            let (mut pp, mut ss, mut copy) = (p0.clone(), s0[..slots].to_vec(), vec![0u16; n]);
             let mut sc = MwScalars {
                 grad_unscale: unscale,
                 adam_alpha: alpha,
                 nonfinite: skip,
                 ..Default::default()
             };
-            let args = extra(&mut ss, &mut pp, &mut sc);
-            run(name, LaunchCfg::pointwise(n as u64).with_blocks(3), args);
+            let proto = MwUpdateChunk {
+                p: pp.as_mut_ptr() as u64,
+                g: g.as_ptr() as u64,
+                s: layout.map(|slot| slot.map_or(0, |k| ss[k].as_mut_ptr() as u64)),
+                half: half.map_or(0, |_| copy.as_mut_ptr() as u64),
+                half_kind: MwUpdateChunk::half_kind(half),
+                ..Default::default()
+            };
+            let chunks: Vec<MwUpdateChunk> = MwUpdateChunk::split(proto, n as u64, 300).collect();
+            let mut args = vec![p(&chunks)];
+            args.extend_from_slice(hyper);
+            args.push(scal(&mut sc));
+            run(name, LaunchCfg::per_chunk(chunks.len()), args);
             let s0s = s0[..slots].to_vec();
             let (want_p, want_s) = if skip == 1 { (&p0, &s0s) } else { (&wp, &ws) };
-            exact(&format!("{what} params (skip {skip})"), &pp, want_p);
+            let case = format!("{what}, skip {skip}, copy {half:?}");
+            exact(&format!("{case}: params"), &pp, want_p);
             for (k, (a, b)) in ss.iter().zip(want_s.iter()).enumerate() {
-                exact(&format!("{what} state {k} (skip {skip})"), a, b);
+                exact(&format!("{case}: state {k}"), a, b);
             }
+            let want_copy: Vec<u16> = match half {
+                _ if skip == 1 => vec![0; n],
+                Some(Float::F16) => wp.iter().map(|&v| f16::from_f32(v).to_bits()).collect(),
+                Some(Float::Bf16) => wp.iter().map(|&v| bf16::from_f32(v).to_bits()).collect(),
+                _ => vec![0; n],
+            };
+            assert_eq!(copy, want_copy, "{case}: the 16-bit copy");
         }
     };
 
@@ -2117,24 +2148,14 @@ fn optimizer() {
             momentum: mom,
             nesterov,
         };
-        let gp = g.clone();
+        let hyper = [KArg::F32(0.1), KArg::F32(mom), KArg::I32(nesterov as i32)];
+        let m = (mom != 0.0).then_some(0);
         check(
             &format!("sgd {mom} {nesterov}"),
             &o,
             "mw_sgd",
-            &|s, pp, sc| {
-                let m = if mom != 0.0 { pm(&mut s[0]) } else { NULL };
-                vec![
-                    pm(pp),
-                    p(&gp),
-                    m,
-                    u(n),
-                    KArg::F32(0.1),
-                    KArg::F32(mom),
-                    KArg::I32(nesterov as i32),
-                    scal(sc),
-                ]
-            },
+            &hyper,
+            [m, None, None],
             0.0,
         );
     }
@@ -2146,33 +2167,25 @@ fn optimizer() {
             epsilon: 1e-7,
             centered,
         };
-        let gp = g.clone();
+        let hyper = [
+            KArg::F32(1e-2),
+            KArg::F32(0.9),
+            KArg::F32(mom),
+            KArg::F32(1e-7),
+        ];
+        // The CPU's slots: v, then the momentum's, then the centred average.
+        let with_mom = usize::from(mom > 0.0);
+        let layout = [
+            Some(0),
+            (mom > 0.0).then_some(1),
+            centered.then_some(1 + with_mom),
+        ];
         check(
             &format!("rmsprop {mom} {centered}"),
             &o,
             "mw_rmsprop",
-            &|s, pp, sc| {
-                let (v, rest) = s.split_at_mut(1);
-                let mo = if mom > 0.0 { pm(&mut rest[0]) } else { NULL };
-                let avg = if centered {
-                    pm(rest.last_mut().unwrap())
-                } else {
-                    NULL
-                };
-                vec![
-                    pm(pp),
-                    p(&gp),
-                    pm(&mut v[0]),
-                    mo,
-                    avg,
-                    u(n),
-                    KArg::F32(1e-2),
-                    KArg::F32(0.9),
-                    KArg::F32(mom),
-                    KArg::F32(1e-7),
-                    scal(sc),
-                ]
-            },
+            &hyper,
+            layout,
             0.0,
         );
     }
@@ -2184,36 +2197,23 @@ fn optimizer() {
     };
     for wd in [0.0f32, 0.004] {
         let alpha = l::adam_alpha(adam.learning_rate, adam.beta_1, adam.beta_2, step);
-        let gp = g.clone();
-        let args = |s: &mut [Vec<f32>], pp: &mut Vec<f32>, sc: &mut MwScalars| {
-            let (m, v) = s.split_at_mut(1);
-            vec![
-                pm(pp),
-                p(&gp),
-                pm(&mut m[0]),
-                pm(&mut v[0]),
-                u(n),
-                KArg::F32(0.9),
-                KArg::F32(0.999),
-                KArg::F32(1e-7),
-                KArg::F32(wd * 1e-3),
-                scal(sc),
-            ]
+        let hyper = [
+            KArg::F32(0.9),
+            KArg::F32(0.999),
+            KArg::F32(1e-7),
+            KArg::F32(wd * 1e-3),
+        ];
+        let layout = [Some(0), Some(1), None];
+        let adamw = AdamW {
+            adam,
+            weight_decay: wd,
         };
-        if wd == 0.0 {
-            check("adam", &adam, "mw_adam", &args, alpha);
+        let (what, opt): (&str, &dyn Optimizer) = if wd == 0.0 {
+            ("adam", &adam)
         } else {
-            check(
-                "adamw",
-                &AdamW {
-                    adam,
-                    weight_decay: wd,
-                },
-                "mw_adam",
-                &args,
-                alpha,
-            );
-        }
+            ("adamw", &adamw)
+        };
+        check(what, opt, "mw_adam", &hyper, layout, alpha);
     }
 }
 

@@ -24,7 +24,7 @@ use memwise_kernels::cublas_map::{self as cm, CublasGemm, GemmBuffers};
 use memwise_kernels::cuda::{Float, KernelCall};
 use memwise_plan::generate::{random_chain, random_dag};
 use memwise_plan::{plan, zoo, DType, ModelSpec, Precision, StaticPlan};
-use memwise_runtime::cuda::{Backend, GpuExecutor};
+use memwise_runtime::cuda::{scalars_bytes, Backend, GpuExecutor};
 use memwise_runtime::monitor::MemoryMonitor;
 use memwise_runtime::reference::{random_digits, random_inputs};
 use memwise_runtime::train::epoch_line;
@@ -885,7 +885,7 @@ fn the_trainer_runs_the_same_on_the_emulated_device_and_the_cpu() {
     // validation after epoch 1, sampled after the steps of epoch 2). The CPU has none.
     assert_eq!(cpu.device_peak_bytes(), None);
     assert_eq!(hc.epochs[1].device_peak_bytes, None);
-    let regions = |p: &StaticPlan| p.persistent_bytes + 256 + p.arena_bytes.max(1);
+    let regions = |p: &StaticPlan| p.persistent_bytes + scalars_bytes(p) + p.arena_bytes.max(1);
     let inference: u64 = [8, 4]
         .iter()
         .map(|&n| regions(&memwise_plan::plan_inference(&spec.with_batch(n)).unwrap()))

@@ -19,11 +19,24 @@ use cudarc::driver::{result as drv, CudaStream};
 
 use super::device::{alloc_raw, err, CudaDevice, DeviceBuffer, DeviceResult};
 use super::launch::{Float, KernelCall};
-use crate::cublas_map::{CublasGemm, GemmBuffers};
+use crate::cublas_map::{CublasGemm, GemmBuffers, Operand};
 
 /// cuBLAS workspace set on each lane's handle (NVIDIA's recommendation for Hopper), so
 /// captured graphs never allocate.
 pub const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
+
+/// The storage types `[A, B, C]` of every GEMM the executors issue (the CUDA glue's f32,
+/// 16-bit, and 16-bit operands accumulated into an f32 gradient). One small GEMM of each runs
+/// when a lane opens: cuBLAS loads its kernels lazily, at the first GEMM of a type, and that
+/// device memory then belongs to the lane (measured with it) instead of appearing after an
+/// executor checked its plan against free memory.
+const WARM_UP_GEMM_TYPES: [[Float; 3]; 5] = [
+    [Float::F32, Float::F32, Float::F32],
+    [Float::F16, Float::F16, Float::F16],
+    [Float::F16, Float::F16, Float::F32],
+    [Float::Bf16, Float::Bf16, Float::Bf16],
+    [Float::Bf16, Float::Bf16, Float::F32],
+];
 
 /// A stream, a cuBLAS handle on it and its workspace, on one device.
 pub struct Lane {
@@ -57,17 +70,57 @@ impl Lane {
                 .result()
                 .map_err(|e| format!("setting the cuBLAS workspace: {e:?}"))?
         };
-        let device_bytes = match (before, used()) {
-            (Some(b), Some(a)) => a.saturating_sub(b),
-            _ => ws.bytes() as u64,
-        };
-        Ok(Lane {
+        let mut lane = Lane {
             blas,
             _blas_workspace: ws,
             stream,
-            device_bytes,
-            dev,
-        })
+            device_bytes: CUBLAS_WORKSPACE_BYTES as u64,
+            dev: dev.clone(),
+        };
+        lane.warm_up_gemms()?;
+        if let (Some(b), Some(a)) = (before, used()) {
+            lane.device_bytes = a.saturating_sub(b);
+        }
+        Ok(lane)
+    }
+
+    /// One 64×64×64 GEMM of each of [`WARM_UP_GEMM_TYPES`] on a scratch buffer freed after.
+    fn warm_up_gemms(&self) -> DeviceResult<()> {
+        const N: usize = 64;
+        let matrix = (N * N * 4) as u64;
+        let scratch = alloc_raw(self.dev.context(), 3 * matrix as usize)?;
+        // SAFETY: the scratch buffer is 3 matrices of N×N f32 (each type fits), zeroed first.
+        unsafe {
+            self.memset(scratch.ptr(), scratch.bytes(), 0)?;
+            for types in WARM_UP_GEMM_TYPES {
+                let g = CublasGemm {
+                    transa: false,
+                    transb: false,
+                    m: N,
+                    n: N,
+                    k: N,
+                    alpha: 1.0,
+                    beta: 0.0,
+                    a: (Operand::X, 0),
+                    lda: N,
+                    stride_a: 0,
+                    b: (Operand::W, 0),
+                    ldb: N,
+                    stride_b: 0,
+                    c: (Operand::Y, 0),
+                    ldc: N,
+                    stride_c: 0,
+                    batch: 1,
+                };
+                let (a, b, c) = (
+                    scratch.ptr(),
+                    scratch.ptr() + matrix,
+                    scratch.ptr() + 2 * matrix,
+                );
+                self.gemm(&g, GemmBuffers { a, b, c, types })?;
+            }
+        }
+        self.synchronize()
     }
 
     /// Device memory the lane took when it opened, measured (`cuMemGetInfo` before and

@@ -87,6 +87,56 @@ pub struct MwScalars {
     pub bad_index: i32,
 }
 
+/// One block's share of a multi-tensor optimizer update (`MwUpdateChunk` in optimizer.cu):
+/// elements `begin..end` of one parameter — its f32 values, gradient, optimizer state slots
+/// (0 where unused), and 16-bit copy (0 when none) rewritten from the updated values.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MwUpdateChunk {
+    pub p: u64,
+    pub g: u64,
+    pub s: [u64; 3],
+    pub half: u64,
+    pub begin: u64,
+    pub end: u64,
+    /// 0: no 16-bit copy, 1: float16, 2: bfloat16.
+    pub half_kind: i32,
+    pub pad: i32,
+}
+
+impl MwUpdateChunk {
+    /// The `half_kind` of a 16-bit copy stored as `t` (`None`: no copy).
+    pub fn half_kind(t: Option<Float>) -> i32 {
+        match t {
+            None | Some(Float::F32) => 0,
+            Some(Float::F16) => 1,
+            Some(Float::Bf16) => 2,
+        }
+    }
+
+    /// Elements per chunk of an update over `total` elements: at least 2048 (8 per thread of
+    /// a block), and at most about 2048 chunks in all, so a large model's table stays small
+    /// (72 bytes a chunk) while a small one still spreads over the SMs.
+    pub fn chunk_elems(total: u64) -> u64 {
+        total
+            .div_ceil(2048)
+            .max(4096)
+            .next_multiple_of(BLOCK as u64)
+    }
+
+    /// The chunks of `n` elements of one parameter, `chunk` elements each but the last, with
+    /// every other field copied from `proto`.
+    pub fn split(proto: MwUpdateChunk, n: u64, chunk: u64) -> impl Iterator<Item = MwUpdateChunk> {
+        (0..n)
+            .step_by(chunk.max(1) as usize)
+            .map(move |begin| MwUpdateChunk {
+                begin,
+                end: (begin + chunk).min(n),
+                ..proto
+            })
+    }
+}
+
 /// Pooling dims (`MwPool` in pool.cu).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -320,6 +370,15 @@ impl LaunchCfg {
         LaunchCfg {
             grid: [blocks, ys.max(1), parts.max(1)],
             block: [32, STRIP_Y, 1],
+        }
+    }
+
+    /// One block of [`BLOCK`] threads per entry of a table of `chunks` (the multi-tensor
+    /// optimizer updates: [`MwUpdateChunk`]).
+    pub fn per_chunk(chunks: usize) -> LaunchCfg {
+        LaunchCfg {
+            grid: [chunks.max(1) as u32, 1, 1],
+            block: [BLOCK, 1, 1],
         }
     }
 

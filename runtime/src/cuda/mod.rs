@@ -39,6 +39,7 @@
 mod backend;
 mod ops;
 pub mod trace;
+mod update_table;
 
 #[cfg(feature = "cuda")]
 pub mod device;
@@ -46,7 +47,7 @@ pub mod device;
 use half::{bf16, f16};
 use memwise_kernels as k;
 use memwise_kernels::cublas_map::{self as cm, GemmBuffers, Operand, RowGemm};
-use memwise_kernels::cuda::launch::{Float, KArg, KernelCall, LaunchCfg, MwScalars};
+use memwise_kernels::cuda::launch::{Float, KArg, KernelCall, LaunchCfg, MwScalars, MwUpdateChunk};
 use memwise_plan::{DType, Optimizer, StaticPlan, NONE, NO_OFFSET};
 
 pub use backend::Backend;
@@ -81,8 +82,26 @@ fn dev(e: String) -> RuntimeError {
     RuntimeError::Device(e)
 }
 
-/// Bytes reserved after the persistent region for [`MwScalars`].
-const SCALARS_BYTES: u64 = 256;
+/// Where the step's loss values are gathered in the scalars block, after [`MwScalars`]: the
+/// end of a step copies each loss value there (in the graph when capturing), so that the
+/// flags, the correct count and every loss come back in one device-to-host copy, one wait per
+/// step.
+const LOSSES_AT: u64 = std::mem::size_of::<MwScalars>().next_multiple_of(16) as u64;
+
+/// Where the multi-tensor optimizer's chunk table ([`update_table`]) starts in the scalars
+/// block, after the loss values.
+fn update_table_at(plan: &StaticPlan) -> u64 {
+    (LOSSES_AT + 4 * plan.losses.len() as u64).next_multiple_of(8)
+}
+
+/// Bytes an executor of `plan` allocates after its persistent region for [`MwScalars`], the
+/// plan's loss values and the optimizer's chunk table: with the two regions, all the device
+/// memory it takes.
+pub fn scalars_bytes(plan: &StaticPlan) -> u64 {
+    let chunks = update_table::update_table(plan, 0).chunks.len() as u64;
+    let chunk = std::mem::size_of::<MwUpdateChunk>() as u64;
+    (update_table_at(plan) + chunks * chunk).next_multiple_of(256)
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Graph {
@@ -106,6 +125,10 @@ pub struct CudaKernels<B: Backend> {
     scalars: u64,
     /// Byte range of the gradients in the persistent region.
     grads_range: (u64, u64),
+    /// Each update step's `(first, count)` in the optimizer's chunk table, which starts at
+    /// `update_table` (in the scalars block).
+    update_steps: std::collections::BTreeMap<u32, (usize, usize)>,
+    update_table: u64,
     /// The running step's scalars (set by `begin_step`).
     step: StepScalars,
     graph: Graph,
@@ -136,7 +159,7 @@ impl<B: Backend> CudaKernels<B> {
     /// Allocates the plan's two regions on `backend` (see [`GpuExecutor::new`]) and uploads
     /// the weights, initialised on the host exactly as the CPU kernels initialise them.
     pub fn new(plan: StaticPlan, device: &Device, mut backend: B, seed: u64) -> Result<Self> {
-        let total = plan.persistent_bytes + SCALARS_BYTES + plan.arena_bytes;
+        let total = plan.persistent_bytes + scalars_bytes(&plan) + plan.arena_bytes;
         let mem = backend.memory();
         // What the device has free for the plan: its free memory less the headroom for what
         // the device allocates after this check (so that a model that starts does not run out).
@@ -163,11 +186,19 @@ impl<B: Backend> CudaKernels<B> {
         crate::init::initialise(&plan, &mut host, seed)?;
         refresh_half_copies(&plan, &mut host)?;
         let persistent = backend
-            .alloc((plan.persistent_bytes + SCALARS_BYTES) as usize)
+            .alloc((plan.persistent_bytes + scalars_bytes(&plan)) as usize)
             .map_err(dev)?;
         let arena = backend.alloc(plan.arena_bytes as usize).map_err(dev)?;
-        // SAFETY: the persistent allocation holds persistent_bytes.
-        unsafe { backend.upload(host.bytes(), persistent).map_err(dev)? };
+        let table = update_table::update_table(&plan, persistent);
+        let table_at = persistent + plan.persistent_bytes + update_table_at(&plan);
+        // SAFETY: the persistent allocation holds persistent_bytes, then the scalars block,
+        // which has room for the table (scalars_bytes).
+        unsafe {
+            backend.upload(host.bytes(), persistent).map_err(dev)?;
+            backend
+                .upload(slice_bytes(&table.chunks), table_at)
+                .map_err(dev)?;
+        }
         let grads_range = plan.grads_range();
         backend.synchronize().map_err(dev)?;
         Ok(CudaKernels {
@@ -177,6 +208,8 @@ impl<B: Backend> CudaKernels<B> {
             arena,
             persistent,
             grads_range,
+            update_steps: table.steps,
+            update_table: table_at,
             step: StepScalars {
                 step: 0,
                 loss_scale: 1.0,
@@ -274,7 +307,7 @@ impl<B: Backend> CudaKernels<B> {
             correct: 0,
             bad_index: 0,
         };
-        // SAFETY: the scalars block is SCALARS_BYTES at the end of the persistent allocation.
+        // SAFETY: the scalars block (scalars_bytes) is at the end of the persistent allocation.
         unsafe {
             self.backend
                 .upload(struct_bytes(&sc), self.scalars)
@@ -379,28 +412,36 @@ impl<B: Backend> CudaKernels<B> {
                     .map_err(dev)?
             };
         }
-        steps(self)
+        steps(self)?;
+        self.gather_losses()
     }
 
-    /// Reads back the flags and the loss values.
+    /// Copies each loss value into the scalars block ([`LOSSES_AT`]) for [`Self::read_flags`].
+    fn gather_losses(&self) -> Result<()> {
+        for (i, &id) in self.plan.losses.iter().enumerate() {
+            let to = self.scalars + LOSSES_AT + 4 * i as u64;
+            let from = self.arena + self.plan.tensor(id).offset;
+            self.k(
+                "mw_copy_u8".into(),
+                LaunchCfg::pointwise(4),
+                vec![p(from), p(to), u(4)],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Reads back the flags and the loss values, in one copy.
     fn read_flags(&self) -> Result<StepFlags> {
-        let mut raw = [0u8; std::mem::size_of::<MwScalars>()];
-        // SAFETY: the scalars block, as above.
+        let mut raw = vec![0u8; (LOSSES_AT + 4 * self.plan.losses.len() as u64) as usize];
+        // SAFETY: the scalars block, as above, holds the scalars and the gathered losses.
         unsafe { self.backend.download(self.scalars, &mut raw).map_err(dev)? };
-        // SAFETY: MwScalars is plain old data and raw holds exactly one.
+        // SAFETY: MwScalars is plain old data and raw starts with one.
         let after: MwScalars =
             unsafe { std::ptr::read_unaligned(raw.as_ptr() as *const MwScalars) };
-        let mut loss = 0f32;
-        for &id in self.plan.losses.iter() {
-            let mut b = [0u8; 4];
-            // SAFETY: a loss value is one f32 in the arena.
-            unsafe {
-                self.backend
-                    .download(self.arena + self.plan.tensor(id).offset, &mut b)
-                    .map_err(dev)?
-            };
-            loss += f32::from_le_bytes(b);
-        }
+        let loss = raw[LOSSES_AT as usize..]
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .sum::<f32>();
         Ok(StepFlags {
             loss,
             correct: after.correct.max(0) as usize,
@@ -739,6 +780,11 @@ fn refresh_half_copies(plan: &StaticPlan, region: &mut Region) -> Result<()> {
 }
 
 fn struct_bytes<T>(v: &T) -> &[u8] {
-    // SAFETY: plain-old-data struct viewed as its bytes.
-    unsafe { std::slice::from_raw_parts(v as *const T as *const u8, std::mem::size_of::<T>()) }
+    slice_bytes(std::slice::from_ref(v))
+}
+
+/// A slice of plain-old-data structs (`#[repr(C)]`, no padding) as its bytes.
+fn slice_bytes<T>(v: &[T]) -> &[u8] {
+    // SAFETY: plain-old-data structs viewed as their bytes.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
 }

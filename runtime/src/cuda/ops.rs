@@ -17,12 +17,10 @@ use memwise_kernels::cublas_map::{self as cm, Operand};
 use memwise_kernels::cuda::flash;
 use memwise_kernels::cuda::launch::{
     self as kl, name1, name2, name3, Float, KArg, LaunchCfg, MwDepthwise, MwGeom, MwPool,
+    MwUpdateChunk,
 };
 use memwise_plan::io::*;
-use memwise_plan::liveness::align_up;
-use memwise_plan::{
-    Activation as Act, DType, Optimizer, PlanStep, Reduction, StaticPlan, NONE, NO_OFFSET,
-};
+use memwise_plan::{Activation as Act, DType, Optimizer, PlanStep, Reduction, StaticPlan, NONE};
 
 use super::{dev, p, u, Backend, CudaKernels};
 use crate::collective::Collective;
@@ -387,86 +385,48 @@ impl<B: Backend> CudaKernels<B> {
         self.flag_nonfinite_loss(loss)
     }
 
-    /// The optimizer kernel of one parameter (`n` values at `pv`, gradient at `g`, optimizer
-    /// state `state(slot)`).
-    fn optimizer_kernel(
-        &self,
-        optimizer: Optimizer,
-        n: usize,
-        pv: KArg,
-        g: KArg,
-        state: &dyn Fn(u64) -> KArg,
-    ) -> Result<()> {
-        let cfg = LaunchCfg::pointwise(n as u64);
-        let adam = |beta_1, beta_2, epsilon, decay| {
-            self.k(
-                "mw_adam".into(),
-                cfg,
-                vec![
-                    pv,
-                    g,
-                    state(0),
-                    state(1),
-                    u(n),
-                    KArg::F32(beta_1),
-                    KArg::F32(beta_2),
-                    KArg::F32(epsilon),
-                    KArg::F32(decay),
-                    self.sc(),
-                ],
-            )
+    /// The multi-tensor optimizer kernel of update step `step`: every chunk of its parameters
+    /// (`update_table`), their 16-bit copies rewritten with them, in one launch.
+    fn optimizer_launch(&self, optimizer: Optimizer, step: u32) -> Result<()> {
+        let Some(&(first, count)) = self.update_steps.get(&step) else {
+            return Ok(()); // no parameter of the step is trained
         };
+        let chunk = std::mem::size_of::<MwUpdateChunk>() as u64;
+        let table = p(self.update_table + first as u64 * chunk);
+        let cfg = LaunchCfg::per_chunk(count);
+        let f = KArg::F32;
         // The kernels' optimizer structs, as the CPU runs them: one reading of the plan's
         // optimizer for both devices (plain SGD is momentum 0, not nesterov).
-        match Opt::from_plan(&optimizer) {
-            Opt::Sgd(o) => {
-                let m = if o.momentum != 0.0 { state(0) } else { p(0) };
-                self.k(
-                    "mw_sgd".into(),
-                    cfg,
-                    vec![
-                        pv,
-                        g,
-                        m,
-                        u(n),
-                        KArg::F32(o.learning_rate),
-                        KArg::F32(o.momentum),
-                        KArg::I32(o.nesterov as i32),
-                        self.sc(),
-                    ],
-                )
-            }
-            Opt::RmsProp(o) => {
-                let mom = if o.momentum > 0.0 { state(1) } else { p(0) };
-                let avg = if o.centered {
-                    state(1 + (o.momentum > 0.0) as u64)
-                } else {
-                    p(0)
-                };
-                self.k(
-                    "mw_rmsprop".into(),
-                    cfg,
-                    vec![
-                        pv,
-                        g,
-                        state(0),
-                        mom,
-                        avg,
-                        u(n),
-                        KArg::F32(o.learning_rate),
-                        KArg::F32(o.rho),
-                        KArg::F32(o.momentum),
-                        KArg::F32(o.epsilon),
-                        self.sc(),
-                    ],
-                )
-            }
-            Opt::Adam(o) => adam(o.beta_1, o.beta_2, o.epsilon, 0.0),
+        let (name, hyper) = match Opt::from_plan(&optimizer) {
+            Opt::Sgd(o) => (
+                "mw_sgd",
+                vec![
+                    f(o.learning_rate),
+                    f(o.momentum),
+                    KArg::I32(o.nesterov as i32),
+                ],
+            ),
+            Opt::RmsProp(o) => (
+                "mw_rmsprop",
+                vec![f(o.learning_rate), f(o.rho), f(o.momentum), f(o.epsilon)],
+            ),
+            Opt::Adam(o) => (
+                "mw_adam",
+                vec![f(o.beta_1), f(o.beta_2), f(o.epsilon), f(0.0)],
+            ),
             Opt::AdamW(o) => {
                 let decay = o.weight_decay * o.adam.learning_rate;
-                adam(o.adam.beta_1, o.adam.beta_2, o.adam.epsilon, decay)
+                let a = o.adam;
+                (
+                    "mw_adam",
+                    vec![f(a.beta_1), f(a.beta_2), f(a.epsilon), f(decay)],
+                )
             }
-        }
+        };
+        let mut args = vec![table];
+        args.extend(hyper);
+        args.push(self.sc());
+        self.k(name.into(), cfg, args)
     }
 }
 
@@ -1840,32 +1800,8 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         Ok(())
     }
 
-    fn update(&self, _step: &PlanStep, up: UpdateStep<'_>) -> OpResult {
-        let slots = up.optimizer.state_slots();
-        for &pid in up.params {
-            let prm = &self.plan.params[pid as usize];
-            if prm.grad_offset == NO_OFFSET {
-                continue;
-            }
-            let n = prm.elems();
-            let stride = align_up(n as u64 * 4, self.plan.alignment);
-            let state = |slot: u64| {
-                if slot < slots {
-                    p(self.persistent + prm.state_offset + slot * stride)
-                } else {
-                    p(0)
-                }
-            };
-            let pv = p(self.pv(pid));
-            self.optimizer_kernel(up.optimizer, n, pv, p(self.pg(pid)?), &state)?;
-            if let Some(h) = prm.half_copy {
-                self.k(
-                    name2("mw_cast", Float::F32, super::float(h)?),
-                    LaunchCfg::pointwise(n as u64),
-                    vec![pv, p(self.persistent + prm.half_offset), u(n)],
-                )?;
-            }
-        }
+    fn update(&self, step: &PlanStep, up: UpdateStep<'_>) -> OpResult {
+        self.optimizer_launch(up.optimizer, step.index)?;
         Ok(())
     }
 }

@@ -32,9 +32,9 @@ use std::cell::{Cell, RefCell};
 
 use memwise_kernels::cublas_map::{CublasGemm, GemmBuffers};
 use memwise_kernels::cuda::launch::{Float, KArg, KernelCall};
-use memwise_plan::{Phase, PlanStep, StaticPlan, NO_OFFSET};
+use memwise_plan::{Op, Phase, PlanStep, StaticPlan, NO_OFFSET};
 
-use super::{Backend, CudaKernels, SCALARS_BYTES};
+use super::{scalars_bytes, Backend, CudaKernels};
 use crate::device::Device;
 use crate::error::{Result, RuntimeError};
 
@@ -246,7 +246,7 @@ impl AddressMap {
         }
         spans.push(Span {
             start: persistent.saturating_add(plan.persistent_bytes),
-            bytes: SCALARS_BYTES,
+            bytes: scalars_bytes(plan),
             elems: 1,
             slot: Slot::Scalars,
         });
@@ -386,6 +386,21 @@ fn kernel_record(
                 if !touched.iter().any(|t| t.slot == s.slot) {
                     touched.push(s);
                 }
+            }
+        }
+    }
+    // A multi-tensor optimizer launch reaches its parameters through its chunk table (in the
+    // scalars block): it touches every slot of its step's parameters.
+    if let Some(s) = step.filter(|s| matches!(s.op, Op::Update)) {
+        for span in &map.spans {
+            let of_step = match span.slot {
+                Slot::Param(id) | Slot::HalfCopy(id) | Slot::Grad(id) | Slot::State(id, _) => {
+                    s.params.contains(&id)
+                }
+                Slot::Tensor(_) | Slot::Scalars => false,
+            };
+            if of_step && !touched.iter().any(|t| t.slot == span.slot) {
+                touched.push(span);
             }
         }
     }
@@ -624,13 +639,14 @@ mod tests {
             .unwrap();
         assert_eq!(fwd.kernel, "cublas gemm 512×128×784");
         assert_eq!(fwd.bytes, 4 * (784 * 512 + 128 * 784 + 128 * 512));
-        // Only the gradients' memset is outside a step.
+        // Only the step's frame is outside a step: the gradients' memset before the steps,
+        // the loss value's copy into the scalars block (read back with them) after.
         let untagged: Vec<&str> = records
             .iter()
             .filter(|r| r.step.is_none())
             .map(|r| r.kernel.as_str())
             .collect();
-        assert_eq!(untagged, ["memset"]);
+        assert_eq!(untagged, ["memset", "mw_copy_u8"]);
     }
 
     /// Every step's records carry the planner's FLOPs for it (its GEMMs' when those exceed
