@@ -644,6 +644,10 @@ impl Trainer {
         };
         let held_out = validation.map_or(0, |v| v.len());
         self.order = order_bytes(train.len(), batch, (first, second), held_out);
+        if let Some(v) = validation {
+            let (first, end) = self.evaluation_share(v.len());
+            self.reserve_inference(&self.inference_batches(end - first))?;
+        }
         Ok(per_epoch)
     }
 
@@ -787,22 +791,55 @@ impl Trainer {
         Ok(history)
     }
 
-    /// The inference engine for batches of `n`, built on first use by the training engine
-    /// (the same kind); weights copied from the training engine when they changed.
+    /// The batch sizes `evaluate` and `predict` run over `samples` samples in (this rank's
+    /// share of them, data parallel for `evaluate`): full batches and the tail.
+    fn inference_batches(&self, samples: usize) -> Vec<usize> {
+        let batch = self.plan().batch;
+        let mut sizes = vec![batch.min(samples), samples % batch];
+        sizes.retain(|&n| n > 0);
+        sizes.dedup();
+        sizes
+    }
+
+    /// The samples `first..end` of `samples` this rank evaluates: all of them on one device,
+    /// rank `r` of `N` replicas `r·samples/N .. (r+1)·samples/N`.
+    fn evaluation_share(&self, samples: usize) -> (usize, usize) {
+        let shard = self.shard();
+        let bound = |r: usize| r * samples / shard.replicas;
+        (bound(shard.rank), bound(shard.rank + 1))
+    }
+
+    /// Builds, before anything runs, the inference engines for batches of `sizes` that are
+    /// not built yet: their device memory is then taken when a `fit`, `evaluate` or
+    /// `predict` starts — a model without room for them fails there, with the figures,
+    /// instead of after an epoch of training.
+    fn reserve_inference(&mut self, sizes: &[usize]) -> Result<()> {
+        for &n in sizes {
+            self.inference_engine(n)?;
+        }
+        Ok(())
+    }
+
+    /// The index of the inference engine for batches of `n`, built on first use by the
+    /// training engine (the same kind).
+    fn inference_engine(&mut self, n: usize) -> Result<usize> {
+        if let Some(k) = self.infer.iter().position(|e| e.engine.plan().batch == n) {
+            return Ok(k);
+        }
+        let p = plan_inference(&self.spec.with_batch(n))?;
+        let mut engine = self.train.inference_engine(p, &self.device)?;
+        engine.set_graphs(self.graphs);
+        self.infer.push(InferenceEngine {
+            engine,
+            current: false,
+        });
+        Ok(self.infer.len() - 1)
+    }
+
+    /// The inference engine for batches of `n` ([`Trainer::inference_engine`]), its weights
+    /// copied from the training engine when they changed.
     fn inference(&mut self, n: usize) -> Result<usize> {
-        let k = match self.infer.iter().position(|e| e.engine.plan().batch == n) {
-            Some(k) => k,
-            None => {
-                let p = plan_inference(&self.spec.with_batch(n))?;
-                let mut engine = self.train.inference_engine(p, &self.device)?;
-                engine.set_graphs(self.graphs);
-                self.infer.push(InferenceEngine {
-                    engine,
-                    current: false,
-                });
-                self.infer.len() - 1
-            }
-        };
+        let k = self.inference_engine(n)?;
         let (train, infer) = (&self.train, &mut self.infer[k]);
         if !infer.current {
             infer.engine.copy_params_from(&**train)?;
@@ -823,11 +860,10 @@ impl Trainer {
         self.check_columns(data, "`evaluate` needs at least one sample")?;
         let batch = self.plan().batch;
         let classifier = Trainer::is_classifier(self.plan());
-        let shard = self.shard();
-        let bound = |r: usize| r * data.len() / shard.replicas;
-        let (first, end) = (bound(shard.rank), bound(shard.rank + 1));
+        let (first, end) = self.evaluation_share(data.len());
         // (loss × samples, correct predictions, scored predictions), summed.
         let mut sums = [0f64; 3];
+        self.reserve_inference(&self.inference_batches(end - first))?;
         data.will_gather(&(first..end).collect::<Vec<_>>(), batch);
         let mut start = first;
         while start < end {
@@ -863,6 +899,7 @@ impl Trainer {
         self.check_columns(data, "`predict` needs at least one sample")?;
         let batch = self.plan().batch;
         let mut out = Vec::new();
+        self.reserve_inference(&self.inference_batches(data.len()))?;
         data.will_gather(&(0..data.len()).collect::<Vec<_>>(), batch);
         let mut start = 0;
         while start < data.len() {

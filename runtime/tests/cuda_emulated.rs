@@ -881,8 +881,9 @@ fn the_trainer_runs_the_same_on_the_emulated_device_and_the_cpu() {
     assert!(within(e, 2e-3), "predictions differ by {e:.2e}");
 
     // Device memory: the emulated device reports what its backends allocated, so the peak
-    // is the training engine's two regions plus the two inference engines' (built by the
-    // validation after epoch 1, sampled after the steps of epoch 2). The CPU has none.
+    // is the training engine's two regions plus the two inference engines' (built when `fit`
+    // starts, for the validation's full and partial batches, so already in epoch 1's peak:
+    // a model without room for them fails before training). The CPU has none.
     assert_eq!(cpu.device_peak_bytes(), None);
     assert_eq!(hc.epochs[1].device_peak_bytes, None);
     let regions = |p: &StaticPlan| p.persistent_bytes + scalars_bytes(p) + p.arena_bytes.max(1);
@@ -890,7 +891,10 @@ fn the_trainer_runs_the_same_on_the_emulated_device_and_the_cpu() {
         .iter()
         .map(|&n| regions(&memwise_plan::plan_inference(&spec.with_batch(n)).unwrap()))
         .sum();
-    assert_eq!(hg.epochs[0].device_peak_bytes, Some(regions(&p)));
+    assert_eq!(
+        hg.epochs[0].device_peak_bytes,
+        Some(regions(&p) + inference)
+    );
     assert_eq!(gpu.device_peak_bytes(), Some(regions(&p) + inference));
     let line = epoch_line(&hg.epochs[1], 2, gpu.estimate_bytes());
     assert!(line.contains("device peak"), "{line}");

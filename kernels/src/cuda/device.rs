@@ -27,7 +27,7 @@ pub use cudarc;
 
 use super::compile::sources_fingerprint;
 pub use super::compile::{compile_module, nvrtc_version, CompiledModule, NVRTC_OPTIONS};
-pub use super::lane::{Lane, CUBLAS_WORKSPACE_BYTES};
+pub use super::lane::{Lane, PinnedStaging, CUBLAS_WORKSPACE_BYTES};
 use super::module_cache::{check_versions, ModuleCache, ModuleKey};
 use super::sources;
 

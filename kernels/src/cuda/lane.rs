@@ -15,7 +15,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
-use cudarc::driver::{result as drv, CudaStream};
+use cudarc::driver::{result as drv, CudaEvent, CudaStream, PinnedHostSlice};
 
 use super::device::{alloc_raw, err, CudaDevice, DeviceBuffer, DeviceResult};
 use super::launch::{Float, KernelCall};
@@ -37,6 +37,24 @@ const WARM_UP_GEMM_TYPES: [[Float; 3]; 5] = [
     [Float::Bf16, Float::Bf16, Float::Bf16],
     [Float::Bf16, Float::Bf16, Float::F32],
 ];
+
+/// Two page-locked (pinned) host buffers that a backend's input uploads alternate between:
+/// a copy from pinned memory is a real asynchronous DMA at the link's full rate, where one
+/// from pageable memory is staged through a driver buffer first. Each buffer's event marks
+/// when the copies out of it have finished, so the buffer is refilled only after them: with
+/// two, the batch of the next step may be written while the copies of this one are in flight.
+pub struct PinnedStaging {
+    buffers: [PinnedHostSlice<u8>; 2],
+    copied: [CudaEvent; 2],
+    next: usize,
+}
+
+impl PinnedStaging {
+    /// Bytes each buffer holds: the most one staged upload may carry.
+    pub fn capacity(&self) -> usize {
+        self.buffers[0].len()
+    }
+}
 
 /// A stream, a cuBLAS handle on it and its workspace, on one device.
 pub struct Lane {
@@ -156,6 +174,63 @@ impl Lane {
     pub unsafe fn htod<T>(&self, src: &[T], dst: u64) -> DeviceResult<()> {
         self.dev.bind()?;
         drv::memcpy_htod_async(dst, src, self.stream.cu_stream()).map_err(err("cuMemcpyHtoDAsync"))
+    }
+
+    /// Two pinned host buffers of `bytes` each, for [`Lane::htod_staged`].
+    pub fn pinned_staging(&self, bytes: usize) -> DeviceResult<PinnedStaging> {
+        let ctx = self.dev.context();
+        let buffer = || {
+            // SAFETY: the bytes are written before any copy reads them (htod_staged).
+            unsafe { ctx.alloc_pinned::<u8>(bytes.max(1)) }
+                .map_err(err("allocating pinned host memory for the inputs"))
+        };
+        let event = || ctx.new_event(None).map_err(err("creating an event"));
+        Ok(PinnedStaging {
+            buffers: [buffer()?, buffer()?],
+            copied: [event()?, event()?],
+            next: 0,
+        })
+    }
+
+    /// Host → device copies of `parts` (`(bytes, device address)`) through the next of the
+    /// two pinned buffers of `staging`: waits until the copies that last read that buffer are
+    /// done, packs the parts into it, queues one asynchronous copy per part and marks the
+    /// buffer's event after them. The host slices may go as soon as this returns.
+    ///
+    /// # Safety
+    /// Each address must have room for its part.
+    pub unsafe fn htod_staged(
+        &self,
+        staging: &mut PinnedStaging,
+        parts: &[(&[u8], u64)],
+    ) -> DeviceResult<()> {
+        let total: usize = parts.iter().map(|(b, _)| b.len()).sum();
+        if total > staging.capacity() {
+            return Err(format!(
+                "{total} bytes of inputs for pinned buffers of {}",
+                staging.capacity()
+            ));
+        }
+        self.dev.bind()?;
+        let k = staging.next;
+        staging.next = 1 - k;
+        staging.copied[k]
+            .synchronize()
+            .map_err(err("waiting for the previous upload"))?;
+        let buffer = staging.buffers[k]
+            .as_mut_slice()
+            .map_err(err("the pinned input buffer"))?;
+        let mut at = 0;
+        for &(bytes, dst) in parts {
+            let part = &mut buffer[at..at + bytes.len()];
+            part.copy_from_slice(bytes);
+            drv::memcpy_htod_async(dst, part, self.stream.cu_stream())
+                .map_err(err("cuMemcpyHtoDAsync"))?;
+            at += bytes.len();
+        }
+        staging.copied[k]
+            .record(&self.stream)
+            .map_err(err("recording the upload"))
     }
 
     /// Device → host copy into `dst` (waits for the stream first).

@@ -114,14 +114,11 @@ impl MwUpdateChunk {
         }
     }
 
-    /// Elements per chunk of an update over `total` elements: at least 2048 (8 per thread of
-    /// a block), and at most about 2048 chunks in all, so a large model's table stays small
-    /// (72 bytes a chunk) while a small one still spreads over the SMs.
+    /// Elements per chunk of an update over `total` elements: at least 512 (two per thread
+    /// of a block, so a small parameter still spreads over many blocks), and at most about
+    /// 2048 chunks in all, so that a large model's table stays small (72 bytes a chunk).
     pub fn chunk_elems(total: u64) -> u64 {
-        total
-            .div_ceil(2048)
-            .max(4096)
-            .next_multiple_of(BLOCK as u64)
+        total.div_ceil(2048).max(512).next_multiple_of(BLOCK as u64)
     }
 
     /// The chunks of `n` elements of one parameter, `chunk` elements each but the last, with

@@ -31,6 +31,23 @@ pub trait Backend {
     /// # Safety
     /// `dst` must have room for `src`.
     unsafe fn upload(&self, src: &[u8], dst: u64) -> std::result::Result<(), String>;
+    /// Prepares the uploads of a step's inputs, at most `bytes` per step: a CUDA device
+    /// allocates its two pinned staging buffers here, once. The default needs nothing.
+    fn reserve_input_staging(&mut self, bytes: usize) -> std::result::Result<(), String> {
+        let _ = bytes;
+        Ok(())
+    }
+    /// Host → device copies of a step's inputs, `(bytes, device address)` each (ordered with
+    /// the launches). The default is one [`Backend::upload`] each.
+    ///
+    /// # Safety
+    /// Each address must have room for its bytes.
+    unsafe fn upload_inputs(&mut self, parts: &[(&[u8], u64)]) -> std::result::Result<(), String> {
+        for &(bytes, dst) in parts {
+            self.upload(bytes, dst)?;
+        }
+        Ok(())
+    }
     /// Device → host copy; returns when the data is there.
     ///
     /// # Safety

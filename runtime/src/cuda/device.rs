@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use memwise_kernels::cublas_map::{CublasGemm, GemmBuffers};
-use memwise_kernels::cuda::device::{CudaDevice, DeviceBuffer, Lane};
+use memwise_kernels::cuda::device::{CudaDevice, DeviceBuffer, Lane, PinnedStaging};
 use memwise_kernels::cuda::KernelCall;
 use memwise_plan::StaticPlan;
 
@@ -55,6 +55,8 @@ pub struct CudaBackend {
     // The graph and buffers go before the lane whose stream they were made on.
     graph: Option<CudaGraph>,
     buffers: Vec<DeviceBuffer>,
+    /// The pinned buffers the inputs are uploaded through (`reserve_input_staging`).
+    staging: Option<PinnedStaging>,
     lane: Arc<Lane>,
     turn: Arc<DeviceTurn>,
 }
@@ -65,6 +67,7 @@ impl CudaBackend {
         Ok(CudaBackend {
             graph: None,
             buffers: Vec::new(),
+            staging: None,
             lane: Arc::new(Lane::open(dev)?),
             turn: Arc::default(),
         })
@@ -105,6 +108,20 @@ impl Backend for CudaBackend {
         let ptr = b.ptr();
         self.buffers.push(b);
         Ok(ptr)
+    }
+
+    fn reserve_input_staging(&mut self, bytes: usize) -> std::result::Result<(), String> {
+        self.staging = Some(self.lane.pinned_staging(bytes)?);
+        Ok(())
+    }
+
+    unsafe fn upload_inputs(&mut self, parts: &[(&[u8], u64)]) -> std::result::Result<(), String> {
+        match self.staging.as_mut() {
+            Some(staging) => self.lane.htod_staged(staging, parts),
+            None => parts
+                .iter()
+                .try_for_each(|&(b, dst)| self.lane.htod(b, dst)),
+        }
     }
 
     unsafe fn upload(&self, src: &[u8], dst: u64) -> std::result::Result<(), String> {
@@ -175,6 +192,8 @@ impl Backend for CudaBackend {
         Ok(CudaBackend {
             graph: None,
             buffers: Vec::new(),
+            // Its executor reserves its own (its inputs are its plan's).
+            staging: None,
             lane: self.lane.clone(),
             turn: self.turn.clone(),
         })

@@ -90,7 +90,7 @@ const LOSSES_AT: u64 = std::mem::size_of::<MwScalars>().next_multiple_of(16) as 
 
 /// Where the multi-tensor optimizer's chunk table ([`update_table`]) starts in the scalars
 /// block, after the loss values.
-fn update_table_at(plan: &StaticPlan) -> u64 {
+pub(crate) fn update_table_at(plan: &StaticPlan) -> u64 {
     (LOSSES_AT + 4 * plan.losses.len() as u64).next_multiple_of(8)
 }
 
@@ -129,6 +129,8 @@ pub struct CudaKernels<B: Backend> {
     /// `update_table` (in the scalars block).
     update_steps: std::collections::BTreeMap<u32, (usize, usize)>,
     update_table: u64,
+    /// The arena's padding, poisoned before each launch once the poisoned-arena test began.
+    padding: std::sync::OnceLock<Vec<(u64, u64)>>,
     /// The running step's scalars (set by `begin_step`).
     step: StepScalars,
     graph: Graph,
@@ -200,6 +202,9 @@ impl<B: Backend> CudaKernels<B> {
                 .map_err(dev)?;
         }
         let grads_range = plan.grads_range();
+        backend
+            .reserve_input_staging(Self::input_bytes(&plan))
+            .map_err(dev)?;
         backend.synchronize().map_err(dev)?;
         Ok(CudaKernels {
             scalars: persistent + plan.persistent_bytes,
@@ -222,6 +227,7 @@ impl<B: Backend> CudaKernels<B> {
             graph_replays: 0,
             eager_steps: 0,
             capture_error: None,
+            padding: std::sync::OnceLock::new(),
             sync_each_launch: std::env::var(SYNC_ENV).is_ok_and(|v| v == "1"),
         })
     }
@@ -280,19 +286,25 @@ impl<B: Backend> CudaKernels<B> {
     /// Copies checked inputs into their tensors, in their stored dtype (u8 pixels stay u8;
     /// the plan's `input_cast` step converts them on the device).
     fn upload_inputs(&mut self, inputs: &[Batch<'_>]) -> Result<()> {
-        for (b, &id) in inputs.iter().zip(self.plan.inputs.iter()) {
-            let t = self.plan.tensor(id);
-            if t.first > t.last {
-                continue;
-            }
-            // SAFETY: the input tensor's bytes are inside the arena.
-            unsafe {
-                self.backend
-                    .upload(b.bytes(), self.arena + t.offset)
-                    .map_err(dev)?
-            };
-        }
-        Ok(())
+        let parts: Vec<(&[u8], u64)> = inputs
+            .iter()
+            .zip(self.plan.inputs.iter())
+            .map(|(b, &id)| (b, self.plan.tensor(id)))
+            .filter(|(_, t)| t.first <= t.last)
+            .map(|(b, t)| (b.bytes(), self.arena + t.offset))
+            .collect();
+        // SAFETY: each input tensor's bytes are inside the arena.
+        unsafe { self.backend.upload_inputs(&parts).map_err(dev) }
+    }
+
+    /// The most bytes a step's inputs upload (the pinned staging buffers' size).
+    fn input_bytes(plan: &StaticPlan) -> usize {
+        plan.inputs
+            .iter()
+            .map(|&id| plan.tensor(id))
+            .filter(|t| t.first <= t.last)
+            .map(|t| t.elems() * t.dtype.size() as usize)
+            .sum()
     }
 
     /// Uploads the step's scalars, the flags cleared.
@@ -695,10 +707,29 @@ impl<B: Backend> CudaKernels<B> {
 
     /// Launches a prepared call (the launch helpers of `kernels::cuda`, e.g. `flash`).
     fn launch(&self, call: &KernelCall) -> Result<()> {
+        self.poison_padding()?;
         // SAFETY: every pointer argument is an address inside the two regions, at a tensor's
         // or parameter's planned offset, sized by the plan for the dims passed.
         unsafe { self.backend.launch(call).map_err(dev)? };
         self.sync_after(&call.name)
+    }
+
+    /// In the poisoned-arena test ([`Kernels::poison`] was called), fills the arena's padding
+    /// with NaN bytes before each launch and GEMM, so a kernel that reads past its tensor
+    /// reads NaN even where an earlier launch of the step wrote there out of bounds.
+    fn poison_padding(&self) -> Result<()> {
+        let Some(padding) = self.padding.get() else {
+            return Ok(());
+        };
+        for &(offset, bytes) in padding {
+            // SAFETY: padding inside the arena.
+            unsafe {
+                self.backend
+                    .memset(self.arena + offset, bytes as usize, 0xFF)
+                    .map_err(dev)?
+            };
+        }
+        Ok(())
     }
 
     /// With [`CudaKernels::set_sync_each_launch`] on, waits for the device and names `what`
@@ -725,6 +756,7 @@ impl<B: Backend> CudaKernels<B> {
         let (c, tc) = buf(cg.c.0)?;
         // SAFETY: the mapping's extents lie inside the planned tensors (tests/cublas_map.rs).
         let types = [ta, tb, tc];
+        self.poison_padding()?;
         unsafe {
             self.backend
                 .gemm(&cg, GemmBuffers { a, b, c, types })

@@ -530,6 +530,8 @@ impl<B: Backend> Kernels for CudaKernels<B> {
             let value = if t.dtype == DType::U8 { 0xA5 } else { 0xFF };
             (t.offset, t.elems() as u64 * t.dtype.size(), value)
         });
+        // The padding again before every launch from now on (`poison_padding`).
+        let _ = self.padding.set(padding.to_vec());
         let padding = padding.iter().map(|&(offset, bytes)| (offset, bytes, 0xFF));
         for (offset, bytes, value) in tensors.chain(padding) {
             // SAFETY: a tensor's bytes, or padding, inside the arena.

@@ -34,7 +34,7 @@ use memwise_kernels::cublas_map::{CublasGemm, GemmBuffers};
 use memwise_kernels::cuda::launch::{Float, KArg, KernelCall};
 use memwise_plan::{Op, Phase, PlanStep, StaticPlan, NO_OFFSET};
 
-use super::{scalars_bytes, Backend, CudaKernels};
+use super::{scalars_bytes, update_table_at, Backend, CudaKernels};
 use crate::device::Device;
 use crate::error::{Result, RuntimeError};
 
@@ -180,8 +180,10 @@ pub enum Slot {
     Grad(u32),
     /// Optimizer state slot `.1` of parameter `.0`.
     State(u32, u32),
-    /// The step's scalars and flags.
+    /// The step's scalars and flags, and the loss values gathered behind them.
     Scalars,
+    /// The multi-tensor optimizer's chunk table (behind the scalars).
+    UpdateTable,
 }
 
 /// One slot's address range (`start .. start + bytes`).
@@ -244,11 +246,19 @@ impl AddressMap {
                 }
             }
         }
+        let scalars = persistent.saturating_add(plan.persistent_bytes);
+        let table = update_table_at(plan);
         spans.push(Span {
-            start: persistent.saturating_add(plan.persistent_bytes),
-            bytes: scalars_bytes(plan),
+            start: scalars,
+            bytes: table,
             elems: 1,
             slot: Slot::Scalars,
+        });
+        spans.push(Span {
+            start: scalars + table,
+            bytes: scalars_bytes(plan) - table,
+            elems: 1,
+            slot: Slot::UpdateTable,
         });
         spans.retain(|s| s.bytes > 0);
         AddressMap { spans }
@@ -260,8 +270,12 @@ impl AddressMap {
     /// disjoint. `None` for a null pointer or an address in no slot (padding).
     pub fn resolve(&self, addr: u64, step: Option<&PlanStep>, plan: &StaticPlan) -> Option<&Span> {
         let rank = |s: &Span| -> u8 {
-            let (Slot::Tensor(id), Some(step)) = (s.slot, step) else {
+            let Slot::Tensor(id) = s.slot else {
                 return 0;
+            };
+            // Outside a step, the step's frame reads back the loss values.
+            let Some(step) = step else {
+                return u8::from(!plan.losses.contains(&id));
             };
             if step.reads.contains(&id) || step.writes.contains(&id) {
                 return 0;
@@ -397,7 +411,7 @@ fn kernel_record(
                 Slot::Param(id) | Slot::HalfCopy(id) | Slot::Grad(id) | Slot::State(id, _) => {
                     s.params.contains(&id)
                 }
-                Slot::Tensor(_) | Slot::Scalars => false,
+                Slot::Tensor(_) | Slot::Scalars | Slot::UpdateTable => false,
             };
             if of_step && !touched.iter().any(|t| t.slot == span.slot) {
                 touched.push(span);
