@@ -5,10 +5,11 @@
 //!
 //! An engine runs training and evaluation steps, reads and writes parameters by name, saves
 //! and loads weights and checkpoints, and builds an inference engine of its own kind for
-//! another plan (what `evaluate` and `predict` run). What only one kind has stays on the
-//! concrete type: the CPU executor's poisoning hook, the GPU kernels' graph switch
-//! (`executor.kernels_mut().set_graph(false)`). Reach them by downcasting
-//! (`engine.downcast_ref::<Executor>()`) or through [`crate::Trainer::cpu_executor`].
+//! another plan (what `evaluate` and `predict` run). Test hooks and what only one kind has
+//! stay on the concrete type: the poisoning hook (`enable_poisoning`, on either executor), the
+//! GPU kernels' graph switch (`executor.kernels_mut().set_graph(false)`). Reach them by
+//! downcasting (`engine.downcast_ref::<Executor>()`) or, for the CPU executor, through
+//! [`crate::Trainer::cpu_executor`].
 
 use std::any::Any;
 use std::path::Path;
