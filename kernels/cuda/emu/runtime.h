@@ -445,6 +445,14 @@ inline bool races_wanted() {
 MW_EMU_UNLOGGED inline int launch(const char* name, const unsigned grid[3], const unsigned block[3],
                   void (*body)(void**), void** args, const std::string& sig, std::string& err,
                   const unsigned* only, unsigned n_only) {
+    for (unsigned b = 0; only && b < n_only; b++) {
+        const unsigned* i = only + 3 * b;
+        if (i[0] >= grid[0] || i[1] >= grid[1] || i[2] >= grid[2]) {
+            err = "block (" + std::to_string(i[0]) + "," + std::to_string(i[1]) + "," +
+                  std::to_string(i[2]) + ") is outside the grid";
+            return 1;
+        }
+    }
     Launch l;
     l.seed = schedule_seed(name, grid, block);
     if (races_wanted()) {
@@ -488,17 +496,8 @@ MW_EMU_UNLOGGED inline int launch(const char* name, const unsigned grid[3], cons
     blockDim = dim3{block[0], block[1], block[2]};
     std::vector<uint3> blocks;
     if (only) {
-        for (unsigned b = 0; b < n_only; b++) {
-            const unsigned* i = only + 3 * b;
-            if (i[0] >= grid[0] || i[1] >= grid[1] || i[2] >= grid[2]) {
-                err = "block (" + std::to_string(i[0]) + "," + std::to_string(i[1]) + "," +
-                      std::to_string(i[2]) + ") is outside the grid";
-                L = saved;
-                for (char* s : l.stacks) std::free(s);
-                return 1;
-            }
-            blocks.push_back(uint3{i[0], i[1], i[2]});
-        }
+        for (unsigned b = 0; b < n_only; b++)
+            blocks.push_back(uint3{only[3 * b], only[3 * b + 1], only[3 * b + 2]});
     } else {
         blocks.reserve((size_t)grid[0] * grid[1] * grid[2]);
         for (unsigned z = 0; z < grid[2]; z++)

@@ -98,9 +98,13 @@ pub(crate) fn update_table_at(plan: &StaticPlan) -> u64 {
 /// plan's loss values and the optimizer's chunk table: with the two regions, all the device
 /// memory it takes.
 pub fn scalars_bytes(plan: &StaticPlan) -> u64 {
-    let chunks = update_table::update_table(plan, 0).chunks.len() as u64;
+    scalars_block_bytes(plan, update_table::update_table(plan, 0).chunks.len())
+}
+
+/// [`scalars_bytes`] for a chunk table of `chunks` entries.
+fn scalars_block_bytes(plan: &StaticPlan, chunks: usize) -> u64 {
     let chunk = std::mem::size_of::<MwUpdateChunk>() as u64;
-    (update_table_at(plan) + chunks * chunk).next_multiple_of(256)
+    (update_table_at(plan) + chunks as u64 * chunk).next_multiple_of(256)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,7 +165,11 @@ impl<B: Backend> CudaKernels<B> {
     /// Allocates the plan's two regions on `backend` (see [`GpuExecutor::new`]) and uploads
     /// the weights, initialised on the host exactly as the CPU kernels initialise them.
     pub fn new(plan: StaticPlan, device: &Device, mut backend: B, seed: u64) -> Result<Self> {
-        let total = plan.persistent_bytes + scalars_bytes(&plan) + plan.arena_bytes;
+        // The optimizer's chunk table: its size counts now (built at address 0, which gives
+        // the same chunks), its addresses once the persistent region is allocated.
+        let mut table = update_table::update_table(&plan, 0);
+        let scalars_bytes = scalars_block_bytes(&plan, table.chunks.len());
+        let total = plan.persistent_bytes + scalars_bytes + plan.arena_bytes;
         let mem = backend.memory();
         // What the device has free for the plan: its free memory less the headroom for what
         // the device allocates after this check (so that a model that starts does not run out).
@@ -188,10 +196,10 @@ impl<B: Backend> CudaKernels<B> {
         crate::init::initialise(&plan, &mut host, seed)?;
         refresh_half_copies(&plan, &mut host)?;
         let persistent = backend
-            .alloc((plan.persistent_bytes + scalars_bytes(&plan)) as usize)
+            .alloc((plan.persistent_bytes + scalars_bytes) as usize)
             .map_err(dev)?;
         let arena = backend.alloc(plan.arena_bytes as usize).map_err(dev)?;
-        let table = update_table::update_table(&plan, persistent);
+        table = update_table::update_table(&plan, persistent);
         let table_at = persistent + plan.persistent_bytes + update_table_at(&plan);
         // SAFETY: the persistent allocation holds persistent_bytes, then the scalars block,
         // which has room for the table (scalars_bytes).

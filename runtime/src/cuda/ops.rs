@@ -524,20 +524,17 @@ impl<B: Backend> Kernels for CudaKernels<B> {
     }
 
     fn poison(&self, ids: &[u32], padding: &[(u64, u64)]) -> Result<()> {
-        let tensors = ids.iter().map(|&id| {
+        // The padding is poisoned before every launch and GEMM from now on (`poison_padding`).
+        let _ = self.padding.set(padding.to_vec());
+        for &id in ids {
             let t = self.plan.tensor(id);
             // 0xFF bytes are NaN in every float type and -1 as an i32; u8 gets the CPU's 0xA5.
             let value = if t.dtype == DType::U8 { 0xA5 } else { 0xFF };
-            (t.offset, t.elems() as u64 * t.dtype.size(), value)
-        });
-        // The padding again before every launch from now on (`poison_padding`).
-        let _ = self.padding.set(padding.to_vec());
-        let padding = padding.iter().map(|&(offset, bytes)| (offset, bytes, 0xFF));
-        for (offset, bytes, value) in tensors.chain(padding) {
-            // SAFETY: a tensor's bytes, or padding, inside the arena.
+            let bytes = t.elems() * t.dtype.size() as usize;
+            // SAFETY: a tensor's bytes inside the arena.
             unsafe {
                 self.backend
-                    .memset(self.arena + offset, bytes as usize, value)
+                    .memset(self.arena + t.offset, bytes, value)
                     .map_err(dev)?
             };
         }
