@@ -7,9 +7,11 @@
 #   4. the fault test: rank 1 exits after 5 barriers while rank 0 keeps calling collectives;
 #      mpirun must exit non-zero within 60 s (under `timeout 120`, so nothing hangs);
 #   5. the examples with --data-parallel on 2 ranks: mnist_mlp and vae end 10 steps with the
-#      weights of one process at the same global batch (scripts/compare_weights.py, 1e-5);
-#      each rank's peak RSS growth is within 5 % of its estimate (MLP at global batch 4096,
-#      VAE at 2048); a rank killed with SIGKILL mid-training ends the job within 60 s.
+#      weights of one process at the same global batch (scripts/compare_weights.py, 1e-5),
+#      and with --zero 1 (the optimizer state sharded) with the weights of unsharded ranks
+#      (1e-6); each rank's peak RSS growth is within 5 % of its estimate (MLP at global batch
+#      4096, VAE at 2048, with and without --zero 1); a rank killed with SIGKILL
+#      mid-training ends the job within 60 s.
 # Prints a PASS or FAIL line per check; exits non-zero when any fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -78,37 +80,49 @@ echo "== MPI: data-parallel examples (release, --features mpi)"
 must "build mnist_mlp and vae with --features mpi (release)" \
     cargo build --release --features mpi --example mnist_mlp --example vae
 
-# 1. Equivalence: 2 ranks at global batch 128 end with the weights of 1 process at 128.
+# 1. Equivalence: 2 ranks at global batch 128 end with the weights of 1 process at 128, and
+#    2 ranks with the optimizer state sharded (ZeRO stage 1) with those of 2 unsharded ranks.
 for ex in mnist_mlp vae; do
     bin=target/release/examples/$ex
     common=(--device cpu --steps 10 --batch 128 --no-shuffle)
     rc=0
     timeout 300 "${MPIRUN[@]}" "$bin" "${common[@]}" --data-parallel \
         --save-weights "$LOG/$ex.2ranks.safetensors" > "$LOG/$ex.2ranks.txt" 2>&1 || rc=$?
+    timeout 300 "${MPIRUN[@]}" "$bin" "${common[@]}" --data-parallel --zero 1 \
+        --save-weights "$LOG/$ex.zero1.safetensors" > "$LOG/$ex.zero1.txt" 2>&1 || rc=$?
     timeout 300 "$bin" "${common[@]}" \
         --save-weights "$LOG/$ex.1process.safetensors" > "$LOG/$ex.1process.txt" 2>&1 || rc=$?
     if [[ $rc != 0 ]]; then
-        tail -n 20 "$LOG/$ex.2ranks.txt" "$LOG/$ex.1process.txt"
+        tail -n 20 "$LOG/$ex.2ranks.txt" "$LOG/$ex.zero1.txt" "$LOG/$ex.1process.txt"
         fail "$ex: a run exited with status $rc"
-    elif python3 scripts/compare_weights.py --tol 1e-5 \
+        continue
+    fi
+    if python3 scripts/compare_weights.py --tol 1e-5 \
         "$LOG/$ex.1process.safetensors" "$LOG/$ex.2ranks.safetensors"; then
         pass "$ex: 2 ranks = 1 process after 10 steps at batch 128"
     else
         fail "$ex: 2 ranks and 1 process trained different weights"
     fi
+    if python3 scripts/compare_weights.py --tol 1e-6 \
+        "$LOG/$ex.2ranks.safetensors" "$LOG/$ex.zero1.safetensors"; then
+        pass "$ex: 2 ranks with ZeRO stage 1 = 2 unsharded ranks after 10 steps"
+    else
+        fail "$ex: ZeRO stage 1 trained different weights from unsharded data parallelism"
+    fi
 done
 
 # 2. Memory: each rank's measured peak RSS growth within 5 % of its per-replica estimate.
-for run in "mnist_mlp 4096 10" "vae 2048 4"; do
-    read -r ex batch steps <<< "$run"
+for run in "mnist_mlp 4096 10 0" "vae 2048 4 0" "mnist_mlp 4096 10 1" "vae 2048 4 1"; do
+    read -r ex batch steps zero <<< "$run"
+    name="$ex.$batch.zero$zero"
     rc=0
     timeout 600 "${MPIRUN[@]}" "target/release/examples/$ex" --device cpu --data-parallel \
-        --batch "$batch" --steps "$steps" --no-shuffle --report-json "$LOG/$ex.$batch.json" \
-        > "$LOG/$ex.$batch.txt" 2>&1 || rc=$?
+        --zero "$zero" --batch "$batch" --steps "$steps" --no-shuffle \
+        --report-json "$LOG/$name.json" > "$LOG/$name.txt" 2>&1 || rc=$?
     if [[ $rc != 0 ]]; then
-        tail -n 20 "$LOG/$ex.$batch.txt"
-        fail "$ex at batch $batch on 2 ranks: exit status $rc"
-    elif python3 - "$LOG/$ex.$batch.json" "$LOG/$ex.$batch.rank1.json" <<'PY'
+        tail -n 20 "$LOG/$name.txt"
+        fail "$ex at batch $batch on 2 ranks (ZeRO stage $zero): exit status $rc"
+    elif python3 - "$LOG/$name.json" "$LOG/$name.rank1.json" <<'PY'
 import json, sys
 ok = True
 for path in sys.argv[1:]:
@@ -116,15 +130,16 @@ for path in sys.argv[1:]:
     est, got = r["estimate"]["total"], r["measured"]["peak_rss_growth_bytes"]
     off = 100 * (got - est) / est
     print(f"ci-mpi: {r['model']} rank {r['rank']} of {r['replicas']}, batch {r['batch']} of "
-          f"{r['global_batch']}: measured {got / 2**20:.2f} MiB, estimate {est / 2**20:.2f} MiB "
-          f"({off:+.1f} %)")
+          f"{r['global_batch']}, ZeRO stage {r['zero_stage']} (optimizer state "
+          f"{r['estimate']['optimizer'] / 2**20:.2f} MiB): measured {got / 2**20:.2f} MiB, "
+          f"estimate {est / 2**20:.2f} MiB ({off:+.1f} %)")
     ok &= abs(off) <= 5
 sys.exit(0 if ok else 1)
 PY
     then
-        pass "$ex at global batch $batch: every rank within 5 % of its estimate"
+        pass "$ex at global batch $batch, ZeRO stage $zero: every rank within 5 % of its estimate"
     else
-        fail "$ex at global batch $batch: a rank's peak is more than 5 % off its estimate"
+        fail "$ex at global batch $batch, ZeRO stage $zero: a rank's peak is more than 5 % off its estimate"
     fi
 done
 

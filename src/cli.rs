@@ -25,6 +25,7 @@
 
 use std::path::PathBuf;
 
+use crate::plan::data_parallel::Sharding;
 use crate::plan::{ModelSpec, StaticPlan};
 use crate::runtime::monitor::MemoryMonitor;
 use crate::runtime::roofline::{by_op, by_op_table, MachinePeak, Roofline};
@@ -106,6 +107,11 @@ pub struct Args {
     /// `--report-json` (rank k beside rank 0's, `.rankK` before the extension).
     #[arg(long)]
     pub data_parallel: bool,
+    /// With --data-parallel: the ZeRO stage, overriding the model's `zero`: 1 shards the
+    /// optimizer state (each rank keeps and updates 1/N of it, then the updated weights are
+    /// gathered), 0 shards nothing.
+    #[arg(long, value_name = "STAGE", requires = "data_parallel", value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub zero: Option<u8>,
 }
 
 fn io(e: std::io::Error, what: &str, path: &std::path::Path) -> RuntimeError {
@@ -204,7 +210,10 @@ impl Args {
         let collective = self.collective()?;
         let (spec, plan) = match &collective {
             Some(c) => {
-                let s = spec.with_replicas(c.size());
+                let mut s = spec.with_replicas(c.size());
+                if let Some(stage) = self.zero.and_then(Sharding::from_zero_stage) {
+                    s = s.with_sharding(stage);
+                }
                 let p = crate::plan::plan(&s)?;
                 (s, p)
             }
@@ -219,8 +228,15 @@ impl Args {
             let (rank, size) = (c.rank(), c.size());
             trainer.set_data_parallel(c)?;
             if rank == 0 {
+                let zero = match trainer.plan().sharding {
+                    Sharding::Replicated => String::new(),
+                    s => format!(
+                        ", ZeRO stage {} (1/{size} of the optimizer state each)",
+                        s.zero_stage()
+                    ),
+                };
                 eprintln!(
-                    "data parallel: {size} ranks over {}, {} samples each per global batch of {}",
+                    "data parallel: {size} ranks over {}, {} samples each per global batch of {}{zero}",
                     trainer.engine().collective().map_or("?", |c| c.engine()),
                     trainer.plan().batch,
                     trainer.plan().batch * size

@@ -24,6 +24,7 @@ use std::borrow::Cow;
 use std::fmt;
 
 use crate::plan::advice::format_bytes;
+use crate::plan::data_parallel::Sharding;
 use crate::plan::{DType, StaticPlan};
 
 /// The widest the compact table gets: an 80-column terminal.
@@ -427,8 +428,18 @@ impl<'a> Summary<'a> {
             ),
         };
         writeln!(f, "{what}, planned (binary units: 1 KiB = 1024 B):")?;
+        let sharded = plan.replicas > 1 && plan.sharding != Sharding::Replicated;
         for (name, bytes) in total_rows(m) {
-            writeln!(f, "  {name:<20}{:>12}", format_bytes(bytes))?;
+            write!(f, "  {name:<20}{:>12}", format_bytes(bytes))?;
+            if sharded && name == "optimizer state" {
+                write!(
+                    f,
+                    "  (this replica's 1/{} shard: ZeRO stage {})",
+                    plan.replicas,
+                    plan.sharding.zero_stage()
+                )?;
+            }
+            writeln!(f)?;
         }
         write!(f, "  {:<20}{:>12}", "total", format_bytes(m.total))?;
         if let Some(b) = self.budget {
@@ -443,10 +454,15 @@ impl<'a> Summary<'a> {
         if plan.replicas > 1 {
             writeln!(
                 f,
-                "  {:<20}{:>12}  ({} replicas; the gradients are summed in place, no second copy)",
+                "  {:<20}{:>12}  ({} replicas; the gradients are summed in place, no second copy{})",
                 "whole job",
                 format_bytes(m.total * plan.replicas as u64),
-                plan.replicas
+                plan.replicas,
+                if sharded {
+                    "; the optimizer state is split among them"
+                } else {
+                    ""
+                }
             )?;
         }
         if let Some(peak) = self.measured_peak {

@@ -171,6 +171,7 @@ pub fn lower(
         layers: l.layers,
         budget: args.budget.as_ref().map(|b| b.0),
         replicas: args.replicas,
+        sharding: args.sharding,
     };
     Lowered {
         spec,

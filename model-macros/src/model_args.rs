@@ -1,6 +1,7 @@
 //! The model attribute's arguments: `batch`, `optimizer`, `loss`, `metrics`, `budget`,
-//! `precision`, `checkpoint`, `replicas`.
+//! `precision`, `checkpoint`, `replicas`, `zero`.
 use memwise_plan::advice::parse_bytes;
+use memwise_plan::data_parallel::Sharding;
 use memwise_plan::{
     LossKind, LossTerm, Metric, ModelSpec, Optimizer, Precision, Reduction, DEFAULT_BATCH,
 };
@@ -33,9 +34,11 @@ pub struct ModelArgs {
     pub checkpoint_auto: Option<TokenStream>,
     /// `replicas = N`: data-parallel replicas sharing each batch (1 when not given).
     pub replicas: usize,
+    /// `zero = 1`: the replicas shard the optimizer state (ZeRO stage 1).
+    pub sharding: Sharding,
 }
 
-const ARGS: [&str; 8] = [
+const ARGS: [&str; 9] = [
     "batch",
     "optimizer",
     "loss",
@@ -44,6 +47,7 @@ const ARGS: [&str; 8] = [
     "precision",
     "checkpoint",
     "replicas",
+    "zero",
 ];
 const OPTIMIZERS: [&str; 5] = ["sgd", "momentum", "rmsprop", "adam", "adamw"];
 const LOSSES: [&str; 4] = [
@@ -84,8 +88,10 @@ pub fn parse(attr: TokenStream, e: &mut Errors) -> ModelArgs {
         budget: None,
         checkpoint_auto: None,
         replicas: defaults.replicas,
+        sharding: defaults.sharding,
     };
     let mut replicas_tokens: Option<TokenStream> = None;
+    let mut zero_tokens: Option<TokenStream> = None;
     let env = Env::new();
     let mut seen: Vec<String> = Vec::new();
     for arg in split_args(attr, e) {
@@ -112,21 +118,15 @@ pub fn parse(attr: TokenStream, e: &mut Errors) -> ModelArgs {
                 }
             }
             "replicas" => {
-                if let Some(v) = e.ok(eval(&arg.value, &env)) {
-                    match v.v {
-                        V::Int(n) if n > 0 => {
-                            out.replicas = n as usize;
-                            replicas_tokens = Some(arg.tokens.clone());
-                        }
-                        _ => e.at(
-                            &v.tokens,
-                            format!(
-                                "`replicas` is how many devices train the model data-parallel: \
-                                 a positive integer, found {}",
-                                v.describe()
-                            ),
-                        ),
-                    }
+                if let Some(n) = replicas(&arg, &env, e) {
+                    out.replicas = n;
+                    replicas_tokens = Some(arg.tokens.clone());
+                }
+            }
+            "zero" => {
+                if let Some(sharding) = zero(&arg, &env, e) {
+                    out.sharding = sharding;
+                    zero_tokens = Some(arg.tokens.clone());
                 }
             }
             "precision" => {
@@ -205,14 +205,57 @@ pub fn parse(attr: TokenStream, e: &mut Errors) -> ModelArgs {
             ),
         }
     }
-    if let Some(tokens) = replicas_tokens {
-        // The planner says the same for specs built in code; here it points at the attribute.
-        let spec = ModelSpec::new("", out.batch).with_replicas(out.replicas);
-        if let Err(err) = spec.per_replica() {
-            e.at(&tokens, err.message);
-        }
+    // The planner says the same for specs built in code; here it points at the attribute.
+    let spec = ModelSpec::new("", out.batch)
+        .with_replicas(out.replicas)
+        .with_sharding(out.sharding);
+    // A stage-2 error points at `zero`, a batch that does not split at `replicas`.
+    let at = match out.sharding {
+        Sharding::Gradients => zero_tokens,
+        Sharding::Replicated | Sharding::OptimizerState => replicas_tokens,
+    };
+    if let (Err(err), Some(tokens)) = (spec.per_replica(), at) {
+        e.at(&tokens, err.message);
     }
     out
+}
+
+/// `replicas = N`: a positive integer.
+fn replicas(arg: &Arg, env: &Env, e: &mut Errors) -> Option<usize> {
+    let v = e.ok(eval(&arg.value, env))?;
+    match v.v {
+        V::Int(n) if n > 0 => Some(n as usize),
+        _ => {
+            e.at(
+                &v.tokens,
+                format!(
+                    "`replicas` is how many devices train the model data-parallel: a positive \
+                     integer, found {}",
+                    v.describe()
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// `zero = S`: the ZeRO stage, 0 to 2 (the planner refuses 2, pointing here).
+fn zero(arg: &Arg, env: &Env, e: &mut Errors) -> Option<Sharding> {
+    let v = e.ok(eval(&arg.value, env))?;
+    match v.v {
+        V::Int(n @ 0..=2) => Sharding::from_zero_stage(n as u8),
+        _ => {
+            e.at(
+                &v.tokens,
+                format!(
+                    "`zero` is the ZeRO stage of data-parallel training: `0` (nothing sharded) \
+                     or `1` (each replica keeps 1/N of the optimizer state), found {}",
+                    v.describe()
+                ),
+            );
+            None
+        }
+    }
 }
 
 /// `name` or `name(…)` as a name and its arguments (`a = b` named, others positional).

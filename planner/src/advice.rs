@@ -7,6 +7,7 @@
 //! every number it returns is a planned total.
 
 use crate::checkpoint::{max_batch_with, Policy};
+use crate::data_parallel::Sharding;
 use crate::dtype::Precision;
 use crate::plan::StaticPlan;
 use crate::spec::{LayerKind, ModelSpec};
@@ -490,13 +491,24 @@ fn fix_lines(spec: &ModelSpec, plan: &StaticPlan, fixes: &Fixes) -> (Vec<String>
         )),
         (None, None) => {}
     }
-    if let Some((n, t)) = smallest_replicas(spec, budget) {
+    let replicated = smallest_replicas(spec, budget);
+    if let Some((n, t)) = replicated {
         fits.push(format!(
             "`replicas = {n}` (data parallel: {n} devices, each planned for {} of the {} samples): {} per device",
             spec.batch / n,
             spec.batch,
             format_bytes(t)
         ));
+    }
+    // With the optimizer state sharded too, when that needs fewer devices.
+    if spec.sharding == Sharding::Replicated && spec.optimizer.state_slots() > 0 {
+        let sharded = smallest_replicas(&spec.with_sharding(Sharding::OptimizerState), budget);
+        if let Some((n, t)) = sharded.filter(|s| replicated.is_none_or(|r| s.0 < r.0)) {
+            fits.push(format!(
+                "`replicas = {n}, zero = 1` (data parallel, each of the {n} devices keeping 1/{n} of the optimizer state): {} per device",
+                format_bytes(t)
+            ));
+        }
     }
     (fits, not)
 }

@@ -40,6 +40,8 @@ pub struct StepGraph {
     pub training: bool,
     /// Data-parallel replicas whose gradients are summed (1: none).
     pub replicas: usize,
+    /// What the replicas split among them (ZeRO).
+    pub sharding: crate::data_parallel::Sharding,
 }
 
 impl StepGraph {
@@ -130,6 +132,7 @@ impl StepGraph {
             forward_in_place,
             loss_scaling,
             replicas: spec.replicas.max(1),
+            sharding: spec.sharding,
         })
     }
 }
@@ -161,6 +164,7 @@ impl StepGraph {
             loss_scaling: false,
             training: false,
             replicas: 1,
+            sharding: crate::data_parallel::Sharding::Replicated,
         }
     }
 }
@@ -366,7 +370,8 @@ fn saved_for_backward(op: &GOp, param_grads: bool, same_dtype: bool) -> Result<S
         | Op::KlNormal { .. }
         | Op::CheckFinite
         | Op::AllReduceGradients { .. }
-        | Op::Update => {
+        | Op::Update
+        | Op::AllGatherParams { .. } => {
             return Err(PlanError::internal(format!(
                 "{} is not a forward op of a training graph",
                 op.op.name()

@@ -6,13 +6,15 @@
 //! FLOPs: a forward, recompute or loss step counts [`Op::forward_flops`](crate::op::Op::forward_flops), a backward step
 //! [`Op::backward_flops`](crate::op::Op::backward_flops) (a GEMM-shaped op one product per gradient it writes, the input
 //! gradient when the plan asks for it), an update one FLOP per optimizer state slot and per
-//! parameter element, plus two.
+//! parameter element it updates (one replica's shard under ZeRO stage 1), plus two; a ZeRO
+//! all-gather none.
 //!
 //! Bytes: every tensor a step reads or writes, once; the weights a step reads (its 16-bit copy
 //! when a half-precision GEMM has one); in the backward, the f32 gradients it accumulates into
 //! (read and written); in an update, the f32 master and its gradient, each state slot read
 //! and written, and the 16-bit copy written.
 
+use crate::op::Op;
 use crate::plan::{Phase, PlanParam, PlanStep, StaticPlan};
 use crate::NONE;
 
@@ -54,10 +56,11 @@ impl StaticPlan {
         match s.phase {
             Phase::Forward | Phase::Recompute | Phase::Loss => s.op.forward_flops(),
             Phase::Backward => s.op.backward_flops(writes_input_grad(s)),
+            Phase::Update if matches!(s.op, Op::AllGatherParams { .. }) => 0,
             Phase::Update => {
                 let per_elem = self.optimizer.state_slots() + 2;
                 self.step_params(s)
-                    .map(|p| per_elem.saturating_mul(p.elems() as u64))
+                    .map(|p| per_elem.saturating_mul(self.updated_elems(s, p)))
                     .fold(0u64, u64::saturating_add)
             }
         }
@@ -82,13 +85,26 @@ impl StaticPlan {
                 Phase::Backward if p.trainable => weights + 2 * f32_bytes,
                 Phase::Backward => weights,
                 // Master read and written, gradient read, each slot read and written, and
-                // the 16-bit copy written.
+                // the 16-bit copy written; a ZeRO gather writes the whole weights and their
+                // 16-bit copy.
+                Phase::Update if matches!(s.op, Op::AllGatherParams { .. }) => {
+                    f32_bytes + p.half_copy.map_or(0, |_| weights)
+                }
                 Phase::Update => {
-                    3 * f32_bytes + 2 * slots * f32_bytes + p.half_copy.map_or(0, |_| weights)
+                    let part = |b: u64| b / p.elems().max(1) as u64 * self.updated_elems(s, p);
+                    part(3 * f32_bytes + 2 * slots * f32_bytes + p.half_copy.map_or(0, |_| weights))
                 }
             }
         });
         params.fold(tensors, u64::saturating_add)
+    }
+
+    /// The elements of `p` update step `s` changes: under ZeRO stage 1 one replica's shard.
+    fn updated_elems(&self, s: &PlanStep, p: &PlanParam) -> u64 {
+        match s.op {
+            Op::Update => self.state_elems(p) as u64,
+            _ => p.elems() as u64,
+        }
     }
 
     fn step_params<'a>(&'a self, s: &'a PlanStep) -> impl Iterator<Item = &'a PlanParam> + 'a {

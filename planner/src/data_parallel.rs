@@ -9,9 +9,10 @@ use crate::liveness::align_up;
 use crate::plan::StaticPlan;
 
 /// Which model states are split across the replicas.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Sharding {
     /// Every replica holds everything; the gradients are all-reduced in place.
+    #[default]
     Replicated,
     /// The optimizer state and the f32 masters of parameters with a compute copy (ZeRO
     /// stage 1; Megatron's distributed optimizer): each replica updates its 1/N and the
@@ -20,6 +21,41 @@ pub enum Sharding {
     /// The gradients too (ZeRO stage 2): each reduce-scatters a parameter's gradient as soon
     /// as its backward step wrote it, keeping its 1/N.
     Gradients,
+}
+
+impl Sharding {
+    /// The ZeRO stage: 0 (nothing sharded), 1 or 2.
+    pub const fn zero_stage(self) -> u8 {
+        match self {
+            Sharding::Replicated => 0,
+            Sharding::OptimizerState => 1,
+            Sharding::Gradients => 2,
+        }
+    }
+
+    /// The sharding of ZeRO stage `stage` (0, 1 or 2).
+    pub const fn from_zero_stage(stage: u8) -> Option<Sharding> {
+        match stage {
+            0 => Some(Sharding::Replicated),
+            1 => Some(Sharding::OptimizerState),
+            2 => Some(Sharding::Gradients),
+            _ => None,
+        }
+    }
+}
+
+/// The elements each of `replicas` keeps of a sharded tensor of `elems`: `⌈elems / N⌉`, the
+/// last replicas' shards padded (or empty) when `N` does not divide `elems`.
+pub const fn shard_elems(elems: usize, replicas: usize) -> usize {
+    elems.div_ceil(if replicas == 0 { 1 } else { replicas })
+}
+
+/// The elements of a sharded tensor of `elems` that replica `rank` of `replicas` owns:
+/// `rank·⌈elems/N⌉ ..` up to `elems` (empty for the ranks past the end).
+pub fn shard_range(elems: usize, rank: usize, replicas: usize) -> std::ops::Range<usize> {
+    let k = shard_elems(elems, replicas);
+    let start = (rank * k).min(elems);
+    start..(start + k).min(elems)
 }
 
 /// Bytes per element of one parameter's states, as a plan lays them out.

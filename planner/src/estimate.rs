@@ -5,6 +5,7 @@
 use std::borrow::Cow;
 
 use crate::arena::ArenaPlan;
+use crate::data_parallel::{shard_elems, Sharding};
 use crate::graph::Graph;
 use crate::liveness::{align_up, Lifetimes};
 use crate::op::Op;
@@ -24,7 +25,8 @@ pub struct Persistent {
 }
 
 /// Lays out the persistent region: all f32 values, then 16-bit copies, then gradients,
-/// then optimizer state (each parameter's slots contiguous, `align(elems·4)` apart).
+/// then optimizer state (each parameter's slots contiguous, `align(elems·4)` apart; under
+/// ZeRO stage 1 each slot holds one replica's shard, `align(⌈elems/N⌉·4)` apart).
 /// `updated[i]`: parameter `i` has a gradient and an update (else it is stored frozen).
 pub fn layout_params(
     spec: &ModelSpec,
@@ -70,10 +72,14 @@ pub fn layout_params(
         }
     }
     let grads = at - params;
+    let state_elems = |e: usize| match spec.sharding {
+        Sharding::Replicated => e,
+        Sharding::OptimizerState | Sharding::Gradients => shard_elems(e, spec.replicas),
+    };
     for (i, p) in graph.params.iter().enumerate() {
         if updated[i] && slots > 0 {
             out[i].state_offset = at;
-            at += slots * f32_bytes(p.elems());
+            at += slots * f32_bytes(state_elems(p.elems()));
         }
     }
     let optimizer = at - params - grads;
@@ -150,6 +156,7 @@ pub fn assemble(
         model: Cow::Owned(spec.name.clone()),
         batch: spec.batch,
         replicas: spec.replicas.max(1),
+        sharding: spec.sharding,
         alignment: arena.alignment,
         precision: spec.precision,
         optimizer: spec.optimizer,

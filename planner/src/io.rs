@@ -454,7 +454,13 @@ impl StepIo {
             )))
         };
         Ok(match (step.op, backward) {
-            (Op::CheckFinite | Op::AllReduceGradients { .. } | Op::Update, _) => StepIo::None,
+            (
+                Op::CheckFinite
+                | Op::AllReduceGradients { .. }
+                | Op::Update
+                | Op::AllGatherParams { .. },
+                _,
+            ) => StepIo::None,
             (
                 Op::InputCast { .. }
                 | Op::Cast { .. }

@@ -241,8 +241,14 @@ ops! {
     /// step's final sum, which also settles the replicas' non-finite flag (backward phase,
     /// no tensors).
     AllReduceGradients { bytes: u64, last: bool } = "all_reduce_gradients";
-    /// Optimizer update of one layer's trainable parameters (update phase, no tensors).
+    /// Optimizer update of one layer's trainable parameters (update phase, no tensors). With
+    /// the optimizer state sharded ([`crate::data_parallel::Sharding::OptimizerState`]) each
+    /// replica updates its own shard of every parameter.
     Update = "update";
+    /// ZeRO stage 1: after the update of its parameters (`bytes` of f32 values), each
+    /// replica's updated shard is copied to every other replica, so all hold the whole
+    /// updated weights again (update phase, no tensors).
+    AllGatherParams { bytes: u64 } = "all_gather_params";
 }
 
 /// An attention step's settings, whichever kernel it runs: [`Op::attention`].
@@ -449,9 +455,10 @@ impl Op {
             | Op::KlNormal { rows, features, .. } => {
                 (4 * u(s(rows, features)), Backward::AsForward)
             }
-            Op::CheckFinite | Op::AllReduceGradients { .. } | Op::Update => {
-                (U(0), Backward::AsForward)
-            }
+            Op::CheckFinite
+            | Op::AllReduceGradients { .. }
+            | Op::Update
+            | Op::AllGatherParams { .. } => (U(0), Backward::AsForward),
         };
         (r.0, backward)
     }

@@ -5,6 +5,7 @@
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
+use crate::data_parallel::{shard_elems, shard_range, Sharding};
 use crate::dtype::{DType, Precision};
 use crate::op::{Op, Window2d};
 use crate::spec::{
@@ -202,6 +203,10 @@ pub struct StaticPlan {
     /// gradients summed by the plan's `AllReduceGradients` steps (1: one device). The
     /// memory report is one replica's.
     pub replicas: usize,
+    /// What the replicas split among them: with [`Sharding::OptimizerState`] (ZeRO stage 1)
+    /// each parameter's optimizer state holds `⌈elems / replicas⌉` elements
+    /// ([`StaticPlan::state_elems`]), the replica's shard ([`StaticPlan::shard`]).
+    pub sharding: Sharding,
     pub alignment: u64,
     pub precision: Precision,
     pub optimizer: Optimizer,
@@ -235,6 +240,7 @@ impl StaticPlan {
         model: Cow::Borrowed(""),
         batch: 0,
         replicas: 1,
+        sharding: Sharding::Replicated,
         alignment: crate::ALIGNMENT,
         precision: Precision::Float32,
         optimizer: Optimizer::RMSPROP,
@@ -265,6 +271,27 @@ impl StaticPlan {
         losses: Cow::Borrowed(&[]),
         prediction: NONE,
     };
+
+    /// The elements of each of parameter `p`'s optimizer state slots on one replica: its
+    /// shard's under ZeRO stage 1, all of them otherwise.
+    pub fn state_elems(&self, p: &PlanParam) -> usize {
+        match self.sharding {
+            Sharding::Replicated => p.elems(),
+            Sharding::OptimizerState | Sharding::Gradients => shard_elems(p.elems(), self.replicas),
+        }
+    }
+
+    /// The elements of parameter `p` that replica `rank` updates: its shard under ZeRO
+    /// stage 1, all of them otherwise. The replica's optimizer state holds them from its
+    /// start.
+    pub fn shard(&self, p: &PlanParam, rank: usize) -> std::ops::Range<usize> {
+        match self.sharding {
+            Sharding::Replicated => 0..p.elems(),
+            Sharding::OptimizerState | Sharding::Gradients => {
+                shard_range(p.elems(), rank, self.replicas)
+            }
+        }
+    }
 
     pub fn tensor(&self, id: u32) -> &PlanTensor {
         &self.tensors[id as usize]
@@ -418,6 +445,9 @@ impl StaticPlan {
         // Written only for data parallelism, so one device's plan reads as it always did.
         if self.replicas > 1 {
             plan["replicas"] = json!(self.replicas);
+        }
+        if self.sharding != Sharding::Replicated {
+            plan["zero_stage"] = json!(self.sharding.zero_stage());
         }
         plan
     }
@@ -588,6 +618,11 @@ unit_enum_to_rust!(
 );
 unit_enum_to_rust!(Phase, "Phase", [Forward, Recompute, Loss, Backward, Update]);
 unit_enum_to_rust!(Padding, "Padding", [Same, Valid]);
+unit_enum_to_rust!(
+    Sharding,
+    "data_parallel::Sharding",
+    [Replicated, OptimizerState, Gradients]
+);
 unit_enum_to_rust!(Reduction, "Reduction", [Mean, SumOverFeatures]);
 
 struct_to_rust!(
@@ -676,6 +711,7 @@ struct_to_rust!(
         model,
         batch,
         replicas,
+        sharding,
         alignment,
         precision,
         optimizer,
@@ -782,7 +818,7 @@ struct_to_rust!(
 struct_to_rust!(
     ModelSpec,
     "ModelSpec",
-    [name, batch, precision, optimizer, loss, metrics, layers, budget, replicas]
+    [name, batch, precision, optimizer, loss, metrics, layers, budget, replicas, sharding]
 );
 
 impl ModelSpec {
@@ -818,7 +854,10 @@ mod tests {
             assert!(src.contains(part), "{part} in {src}");
         }
         assert!(
-            src.ends_with("budget: ::core::option::Option::None,replicas: 1usize,}"),
+            src.ends_with(
+                "budget: ::core::option::Option::None,replicas: 1usize,\
+                 sharding: ::m::data_parallel::Sharding::Replicated,}"
+            ),
             "{src}"
         );
     }

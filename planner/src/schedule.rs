@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 
 use crate::autodiff::StepGraph;
+use crate::data_parallel::Sharding;
 use crate::dtype::DType;
 use crate::graph::{Graph, TensorId};
 use crate::op::Op;
@@ -232,6 +233,9 @@ impl Schedule {
             all_reduce_steps(&mut cx);
         }
         let has_grad = update_steps(&mut cx, step);
+        if step.replicas > 1 && step.sharding != Sharding::Replicated {
+            all_gather_steps(&mut cx);
+        }
         Schedule {
             tensors: cx.tensors,
             steps: cx.steps,
@@ -673,6 +677,38 @@ fn update_steps(cx: &mut Ctx<'_>, step: &StepGraph) -> Vec<bool> {
         }
     }
     has_grad
+}
+
+/// ZeRO stage 1: after each update step, an `AllGatherParams` step over the same
+/// parameters, which copies every replica's updated shard to the others. Each layer's
+/// gather follows its own update, so a device that overlaps communication with compute can
+/// send one layer's weights while it updates the next.
+fn all_gather_steps(cx: &mut Ctx<'_>) {
+    let graph = cx.graph;
+    let mut i = 0;
+    while i < cx.steps.len() {
+        if matches!(cx.steps[i].op, Op::Update) {
+            let params = cx.steps[i].params.clone();
+            let bytes = params
+                .iter()
+                .map(|&p| graph.params[p as usize].elems() as u64 * 4)
+                .sum();
+            cx.steps.insert(
+                i + 1,
+                SStep {
+                    phase: Phase::Update,
+                    layer: cx.steps[i].layer,
+                    op: Op::AllGatherParams { bytes },
+                    reads: vec![],
+                    writes: vec![],
+                    params,
+                    in_place: vec![],
+                },
+            );
+            i += 1;
+        }
+        i += 1;
+    }
 }
 
 /// One checkpoint segment, as [`recompute_segment`] needs it.

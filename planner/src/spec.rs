@@ -442,6 +442,9 @@ pub struct ModelSpec {
     /// device). A training plan is one replica's step: `batch / replicas` samples, the
     /// gradients summed over the replicas ([`ModelSpec::per_replica`]).
     pub replicas: usize,
+    /// Which model states the replicas split among them: the optimizer state under ZeRO
+    /// stage 1 (`zero = 1`); nothing by default.
+    pub sharding: crate::data_parallel::Sharding,
 }
 
 impl ModelSpec {
@@ -457,6 +460,7 @@ impl ModelSpec {
             layers: Vec::new(),
             budget: None,
             replicas: 1,
+            sharding: crate::data_parallel::Sharding::Replicated,
         }
     }
 
@@ -532,6 +536,14 @@ impl ModelSpec {
         }
     }
 
+    /// The same model with its replicas' model states split as `sharding` says.
+    pub fn with_sharding(&self, sharding: crate::data_parallel::Sharding) -> Self {
+        ModelSpec {
+            sharding,
+            ..self.clone()
+        }
+    }
+
     /// One replica's share of a data-parallel step: `batch / replicas` samples, and every
     /// loss term's weight divided by `replicas`. Every loss is a mean over the batch, so the
     /// sum over the replicas of their losses and of their gradients is the loss and the
@@ -541,6 +553,13 @@ impl ModelSpec {
         let n = self.replicas;
         if n == 0 {
             return Err(crate::PlanError::model("`replicas` must be at least 1"));
+        }
+        if self.sharding == crate::data_parallel::Sharding::Gradients {
+            return Err(crate::PlanError::model(
+                "`zero = 2` (gradients sharded too) is not executed yet: `zero = 1` shards the \
+                 optimizer state; `memwise::plan::data_parallel::replica_states` gives stage 2's \
+                 per-replica bytes",
+            ));
         }
         if n == 1 {
             return Ok(self.clone());

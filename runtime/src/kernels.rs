@@ -97,6 +97,9 @@ pub enum BceInput {
 pub struct UpdateStep<'a> {
     pub optimizer: Optimizer,
     pub params: &'a [u32],
+    /// This replica's index: under ZeRO stage 1 it updates its shard of each parameter
+    /// ([`StaticPlan::shard`](memwise_plan::StaticPlan::shard)), else all of it.
+    pub rank: usize,
 }
 
 /// Turns on a device lane shared by several engines (a trainer's training and inference
@@ -201,6 +204,10 @@ pub trait Kernels {
     fn persistent_image(&self) -> Result<std::borrow::Cow<'_, [u8]>>;
     /// Lets `write` change the persistent region's bytes, then refreshes the 16-bit copies.
     fn write_persistent(&mut self, write: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<()>;
+    /// Data parallel: these kernels run replica `rank`. The CUDA kernels rebuild their
+    /// optimizer's chunk table for the replica's shards (ZeRO stage 1); the CPU's take the
+    /// rank from each update step.
+    fn set_replica(&mut self, rank: usize) -> Result<()>;
     /// Overwrites tensors `ids` with NaN (floats) or a fixed byte (integers), and the arena's
     /// `padding` ranges ([`memwise_plan::StaticPlan::arena_padding`]) with 0xFF bytes: the
     /// poisoned-arena tests' hook.
@@ -409,6 +416,10 @@ pub trait Kernels {
     /// The optimizer update of one layer's parameters (skipped when the step is flagged
     /// non-finite) and their 16-bit copies.
     fn update(&self, step: &PlanStep, u: UpdateStep<'_>) -> OpResult;
+    /// ZeRO stage 1, after [`Kernels::update`] of `params`: copies every replica's updated
+    /// shard of them to the others, then refreshes their 16-bit copies (nothing when the
+    /// step is flagged non-finite: no replica updated).
+    fn all_gather_params(&self, params: &[u32], c: &dyn Collective) -> OpResult;
 }
 
 #[cfg(test)]

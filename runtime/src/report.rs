@@ -77,6 +77,8 @@ impl Trainer {
             report["replicas"] = json!(replicas);
             report["rank"] = json!(rank);
             report["global_batch"] = json!(plan.batch * replicas);
+            // 1: this replica's `estimate.optimizer` is its shard of the state (ZeRO).
+            report["zero_stage"] = json!(plan.sharding.zero_stage());
             report["measured"]["job_samples_per_s"] = json!(if median > 0.0 {
                 (plan.batch * replicas) as f64 / (median / 1e3)
             } else {

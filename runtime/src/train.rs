@@ -539,31 +539,38 @@ impl Trainer {
         }
     }
 
-    /// Host bytes of the largest gradient sum: the CPU sums each bucket's gradients in place
-    /// (one call per bucket, its padding included), so only the engine's own buffers count;
+    /// Host bytes of the largest gradient sum or weight gather: the CPU sums each bucket's
+    /// gradients in place (one call per bucket, its padding included) and gathers each
+    /// parameter's shards in place (ZeRO stage 1), so only the engine's own buffers count;
     /// CUDA sums one parameter at a time through the host, holding its gradient downloaded
-    /// (f32) and again as the bytes uploaded back.
+    /// (f32) and again as the bytes uploaded back, and gathers one parameter's weights
+    /// through the host (downloaded, as f32, as the bytes uploaded and their 16-bit copy).
     fn collective_bytes(&self) -> u64 {
         let Some(c) = self.train.collective() else {
             return 0;
         };
         let p = self.plan();
         let cuda = self.device.is_cuda();
-        let n = p
+        let largest = |s: &memwise_plan::PlanStep| {
+            s.params.iter().map(|&i| p.params[i as usize].elems()).max()
+        };
+        // (elements the engine carries at once, bytes of CUDA's host copies)
+        let (n, copies) = p
             .steps
             .iter()
             .filter_map(|s| match s.op {
-                Op::AllReduceGradients { bytes, .. } if !cuda => {
-                    Some((bytes + s.params.len() as u64 * p.alignment) as usize / 4)
-                }
-                Op::AllReduceGradients { .. } => {
-                    s.params.iter().map(|&i| p.params[i as usize].elems()).max()
-                }
+                Op::AllReduceGradients { bytes, .. } if !cuda => Some((
+                    (bytes + s.params.len() as u64 * p.alignment) as usize / 4,
+                    0,
+                )),
+                Op::AllReduceGradients { .. } => largest(s).map(|e| (e, 8 * e as u64)),
+                Op::AllGatherParams { .. } => largest(s).map(|e| {
+                    let shard = memwise_plan::data_parallel::shard_elems(e, p.replicas);
+                    (shard, if cuda { 14 * e as u64 } else { 0 })
+                }),
                 _ => None,
             })
-            .max()
-            .unwrap_or(0);
-        let copies = if cuda { 8 * n as u64 } else { 0 };
+            .fold((0, 0), |(n, b), (m, c)| (n.max(m), b.max(c)));
         c.scratch_bytes(n) + copies
     }
 

@@ -112,6 +112,9 @@ impl<K: Kernels> PlanExecutor<K> {
             }
             Ok(())
         })?;
+        // Under ZeRO stage 1 each replica's optimizer state is its own shard's: kept as it
+        // is (zeros, or this rank's checkpoint), never rank 0's.
+        self.k.set_replica(c.rank())?;
         self.collective = Some(c);
         Ok(())
     }
@@ -468,7 +471,7 @@ pub(crate) fn run_step<K: Kernels>(k: &K, s: &PlanStep, cx: &StepCx<'_>) -> Resu
         Phase::Forward | Phase::Recompute => forward(k, s, cx),
         Phase::Backward => backward(k, s, cx),
         Phase::Loss => loss(k, s),
-        Phase::Update => update(k, s),
+        Phase::Update => update(k, s, cx),
     };
     r.map_err(|e| match e {
         OpError::Kernel(e) => kerr(s, e),
@@ -655,7 +658,8 @@ fn forward<K: Kernels>(k: &K, s: &PlanStep, cx: &StepCx<'_>) -> std::result::Res
         | Op::KlNormal { .. }
         | Op::CheckFinite
         | Op::AllReduceGradients { .. }
-        | Op::Update => Err(not_in_phase(s)),
+        | Op::Update
+        | Op::AllGatherParams { .. } => Err(not_in_phase(s)),
     }
 }
 
@@ -795,7 +799,8 @@ fn backward<K: Kernels>(k: &K, s: &PlanStep, cx: &StepCx<'_>) -> std::result::Re
         | memwise_plan::loss_ops!()
         | Op::KlNormal { .. }
         | Op::CheckFinite
-        | Op::Update => Err(not_in_phase(s)),
+        | Op::Update
+        | Op::AllGatherParams { .. } => Err(not_in_phase(s)),
     }
 }
 
@@ -902,11 +907,12 @@ fn loss<K: Kernels>(k: &K, s: &PlanStep) -> std::result::Result<(), OpError> {
         | Op::Accumulate { .. }
         | Op::CheckFinite
         | Op::AllReduceGradients { .. }
-        | Op::Update => Err(not_in_phase(s)),
+        | Op::Update
+        | Op::AllGatherParams { .. } => Err(not_in_phase(s)),
     }
 }
 
-fn update<K: Kernels>(k: &K, s: &PlanStep) -> std::result::Result<(), OpError> {
+fn update<K: Kernels>(k: &K, s: &PlanStep, cx: &StepCx<'_>) -> std::result::Result<(), OpError> {
     match s.op {
         Op::CheckFinite => k.check_finite(),
         Op::Update => k.update(
@@ -914,8 +920,15 @@ fn update<K: Kernels>(k: &K, s: &PlanStep) -> std::result::Result<(), OpError> {
             UpdateStep {
                 optimizer: k.plan().optimizer,
                 params: &s.params,
+                rank: cx.replica as usize,
             },
         ),
+        Op::AllGatherParams { .. } => match cx.collective {
+            Some(c) => k.all_gather_params(&s.params, c),
+            None => Err(OpError::Runtime(RuntimeError::Input(
+                "a ZeRO plan's all-gather of updated weights without the other replicas".into(),
+            ))),
+        },
         Op::InputCast { .. }
         | Op::Cast { .. }
         | Op::Dense { .. }

@@ -29,6 +29,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use memwise_kernels::optimizer::LossScaler;
+use memwise_plan::data_parallel::Sharding;
 use memwise_plan::liveness::align_up;
 use memwise_plan::{StaticPlan, NO_OFFSET};
 use safetensors::tensor::{Metadata, TensorInfo, TensorView};
@@ -77,6 +78,9 @@ pub mod keys {
     pub const LOSS_SCALE_BACKOFF: &str = "memwise.loss_scale_backoff";
     pub const LOSS_SCALE_GOOD_STEPS: &str = "memwise.loss_scale_good_steps";
     pub const LOSS_SCALE_SKIPPED_IN_A_ROW: &str = "memwise.loss_scale_skipped_in_a_row";
+    /// Checkpoints of a ZeRO stage-1 replica: `"r/N"`, the replica whose shard of the
+    /// optimizer state the file holds, of how many.
+    pub const ZERO_SHARD: &str = "memwise.zero_shard";
 }
 
 /// At most this many mismatch lines in one error (the count of the rest follows).
@@ -450,6 +454,8 @@ pub(crate) trait PersistentState {
     fn write_persistent(&mut self, write: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<()>;
     fn counters(&self) -> TrainingCounters;
     fn set_counters(&mut self, c: TrainingCounters);
+    /// This engine's data-parallel replica index, once it has one.
+    fn replica_rank(&self) -> Option<usize>;
 }
 
 /// What a checkpoint restores besides tensors.
@@ -488,16 +494,18 @@ pub(crate) fn load_weights<M: PersistentState + ?Sized>(m: &mut M, path: &Path) 
 
 /// Writes a training checkpoint to `path` (see [`Executor::save_checkpoint`]).
 pub(crate) fn save_checkpoint<M: PersistentState + ?Sized>(m: &M, path: &Path) -> Result<()> {
+    let shard = state_shard(m.state_plan(), m.replica_rank(), "saving a checkpoint")?;
     let image = m.persistent_image()?;
-    let (mut entries, meta) = checkpoint_parts(m.state_plan(), &image, m.counters())?;
+    let (mut entries, meta) = checkpoint_parts(m.state_plan(), &image, m.counters(), shard)?;
     let header = encode_header(&mut entries, meta)?;
     write_atomic(path, "checkpoint", &header, &entries)
 }
 
 /// The bytes [`save_checkpoint`] would write.
 pub(crate) fn checkpoint_to_bytes<M: PersistentState + ?Sized>(m: &M) -> Result<Vec<u8>> {
+    let shard = state_shard(m.state_plan(), m.replica_rank(), "saving a checkpoint")?;
     let image = m.persistent_image()?;
-    let (mut entries, meta) = checkpoint_parts(m.state_plan(), &image, m.counters())?;
+    let (mut entries, meta) = checkpoint_parts(m.state_plan(), &image, m.counters(), shard)?;
     let header = encode_header(&mut entries, meta)?;
     Ok(concat(header, &entries))
 }
@@ -586,6 +594,10 @@ impl<K: Kernels> PersistentState for PlanExecutor<K> {
         }
     }
 
+    fn replica_rank(&self) -> Option<usize> {
+        self.collective().map(|c| c.rank())
+    }
+
     fn set_counters(&mut self, c: TrainingCounters) {
         self.seed = c.seed;
         self.step_counter = c.step;
@@ -631,8 +643,25 @@ fn weight_entries<'a>(plan: &StaticPlan, region: &'a [u8]) -> Result<Vec<Entry<'
         .collect()
 }
 
-/// Weights and optimizer-state slots: where each goes in the persistent region.
-fn checkpoint_slots(plan: &StaticPlan) -> Vec<Slot> {
+/// Under ZeRO stage 1 with more than one replica, the replica (`rank`) whose shard of the
+/// optimizer state this engine holds, or why it cannot say; `None` for an unsharded plan.
+fn state_shard(plan: &StaticPlan, rank: Option<usize>, what: &str) -> Result<Option<usize>> {
+    if plan.replicas <= 1 || plan.sharding == Sharding::Replicated {
+        return Ok(None);
+    }
+    rank.map(Some).ok_or_else(|| {
+        RuntimeError::Input(format!(
+            "{what}: the plan shards the optimizer state over {} replicas (ZeRO stage 1), and \
+             each replica's checkpoint holds its own shard: join the job first \
+             (`set_data_parallel`), then save or load each rank's own file",
+            plan.replicas
+        ))
+    })
+}
+
+/// Weights and optimizer-state slots: where each goes in the persistent region. Under ZeRO
+/// stage 1 (`shard`: this replica's rank) a state slot is the replica's shard of it.
+fn checkpoint_slots(plan: &StaticPlan, shard: Option<usize>) -> Vec<Slot> {
     let mut v: Vec<Slot> = plan
         .params
         .iter()
@@ -644,11 +673,15 @@ fn checkpoint_slots(plan: &StaticPlan) -> Vec<Slot> {
         .collect();
     let slots = plan.optimizer.state_slots();
     for p in plan.params.iter().filter(|p| p.state_offset != NO_OFFSET) {
-        let stride = align_up(p.elems() as u64 * 4, plan.alignment);
+        let stride = align_up(plan.state_elems(p) as u64 * 4, plan.alignment);
+        let shape = match shard {
+            Some(rank) => vec![plan.shard(p, rank).len()],
+            None => p.shape.to_vec(),
+        };
         for k in 0..slots {
             v.push(Slot {
                 name: format!("{}.opt{k}", p.name),
-                shape: p.shape.to_vec(),
+                shape: shape.clone(),
                 offset: p.state_offset + k * stride,
             });
         }
@@ -656,12 +689,37 @@ fn checkpoint_slots(plan: &StaticPlan) -> Vec<Slot> {
     v
 }
 
+/// A checkpoint's shard (its `memwise.zero_shard`) against this engine's: one replica's
+/// shard of the optimizer state fits that replica alone.
+fn check_shard(
+    plan: &StaticPlan,
+    meta: &HashMap<String, String>,
+    shard: Option<usize>,
+    label: &str,
+) -> Result<()> {
+    let file = meta.get(keys::ZERO_SHARD).map(String::as_str);
+    let mine = shard.map(|r| format!("{r}/{}", plan.replicas));
+    if file == mine.as_deref() {
+        return Ok(());
+    }
+    let whose = |s: Option<&str>| match s {
+        Some(s) => format!("replica {s}'s shard of the optimizer state (ZeRO stage 1)"),
+        None => "the whole optimizer state".to_string(),
+    };
+    Err(RuntimeError::Io(format!(
+        "{label}: the checkpoint holds {}, this engine keeps {}: load each rank's own file",
+        whose(file),
+        whose(mine.as_deref())
+    )))
+}
+
 fn checkpoint_parts<'a>(
     plan: &StaticPlan,
     region: &'a [u8],
     c: TrainingCounters,
+    shard: Option<usize>,
 ) -> Result<(Vec<Entry<'a>>, BTreeMap<String, String>)> {
-    let entries = checkpoint_slots(plan)
+    let entries = checkpoint_slots(plan, shard)
         .into_iter()
         .map(|s| {
             let elems = s.shape.iter().product();
@@ -683,6 +741,9 @@ fn checkpoint_parts<'a>(
         keys::OPTIMIZER_SLOTS,
         plan.optimizer.state_slots().to_string(),
     );
+    if let Some(rank) = shard {
+        put(keys::ZERO_SHARD, format!("{rank}/{}", plan.replicas));
+    }
     put(keys::SEED, c.seed.to_string());
     put(keys::STEP, c.step.to_string());
     put(keys::UPDATES, c.updates.to_string());
@@ -740,7 +801,9 @@ fn load_checkpoint_labelled<M: PersistentState + ?Sized>(
 ) -> Result<()> {
     let file = parse(bytes, label)?;
     let plan = m.state_plan();
-    let slots = checkpoint_slots(plan);
+    let shard = state_shard(plan, m.replica_rank(), label)?;
+    check_shard(plan, &file.meta, shard, label)?;
+    let slots = checkpoint_slots(plan, shard);
     let checked = check(
         plan,
         file,

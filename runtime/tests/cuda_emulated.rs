@@ -22,6 +22,7 @@ use std::rc::Rc;
 use half::{bf16, f16};
 use memwise_kernels::cublas_map::{self as cm, CublasGemm, GemmBuffers};
 use memwise_kernels::cuda::{Float, KernelCall};
+use memwise_plan::data_parallel::Sharding;
 use memwise_plan::generate::{random_chain, random_dag};
 use memwise_plan::{plan, zoo, DType, ModelSpec, Precision, StaticPlan};
 use memwise_runtime::cuda::{scalars_bytes, Backend, GpuExecutor};
@@ -1426,6 +1427,32 @@ fn replicas_on_emulated_devices_train_as_one_cpu_at_the_global_batch() {
                 p.name
             );
         }
+    }
+}
+
+/// ZeRO stage 1 on the GPU executor: each emulated device's multi-tensor update covers its
+/// own shard (its chunk table rebuilt for its rank) and the gather brings the others' back,
+/// so the replicas end with the bits unsharded replicas reach.
+#[test]
+fn sharded_replicas_on_emulated_devices_train_as_unsharded_ones() {
+    for spec in [zoo::mnist_mlp(32), zoo::conv_vae(4)] {
+        let one = plan(&spec).unwrap();
+        let inputs: Vec<Vec<Vec<u8>>> = (0..3).map(|s| random_inputs(&one, 500 + s)).collect();
+        let two = spec.with_replicas(2);
+        let plain = emulated_replicas(&plan(&two).unwrap(), &inputs);
+        let sharded_plan = plan(&two.with_sharding(Sharding::OptimizerState)).unwrap();
+        assert!(sharded_plan.memory.optimizer < plan(&two).unwrap().memory.optimizer);
+        let sharded = emulated_replicas(&sharded_plan, &inputs);
+        assert_eq!(
+            sharded[0], sharded[1],
+            "{}: the replicas drifted apart",
+            spec.name
+        );
+        assert_eq!(
+            plain[0], sharded[0],
+            "{}: sharded differs from unsharded",
+            spec.name
+        );
     }
 }
 

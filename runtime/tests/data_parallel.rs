@@ -8,29 +8,11 @@ use std::sync::Arc;
 use memwise_plan::{zoo, ModelSpec, Op};
 use memwise_runtime::collective::{Collective, ThreadGroup};
 use memwise_runtime::data::dataset::{Column, Dataset, InMemory};
-use memwise_runtime::reference::{digits_dataset, xorshift};
 use memwise_runtime::train::{Evaluation, FitOptions, Trainer};
 use memwise_runtime::Device;
 
-/// `n` MNIST-shaped samples: u8 pixels with a little structure, and labels that follow it.
-fn digits(n: usize) -> InMemory {
-    let mut next = xorshift(0x2545_F491_4F6C_DD1D);
-    let labels: Vec<i32> = (0..n).map(|_| (next() % 10) as i32).collect();
-    let pixels: Vec<u8> = (0..n * 784)
-        .map(|i| {
-            let (s, p) = (i / 784, i % 784);
-            let bright = (p / 78) as i32 == labels[s];
-            (next() % 64) as u8 + if bright { 160 } else { 0 }
-        })
-        .collect();
-    digits_dataset(pixels, labels)
-}
-
-/// Only the pixels (the VAE's one input).
-fn pixels_only(n: usize) -> InMemory {
-    let d = digits(n);
-    InMemory::new(vec![d.columns()[0].clone()]).unwrap()
-}
+mod support;
+use support::replicas::{digits, pixels_only, weights, Weights};
 
 fn options() -> FitOptions {
     FitOptions {
@@ -43,19 +25,8 @@ fn options() -> FitOptions {
     }
 }
 
-/// Every parameter's values, by name.
-type Weights = Vec<(String, Vec<f32>)>;
-
 /// What one training ran to: its weights and its per-step losses.
 type Trained = (Weights, Vec<f32>);
-
-fn weights(t: &Trainer) -> Weights {
-    t.plan()
-        .params
-        .iter()
-        .map(|p| (p.name.to_string(), t.engine().param(&p.name).unwrap()))
-        .collect()
-}
 
 /// `spec` trained by `fit` on one device: its weights and per-step losses.
 fn one_device(spec: &ModelSpec, data: &InMemory) -> Trained {

@@ -1,5 +1,5 @@
 //! `Collective`: what data-parallel training asks of the other replicas — sums over every
-//! rank, a broadcast, a barrier — behind one trait, so the walk and the trainer never know
+//! rank, a broadcast, a barrier, ZeRO's all-gather of updated shards — behind one trait, so the walk and the trainer never know
 //! which engine carries it: [`Threads`] (replicas as threads of one process: tests, the
 //! emulated GPU) or, with the `mpi` feature, `Mpi` (ranks launched by `mpirun`).
 //!
@@ -13,6 +13,8 @@ pub use threads::{ThreadGroup, Threads};
 mod mpi;
 #[cfg(feature = "mpi")]
 pub use self::mpi::Mpi;
+
+use memwise_plan::data_parallel::shard_range;
 
 use crate::error::Result;
 
@@ -31,6 +33,29 @@ pub trait Collective: Send + Sync {
     fn broadcast(&self, root: usize, bytes: &mut [u8]) -> Result<()>;
     /// Returns once every rank has called it.
     fn barrier(&self) -> Result<()>;
+    /// ZeRO's all-gather: `bytes` (the same length on every rank, `elem_bytes` per element)
+    /// is up to date on rank `r` in its shard, the elements
+    /// [`shard_range`]`(len, r, size)`; copies every rank's shard to every other rank, in
+    /// place. One broadcast per rank from its own shard: nothing is held beside the values
+    /// but what a broadcast holds.
+    fn all_gather_shards(&self, bytes: &mut [u8], elem_bytes: usize) -> Result<()> {
+        let elem = elem_bytes.max(1);
+        if !bytes.len().is_multiple_of(elem) {
+            return Err(crate::error::RuntimeError::Input(format!(
+                "an all-gather of {} bytes in elements of {elem}",
+                bytes.len()
+            )));
+        }
+        let n = bytes.len() / elem;
+        for r in 0..self.size() {
+            let shard = shard_range(n, r, self.size());
+            // Every rank computes the same ranges, so all skip an empty shard alike.
+            if !shard.is_empty() {
+                self.broadcast(r, &mut bytes[shard.start * elem..shard.end * elem])?;
+            }
+        }
+        Ok(())
+    }
     /// What carries it, for messages ("threads", "MPI").
     fn engine(&self) -> &'static str;
     /// Host memory this engine holds beside the values while it sums `largest` f32 values

@@ -191,6 +191,10 @@ impl Kernels for CpuKernels {
         self.refresh_half_copies(None)
     }
 
+    fn set_replica(&mut self, _rank: usize) -> Result<()> {
+        Ok(()) // each update step carries the rank (`UpdateStep::rank`)
+    }
+
     fn poison(&self, ids: &[u32], padding: &[(u64, u64)]) -> Result<()> {
         self.poison_tensors(ids, padding)
     }
@@ -1370,11 +1374,14 @@ impl Kernels for CpuKernels {
         let slots = u.optimizer.state_slots() as usize;
         for &pid in u.params {
             let p = &self.plan.params[pid as usize];
-            let n = p.elems();
-            let stride = (align_up(n as u64 * 4, self.plan.alignment) / 4) as usize;
+            // Under ZeRO stage 1 this replica's shard; its state holds just that.
+            let shard = self.plan.shard(p, u.rank);
+            let n = shard.len();
+            let stride = align_up(self.plan.state_elems(p) as u64 * 4, self.plan.alignment);
+            let stride = (stride / 4) as usize;
             unsafe {
-                let vals = self.persistent.view_mut::<f32>(p.offset, n)?;
-                let grads = self.persistent.view::<f32>(p.grad_offset, n)?;
+                let vals = self.persistent.view_mut::<f32>(p.offset, p.elems())?;
+                let grads = self.persistent.view::<f32>(p.grad_offset, p.elems())?;
                 let mut states: [&mut [f32]; 3] = [&mut [], &mut [], &mut []];
                 if slots > 0 {
                     let all = self
@@ -1386,32 +1393,51 @@ impl Kernels for CpuKernels {
                 }
                 self.opt.update(
                     sc.update,
-                    vals,
-                    grads,
+                    &mut vals[shard.clone()],
+                    &grads[shard.clone()],
                     &mut states[..slots],
                     sc.grad_unscale,
                 )?;
             }
             if p.half_copy.is_some() {
-                refresh_one(self, pid as usize)?;
+                refresh_one(self, pid as usize, shard)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn all_gather_params(&self, params: &[u32], c: &dyn Collective) -> OpResult {
+        if self.nonfinite.get() {
+            return Ok(()); // no replica updated: every one holds the same weights still
+        }
+        for &pid in params {
+            let p = &self.plan.params[pid as usize];
+            // SAFETY: no other view of the parameters is live between steps.
+            let values = unsafe { self.persistent.view_mut::<u8>(p.offset, p.elems() * 4)? };
+            c.all_gather_shards(values, 4).map_err(OpError::Runtime)?;
+            if p.half_copy.is_some() {
+                refresh_one(self, pid as usize, 0..p.elems())?;
             }
         }
         Ok(())
     }
 }
 
-/// Refreshes parameter `pid`'s 16-bit copy from its f32 values (after an update).
-fn refresh_one(k: &CpuKernels, pid: usize) -> OpResult {
+/// Refreshes elements `range` of parameter `pid`'s 16-bit copy from its f32 values (after
+/// an update).
+fn refresh_one(k: &CpuKernels, pid: usize, range: std::ops::Range<usize>) -> OpResult {
     let p = &k.plan.params[pid];
+    let (at, n) = (range.start as u64, range.len());
     unsafe {
-        let src = k.persistent.view::<f32>(p.offset, p.elems())?;
+        let src = k.persistent.view::<f32>(p.offset + 4 * at, n)?;
         match p.half_copy {
-            Some(DType::F16) => {
-                k::elementwise::cast(src, k.persistent.view_mut::<f16>(p.half_offset, p.elems())?)?
-            }
+            Some(DType::F16) => k::elementwise::cast(
+                src,
+                k.persistent.view_mut::<f16>(p.half_offset + 2 * at, n)?,
+            )?,
             Some(DType::BF16) => k::elementwise::cast(
                 src,
-                k.persistent.view_mut::<bf16>(p.half_offset, p.elems())?,
+                k.persistent.view_mut::<bf16>(p.half_offset + 2 * at, n)?,
             )?,
             _ => {}
         }

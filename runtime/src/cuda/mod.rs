@@ -98,7 +98,7 @@ pub(crate) fn update_table_at(plan: &StaticPlan) -> u64 {
 /// plan's loss values and the optimizer's chunk table: with the two regions, all the device
 /// memory it takes.
 pub fn scalars_bytes(plan: &StaticPlan) -> u64 {
-    scalars_block_bytes(plan, update_table::update_table(plan, 0).chunks.len())
+    scalars_block_bytes(plan, update_table::update_table(plan, 0, 0).chunks.len())
 }
 
 /// [`scalars_bytes`] for a chunk table of `chunks` entries.
@@ -133,6 +133,8 @@ pub struct CudaKernels<B: Backend> {
     /// `update_table` (in the scalars block).
     update_steps: std::collections::BTreeMap<u32, (usize, usize)>,
     update_table: u64,
+    /// The replica whose shards the chunk table updates (ZeRO stage 1; 0 otherwise).
+    update_rank: usize,
     /// The arena's padding, poisoned before each launch once the poisoned-arena test began.
     padding: std::sync::OnceLock<Vec<(u64, u64)>>,
     /// The running step's scalars (set by `begin_step`).
@@ -166,8 +168,9 @@ impl<B: Backend> CudaKernels<B> {
     /// the weights, initialised on the host exactly as the CPU kernels initialise them.
     pub fn new(plan: StaticPlan, device: &Device, mut backend: B, seed: u64) -> Result<Self> {
         // The optimizer's chunk table: its size counts now (built at address 0, which gives
-        // the same chunks), its addresses once the persistent region is allocated.
-        let mut table = update_table::update_table(&plan, 0);
+        // the same chunks), its addresses once the persistent region is allocated. Rank 0's
+        // (its shards are the longest): `set_replica` rebuilds it for another.
+        let mut table = update_table::update_table(&plan, 0, 0);
         let scalars_bytes = scalars_block_bytes(&plan, table.chunks.len());
         let total = plan.persistent_bytes + scalars_bytes + plan.arena_bytes;
         let mem = backend.memory();
@@ -199,7 +202,7 @@ impl<B: Backend> CudaKernels<B> {
             .alloc((plan.persistent_bytes + scalars_bytes) as usize)
             .map_err(dev)?;
         let arena = backend.alloc(plan.arena_bytes as usize).map_err(dev)?;
-        table = update_table::update_table(&plan, persistent);
+        table = update_table::update_table(&plan, persistent, 0);
         let table_at = persistent + plan.persistent_bytes + update_table_at(&plan);
         // SAFETY: the persistent allocation holds persistent_bytes, then the scalars block,
         // which has room for the table (scalars_bytes).
@@ -223,6 +226,7 @@ impl<B: Backend> CudaKernels<B> {
             grads_range,
             update_steps: table.steps,
             update_table: table_at,
+            update_rank: 0,
             step: StepScalars {
                 step: 0,
                 loss_scale: 1.0,
@@ -505,7 +509,29 @@ impl<B: Backend> CudaKernels<B> {
 
     /// Overwrites parameter `pid` with `values`, and its 16-bit copy when it has one (rounded
     /// on the host as the CPU rounds it).
-    fn upload_param(&mut self, pid: u32, values: &[f32]) -> Result<()> {
+    /// Rebuilds the optimizer's chunk table for replica `rank`'s shards (ZeRO stage 1) in
+    /// the room rank 0's took: every other replica's shards are as long or shorter.
+    fn rebuild_update_table(&mut self, rank: usize) -> Result<()> {
+        let table = update_table::update_table(&self.plan, self.persistent, rank);
+        let room = update_table::update_table(&self.plan, 0, 0).chunks.len();
+        if table.chunks.len() > room {
+            return Err(RuntimeError::Memory(format!(
+                "replica {rank}'s optimizer chunk table has {} entries, the room made for it {room}",
+                table.chunks.len()
+            )));
+        }
+        // SAFETY: the table's room in the scalars block (`scalars_bytes`) holds `room` entries.
+        unsafe {
+            self.backend
+                .upload(slice_bytes(&table.chunks), self.update_table)
+                .map_err(dev)?;
+        }
+        self.update_steps = table.steps;
+        self.update_rank = rank;
+        Ok(())
+    }
+
+    fn upload_param(&self, pid: u32, values: &[f32]) -> Result<()> {
         let p = &self.plan.params[pid as usize];
         let half: Option<Vec<u8>> = match p.half_copy {
             Some(DType::F16) => {

@@ -25,9 +25,11 @@ use memwise_plan::{Activation as Act, DType, Optimizer, PlanStep, Reduction, Sta
 use super::{dev, p, u, Backend, CudaKernels};
 use crate::collective::Collective;
 use crate::cpu::Opt;
-use crate::error::Result;
+use crate::error::{Result, RuntimeError};
 use crate::executor::Batch;
-use crate::kernels::{pointwise, BceInput, Kernels, OpResult, StepFlags, StepScalars, UpdateStep};
+use crate::kernels::{
+    pointwise, BceInput, Kernels, OpError, OpResult, StepFlags, StepScalars, UpdateStep,
+};
 
 /// The code and parameter the pointwise activation kernels take for `act`.
 fn act_args(act: Act) -> std::result::Result<[KArg; 2], crate::kernels::OpError> {
@@ -1800,7 +1802,40 @@ impl<B: Backend> Kernels for CudaKernels<B> {
     }
 
     fn update(&self, step: &PlanStep, up: UpdateStep<'_>) -> OpResult {
+        if up.rank != self.update_rank {
+            return Err(OpError::Runtime(RuntimeError::Device(format!(
+                "the optimizer's chunk table updates replica {}'s shards, the step is replica \
+                 {}'s (set_replica was not called)",
+                self.update_rank, up.rank
+            ))));
+        }
         self.optimizer_launch(up.optimizer, step.index)?;
         Ok(())
+    }
+
+    fn all_gather_params(&self, params: &[u32], c: &dyn Collective) -> OpResult {
+        // Through the host, as the gradient sums; a step flagged non-finite updated nothing,
+        // so the gather copies equal values (the flag stays on the device).
+        for &pid in params {
+            let prm = &self.plan.params[pid as usize];
+            let mut raw = vec![0u8; prm.elems() * 4];
+            // SAFETY: the parameter's f32 values lie inside the persistent region.
+            unsafe {
+                (self.backend)
+                    .download(self.persistent + prm.offset, &mut raw)
+                    .map_err(dev)?
+            };
+            c.all_gather_shards(&mut raw, 4)?;
+            let values: Vec<f32> = raw
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            self.upload_param(pid, &values)?;
+        }
+        Ok(())
+    }
+
+    fn set_replica(&mut self, rank: usize) -> Result<()> {
+        self.rebuild_update_table(rank)
     }
 }

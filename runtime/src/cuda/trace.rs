@@ -32,6 +32,7 @@ use std::cell::{Cell, RefCell};
 
 use memwise_kernels::cublas_map::{CublasGemm, GemmBuffers};
 use memwise_kernels::cuda::launch::{Float, KArg, KernelCall};
+use memwise_plan::liveness::align_up;
 use memwise_plan::{Op, Phase, PlanStep, StaticPlan, NO_OFFSET};
 
 use super::{scalars_bytes, update_table_at, Backend, CudaKernels};
@@ -222,7 +223,7 @@ impl AddressMap {
         }
         for (i, p) in plan.params.iter().enumerate() {
             let (id, elems) = (i as u32, p.elems() as u64);
-            let mut add = |offset: u64, size: u64, slot: Slot| {
+            let mut add = |offset: u64, elems: u64, size: u64, slot: Slot| {
                 if offset != NO_OFFSET {
                     spans.push(Span {
                         start: persistent.saturating_add(offset),
@@ -232,17 +233,18 @@ impl AddressMap {
                     });
                 }
             };
-            add(p.offset, 4, Slot::Param(id));
+            add(p.offset, elems, 4, Slot::Param(id));
             if let Some(h) = p.half_copy {
-                add(p.half_offset, h.size(), Slot::HalfCopy(id));
+                add(p.half_offset, elems, h.size(), Slot::HalfCopy(id));
             }
             if p.trainable {
-                add(p.grad_offset, 4, Slot::Grad(id));
+                add(p.grad_offset, elems, 4, Slot::Grad(id));
+                // Each slot one replica's shard under ZeRO stage 1, aligned as laid out.
+                let state_elems = plan.state_elems(p) as u64;
+                let stride = align_up(state_elems.saturating_mul(4), plan.alignment);
                 for s in 0..plan.optimizer.state_slots() {
-                    let off = p
-                        .state_offset
-                        .saturating_add(s.saturating_mul(elems.saturating_mul(4)));
-                    add(off, 4, Slot::State(id, s as u32));
+                    let off = p.state_offset.saturating_add(s.saturating_mul(stride));
+                    add(off, state_elems, 4, Slot::State(id, s as u32));
                 }
             }
         }

@@ -22,15 +22,18 @@ pub(crate) struct UpdateTable {
     pub steps: BTreeMap<u32, (usize, usize)>,
 }
 
-/// The table of `plan`'s update steps with its persistent region at `persistent`. Parameters
-/// without a gradient (frozen, or not trained) have no chunks; a step with none is left out.
-pub(crate) fn update_table(plan: &StaticPlan, persistent: u64) -> UpdateTable {
+/// The table of `plan`'s update steps with its persistent region at `persistent`, for
+/// replica `rank` (under ZeRO stage 1 its shard of each parameter; rank 0's shards are the
+/// longest, so its table is the largest). Parameters without a gradient (frozen, or not
+/// trained) have no chunks; a step with none is left out.
+pub(crate) fn update_table(plan: &StaticPlan, persistent: u64, rank: usize) -> UpdateTable {
     let trained = |pid: &&u32| plan.params[**pid as usize].grad_offset != NO_OFFSET;
     let updates = || plan.steps.iter().filter(|s| matches!(s.op, Op::Update));
     let total: u64 = updates()
         .flat_map(|s| s.params.iter().filter(trained))
         .map(|&pid| plan.params[pid as usize].elems() as u64)
         .sum();
+    // From the whole parameters, so every rank splits its shards alike.
     let chunk = MwUpdateChunk::chunk_elems(total);
     let mut table = UpdateTable {
         chunks: Vec::new(),
@@ -39,9 +42,11 @@ pub(crate) fn update_table(plan: &StaticPlan, persistent: u64) -> UpdateTable {
     for s in updates() {
         let first = table.chunks.len();
         for &pid in s.params.iter().filter(trained) {
-            let n = plan.params[pid as usize].elems() as u64;
-            let proto = parameter_chunk(plan, pid, persistent);
-            table.chunks.extend(MwUpdateChunk::split(proto, n, chunk));
+            let shard = plan.shard(&plan.params[pid as usize], rank);
+            let proto = parameter_chunk(plan, pid, persistent, shard.start as u64);
+            table
+                .chunks
+                .extend(MwUpdateChunk::split(proto, shard.len() as u64, chunk));
         }
         let count = table.chunks.len() - first;
         if count > 0 {
@@ -51,12 +56,13 @@ pub(crate) fn update_table(plan: &StaticPlan, persistent: u64) -> UpdateTable {
     table
 }
 
-/// Parameter `pid`'s addresses as a chunk (its range left empty): values, gradient, the
-/// optimizer state slots where the kernel of `plan.optimizer` expects them, 16-bit copy.
-fn parameter_chunk(plan: &StaticPlan, pid: u32, persistent: u64) -> MwUpdateChunk {
+/// Parameter `pid`'s addresses from its element `first` on as a chunk (its range left
+/// empty): values, gradient, the optimizer state slots where the kernel of
+/// `plan.optimizer` expects them (which hold the shard that starts at `first`), 16-bit copy.
+fn parameter_chunk(plan: &StaticPlan, pid: u32, persistent: u64, first: u64) -> MwUpdateChunk {
     let prm = &plan.params[pid as usize];
     let slots = plan.optimizer.state_slots();
-    let stride = align_up(prm.elems() as u64 * 4, plan.alignment);
+    let stride = align_up(plan.state_elems(prm) as u64 * 4, plan.alignment);
     let state = |slot: u64| {
         if slot < slots {
             persistent + prm.state_offset + slot * stride
@@ -69,10 +75,12 @@ fn parameter_chunk(plan: &StaticPlan, pid: u32, persistent: u64) -> MwUpdateChun
         _ => Float::F16,
     });
     MwUpdateChunk {
-        p: persistent + prm.offset,
-        g: persistent + prm.grad_offset,
+        p: persistent + prm.offset + 4 * first,
+        g: persistent + prm.grad_offset + 4 * first,
         s: state_pointers(&plan.optimizer, &state),
-        half: half.map_or(0, |_| persistent + prm.half_offset),
+        half: half.map_or(0, |h| {
+            persistent + prm.half_offset + h.size() as u64 * first
+        }),
         half_kind: MwUpdateChunk::half_kind(half),
         ..MwUpdateChunk::default()
     }
