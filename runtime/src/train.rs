@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use memwise_plan::advice::format_bytes;
-use memwise_plan::{plan, plan_inference, ModelSpec, Op, StaticPlan};
+use memwise_plan::{plan, plan_inference, ModelSpec, Op, StaticPlan, NONE};
 
 use crate::collective::Collective;
 use crate::data::dataset::{Column, Dataset};
@@ -799,7 +799,7 @@ impl Trainer {
     }
 
     /// The batch sizes `evaluate` and `predict` run over `samples` samples in (this rank's
-    /// share of them, data parallel for `evaluate`): full batches and the tail.
+    /// share of them, data parallel): full batches and the tail.
     fn inference_batches(&self, samples: usize) -> Vec<usize> {
         let batch = self.plan().batch;
         let mut sizes = vec![batch.min(samples), samples % batch];
@@ -808,8 +808,8 @@ impl Trainer {
         sizes
     }
 
-    /// The samples `first..end` of `samples` this rank evaluates: all of them on one device,
-    /// rank `r` of `N` replicas `r·samples/N .. (r+1)·samples/N`.
+    /// The samples `first..end` of `samples` this rank evaluates or predicts: all of them on
+    /// one device, rank `r` of `N` replicas `r·samples/N .. (r+1)·samples/N`.
     fn evaluation_share(&self, samples: usize) -> (usize, usize) {
         let shard = self.shard();
         let bound = |r: usize| r * samples / shard.replicas;
@@ -901,16 +901,27 @@ impl Trainer {
     }
 
     /// The model's prediction for every sample (row-major, `[samples, …]`), in inference
-    /// mode. Label columns are read but do not change the prediction.
+    /// mode. Label columns are read but do not change the prediction. Data parallel, each
+    /// rank predicts its share of the samples (as `evaluate` splits them) and every rank
+    /// returns every sample's prediction, as Keras's `predict` under a strategy does.
     pub fn predict(&mut self, data: &dyn Dataset) -> Result<Vec<f32>> {
         self.check_columns(data, "`predict` needs at least one sample")?;
-        let batch = self.plan().batch;
-        let mut out = Vec::new();
-        self.reserve_inference(&self.inference_batches(data.len()))?;
-        data.will_gather(&(0..data.len()).collect::<Vec<_>>(), batch);
-        let mut start = 0;
-        while start < data.len() {
-            let n = batch.min(data.len() - start);
+        let p = self.plan();
+        let (batch, prediction) = (p.batch, p.prediction);
+        if prediction == NONE {
+            return Err(RuntimeError::Input(
+                "`predict`: the model has no prediction (no loss reads a layer)".into(),
+            ));
+        }
+        // Per sample, as the training plan's prediction tensor holds it.
+        let width = p.tensor(prediction).elems() / batch.max(1);
+        let (first, end) = self.evaluation_share(data.len());
+        let mut out = vec![0f32; data.len() * width];
+        self.reserve_inference(&self.inference_batches(end - first))?;
+        data.will_gather(&(first..end).collect::<Vec<_>>(), batch);
+        let mut start = first;
+        while start < end {
+            let n = batch.min(end - start);
             let k = self.inference(n)?;
             let idx: Vec<usize> = (start..start + n).collect();
             let mut bufs: Vec<Column> = data.columns().iter().map(|c| c.buffer(n)).collect();
@@ -920,12 +931,19 @@ impl Trainer {
                 .engine
                 .evaluate_step(&batches)
                 .map_err(|e| in_dataset(e, &idx, "`predict`"))?;
-            let ex = &self.infer[k].engine;
-            let elems = ex.plan().tensor(ex.plan().prediction).elems();
-            let at = out.len();
-            out.resize(at + elems, 0.0);
-            ex.read_prediction(&mut out[at..])?;
+            let rows = start * width..(start + n) * width;
+            self.infer[k].engine.read_prediction(&mut out[rows])?;
             start += n;
+        }
+        if let Some(c) = self.train.collective() {
+            // Each rank predicted its share; every rank returns every sample's prediction.
+            let bound = |r: usize| r * data.len() / c.size() * width * 4;
+            let part = |r: usize| bound(r)..bound(r + 1);
+            // SAFETY: the f32 values' bytes, for as long as `out` is borrowed here.
+            let bytes = unsafe {
+                std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), out.len() * 4)
+            };
+            c.all_gather_parts(bytes, &part)?;
         }
         Ok(out)
     }

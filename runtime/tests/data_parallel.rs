@@ -131,15 +131,16 @@ fn two_replicas_train_the_vae_as_one_device_including_its_sampling() {
     check_equivalent(&zoo::conv_vae(16), &pixels_only(170), 1e-5);
 }
 
-/// `evaluate` on replicas: each rank evaluates its share of the samples (an uneven split of
-/// 1,001 samples, with partial batches) and every rank returns the whole set's figures, those
-/// one device gets with the same weights.
+/// `evaluate` and `predict` on replicas: each rank evaluates and predicts its share of the
+/// samples (an uneven split of 1,001 samples, with partial batches) and every rank returns
+/// the whole set's figures and every sample's prediction, those one device gets with the same
+/// weights.
 #[test]
-fn evaluate_on_replicas_returns_the_whole_sets_figures() {
+fn evaluate_and_predict_on_replicas_return_the_whole_sets_results() {
     let (train, held_out) = (digits(640), digits(1001));
     let spec = zoo::mnist_mlp(128).with_replicas(2);
     let ranks = ThreadGroup::new(2);
-    let results: Vec<(Weights, Evaluation)> = std::thread::scope(|s| {
+    let results: Vec<(Weights, Evaluation, Vec<f32>)> = std::thread::scope(|s| {
         let hs: Vec<_> = ranks
             .into_iter()
             .map(|c| {
@@ -149,7 +150,8 @@ fn evaluate_on_replicas_returns_the_whole_sets_figures() {
                     t.set_data_parallel(Arc::new(c) as Arc<dyn Collective>)
                         .unwrap();
                     t.fit(train, None, &options(), &mut []).unwrap();
-                    (weights(&t), t.evaluate(held_out).unwrap())
+                    let e = t.evaluate(held_out).unwrap();
+                    (weights(&t), e, t.predict(held_out).unwrap())
                 })
             })
             .collect();
@@ -160,7 +162,19 @@ fn evaluate_on_replicas_returns_the_whole_sets_figures() {
         one.engine_mut().set_param(name, values).unwrap();
     }
     let whole = one.evaluate(&held_out).unwrap();
-    for (_, e) in &results {
+    let predictions = one.predict(&held_out).unwrap();
+    assert_eq!(predictions.len(), 1001 * 10);
+    for (_, _, p) in &results {
+        // The same rows through GEMMs of other heights: equal to rounding.
+        let worst = p
+            .iter()
+            .zip(&predictions)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-6, "predictions differ by {worst:e}");
+    }
+    assert_eq!(results[0].2, results[1].2, "the ranks' predictions");
+    for (_, e, _) in &results {
         assert_eq!(e.samples, 1001);
         assert_eq!(e.accuracy, whole.accuracy, "accuracy over the ranks");
         let d = (e.loss - whole.loss).abs() / whole.loss;

@@ -27,4 +27,13 @@ fn main() {
     assert!(MnistMlp::MEMORY.optimizer >= half);
     assert!(MnistMlp::MEMORY.optimizer < half + 4 * 256 * 2);
     assert_eq!(MnistMlp::MEMORY.params, whole.memory.params);
+    let summary = MnistMlp::summary().to_string();
+    assert!(
+        summary.contains("(this replica's 1/2 shard: ZeRO stage 1)"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("the optimizer state is split among them"),
+        "{summary}"
+    );
 }

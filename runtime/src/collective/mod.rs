@@ -1,5 +1,5 @@
 //! `Collective`: what data-parallel training asks of the other replicas — sums over every
-//! rank, a broadcast, a barrier, ZeRO's all-gather of updated shards — behind one trait, so the walk and the trainer never know
+//! rank, a broadcast, a barrier, all-gathers (ZeRO's updated shards, predictions) — behind one trait, so the walk and the trainer never know
 //! which engine carries it: [`Threads`] (replicas as threads of one process: tests, the
 //! emulated GPU) or, with the `mpi` feature, `Mpi` (ranks launched by `mpirun`).
 //!
@@ -16,7 +16,9 @@ pub use self::mpi::Mpi;
 
 use memwise_plan::data_parallel::shard_range;
 
-use crate::error::Result;
+use std::ops::Range;
+
+use crate::error::{Result, RuntimeError};
 
 /// The replicas of one data-parallel job, seen from one of them.
 pub trait Collective: Send + Sync {
@@ -33,28 +35,49 @@ pub trait Collective: Send + Sync {
     fn broadcast(&self, root: usize, bytes: &mut [u8]) -> Result<()>;
     /// Returns once every rank has called it.
     fn barrier(&self) -> Result<()>;
+    /// Every rank holds the same `bytes`, of which rank `r`'s part (the byte range `part(r)`,
+    /// the same on every rank; parts do not overlap) is up to date there: copies each rank's
+    /// part to every other rank, in place. One broadcast per rank from its own part: nothing
+    /// is held beside the values but what a broadcast holds.
+    fn all_gather_parts(
+        &self,
+        bytes: &mut [u8],
+        part: &dyn Fn(usize) -> Range<usize>,
+    ) -> Result<()> {
+        for r in 0..self.size() {
+            let range = part(r);
+            // Every rank computes the same ranges, so all skip an empty part alike.
+            if range.is_empty() {
+                continue;
+            }
+            let Some(mine) = bytes.get_mut(range.clone()) else {
+                return Err(RuntimeError::Input(format!(
+                    "an all-gather of {} bytes with rank {r}'s part at {range:?}",
+                    bytes.len()
+                )));
+            };
+            self.broadcast(r, mine)?;
+        }
+        Ok(())
+    }
+
     /// ZeRO's all-gather: `bytes` (the same length on every rank, `elem_bytes` per element)
     /// is up to date on rank `r` in its shard, the elements
-    /// [`shard_range`]`(len, r, size)`; copies every rank's shard to every other rank, in
-    /// place. One broadcast per rank from its own shard: nothing is held beside the values
-    /// but what a broadcast holds.
+    /// [`shard_range`]`(len, r, size)`; copies every rank's shard to every other rank.
     fn all_gather_shards(&self, bytes: &mut [u8], elem_bytes: usize) -> Result<()> {
         let elem = elem_bytes.max(1);
         if !bytes.len().is_multiple_of(elem) {
-            return Err(crate::error::RuntimeError::Input(format!(
+            return Err(RuntimeError::Input(format!(
                 "an all-gather of {} bytes in elements of {elem}",
                 bytes.len()
             )));
         }
-        let n = bytes.len() / elem;
-        for r in 0..self.size() {
-            let shard = shard_range(n, r, self.size());
-            // Every rank computes the same ranges, so all skip an empty shard alike.
-            if !shard.is_empty() {
-                self.broadcast(r, &mut bytes[shard.start * elem..shard.end * elem])?;
-            }
-        }
-        Ok(())
+        let (n, size) = (bytes.len() / elem, self.size());
+        let part = |r: usize| {
+            let s = shard_range(n, r, size);
+            s.start * elem..s.end * elem
+        };
+        self.all_gather_parts(bytes, &part)
     }
     /// What carries it, for messages ("threads", "MPI").
     fn engine(&self) -> &'static str;
