@@ -11,8 +11,9 @@
 // Forward, pair (b, hd), query row i: s_ij = scale·q_i·k_j over j < S (j ≤ i when causal),
 // m_i = max_j s_ij, l_i = Σ_j exp(s_ij − m_i), p_ij = exp(s_ij − m_i)/l_i. Dropout rate r
 // (0 ≤ r < 1; r = 0: none, no RNG): element e = ((b·H + hd)·S + i)·S + j is kept iff
-// uniform(e) ≥ r, uniform = `RngKey{seed, layer, step}.uniform_at(e)` (Philox, common.cuh;
-// the step from MwScalars, so a captured graph draws fresh masks); pd_ij = kept ? p_ij·rscale
+// uniform(e) ≥ r, uniform = `RngKey{seed, layer, step, first_block}.uniform_at(e)` (Philox,
+// common.cuh; first_block: a data-parallel replica's offset, 0 on one device; the step from
+// MwScalars, so a captured graph draws fresh masks); pd_ij = kept ? p_ij·rscale
 // : 0 with rscale = 1/(1 − r); ctx_i = Σ_j pd_ij·v_j. l_i sums the undropped probabilities.
 // Backward, given dctx: Dr_i = Σ_c dctx_ic·ctx_ic (a pre-kernel, into the first B·H·S floats
 // of an f32 scratch buffer); per unmasked (i, j): p_ij = exp(s_ij − lse_i), dpd_ij =
@@ -48,10 +49,11 @@ struct MwFa {
     float rate, rscale;
     u64 seed, step;
     u32 layer;
+    u32 first;  // the stream's first block (RngKey::first_block: a replica's offset)
 };
 
 MW_DEV MwFa mw_fa(int seq, int heads, int dh, int causal, float scale, float rate, u64 seed,
-                  u32 layer, const MwScalars* sc) {
+                  u32 layer, u32 first, const MwScalars* sc) {
     MwFa f;
     f.seq = seq;
     f.heads = heads;
@@ -66,6 +68,7 @@ MW_DEV MwFa mw_fa(int seq, int heads, int dh, int causal, float scale, float rat
     f.seed = seed;
     f.step = f.drop ? sc->step : 0;
     f.layer = layer;
+    f.first = first;
     return f;
 }
 
@@ -88,7 +91,7 @@ MW_DEV u32 mw_fa_word(const MwWords& w, u32 q) {
 MW_DEV bool mw_fa_kept(const MwFa& f, u64 e, u64& blk, MwWords& w) {
     u64 b = e >> 2;
     if (b != blk) {
-        w = mw_rng_block(b, f.seed, f.layer, f.step);
+        w = mw_rng_block(b + f.first, f.seed, f.layer, f.step);
         blk = b;
     }
     return mw_unit(mw_fa_word(w, (u32)(e & 3))) >= f.rate;
@@ -118,7 +121,7 @@ MW_DEV float mw_fa_dot(const float* a, const float* b, int n) {
 // tile and the columns g, g + LPR, … of the row's output accumulator.
 template <typename T>
 MW_DEV void flash_fwd(const T* qkv, T* ctx, float* lse, int batch, int seq, int heads, int dh,
-                      int causal, float scale, float rate, u64 seed, u32 layer,
+                      int causal, float scale, float rate, u64 seed, u32 layer, u32 first,
                       const MwScalars* sc) {
     constexpr int BQ = MW_FA_FWD_BQ, BK = MW_FA_FWD_BK;
     constexpr int LPR = MW_FA_THREADS / BQ;
@@ -130,7 +133,7 @@ MW_DEV void flash_fwd(const T* qkv, T* ctx, float* lse, int batch, int seq, int 
     __shared__ float vs[BK][MW_FA_PAD];
     __shared__ float ps[BQ][BK + 1];
     if (mw_fa_bad_launch(batch, heads, dh)) return;
-    const MwFa f = mw_fa(seq, heads, dh, causal, scale, rate, seed, layer, sc);
+    const MwFa f = mw_fa(seq, heads, dh, causal, scale, rate, seed, layer, first, sc);
     const u64 b = f.pair / (u64)heads, hd = f.pair % (u64)heads;
     const u64 row3 = 3 * f.h;
     const T* qb = qkv + b * (u64)seq * row3 + hd * (u64)dh;
@@ -303,13 +306,14 @@ template <bool PD> MW_DEV void mw_fa_bwd_scores(MwFaBwdTiles& t, const MwFa& f, 
 template <typename T>
 MW_DEV void flash_bwd_dkv(const T* qkv, const T* dctx, const float* lse, const float* dr,
                           T* dqkv, int batch, int seq, int heads, int dh, int causal,
-                          float scale, float rate, u64 seed, u32 layer, const MwScalars* sc) {
+                          float scale, float rate, u64 seed, u32 layer, u32 first,
+                          const MwScalars* sc) {
     constexpr int B = MW_FA_BWD_B;
     constexpr int LPR = MW_FA_THREADS / B;
     constexpr int CPT = MW_FA_DMAX / LPR;
     __shared__ MwFaBwdTiles t;
     if (mw_fa_bad_launch(batch, heads, dh)) return;
-    const MwFa f = mw_fa(seq, heads, dh, causal, scale, rate, seed, layer, sc);
+    const MwFa f = mw_fa(seq, heads, dh, causal, scale, rate, seed, layer, first, sc);
     const u64 b = f.pair / (u64)heads, hd = f.pair % (u64)heads;
     const u64 row3 = 3 * f.h;
     const T* qb = qkv + b * (u64)seq * row3 + hd * (u64)dh;
@@ -359,13 +363,14 @@ MW_DEV void flash_bwd_dkv(const T* qkv, const T* dctx, const float* lse, const f
 template <typename T>
 MW_DEV void flash_bwd_dq(const T* qkv, const T* dctx, const float* lse, const float* dr,
                          T* dqkv, int batch, int seq, int heads, int dh, int causal,
-                         float scale, float rate, u64 seed, u32 layer, const MwScalars* sc) {
+                         float scale, float rate, u64 seed, u32 layer, u32 first,
+                         const MwScalars* sc) {
     constexpr int B = MW_FA_BWD_B;
     constexpr int LPR = MW_FA_THREADS / B;
     constexpr int CPT = MW_FA_DMAX / LPR;
     __shared__ MwFaBwdTiles t;
     if (mw_fa_bad_launch(batch, heads, dh)) return;
-    const MwFa f = mw_fa(seq, heads, dh, causal, scale, rate, seed, layer, sc);
+    const MwFa f = mw_fa(seq, heads, dh, causal, scale, rate, seed, layer, first, sc);
     const u64 b = f.pair / (u64)heads, hd = f.pair % (u64)heads;
     const u64 row3 = 3 * f.h;
     const T* qb = qkv + b * (u64)seq * row3 + hd * (u64)dh;
@@ -407,9 +412,10 @@ MW_DEV void flash_bwd_dq(const T* qkv, const T* dctx, const float* lse, const fl
 #define MW_FLASH(S, T)                                                                          \
     MW_KERNEL(MW_FA_THREADS) mw_flash_fwd_##S(                                                  \
         const T* qkv, T* ctx, float* lse, int batch, int seq, int heads, int head_dim,          \
-        int causal, float scale, float rate, u64 seed, u32 layer, const MwScalars* sc) {        \
+        int causal, float scale, float rate, u64 seed, u32 layer, u32 first,                    \
+        const MwScalars* sc) {                                                                  \
         flash_fwd<T>(qkv, ctx, lse, batch, seq, heads, head_dim, causal, scale, rate, seed,     \
-                     layer, sc);                                                                \
+                     layer, first, sc);                                                         \
     }                                                                                           \
     MW_KERNEL_ROWS mw_flash_bwd_dot_##S(const T* dctx, const T* ctx, float* dr,                 \
                                                     int batch, int seq, int heads,              \
@@ -419,15 +425,15 @@ MW_DEV void flash_bwd_dq(const T* qkv, const T* dctx, const float* lse, const fl
     MW_KERNEL(MW_FA_THREADS) mw_flash_bwd_dkv_##S(                                              \
         const T* qkv, const T* dctx, const float* lse, const float* dr, T* dqkv, int batch,     \
         int seq, int heads, int head_dim, int causal, float scale, float rate, u64 seed,        \
-        u32 layer, const MwScalars* sc) {                                                       \
+        u32 layer, u32 first, const MwScalars* sc) {                                            \
         flash_bwd_dkv<T>(qkv, dctx, lse, dr, dqkv, batch, seq, heads, head_dim, causal, scale,  \
-                         rate, seed, layer, sc);                                                \
+                         rate, seed, layer, first, sc);                                         \
     }                                                                                           \
     MW_KERNEL(MW_FA_THREADS) mw_flash_bwd_dq_##S(                                               \
         const T* qkv, const T* dctx, const float* lse, const float* dr, T* dqkv, int batch,     \
         int seq, int heads, int head_dim, int causal, float scale, float rate, u64 seed,        \
-        u32 layer, const MwScalars* sc) {                                                       \
+        u32 layer, u32 first, const MwScalars* sc) {                                            \
         flash_bwd_dq<T>(qkv, dctx, lse, dr, dqkv, batch, seq, heads, head_dim, causal, scale,   \
-                        rate, seed, layer, sc);                                                 \
+                        rate, seed, layer, first, sc);                                          \
     }
 MW_FLOATS(MW_FLASH)

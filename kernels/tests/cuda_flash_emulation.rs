@@ -254,7 +254,9 @@ fn case<T: Ty>(rng: &mut Rng, seq: usize, head_dim: usize, causal: bool, rate: f
         seed: 0xDEAD_BEEF_0123_4567,
         layer: 5,
         step: 0x1_0000_0003,
-        first_block: 0,
+        // A data-parallel replica's stream starts past block 0 (the causal cases); one
+        // device's at 0.
+        first_block: if causal { 0xFFFF_FF00 } else { 0 },
     };
     let mut sc = MwScalars {
         step: key.step,
@@ -266,6 +268,7 @@ fn case<T: Ty>(rng: &mut Rng, seq: usize, head_dim: usize, causal: bool, rate: f
             rate,
             seed: key.seed,
             layer: key.layer,
+            first_block: key.first_block,
             scalars: &mut sc as *mut MwScalars as u64,
         }
     } else {

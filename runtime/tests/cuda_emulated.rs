@@ -1377,8 +1377,8 @@ fn the_trainer_turns_graph_capture_off() {
 }
 
 /// Data parallel on the GPU executor (issue 15): two emulated devices, each a replica on its
-/// own thread meeting through `collective::Threads`, train the MLP to the weights the CPU
-/// reaches on one device at the global batch; each replica's gradient sums are plan steps of
+/// own thread meeting through `collective::Threads`, train the MLP, the VAE and flash
+/// attention with dropout to the weights the CPU reaches on one device at the global batch; each replica's gradient sums are plan steps of
 /// the one walk. A model with batch norm keeps each replica's own batch statistics (as
 /// TensorFlow's MirroredStrategy without SyncBatchNorm): its trained weights stay equal
 /// across the replicas, its running statistics are each replica's.
@@ -1392,6 +1392,17 @@ fn replicas_on_emulated_devices_train_as_one_cpu_at_the_global_batch() {
             "split_reductions",
             split_reductions_model(Precision::Float32).with_batch(4),
             false,
+        ),
+        // Flash attention with dropout: each replica's kernels draw its share of one
+        // device's masks (`first_block`), forward and backward.
+        (
+            "flash_attention",
+            new_layer_models()
+                .into_iter()
+                .find(|(n, m)| *n == "flash_attention" && m.precision == Precision::Float32)
+                .map(|(_, m)| m)
+                .unwrap(),
+            true,
         ),
     ] {
         let one = plan(&spec).unwrap();

@@ -71,6 +71,8 @@ pub struct FlashDropout {
     pub rate: f32,
     pub seed: u64,
     pub layer: u32,
+    /// The stream's first block (`RngKey::first_block`): a data-parallel replica's offset.
+    pub first_block: u32,
     /// Address of the `MwScalars` (its `step` keys the stream).
     pub scalars: u64,
 }
@@ -80,14 +82,16 @@ impl FlashDropout {
         rate: 0.0,
         seed: 0,
         layer: 0,
+        first_block: 0,
         scalars: 0,
     };
 
-    fn args(&self) -> [KArg; 4] {
+    fn args(&self) -> [KArg; 5] {
         [
             KArg::F32(self.rate),
             KArg::U64(self.seed),
             KArg::U32(self.layer),
+            KArg::U32(self.first_block),
             KArg::Ptr(self.scalars),
         ]
     }
@@ -105,7 +109,7 @@ pub struct FlashLaunch {
 
 impl FlashLaunch {
     /// What follows the pointers in the forward and the two backward kernels: the dims,
-    /// `causal`, `scale`, then the dropout's `rate, seed, layer, scalars`.
+    /// `causal`, `scale`, then the dropout's `rate, seed, layer, first_block, scalars`.
     fn settings_args(&self) -> Vec<KArg> {
         let d = &self.dims;
         let mut args = d.dim_args().to_vec();
@@ -115,7 +119,7 @@ impl FlashLaunch {
     }
 
     /// `mw_flash_fwd_T(qkv, ctx, lse, batch, seq, heads, head_dim, causal, scale, rate, seed,
-    /// layer, scalars)`: grid `(batch·heads, ceil(seq / 32))`, 128 threads. Writes `ctx` (T)
+    /// layer, first_block, scalars)`: grid `(batch·heads, ceil(seq / 32))`, 128 threads. Writes `ctx` (T)
     /// and `lse` (f32, `[batch, heads, seq]`).
     pub fn forward(&self, qkv: u64, ctx: u64, lse: u64) -> KernelCall {
         let mut args = vec![KArg::Ptr(qkv), KArg::Ptr(ctx), KArg::Ptr(lse)];
@@ -129,8 +133,8 @@ impl FlashLaunch {
     ///    ([`LaunchCfg::rows`] of `batch·heads·seq`): `dr` = the first
     ///    [`FlashDims::scratch_f32_elems`] floats of `scratch`;
     /// 2. `mw_flash_bwd_dkv_T(qkv, dctx, lse, dr, dqkv, batch, seq, heads, head_dim, causal,
-    ///    scale, rate, seed, layer, scalars)`, grid `(batch·heads, ceil(seq / 16))`: the k and
-    ///    v columns of `dqkv`;
+    ///    scale, rate, seed, layer, first_block, scalars)`, grid
+    ///    `(batch·heads, ceil(seq / 16))`: the k and v columns of `dqkv`;
     /// 3. `mw_flash_bwd_dq_T(…the same…)`, the same grid: the q columns.
     ///
     /// `saved` is the forward's `[qkv, ctx, lse]`.

@@ -276,11 +276,11 @@ impl<B: Backend> CudaKernels<B> {
             )));
         }
         let dropout = if rate > 0.0 {
-            no_replica_offset(key)?;
             flash::FlashDropout {
                 rate,
                 seed: key.seed,
                 layer: key.layer,
+                first_block: key.first_block,
                 scalars: self.scalars,
             }
         } else {
@@ -430,20 +430,6 @@ impl<B: Backend> CudaKernels<B> {
         args.push(self.sc());
         self.k(name.into(), cfg, args)
     }
-}
-
-/// The flash attention kernels draw their dropout from block 0 of the stream: a
-/// data-parallel replica's offset stream ([`k::random::RngKey::first_block`]) is refused
-/// rather than drawn wrong (the materialised attention, dropout and sampling take it).
-fn no_replica_offset(key: k::random::RngKey) -> Result<()> {
-    if key.first_block != 0 {
-        return Err(dev(
-            "data-parallel replicas' attention dropout is not in the flash attention \
-             kernels yet (issue 15): train this model's replicas on the CPU"
-                .to_string(),
-        ));
-    }
-    Ok(())
 }
 
 impl<B: Backend> Kernels for CudaKernels<B> {
