@@ -24,14 +24,17 @@ pub struct Persistent {
     pub optimizer: u64,
 }
 
-/// Lays out the persistent region: all f32 values, then 16-bit copies, then gradients,
-/// then optimizer state (each parameter's slots contiguous, `align(elems·4)` apart; under
+/// Lays out the persistent region: all f32 values, then 16-bit copies, then gradients
+/// (those of `grad_order` first, in its order: a data-parallel plan's buckets, each then one
+/// contiguous range its sum covers at once, as DDP's bucket views; the rest in parameter
+/// order), then optimizer state (each parameter's slots contiguous, `align(elems·4)` apart; under
 /// ZeRO stage 1 each slot holds one replica's shard, `align(⌈elems/N⌉·4)` apart).
 /// `updated[i]`: parameter `i` has a gradient and an update (else it is stored frozen).
 pub fn layout_params(
     spec: &ModelSpec,
     graph: &Graph,
     updated: &[bool],
+    grad_order: &[u32],
     alignment: u64,
 ) -> (Vec<PlanParam>, Persistent) {
     let slots = spec.optimizer.state_slots();
@@ -65,10 +68,11 @@ pub fn layout_params(
         }
     }
     let params = at;
-    for (i, p) in graph.params.iter().enumerate() {
-        if updated[i] {
+    let rest = (0..graph.params.len() as u32).filter(|p| !grad_order.contains(p));
+    for i in grad_order.iter().copied().chain(rest).map(|p| p as usize) {
+        if updated[i] && out[i].grad_offset == NO_OFFSET {
             out[i].grad_offset = at;
-            at += f32_bytes(p.elems());
+            at += f32_bytes(graph.params[i].elems());
         }
     }
     let grads = at - params;
@@ -149,7 +153,15 @@ pub fn assemble(
             params: Cow::Owned(s.params.clone()),
         })
         .collect();
-    let (params, persistent) = layout_params(spec, graph, &schedule.updated, arena.alignment);
+    // A data-parallel plan's gradients in the order its sums take them.
+    let bucketed: Vec<u32> = schedule
+        .steps
+        .iter()
+        .filter(|s| matches!(s.op, Op::AllReduceGradients { .. }))
+        .flat_map(|s| s.params.iter().copied())
+        .collect();
+    let (params, persistent) =
+        layout_params(spec, graph, &schedule.updated, &bucketed, arena.alignment);
     let arena_bytes = arena.packing.arena_bytes;
 
     let mut plan = StaticPlan {

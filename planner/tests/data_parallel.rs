@@ -161,3 +161,41 @@ fn the_zoos_plans_per_replica() {
         eprintln!("{line}");
     }
 }
+
+/// The gradients are laid out in the order the sums take them (DDP's bucket views): each
+/// `AllReduceGradients` step covers one contiguous range of the persistent region, the
+/// buckets one after the other from the start of the gradients.
+#[test]
+fn each_gradient_bucket_is_one_contiguous_range() {
+    use memwise_plan::liveness::align_up;
+    use memwise_plan::Op;
+    for (spec, replicas) in [(zoo::gpt2_stack(8, 12), 8), (zoo::resnet50(64), 8)] {
+        let p = plan(&spec.with_replicas(replicas)).unwrap();
+        let (mut at, _) = p.grads_range();
+        let mut buckets = 0;
+        for s in p.steps.iter() {
+            if let Op::AllReduceGradients { bytes, .. } = s.op {
+                let mut covered = 0;
+                for &pid in s.params.iter() {
+                    let prm = &p.params[pid as usize];
+                    assert_eq!(prm.grad_offset, at, "{}: {}", spec.name, prm.name);
+                    at += align_up(prm.elems() as u64 * 4, p.alignment);
+                    covered += prm.elems() as u64 * 4;
+                }
+                assert_eq!(covered, bytes);
+                buckets += 1;
+            }
+        }
+        assert_eq!(
+            at,
+            p.grads_range().1,
+            "{}: every gradient in a bucket",
+            spec.name
+        );
+        assert!(buckets > 1, "{}: {buckets} bucket", spec.name);
+        eprintln!(
+            "{} on {replicas} replicas: {buckets} contiguous buckets",
+            spec.name
+        );
+    }
+}

@@ -102,6 +102,23 @@ pub struct UpdateStep<'a> {
     pub rank: usize,
 }
 
+/// The byte ranges of the persistent region that hold the gradients of `params`, neighbours
+/// merged (each gradient with its padding to the alignment): one range per bucket of a
+/// data-parallel plan, whose gradients the planner lays out contiguously.
+pub(crate) fn gradient_ranges(plan: &StaticPlan, params: &[u32]) -> Vec<(u64, u64)> {
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    for &pid in params {
+        let p = &plan.params[pid as usize];
+        let end =
+            p.grad_offset + memwise_plan::liveness::align_up(p.elems() as u64 * 4, plan.alignment);
+        match ranges.last_mut() {
+            Some(r) if r.1 == p.grad_offset => r.1 = end,
+            _ => ranges.push((p.grad_offset, end)),
+        }
+    }
+    ranges
+}
+
 /// Turns on a device lane shared by several engines (a trainer's training and inference
 /// engines share one CUDA stream and cuBLAS handle: each handle costs about 100 MiB of device
 /// memory). An engine holds the turn for a whole step, so no other engine's launches land

@@ -542,9 +542,10 @@ impl Trainer {
     /// Host bytes of the largest gradient sum or weight gather: the CPU sums each bucket's
     /// gradients in place (one call per bucket, its padding included) and gathers each
     /// parameter's shards in place (ZeRO stage 1), so only the engine's own buffers count;
-    /// CUDA sums one parameter at a time through the host, holding its gradient downloaded
-    /// (f32) and again as the bytes uploaded back, and gathers one parameter's weights
-    /// through the host (downloaded, as f32, as the bytes uploaded and their 16-bit copy).
+    /// CUDA sums one bucket at a time through the host, holding its gradients downloaded (the
+    /// bytes and the f32 values) and again as the bytes uploaded back, and gathers one
+    /// parameter's weights through the host (downloaded, as f32, as the bytes uploaded and
+    /// their 16-bit copy).
     fn collective_bytes(&self) -> u64 {
         let Some(c) = self.train.collective() else {
             return 0;
@@ -559,11 +560,10 @@ impl Trainer {
             .steps
             .iter()
             .filter_map(|s| match s.op {
-                Op::AllReduceGradients { bytes, .. } if !cuda => Some((
-                    (bytes + s.params.len() as u64 * p.alignment) as usize / 4,
-                    0,
-                )),
-                Op::AllReduceGradients { .. } => largest(s).map(|e| (e, 8 * e as u64)),
+                Op::AllReduceGradients { bytes, .. } => {
+                    let e = (bytes + s.params.len() as u64 * p.alignment) as usize / 4;
+                    Some((e, if cuda { 12 * e as u64 } else { 0 }))
+                }
                 Op::AllGatherParams { .. } => largest(s).map(|e| {
                     let shard = memwise_plan::data_parallel::shard_elems(e, p.replicas);
                     (shard, if cuda { 14 * e as u64 } else { 0 })

@@ -352,7 +352,8 @@ pub fn lower_bound_total(spec: &ModelSpec) -> Result<u64, PlanError> {
 
 /// Parameters, their gradients and optimizer state: the same for every segmentation.
 fn persistent_bytes(spec: &ModelSpec, g: &Graph, s: &Schedule) -> u64 {
-    let (_, p) = layout_params(spec, g, &s.updated, ALIGNMENT);
+    // The order of the gradients changes no size.
+    let (_, p) = layout_params(spec, g, &s.updated, &[], ALIGNMENT);
     p.params + p.grads + p.optimizer
 }
 

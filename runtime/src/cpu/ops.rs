@@ -21,7 +21,8 @@ use crate::error::{Result, RuntimeError};
 use crate::executor::match_float;
 use crate::executor::Batch;
 use crate::kernels::{
-    pointwise, BceInput, Kernels, OpError, OpResult, StepFlags, StepScalars, UpdateStep,
+    gradient_ranges, pointwise, BceInput, Kernels, OpError, OpResult, StepFlags, StepScalars,
+    UpdateStep,
 };
 
 /// Runs `$body` with `$T` bound to the element type of float dtype `$dt`.
@@ -1339,18 +1340,9 @@ impl Kernels for CpuKernels {
     }
 
     fn all_reduce_gradients(&self, params: &[u32], last: bool, c: &dyn Collective) -> OpResult {
-        // Neighbouring gradients go in one sum: the persistent region lays them out in
-        // parameter order, each padded to the alignment (zeros, summed to zeros).
-        let mut ranges: Vec<(u64, u64)> = Vec::new();
-        for &pid in params {
-            let p = &self.plan.params[pid as usize];
-            let end = p.grad_offset + align_up(p.elems() as u64 * 4, self.plan.alignment);
-            match ranges.last_mut() {
-                Some(r) if r.1 == p.grad_offset => r.1 = end,
-                _ => ranges.push((p.grad_offset, end)),
-            }
-        }
-        for (start, end) in ranges {
+        // The plan lays a bucket's gradients out contiguously, each padded to the alignment
+        // (zeros, summed to zeros): one sum of the persistent region itself per bucket.
+        for (start, end) in gradient_ranges(&self.plan, params) {
             // SAFETY: no other view of the gradients is live between steps.
             let grads = unsafe {
                 self.persistent

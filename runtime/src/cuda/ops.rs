@@ -28,7 +28,8 @@ use crate::cpu::Opt;
 use crate::error::{Result, RuntimeError};
 use crate::executor::Batch;
 use crate::kernels::{
-    pointwise, BceInput, Kernels, OpError, OpResult, StepFlags, StepScalars, UpdateStep,
+    gradient_ranges, pointwise, BceInput, Kernels, OpError, OpResult, StepFlags, StepScalars,
+    UpdateStep,
 };
 
 /// The code and parameter the pointwise activation kernels take for `act`.
@@ -1771,14 +1772,14 @@ impl<B: Backend> Kernels for CudaKernels<B> {
     fn all_reduce_gradients(&self, params: &[u32], last: bool, c: &dyn Collective) -> OpResult {
         // Through the host, in eager steps (`launch_step` captures no data-parallel plan):
         // correct on any backend, the emulated one included; NCCL on device memory is the
-        // fast path still to come.
-        for &pid in params {
-            let prm = &self.plan.params[pid as usize];
-            let at = self.persistent + prm.grad_offset;
-            let mut g = self.download_f32(at, prm.elems())?;
+        // fast path still to come. The plan lays a bucket's gradients out contiguously: one
+        // copy each way per bucket.
+        for (start, end) in gradient_ranges(&self.plan, params) {
+            let at = self.persistent + start;
+            let mut g = self.download_f32(at, ((end - start) / 4) as usize)?;
             c.all_reduce_sum_f32(&mut g)?;
             let bytes: Vec<u8> = g.iter().flat_map(|x| x.to_le_bytes()).collect();
-            // SAFETY: the parameter's gradient lies inside the persistent region.
+            // SAFETY: the gradients lie inside the persistent region.
             unsafe { self.backend.upload(&bytes, at).map_err(dev)? };
         }
         if last {
