@@ -80,7 +80,7 @@ pub use memwise_macros::__model_continue;
 /// | `budget` | a string: `"512 MiB"`, `"8 GiB"`, `"1.5 GiB"` (powers of 1024) or `"80GB"` (powers of 1000) | none |
 /// | `precision` | `float32`, `mixed_float16`, `mixed_bfloat16` (Keras's global policy) | `float32` |
 /// | `checkpoint` | `auto`: the macro chooses the segments to checkpoint so the step fits `budget` (required with it) with the least recomputation; `AUTO_CHECKPOINT` says what it chose | none (`#[checkpoint]` on fields) |
-/// | `replicas` | data-parallel replicas sharing each global `batch` (which they must divide); the plan and `MEMORY` are one replica's (`docs/DATA_PARALLEL.md`) | 1 |
+/// | `replicas` | data-parallel replicas sharing each global `batch` (which they must divide), or a range of counts chosen at run time, `2..=8` (the consts are then the smallest count's, whose replicas hold the most); the plan and `MEMORY` are one replica's (`docs/DATA_PARALLEL.md`) | 1 |
 /// | `zero` | the ZeRO stage: `1` shards the optimizer state over the replicas (each updates its 1/N, then the weights are gathered), `0` none | 0 |
 ///
 /// Optimizer options, with Keras's names and defaults: `sgd(lr = 0.01, momentum = 0.0,

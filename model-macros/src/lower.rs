@@ -172,6 +172,7 @@ pub fn lower(
         budget: args.budget.as_ref().map(|b| b.0),
         replicas: args.replicas,
         sharding: args.sharding,
+        replica_range: args.replica_range,
     };
     Lowered {
         spec,

@@ -36,6 +36,9 @@ pub struct ModelArgs {
     pub replicas: usize,
     /// `zero = 1`: the replicas shard the optimizer state (ZeRO stage 1).
     pub sharding: Sharding,
+    /// `replicas = 2..=8`: the counts the model may be launched with (`replicas` is then the
+    /// smallest).
+    pub replica_range: Option<[usize; 2]>,
 }
 
 const ARGS: [&str; 9] = [
@@ -89,6 +92,7 @@ pub fn parse(attr: TokenStream, e: &mut Errors) -> ModelArgs {
         checkpoint_auto: None,
         replicas: defaults.replicas,
         sharding: defaults.sharding,
+        replica_range: defaults.replica_range,
     };
     let mut replicas_tokens: Option<TokenStream> = None;
     let mut zero_tokens: Option<TokenStream> = None;
@@ -118,8 +122,9 @@ pub fn parse(attr: TokenStream, e: &mut Errors) -> ModelArgs {
                 }
             }
             "replicas" => {
-                if let Some(n) = replicas(&arg, &env, e) {
-                    out.replicas = n;
+                if let Some([lo, hi]) = replicas(&arg, &env, e) {
+                    out.replicas = lo;
+                    out.replica_range = (lo < hi).then_some([lo, hi]);
                     replicas_tokens = Some(arg.tokens.clone());
                 }
             }
@@ -206,9 +211,10 @@ pub fn parse(attr: TokenStream, e: &mut Errors) -> ModelArgs {
         }
     }
     // The planner says the same for specs built in code; here it points at the attribute.
-    let spec = ModelSpec::new("", out.batch)
+    let mut spec = ModelSpec::new("", out.batch)
         .with_replicas(out.replicas)
         .with_sharding(out.sharding);
+    spec.replica_range = out.replica_range;
     // A stage-2 error points at `zero`, a batch that does not split at `replicas`.
     let at = match out.sharding {
         Sharding::Gradients => zero_tokens,
@@ -220,20 +226,39 @@ pub fn parse(attr: TokenStream, e: &mut Errors) -> ModelArgs {
     out
 }
 
-/// `replicas = N`: a positive integer.
-fn replicas(arg: &Arg, env: &Env, e: &mut Errors) -> Option<usize> {
+/// `replicas = N`, a positive integer, or a range of them, `2..=8` (or `2..9`): the
+/// smallest and largest count, inclusive.
+fn replicas(arg: &Arg, env: &Env, e: &mut Errors) -> Option<[usize; 2]> {
+    const HELP: &str = "`replicas` is how many devices train the model data-parallel: a \
+                        positive integer, or a range of them chosen at run time (`2..=8`)";
+    if let Ok(Expr::Range(r)) = syn::parse2::<Expr>(arg.value.clone()) {
+        let bound = |x: &Option<Box<Expr>>| {
+            x.as_deref()
+                .and_then(|x| eval_expr(x, env).ok())
+                .and_then(|v| match v.v {
+                    V::Int(n) if n > 0 => Some(n as usize),
+                    _ => None,
+                })
+        };
+        let closed = matches!(r.limits, syn::RangeLimits::Closed(_));
+        let range = match (bound(&r.start), bound(&r.end)) {
+            (Some(lo), Some(hi)) if closed && lo <= hi => Some([lo, hi]),
+            (Some(lo), Some(end)) if !closed && lo < end => Some([lo, end - 1]),
+            _ => None,
+        };
+        if range.is_none() {
+            e.at(
+                &arg.value,
+                format!("{HELP}: a non-empty range of positive integers"),
+            );
+        }
+        return range;
+    }
     let v = e.ok(eval(&arg.value, env))?;
     match v.v {
-        V::Int(n) if n > 0 => Some(n as usize),
+        V::Int(n) if n > 0 => Some([n as usize; 2]),
         _ => {
-            e.at(
-                &v.tokens,
-                format!(
-                    "`replicas` is how many devices train the model data-parallel: a positive \
-                     integer, found {}",
-                    v.describe()
-                ),
-            );
+            e.at(&v.tokens, format!("{HELP}, found {}", v.describe()));
             None
         }
     }

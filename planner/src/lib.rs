@@ -54,9 +54,7 @@ pub const ALIGNMENT: u64 = 256;
 /// backward pass. Its parameters are laid out exactly as in [`plan()`]'s persistent region.
 pub fn plan_inference(spec: &ModelSpec) -> Result<StaticPlan, PlanError> {
     // An inference pass is one device's: it has no gradients to sum.
-    let spec = &spec
-        .with_replicas(1)
-        .with_sharding(data_parallel::Sharding::Replicated);
+    let spec = &spec.one_device();
     let graph = graph::Graph::build_inference(spec)?;
     let step = autodiff::StepGraph::inference(&graph);
     finish(spec, &graph, &step)

@@ -818,7 +818,19 @@ struct_to_rust!(
 struct_to_rust!(
     ModelSpec,
     "ModelSpec",
-    [name, batch, precision, optimizer, loss, metrics, layers, budget, replicas, sharding]
+    [
+        name,
+        batch,
+        precision,
+        optimizer,
+        loss,
+        metrics,
+        layers,
+        budget,
+        replicas,
+        sharding,
+        replica_range
+    ]
 );
 
 impl ModelSpec {
@@ -856,7 +868,8 @@ mod tests {
         assert!(
             src.ends_with(
                 "budget: ::core::option::Option::None,replicas: 1usize,\
-                 sharding: ::m::data_parallel::Sharding::Replicated,}"
+                 sharding: ::m::data_parallel::Sharding::Replicated,\
+                 replica_range: ::core::option::Option::None,}"
             ),
             "{src}"
         );

@@ -445,6 +445,10 @@ pub struct ModelSpec {
     /// Which model states the replicas split among them: the optimizer state under ZeRO
     /// stage 1 (`zero = 1`); nothing by default.
     pub sharding: crate::data_parallel::Sharding,
+    /// `replicas = 2..=8`: the replica counts the model may be launched with (inclusive),
+    /// the job's chosen at run time; `replicas` is then the smallest, whose per-replica step
+    /// is the largest. `None`: any count (the launcher's re-plan decides).
+    pub replica_range: Option<[usize; 2]>,
 }
 
 impl ModelSpec {
@@ -461,6 +465,7 @@ impl ModelSpec {
             budget: None,
             replicas: 1,
             sharding: crate::data_parallel::Sharding::Replicated,
+            replica_range: None,
         }
     }
 
@@ -536,6 +541,16 @@ impl ModelSpec {
         }
     }
 
+    /// The same model on one device: no replicas, nothing sharded, no declared range.
+    pub fn one_device(&self) -> Self {
+        ModelSpec {
+            replicas: 1,
+            sharding: crate::data_parallel::Sharding::Replicated,
+            replica_range: None,
+            ..self.clone()
+        }
+    }
+
     /// The same model with its replicas' model states split as `sharding` says.
     pub fn with_sharding(&self, sharding: crate::data_parallel::Sharding) -> Self {
         ModelSpec {
@@ -553,6 +568,14 @@ impl ModelSpec {
         let n = self.replicas;
         if n == 0 {
             return Err(crate::PlanError::model("`replicas` must be at least 1"));
+        }
+        if let Some([lo, hi]) = self.replica_range {
+            if !(lo..=hi).contains(&n) {
+                return Err(crate::PlanError::model(format!(
+                    "the model is declared for {lo} to {hi} replicas (`replicas = {lo}..={hi}`), \
+                     not {n}: launch between {lo} and {hi} ranks, or widen the range"
+                )));
+            }
         }
         if self.sharding == crate::data_parallel::Sharding::Gradients {
             return Err(crate::PlanError::model(

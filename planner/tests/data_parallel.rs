@@ -199,3 +199,22 @@ fn each_gradient_bucket_is_one_contiguous_range() {
         );
     }
 }
+
+/// The largest global batch under a budget counts each replica's shard of the optimizer
+/// state, not the whole of it: exact (the batch fits, the next whole share does not), and
+/// larger than without sharding when the state is a large part of the budget.
+#[test]
+fn the_largest_batch_under_a_budget_counts_the_sharded_state() {
+    use memwise_plan::advice::total;
+    use memwise_plan::checkpoint::{max_batch_with, Policy};
+    let mut spec = zoo::mnist_mlp(64).with_replicas(4);
+    spec.optimizer = Optimizer::ADAM;
+    let budget = 24 << 20;
+    let sharded = spec.with_sharding(Sharding::OptimizerState);
+    let plain = max_batch_with(&spec, budget, Policy::Plain).unwrap();
+    let zero = max_batch_with(&sharded, budget, Policy::Plain).unwrap();
+    eprintln!("MLP with Adam on 4 replicas under 24 MiB: batch {plain} unsharded, {zero} with ZeRO stage 1");
+    assert!(zero > plain);
+    assert!(total(&sharded.with_batch(zero)).unwrap() <= budget);
+    assert!(total(&sharded.with_batch(zero + 4)).unwrap() > budget);
+}

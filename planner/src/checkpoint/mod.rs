@@ -200,8 +200,16 @@ pub fn max_batch_with(spec: &ModelSpec, budget: u64, policy: Policy) -> Option<u
     let n = spec.replicas.max(1);
     if n > 1 {
         // A replica at its share `b` of the batch holds what one device holds at batch `b`
-        // (the gradient sums are in place): the largest global batch is `n` such shares.
-        return max_batch_with(&spec.with_replicas(1), budget, policy).map(|b| b * n);
+        // (the gradient sums are in place) but for its shard of the optimizer state under
+        // ZeRO, a difference the batch does not change: the largest global batch is `n`
+        // shares of one device's under the budget less that difference.
+        let one = spec.one_device();
+        let state = |s: &ModelSpec| crate::plan(s).map(|p| p.memory.optimizer).ok();
+        let saved = match (state(&one.with_batch(1)), state(&spec.with_batch(n))) {
+            (Some(whole), Some(shard)) => whole.saturating_sub(shard),
+            _ => 0,
+        };
+        return max_batch_with(&one, budget + saved, policy).map(|b| b * n);
     }
     let base = policy.spec(spec);
     let fits = |b: usize| crate::advice::total(&base.with_batch(b)).is_some_and(|t| t <= budget);
