@@ -2,7 +2,9 @@
 # The MPI check (issue 15): the `mpi` feature (collective::Mpi over Open MPI) installs, lints,
 # builds and works across processes, and a rank that dies ends the job instead of hanging it.
 #   1. scripts/install-mpi.sh (Open MPI and libclang from Debian; nothing when present);
-#   2. clippy of memwise-runtime with --features mpi, every target, warnings denied;
+#   2. clippy of memwise-runtime with --features mpi, every target, warnings denied, and
+#      with --features nccl (collective::Nccl; NCCL and CUDA load at run time, so it builds
+#      without them), and of the facade's library and examples with --features nccl;
 #   3. runtime/examples/mpi_check under `mpirun -n 2`: sums bit for bit, broadcast, barrier;
 #   4. the fault test: rank 1 exits after 5 barriers while rank 0 keeps calling collectives;
 #      mpirun must exit non-zero within 60 s (under `timeout 120`, so nothing hangs);
@@ -41,6 +43,12 @@ must "install-mpi.sh" bash scripts/install-mpi.sh
 echo "== MPI: clippy --features mpi"
 must "clippy -p memwise-runtime --features mpi --all-targets" \
     cargo clippy -p memwise-runtime --features mpi --all-targets -- -D warnings
+
+echo "== NCCL: clippy --features nccl (NCCL and CUDA are loaded at run time)"
+must "clippy -p memwise-runtime --features nccl --all-targets" \
+    cargo clippy -p memwise-runtime --features nccl --all-targets -- -D warnings
+must "clippy -p memwise --features nccl --lib --examples" \
+    cargo clippy -p memwise --features nccl --lib --examples -- -D warnings
 
 echo "== MPI: build mpi_check (release)"
 must "build mpi_check (release)" \

@@ -197,7 +197,7 @@ impl Args {
     /// [`Args::plan`] chooses (the memory baseline is taken here: load data before), loads
     /// `--load-weights` and writes `--save-initial-weights`.
     pub fn build<M: Model>(&self) -> Result<Option<Trainer>, RuntimeError> {
-        let device = if self.summary {
+        let mut device = if self.summary {
             Device::cpu()
         } else {
             self.device()?
@@ -207,7 +207,7 @@ impl Args {
             println!("{}", self.summary::<M>(&plan));
             return Ok(None);
         }
-        let collective = self.collective()?;
+        let collective = self.collective(&mut device)?;
         let (spec, plan) = match &collective {
             Some(c) => {
                 let mut s = spec.with_replicas(c.size());
@@ -257,16 +257,62 @@ impl Args {
         Ok(Some(trainer))
     }
 
-    /// `--data-parallel`: this process's rank of the MPI job.
+    /// `--data-parallel`: this process's rank of the MPI job. On CUDA, one process per GPU:
+    /// plain `--device cuda` becomes the GPU of this rank's index on its node, and the ranks
+    /// sum on device memory through NCCL (the `nccl` feature), else through the host.
+    /// (`--device cuda:N` keeps GPU N for every rank: a node's ranks must then name theirs.)
     #[cfg(feature = "mpi")]
     fn collective(
         &self,
+        device: &mut Device,
     ) -> Result<Option<std::sync::Arc<dyn crate::runtime::collective::Collective>>, RuntimeError>
     {
         if !self.data_parallel {
             return Ok(None);
         }
         let mpi = crate::runtime::collective::Mpi::init()?;
+        if !device.is_cuda() {
+            return Ok(Some(std::sync::Arc::new(mpi)));
+        }
+        // `cuda` or `auto`: the GPU of this rank's index on its node; `cuda:N` as given.
+        if !self.device.starts_with("cuda:") {
+            *device = Device::cuda(mpi.local_rank())?;
+        }
+        self.device_collective(mpi, device)
+    }
+
+    /// Ranks on GPUs: NCCL for device memory, MPI for the rest.
+    #[cfg(feature = "nccl")]
+    fn device_collective(
+        &self,
+        mpi: crate::runtime::collective::Mpi,
+        device: &Device,
+    ) -> Result<Option<std::sync::Arc<dyn crate::runtime::collective::Collective>>, RuntimeError>
+    {
+        let nccl = crate::runtime::collective::Nccl::init(mpi, device)?;
+        if crate::runtime::collective::Collective::rank(&nccl) == 0 {
+            eprintln!(
+                "NCCL communicator: {:.1} MiB of device memory (NCCL's own, outside the plan)",
+                nccl.device_bytes() as f64 / (1 << 20) as f64
+            );
+        }
+        Ok(Some(std::sync::Arc::new(nccl)))
+    }
+
+    /// Ranks on GPUs without the `nccl` feature: the gradients go through the host.
+    #[cfg(all(feature = "mpi", not(feature = "nccl")))]
+    fn device_collective(
+        &self,
+        mpi: crate::runtime::collective::Mpi,
+        _device: &Device,
+    ) -> Result<Option<std::sync::Arc<dyn crate::runtime::collective::Collective>>, RuntimeError>
+    {
+        if crate::runtime::collective::Collective::rank(&mpi) == 0 {
+            eprintln!(
+                "data parallel on CUDA without NCCL: gradients are summed through the host \
+                 over MPI (build with --features nccl to sum on the GPUs)"
+            );
+        }
         Ok(Some(std::sync::Arc::new(mpi)))
     }
 
@@ -274,6 +320,7 @@ impl Args {
     #[cfg(not(feature = "mpi"))]
     fn collective(
         &self,
+        _device: &mut Device,
     ) -> Result<Option<std::sync::Arc<dyn crate::runtime::collective::Collective>>, RuntimeError>
     {
         if self.data_parallel {

@@ -25,6 +25,7 @@ use memwise_kernels::cuda::{Float, KernelCall};
 use memwise_plan::data_parallel::Sharding;
 use memwise_plan::generate::{random_chain, random_dag};
 use memwise_plan::{plan, zoo, DType, ModelSpec, Precision, StaticPlan};
+use memwise_runtime::collective::{Collective, DeviceCollective, ThreadGroup, Threads};
 use memwise_runtime::cuda::{scalars_bytes, Backend, GpuExecutor};
 use memwise_runtime::monitor::MemoryMonitor;
 use memwise_runtime::reference::{random_digits, random_inputs};
@@ -254,6 +255,12 @@ impl Backend for EmuBackend {
     }
     fn clear_graph(&mut self) {
         self.graph.clear();
+    }
+    fn collective_stream(&self) -> Option<u64> {
+        // Device memory is host memory and launches run at once: stream 0 stands for "now"
+        // (`HostMemorySums`). Inside a capture a collective would run instead of being
+        // recorded: none is offered there.
+        self.recording.borrow().is_none().then_some(0)
     }
     fn open_another(&self) -> Result<EmuBackend, String> {
         let mut b = EmuBackend::default();
@@ -1467,22 +1474,80 @@ fn sharded_replicas_on_emulated_devices_train_as_unsharded_ones() {
     }
 }
 
+/// The GPU executor's device-memory path (what NCCL carries on GPUs) against its host path,
+/// on emulated devices: each bucket summed in place at its device address, each ZeRO shard
+/// (values and 16-bit copies) broadcast in place from its replica — the same weights, bit for
+/// bit, as the sums through the host, with the device path taken and no gradient downloaded.
+#[test]
+fn sums_on_device_memory_train_as_sums_through_the_host() {
+    let mut mixed = zoo::mnist_mlp(32);
+    mixed.precision = Precision::MixedFloat16;
+    for spec in [zoo::mnist_mlp(32), zoo::conv_vae(4), mixed] {
+        let one = plan(&spec).unwrap();
+        let inputs: Vec<Vec<Vec<u8>>> = (0..3).map(|s| random_inputs(&one, 700 + s)).collect();
+        for sharding in [Sharding::Replicated, Sharding::OptimizerState] {
+            let two = plan(&spec.with_replicas(2).with_sharding(sharding)).unwrap();
+            let (host, host_calls) = emulated_replicas_summing(&two, &inputs, false);
+            let (device, device_calls) = emulated_replicas_summing(&two, &inputs, true);
+            let what = format!(
+                "{} ({precision:?}, {sharding:?})",
+                spec.name,
+                precision = spec.precision
+            );
+            assert_eq!(host_calls, 0, "{what}");
+            // A sum per bucket each step at least (ZeRO adds a broadcast per shard and copy).
+            let sums = two
+                .steps
+                .iter()
+                .filter(|s| matches!(s.op, memwise_plan::Op::AllReduceGradients { .. }))
+                .count();
+            assert!(
+                sums > 0 && device_calls >= 3 * sums,
+                "{what}: {device_calls} device calls"
+            );
+            assert_eq!(
+                host, device,
+                "{what}: the device path differs from the host path"
+            );
+        }
+    }
+}
+
+/// One replica's losses, step by step, and its parameters' values at the end.
+type ReplicaRun = (Vec<f32>, Vec<Vec<f32>>);
+
 /// Trains replica plan `two` on two emulated devices (threads), each on its half of every
 /// batch of `inputs`: each replica's losses and parameters.
-fn emulated_replicas(two: &StaticPlan, inputs: &[Vec<Vec<u8>>]) -> Vec<(Vec<f32>, Vec<Vec<f32>>)> {
-    use memwise_runtime::collective::{Collective, ThreadGroup};
+fn emulated_replicas(two: &StaticPlan, inputs: &[Vec<Vec<u8>>]) -> Vec<ReplicaRun> {
+    emulated_replicas_summing(two, inputs, false).0
+}
+
+/// [`emulated_replicas`], summing on the emulated devices' memory (`on_device`: through
+/// [`HostMemorySums`]) or through the host; also the device collectives' call count.
+fn emulated_replicas_summing(
+    two: &StaticPlan,
+    inputs: &[Vec<Vec<u8>>],
+    on_device: bool,
+) -> (Vec<ReplicaRun>, usize) {
     use std::sync::Arc;
     let ranks = ThreadGroup::new(2);
-    std::thread::scope(|s| {
+    let calls = std::sync::atomic::AtomicUsize::new(0);
+    let results = std::thread::scope(|s| {
         let hs: Vec<_> = ranks
             .into_iter()
             .map(|c| {
+                let calls = &calls;
                 s.spawn(move || {
                     let r = c.rank();
                     let mut gpu =
                         GpuExecutor::new(two.clone(), &Device::cpu(), EmuBackend::default(), 11)
                             .unwrap();
-                    gpu.set_collective(Arc::new(c) as Arc<dyn Collective>)
+                    let sums = Arc::new(HostMemorySums {
+                        threads: c,
+                        on_device,
+                        calls: Default::default(),
+                    });
+                    gpu.set_collective(sums.clone() as Arc<dyn Collective>)
                         .unwrap();
                     let losses = inputs
                         .iter()
@@ -1501,10 +1566,85 @@ fn emulated_replicas(two: &StaticPlan, inputs: &[Vec<Vec<u8>>]) -> Vec<(Vec<f32>
                         .map(|p| gpu.param(&p.name).unwrap())
                         .collect();
                     assert!(gpu.kernels().backend().violations.borrow().is_empty());
+                    let n = sums.calls.load(std::sync::atomic::Ordering::Relaxed);
+                    calls.fetch_max(n, std::sync::atomic::Ordering::Relaxed);
                     (losses, weights)
                 })
             })
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
+    });
+    (results, calls.into_inner())
+}
+
+/// A replica of `collective::Threads` that, with `on_device`, also offers collectives on
+/// device memory ([`DeviceCollective`]) — on the emulated device, whose memory is host memory
+/// and whose launches have all run when a collective is called (stream 0): the GPU executor's
+/// NCCL path without NCCL. Counts its device calls.
+///
+struct HostMemorySums {
+    threads: Threads,
+    on_device: bool,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+impl Collective for HostMemorySums {
+    fn rank(&self) -> usize {
+        self.threads.rank()
+    }
+    fn size(&self) -> usize {
+        self.threads.size()
+    }
+    fn all_reduce_sum_f32(&self, values: &mut [f32]) -> memwise_runtime::Result<()> {
+        self.threads.all_reduce_sum_f32(values)
+    }
+    fn all_reduce_sum_f64(&self, values: &mut [f64]) -> memwise_runtime::Result<()> {
+        self.threads.all_reduce_sum_f64(values)
+    }
+    fn broadcast(&self, root: usize, bytes: &mut [u8]) -> memwise_runtime::Result<()> {
+        self.threads.broadcast(root, bytes)
+    }
+    fn barrier(&self) -> memwise_runtime::Result<()> {
+        self.threads.barrier()
+    }
+    fn engine(&self) -> &'static str {
+        "emulated device memory"
+    }
+    fn device(&self) -> Option<&dyn DeviceCollective> {
+        self.on_device.then_some(self as _)
+    }
+    fn scratch_bytes(&self, largest: usize) -> u64 {
+        self.threads.scratch_bytes(largest)
+    }
+}
+
+impl DeviceCollective for HostMemorySums {
+    unsafe fn all_reduce_sum_f32(
+        &self,
+        values: u64,
+        n: usize,
+        stream: u64,
+    ) -> memwise_runtime::Result<()> {
+        assert_eq!(stream, 0, "the emulated backend's stream");
+        self.calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let values = std::slice::from_raw_parts_mut(values as *mut f32, n);
+        self.threads.all_reduce_sum_f32(values)
+    }
+    unsafe fn broadcast(
+        &self,
+        root: usize,
+        at: u64,
+        bytes: usize,
+        stream: u64,
+    ) -> memwise_runtime::Result<()> {
+        assert_eq!(stream, 0, "the emulated backend's stream");
+        self.calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let bytes = std::slice::from_raw_parts_mut(at as *mut u8, bytes);
+        self.threads.broadcast(root, bytes)
+    }
+    fn ranks(&self) -> usize {
+        self.threads.size()
+    }
 }

@@ -1,7 +1,9 @@
 //! `Collective`: what data-parallel training asks of the other replicas — sums over every
 //! rank, a broadcast, a barrier, all-gathers (ZeRO's updated shards, predictions) — behind one trait, so the walk and the trainer never know
 //! which engine carries it: [`Threads`] (replicas as threads of one process: tests, the
-//! emulated GPU) or, with the `mpi` feature, `Mpi` (ranks launched by `mpirun`).
+//! emulated GPU) or, with the `mpi` feature, `Mpi` (ranks launched by `mpirun`); with the
+//! `nccl` feature, `Nccl` (ranks launched by `mpirun`, one per GPU) also sums on device
+//! memory ([`DeviceCollective`]), so the CUDA executor's gradients never leave the GPU.
 //!
 //! Every rank must end a sum with the same bits, or the replicas' weights drift apart: the
 //! implementations sum in an order that does not depend on the rank.
@@ -13,6 +15,11 @@ pub use threads::{ThreadGroup, Threads};
 mod mpi;
 #[cfg(feature = "mpi")]
 pub use self::mpi::Mpi;
+
+#[cfg(feature = "nccl")]
+mod nccl;
+#[cfg(feature = "nccl")]
+pub use self::nccl::Nccl;
 
 use memwise_plan::data_parallel::shard_range;
 
@@ -65,26 +72,100 @@ pub trait Collective: Send + Sync {
     /// is up to date on rank `r` in its shard, the elements
     /// [`shard_range`]`(len, r, size)`; copies every rank's shard to every other rank.
     fn all_gather_shards(&self, bytes: &mut [u8], elem_bytes: usize) -> Result<()> {
-        let elem = elem_bytes.max(1);
-        if !bytes.len().is_multiple_of(elem) {
-            return Err(RuntimeError::Input(format!(
-                "an all-gather of {} bytes in elements of {elem}",
-                bytes.len()
-            )));
-        }
-        let (n, size) = (bytes.len() / elem, self.size());
-        let part = |r: usize| {
-            let s = shard_range(n, r, size);
-            s.start * elem..s.end * elem
-        };
-        self.all_gather_parts(bytes, &part)
+        let parts = shard_byte_ranges(bytes.len(), elem_bytes, self.size())?;
+        self.all_gather_parts(bytes, &|r| parts[r].clone())
     }
-    /// What carries it, for messages ("threads", "MPI").
+    /// What carries it, for messages ("threads", "MPI", "NCCL").
     fn engine(&self) -> &'static str;
+    /// The same replicas' collectives on device memory, where this engine has them (NCCL):
+    /// the CUDA executor then sums its gradients and gathers its shards in place on the
+    /// device instead of through the host.
+    fn device(&self) -> Option<&dyn DeviceCollective> {
+        None
+    }
     /// Host memory this engine holds beside the values while it sums `largest` f32 values
     /// at once (its send buffers, the copies it gathers): the trainer adds it to the
     /// estimate the memory monitor checks.
     fn scratch_bytes(&self, largest: usize) -> u64;
+}
+
+/// Collectives on device memory (NCCL's), enqueued on a stream of the device that holds the
+/// memory, so they are ordered with the kernels around them and nothing is copied to the
+/// host. Addresses and streams are raw handles (`CUdeviceptr`, `CUstream`), as the executor
+/// and its backend know them; a backend whose device memory is host memory and whose
+/// launches run at once (the emulated one) passes stream 0.
+///
+/// Every rank makes the same calls in the same order with the same lengths, as with
+/// [`Collective`].
+pub trait DeviceCollective: Send + Sync {
+    /// Replaces the `n` f32 at `values` by their sum over the ranks, identical bits on every
+    /// rank.
+    ///
+    /// # Safety
+    /// `values` must hold `n` f32 on the device `stream` belongs to, untouched by anything
+    /// else until the stream has passed this call.
+    unsafe fn all_reduce_sum_f32(&self, values: u64, n: usize, stream: u64) -> Result<()>;
+    /// Copies the `bytes` bytes at `at` on rank `root` to `at` on every other rank.
+    ///
+    /// # Safety
+    /// As [`DeviceCollective::all_reduce_sum_f32`], for `bytes` bytes.
+    unsafe fn broadcast(&self, root: usize, at: u64, bytes: usize, stream: u64) -> Result<()>;
+    /// ZeRO's all-gather on the device: the `len` bytes at `at` (`elem_bytes` per element)
+    /// are up to date on rank `r` in its shard, the elements
+    /// [`shard_range`]`(len / elem_bytes, r, size)`; copies every rank's shard to every other
+    /// rank, one broadcast per rank from its own shard (shards may differ in length, which
+    /// an all-gather does not allow), nothing held beside the values.
+    ///
+    /// # Safety
+    /// As [`DeviceCollective::broadcast`], for `len` bytes.
+    unsafe fn all_gather_shards(
+        &self,
+        at: u64,
+        len: usize,
+        elem_bytes: usize,
+        stream: u64,
+    ) -> Result<()> {
+        let parts = shard_byte_ranges(len, elem_bytes, self.ranks())?;
+        self.begin_group()?;
+        let sent = parts.into_iter().enumerate().try_for_each(|(r, part)| {
+            // Every rank computes the same ranges, so all skip an empty shard alike.
+            if part.is_empty() {
+                return Ok(());
+            }
+            self.broadcast(r, at + part.start as u64, part.len(), stream)
+        });
+        // The group is closed whatever happened inside it.
+        let ended = self.end_group();
+        sent.and(ended)
+    }
+    /// Starts a group of calls that the engine may run together (NCCL's `ncclGroupStart`);
+    /// nothing by default.
+    fn begin_group(&self) -> Result<()> {
+        Ok(())
+    }
+    /// Ends the group [`DeviceCollective::begin_group`] started and launches its calls.
+    fn end_group(&self) -> Result<()> {
+        Ok(())
+    }
+    /// How many ranks take part (the [`Collective`]'s size).
+    fn ranks(&self) -> usize;
+}
+
+/// The byte ranges of each rank's shard of `len` bytes in elements of `elem_bytes`
+/// ([`shard_range`]), checked to be whole elements.
+pub fn shard_byte_ranges(len: usize, elem_bytes: usize, size: usize) -> Result<Vec<Range<usize>>> {
+    let elem = elem_bytes.max(1);
+    if !len.is_multiple_of(elem) {
+        return Err(RuntimeError::Input(format!(
+            "an all-gather of {len} bytes in elements of {elem}"
+        )));
+    }
+    Ok((0..size)
+        .map(|r| {
+            let s = shard_range(len / elem, r, size);
+            s.start * elem..s.end * elem
+        })
+        .collect())
 }
 
 /// How long a rank waits for the others before it gives up with an error: a rank that

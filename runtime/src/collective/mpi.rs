@@ -122,6 +122,14 @@ impl Mpi {
             .ok()
     }
 
+    /// This rank's index among the ranks on its own node (`MPI_Comm_split_type` with
+    /// `MPI_COMM_TYPE_SHARED`): with one process per GPU, the GPU this rank drives.
+    pub fn local_rank(&self) -> usize {
+        let inner = self.lock();
+        let node = inner.universe.world().split_shared(self.rank as mpi::Rank);
+        usize::try_from(node.rank()).expect("MPI ranks are non-negative")
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock can only come from the mpi crate's checks before a
         // call is made (MPI errors abort the process): the state is as it was, going on is

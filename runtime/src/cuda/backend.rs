@@ -79,6 +79,14 @@ pub trait Backend {
     fn replay(&self) -> std::result::Result<(), String>;
     /// Forgets the recorded graph.
     fn clear_graph(&mut self);
+    /// The stream (a raw `CUstream`) that device collectives ([`DeviceCollective`]) are
+    /// enqueued on, ordered with this backend's launches; `None` (the default) where it has
+    /// none to offer: the executor then sums and gathers through the host.
+    ///
+    /// [`DeviceCollective`]: crate::collective::DeviceCollective
+    fn collective_stream(&self) -> Option<u64> {
+        None
+    }
     /// The turns on this backend's stream, where other backends share it.
     fn turn(&self) -> Option<&std::sync::Arc<crate::kernels::DeviceTurn>> {
         None

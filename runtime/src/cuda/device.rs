@@ -103,6 +103,10 @@ impl Backend for CudaBackend {
         Some(self.lane.device_bytes())
     }
 
+    fn collective_stream(&self) -> Option<u64> {
+        Some(self.lane.stream().cu_stream() as u64)
+    }
+
     fn alloc(&mut self, bytes: usize) -> std::result::Result<u64, String> {
         let b = self.lane.alloc_zeroed(bytes)?;
         let ptr = b.ptr();

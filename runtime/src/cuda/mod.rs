@@ -488,6 +488,30 @@ impl<B: Backend> CudaKernels<B> {
         Ok(())
     }
 
+    /// ZeRO's gather on the device: each parameter's f32 values, and its 16-bit copy where
+    /// it has one, shard by shard from the replica that updated it (the update kernel
+    /// writes both for its own shard).
+    pub(crate) fn all_gather_on_device(
+        &self,
+        params: &[u32],
+        device: &dyn crate::collective::DeviceCollective,
+        stream: u64,
+    ) -> Result<()> {
+        for &pid in params {
+            let p = &self.plan.params[pid as usize];
+            // SAFETY: the values and the 16-bit copy lie inside the persistent region, at
+            // the plan's offsets, and only this stream touches them.
+            unsafe {
+                device.all_gather_shards(self.persistent + p.offset, p.elems() * 4, 4, stream)?;
+                if let Some(t) = p.half_copy {
+                    let (at, size) = (self.persistent + p.half_offset, t.size() as usize);
+                    device.all_gather_shards(at, p.elems() * size, size, stream)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     // ---- state ----
 
     fn download_f32(&self, addr: u64, n: usize) -> Result<Vec<f32>> {

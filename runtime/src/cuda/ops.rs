@@ -1770,17 +1770,30 @@ impl<B: Backend> Kernels for CudaKernels<B> {
     }
 
     fn all_reduce_gradients(&self, params: &[u32], last: bool, c: &dyn Collective) -> OpResult {
-        // Through the host, in eager steps (`launch_step` captures no data-parallel plan):
-        // correct on any backend, the emulated one included; NCCL on device memory is the
-        // fast path still to come. The plan lays a bucket's gradients out contiguously: one
-        // copy each way per bucket.
-        for (start, end) in gradient_ranges(&self.plan, params) {
-            let at = self.persistent + start;
-            let mut g = self.download_f32(at, ((end - start) / 4) as usize)?;
-            c.all_reduce_sum_f32(&mut g)?;
-            let bytes: Vec<u8> = g.iter().flat_map(|x| x.to_le_bytes()).collect();
-            // SAFETY: the gradients lie inside the persistent region.
-            unsafe { self.backend.upload(&bytes, at).map_err(dev)? };
+        // The plan lays a bucket's gradients out contiguously: one sum per bucket. On the
+        // device where the collective and the backend both can (NCCL on the lane's stream),
+        // else through the host (any backend, the emulated one included). Eager steps only:
+        // `launch_step` captures no data-parallel plan.
+        let ranges = gradient_ranges(&self.plan, params);
+        match (c.device(), self.backend.collective_stream()) {
+            (Some(device), Some(stream)) => {
+                for (start, end) in ranges {
+                    let n = ((end - start) / 4) as usize;
+                    // SAFETY: the bucket's gradients lie inside the persistent region, and
+                    // only the stream's own later launches touch them.
+                    unsafe { device.all_reduce_sum_f32(self.persistent + start, n, stream)? };
+                }
+            }
+            _ => {
+                for (start, end) in ranges {
+                    let at = self.persistent + start;
+                    let mut g = self.download_f32(at, ((end - start) / 4) as usize)?;
+                    c.all_reduce_sum_f32(&mut g)?;
+                    let bytes: Vec<u8> = g.iter().flat_map(|x| x.to_le_bytes()).collect();
+                    // SAFETY: the gradients lie inside the persistent region.
+                    unsafe { self.backend.upload(&bytes, at).map_err(dev)? };
+                }
+            }
         }
         if last {
             self.sum_nonfinite_flag(c)?;
@@ -1801,8 +1814,11 @@ impl<B: Backend> Kernels for CudaKernels<B> {
     }
 
     fn all_gather_params(&self, params: &[u32], c: &dyn Collective) -> OpResult {
-        // Through the host, as the gradient sums; a step flagged non-finite updated nothing,
-        // so the gather copies equal values (the flag stays on the device).
+        // A step flagged non-finite updated nothing, so the gather copies equal values (the
+        // flag stays on the device).
+        if let (Some(device), Some(stream)) = (c.device(), self.backend.collective_stream()) {
+            return Ok(self.all_gather_on_device(params, device, stream)?);
+        }
         for &pid in params {
             let prm = &self.plan.params[pid as usize];
             let mut raw = vec![0u8; prm.elems() * 4];
