@@ -542,7 +542,7 @@ impl Trainer {
     /// Host bytes of the largest gradient sum or weight gather: the CPU sums each bucket's
     /// gradients in place (one call per bucket, its padding included) and gathers each
     /// parameter's shards in place (ZeRO stage 1), so only the engine's own buffers count;
-    /// CUDA sums one bucket at a time through the host, holding its gradients downloaded (the
+    /// CUDA without NCCL sums one bucket at a time through the host, holding its gradients downloaded (the
     /// bytes and the f32 values) and again as the bytes uploaded back, and gathers one
     /// parameter's weights through the host (downloaded, as f32, as the bytes uploaded and
     /// their 16-bit copy).
@@ -551,7 +551,8 @@ impl Trainer {
             return 0;
         };
         let p = self.plan();
-        let cuda = self.device.is_cuda();
+        // On CUDA without device collectives (NCCL), the sums and gathers go through the host.
+        let cuda = self.device.is_cuda() && c.device().is_none();
         let largest = |s: &memwise_plan::PlanStep| {
             s.params.iter().map(|&i| p.params[i as usize].elems()).max()
         };

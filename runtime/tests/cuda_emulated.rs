@@ -43,6 +43,20 @@ enum Cmd {
 /// that share it (a backend and those it opens with `open_another`, as on one GPU).
 const EMU_DEVICE_BYTES: u64 = 64 << 30;
 
+/// The emulated collective stream's handle (`Backend::fork_collective`).
+const EMU_COLLECTIVE_STREAM: u64 = 1;
+
+/// A job on the emulated collective stream.
+type CollectiveJob = Box<dyn FnOnce() -> memwise_runtime::Result<()>>;
+
+thread_local! {
+    /// The emulated collective stream of this thread's device: a device collective enqueued
+    /// on it waits here until the backend's stream joins it (`join_collectives`), as on a GPU
+    /// it runs beside the launches that follow. A launch that read a gradient before the join
+    /// would read it unsummed, and the replicas would drift from the host path's weights.
+    static COLLECTIVE_STREAM: RefCell<Vec<CollectiveJob>> = RefCell::new(Vec::new());
+}
+
 #[derive(Default)]
 struct EmuBackend {
     blocks: Vec<(*mut u8, Layout)>,
@@ -256,11 +270,17 @@ impl Backend for EmuBackend {
     fn clear_graph(&mut self) {
         self.graph.clear();
     }
-    fn collective_stream(&self) -> Option<u64> {
-        // Device memory is host memory and launches run at once: stream 0 stands for "now"
-        // (`HostMemorySums`). Inside a capture a collective would run instead of being
-        // recorded: none is offered there.
-        self.recording.borrow().is_none().then_some(0)
+    fn fork_collective(&self) -> Result<Option<u64>, String> {
+        // Data-parallel steps are never captured.
+        self.no_capture("a collective")?;
+        Ok(Some(EMU_COLLECTIVE_STREAM))
+    }
+    fn join_collectives(&self) -> Result<(), String> {
+        // What the collective stream holds runs now, before any later launch.
+        let pending = COLLECTIVE_STREAM.with(|q| std::mem::take(&mut *q.borrow_mut()));
+        pending
+            .into_iter()
+            .try_for_each(|job| job().map_err(|e| e.to_string()))
     }
     fn open_another(&self) -> Result<EmuBackend, String> {
         let mut b = EmuBackend::default();
@@ -1543,7 +1563,7 @@ fn emulated_replicas_summing(
                         GpuExecutor::new(two.clone(), &Device::cpu(), EmuBackend::default(), 11)
                             .unwrap();
                     let sums = Arc::new(HostMemorySums {
-                        threads: c,
+                        threads: Arc::new(c),
                         on_device,
                         calls: Default::default(),
                     });
@@ -1566,6 +1586,8 @@ fn emulated_replicas_summing(
                         .map(|p| gpu.param(&p.name).unwrap())
                         .collect();
                     assert!(gpu.kernels().backend().violations.borrow().is_empty());
+                    let joined = COLLECTIVE_STREAM.with(|q| q.borrow().is_empty());
+                    assert!(joined, "a collective was never joined");
                     let n = sums.calls.load(std::sync::atomic::Ordering::Relaxed);
                     calls.fetch_max(n, std::sync::atomic::Ordering::Relaxed);
                     (losses, weights)
@@ -1578,12 +1600,11 @@ fn emulated_replicas_summing(
 }
 
 /// A replica of `collective::Threads` that, with `on_device`, also offers collectives on
-/// device memory ([`DeviceCollective`]) — on the emulated device, whose memory is host memory
-/// and whose launches have all run when a collective is called (stream 0): the GPU executor's
-/// NCCL path without NCCL. Counts its device calls.
-///
+/// device memory ([`DeviceCollective`]) — on the emulated device, whose memory is host memory:
+/// each call is queued on the emulated collective stream and runs when the backend joins it.
+/// The GPU executor's NCCL path without NCCL. Counts its device calls.
 struct HostMemorySums {
-    threads: Threads,
+    threads: std::sync::Arc<Threads>,
     on_device: bool,
     calls: std::sync::atomic::AtomicUsize,
 }
@@ -1625,11 +1646,16 @@ impl DeviceCollective for HostMemorySums {
         n: usize,
         stream: u64,
     ) -> memwise_runtime::Result<()> {
-        assert_eq!(stream, 0, "the emulated backend's stream");
-        self.calls
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let values = std::slice::from_raw_parts_mut(values as *mut f32, n);
-        self.threads.all_reduce_sum_f32(values)
+        let threads = self.enqueue(stream);
+        COLLECTIVE_STREAM.with(|q| {
+            q.borrow_mut().push(Box::new(move || {
+                // SAFETY: `values` is the emulated device's memory (host memory), which the
+                // executor leaves alone until the join runs this.
+                let values = unsafe { std::slice::from_raw_parts_mut(values as *mut f32, n) };
+                threads.all_reduce_sum_f32(values)
+            }))
+        });
+        Ok(())
     }
     unsafe fn broadcast(
         &self,
@@ -1638,13 +1664,30 @@ impl DeviceCollective for HostMemorySums {
         bytes: usize,
         stream: u64,
     ) -> memwise_runtime::Result<()> {
-        assert_eq!(stream, 0, "the emulated backend's stream");
-        self.calls
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let bytes = std::slice::from_raw_parts_mut(at as *mut u8, bytes);
-        self.threads.broadcast(root, bytes)
+        let threads = self.enqueue(stream);
+        COLLECTIVE_STREAM.with(|q| {
+            q.borrow_mut().push(Box::new(move || {
+                // SAFETY: as above.
+                let bytes = unsafe { std::slice::from_raw_parts_mut(at as *mut u8, bytes) };
+                threads.broadcast(root, bytes)
+            }))
+        });
+        Ok(())
     }
     fn ranks(&self) -> usize {
         self.threads.size()
+    }
+}
+
+impl HostMemorySums {
+    /// Checks a call is for the emulated collective stream and counts it.
+    fn enqueue(&self, stream: u64) -> std::sync::Arc<Threads> {
+        assert_eq!(
+            stream, EMU_COLLECTIVE_STREAM,
+            "the emulated collective stream"
+        );
+        self.calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.threads.clone()
     }
 }

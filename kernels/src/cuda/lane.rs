@@ -62,6 +62,9 @@ pub struct Lane {
     blas: CudaBlas,
     _blas_workspace: DeviceBuffer,
     stream: Arc<CudaStream>,
+    /// The stream device collectives (NCCL) run on beside `stream`, made at the first
+    /// [`Lane::fork_collective`].
+    collectives: std::sync::OnceLock<Arc<CudaStream>>,
     /// Device memory the lane took when it opened (the stream, the cuBLAS handle's own
     /// allocations and the workspace): about 100 MiB on an H200.
     device_bytes: u64,
@@ -92,6 +95,7 @@ impl Lane {
             blas,
             _blas_workspace: ws,
             stream,
+            collectives: std::sync::OnceLock::new(),
             device_bytes: CUBLAS_WORKSPACE_BYTES as u64,
             dev: dev.clone(),
         };
@@ -153,6 +157,39 @@ impl Lane {
 
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// The collective stream (a raw `CUstream`), made to wait for everything enqueued on the
+    /// lane's stream so far: a collective enqueued on it sees finished values and runs
+    /// while the lane's later launches do.
+    pub fn fork_collective(&self) -> DeviceResult<u64> {
+        self.dev.bind()?;
+        let collectives = match self.collectives.get() {
+            Some(s) => s,
+            None => {
+                let s = self
+                    .dev
+                    .context()
+                    .new_stream()
+                    .map_err(err("creating the collective stream"))?;
+                self.collectives.get_or_init(|| s)
+            }
+        };
+        collectives
+            .join(&self.stream)
+            .map_err(err("ordering the collective stream after the lane's"))?;
+        Ok(collectives.cu_stream() as u64)
+    }
+
+    /// Makes the lane's stream wait for everything enqueued on the collective stream so far.
+    pub fn join_collectives(&self) -> DeviceResult<()> {
+        let Some(collectives) = self.collectives.get() else {
+            return Ok(());
+        };
+        self.dev.bind()?;
+        self.stream
+            .join(collectives)
+            .map_err(err("ordering the lane's stream after the collectives"))
     }
 
     /// One plain allocation of `bytes`, zeroed.

@@ -79,13 +79,20 @@ pub trait Backend {
     fn replay(&self) -> std::result::Result<(), String>;
     /// Forgets the recorded graph.
     fn clear_graph(&mut self);
-    /// The stream (a raw `CUstream`) that device collectives ([`DeviceCollective`]) are
-    /// enqueued on, ordered with this backend's launches; `None` (the default) where it has
-    /// none to offer: the executor then sums and gathers through the host.
+    /// The stream (a raw `CUstream`) to enqueue device collectives ([`DeviceCollective`])
+    /// on, made to wait for everything this backend has enqueued so far: the collective
+    /// sees finished values and runs while the launches that follow do (the gradient sums
+    /// overlap the rest of backward). `Ok(None)` (the default) where the backend has none:
+    /// the executor then sums and gathers through the host.
     ///
     /// [`DeviceCollective`]: crate::collective::DeviceCollective
-    fn collective_stream(&self) -> Option<u64> {
-        None
+    fn fork_collective(&self) -> std::result::Result<Option<u64>, String> {
+        Ok(None)
+    }
+    /// Makes this backend's later launches wait for every collective enqueued on the
+    /// stream [`Backend::fork_collective`] gave.
+    fn join_collectives(&self) -> std::result::Result<(), String> {
+        Ok(())
     }
     /// The turns on this backend's stream, where other backends share it.
     fn turn(&self) -> Option<&std::sync::Arc<crate::kernels::DeviceTurn>> {

@@ -103,8 +103,12 @@ impl Backend for CudaBackend {
         Some(self.lane.device_bytes())
     }
 
-    fn collective_stream(&self) -> Option<u64> {
-        Some(self.lane.stream().cu_stream() as u64)
+    fn fork_collective(&self) -> std::result::Result<Option<u64>, String> {
+        self.lane.fork_collective().map(Some)
+    }
+
+    fn join_collectives(&self) -> std::result::Result<(), String> {
+        self.lane.join_collectives()
     }
 
     fn alloc(&mut self, bytes: usize) -> std::result::Result<u64, String> {

@@ -488,6 +488,19 @@ impl<B: Backend> CudaKernels<B> {
         Ok(())
     }
 
+    /// `c`'s collectives on device memory and the stream to enqueue them on (forked from
+    /// the executor's), when both the collective and the backend have them.
+    pub(crate) fn device_collective<'c>(
+        &self,
+        c: &'c dyn crate::collective::Collective,
+    ) -> Result<Option<(&'c dyn crate::collective::DeviceCollective, u64)>> {
+        let Some(device) = c.device() else {
+            return Ok(None);
+        };
+        let stream = self.backend.fork_collective().map_err(dev)?;
+        Ok(stream.map(|s| (device, s)))
+    }
+
     /// ZeRO's gather on the device: each parameter's f32 values, and its 16-bit copy where
     /// it has one, shard by shard from the replica that updated it (the update kernel
     /// writes both for its own shard).

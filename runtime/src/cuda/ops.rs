@@ -1770,21 +1770,26 @@ impl<B: Backend> Kernels for CudaKernels<B> {
     }
 
     fn all_reduce_gradients(&self, params: &[u32], last: bool, c: &dyn Collective) -> OpResult {
-        // The plan lays a bucket's gradients out contiguously: one sum per bucket. On the
-        // device where the collective and the backend both can (NCCL on the lane's stream),
-        // else through the host (any backend, the emulated one included). Eager steps only:
-        // `launch_step` captures no data-parallel plan.
+        // The plan lays a bucket's gradients out contiguously: one sum per bucket. Eager
+        // steps only: `launch_step` captures no data-parallel plan.
         let ranges = gradient_ranges(&self.plan, params);
-        match (c.device(), self.backend.collective_stream()) {
-            (Some(device), Some(stream)) => {
+        match self.device_collective(c)? {
+            // On the device (NCCL), on the collective stream: the sum runs while the rest
+            // of backward does; the last bucket's step makes the executor's stream wait for
+            // them all before anything reads a gradient.
+            Some((device, stream)) => {
                 for (start, end) in ranges {
                     let n = ((end - start) / 4) as usize;
-                    // SAFETY: the bucket's gradients lie inside the persistent region, and
-                    // only the stream's own later launches touch them.
+                    // SAFETY: the bucket's gradients lie inside the persistent region, and no
+                    // launch touches them until the executor's stream joins the collectives.
                     unsafe { device.all_reduce_sum_f32(self.persistent + start, n, stream)? };
                 }
+                if last {
+                    self.backend.join_collectives().map_err(dev)?;
+                }
             }
-            _ => {
+            // Through the host (any backend, the emulated one included).
+            None => {
                 for (start, end) in ranges {
                     let at = self.persistent + start;
                     let mut g = self.download_f32(at, ((end - start) / 4) as usize)?;
@@ -1816,8 +1821,10 @@ impl<B: Backend> Kernels for CudaKernels<B> {
     fn all_gather_params(&self, params: &[u32], c: &dyn Collective) -> OpResult {
         // A step flagged non-finite updated nothing, so the gather copies equal values (the
         // flag stays on the device).
-        if let (Some(device), Some(stream)) = (c.device(), self.backend.collective_stream()) {
-            return Ok(self.all_gather_on_device(params, device, stream)?);
+        if let Some((device, stream)) = self.device_collective(c)? {
+            self.all_gather_on_device(params, device, stream)?;
+            // The next launches read the gathered weights.
+            return Ok(self.backend.join_collectives().map_err(dev)?);
         }
         for &pid in params {
             let prm = &self.plan.params[pid as usize];
