@@ -5,7 +5,8 @@
 #   2. clippy of memwise-runtime with --features mpi, every target, warnings denied, and
 #      with --features nccl (collective::Nccl; NCCL and CUDA load at run time, so it builds
 #      without them), and of the facade's library and examples with --features nccl;
-#   3. runtime/examples/mpi_check under `mpirun -n 2`: sums bit for bit, broadcast, barrier;
+#   3. runtime/examples/mpi_check under `mpirun -n 2`: sums bit for bit, broadcast, barrier,
+#      point to point round a ring;
 #   4. the fault test: rank 1 exits after 5 barriers while rank 0 keeps calling collectives;
 #      mpirun must exit non-zero within 60 s (under `timeout 120`, so nothing hangs);
 #   5. the examples with --data-parallel on 2 ranks: mnist_mlp and vae end 10 steps with the

@@ -24,6 +24,7 @@ pub mod io;
 pub mod layers;
 pub mod liveness;
 pub mod op;
+pub mod pipeline;
 pub mod plan;
 pub mod rng;
 pub mod schedule;

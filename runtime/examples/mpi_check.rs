@@ -10,7 +10,10 @@
 //! 3. the same in f64;
 //! 4. `broadcast` from rank 1 (rank 0 in a job of one) leaves the root's bytes everywhere, and
 //!    a root that is not a rank is an error on every rank;
-//! 5. barriers.
+//! 5. barriers;
+//! 6. point to point round a ring (two or more ranks): each rank sends a long message (past
+//!    Open MPI's eager limit, so a rendezvous) and a short one to the next rank, and receives
+//!    the previous rank's, in order; a wrong peer is an error.
 //!
 //! The fault test: with `--die-at-step K` (or `MEMWISE_MPI_DIE_AT_STEP=K`), every rank loops
 //! over a barrier and a small sum, 10 ms apart, and rank 1 calls `std::process::exit(3)` after
@@ -184,7 +187,46 @@ fn check(mpi: &Mpi) -> memwise_runtime::error::Result<Vec<String>> {
     for _ in 0..3 {
         mpi.barrier()?;
     }
+    ring(mpi, &mut failures)?;
     Ok(failures)
+}
+
+/// Check 6, point to point: rank r sends to r + 1 and receives from r − 1 (mod N), even
+/// ranks sending first and odd ones receiving first, so no two ranks wait in a rendezvous
+/// send for each other.
+fn ring(mpi: &Mpi, failures: &mut Vec<String>) -> memwise_runtime::error::Result<()> {
+    let (rank, size) = (mpi.rank(), mpi.size());
+    if mpi.send(size, &[0]).is_ok() {
+        failures.push(format!("a send to rank {size} of {size} was not an error"));
+    }
+    if size < 2 {
+        return Ok(());
+    }
+    let (next, prev) = ((rank + 1) % size, (rank + size - 1) % size);
+    let long = |from: usize| -> Vec<u8> { (0..300_000).map(|i| (i * 7 + from) as u8).collect() };
+    let send = || -> memwise_runtime::error::Result<()> {
+        mpi.send(next, &long(rank))?;
+        mpi.send(next, &[rank as u8, 1, 2])
+    };
+    let mut got_long = vec![0u8; 300_000];
+    let mut got_short = [0u8; 3];
+    let mut receive = || -> memwise_runtime::error::Result<()> {
+        mpi.recv(prev, &mut got_long)?;
+        mpi.recv(prev, &mut got_short)
+    };
+    if rank % 2 == 0 {
+        send()?;
+        receive()?;
+    } else {
+        receive()?;
+        send()?;
+    }
+    if got_long != long(prev) || got_short != [prev as u8, 1, 2] {
+        failures.push(format!(
+            "point to point: rank {rank} did not receive rank {prev}'s two messages in order"
+        ));
+    }
+    Ok(())
 }
 
 /// Broadcasts rank 0's `bytes` and compares them with this rank's: every rank must end a

@@ -1628,6 +1628,12 @@ impl Collective for HostMemorySums {
     fn barrier(&self) -> memwise_runtime::Result<()> {
         self.threads.barrier()
     }
+    fn send(&self, to: usize, bytes: &[u8]) -> memwise_runtime::Result<()> {
+        self.threads.send(to, bytes)
+    }
+    fn recv(&self, from: usize, bytes: &mut [u8]) -> memwise_runtime::Result<()> {
+        self.threads.recv(from, bytes)
+    }
     fn engine(&self) -> &'static str {
         "emulated device memory"
     }

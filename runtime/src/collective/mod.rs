@@ -42,6 +42,14 @@ pub trait Collective: Send + Sync {
     fn broadcast(&self, root: usize, bytes: &mut [u8]) -> Result<()>;
     /// Returns once every rank has called it.
     fn barrier(&self) -> Result<()>;
+    /// Sends `bytes` to rank `to`, whose [`Collective::recv`] from this rank receives them;
+    /// messages from one rank to another arrive in the order they were sent. Point to point,
+    /// as pipeline stages pass activations and gradients (issue 16). It may return before
+    /// `to` receives (a buffered send) or only once it does (MPI's rendezvous for long
+    /// messages): two ranks must not both send to each other before either receives.
+    fn send(&self, to: usize, bytes: &[u8]) -> Result<()>;
+    /// Receives the next message from rank `from` into `bytes`, which must be its length.
+    fn recv(&self, from: usize, bytes: &mut [u8]) -> Result<()>;
     /// Every rank holds the same `bytes`, of which rank `r`'s part (the byte range `part(r)`,
     /// the same on every rank; parts do not overlap) is up to date there: copies each rank's
     /// part to every other rank, in place. One broadcast per rank from its own part: nothing
@@ -166,6 +174,16 @@ pub fn shard_byte_ranges(len: usize, elem_bytes: usize, size: usize) -> Result<V
             s.start * elem..s.end * elem
         })
         .collect())
+}
+
+/// `Err` unless `peer` is a rank of a job of `size` (`what`: "a send to").
+pub(crate) fn check_peer(what: &str, peer: usize, size: usize) -> Result<()> {
+    if peer < size {
+        return Ok(());
+    }
+    Err(RuntimeError::Input(format!(
+        "{what} rank {peer}, in a job of {size} ranks"
+    )))
 }
 
 /// How long a rank waits for the others before it gives up with an error: a rank that

@@ -34,10 +34,10 @@ use std::sync::{Mutex, MutexGuard};
 use mpi::collective::SystemOperation;
 use mpi::environment::Universe;
 use mpi::topology::SimpleCommunicator;
-use mpi::traits::{Communicator, CommunicatorCollectives, Equivalence, Root};
+use mpi::traits::{Communicator, CommunicatorCollectives, Destination, Equivalence, Root, Source};
 use mpi::Threading;
 
-use super::Collective;
+use super::{check_peer, Collective};
 use crate::error::{Result, RuntimeError};
 
 /// What is only touched while holding the lock.
@@ -200,6 +200,38 @@ impl Collective for Mpi {
 
     fn barrier(&self) -> Result<()> {
         self.lock().universe.world().barrier();
+        Ok(())
+    }
+
+    fn send(&self, to: usize, bytes: &[u8]) -> Result<()> {
+        check_peer("an MPI send to", to, self.size)?;
+        let inner = self.lock();
+        let world = inner.universe.world();
+        let dest = world.process_at_rank(to as mpi::Rank);
+        // MPI counts in `int`: pieces of at most 1 GiB, received piece by piece alike.
+        for piece in bytes.chunks(1 << 30) {
+            dest.send(piece);
+        }
+        Ok(())
+    }
+
+    fn recv(&self, from: usize, bytes: &mut [u8]) -> Result<()> {
+        check_peer("an MPI receive from", from, self.size)?;
+        let inner = self.lock();
+        let world = inner.universe.world();
+        let src = world.process_at_rank(from as mpi::Rank);
+        for piece in bytes.chunks_mut(1 << 30) {
+            // A longer message than `piece` is MPI_ERR_TRUNCATE, fatal under
+            // MPI_ERRORS_ARE_FATAL; a shorter one is counted here.
+            let got = src.receive_into(piece).count(u8::equivalent_datatype()) as usize;
+            if got != piece.len() {
+                return Err(RuntimeError::Input(format!(
+                    "MPI: rank {from} sent {got} bytes where rank {} expected {}",
+                    self.rank,
+                    piece.len()
+                )));
+            }
+        }
         Ok(())
     }
 

@@ -184,6 +184,14 @@ impl Collective for Nccl {
         self.mpi.barrier()
     }
 
+    fn send(&self, to: usize, bytes: &[u8]) -> Result<()> {
+        self.mpi.send(to, bytes)
+    }
+
+    fn recv(&self, from: usize, bytes: &mut [u8]) -> Result<()> {
+        self.mpi.recv(from, bytes)
+    }
+
     fn engine(&self) -> &'static str {
         "NCCL"
     }

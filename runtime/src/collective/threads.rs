@@ -2,10 +2,11 @@
 //! shared memory. What the tests and the emulated GPU use, and a correct single-machine
 //! engine in its own right. Sums run in rank order, so every rank gets the same bits.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::{Collective, DEFAULT_TIMEOUT};
+use super::{check_peer, Collective, DEFAULT_TIMEOUT};
 use crate::error::{Result, RuntimeError};
 
 /// What one rank brings to a round.
@@ -28,6 +29,8 @@ struct State {
     round: Round,
     /// Why the job cannot go on (a rank left, timed out, or gave mismatched buffers).
     broken: Option<String>,
+    /// Point-to-point messages sent and not yet received, by `(from, to)`, oldest first.
+    mail: HashMap<(usize, usize), VecDeque<Vec<u8>>>,
 }
 
 struct Shared {
@@ -59,6 +62,7 @@ impl ThreadGroup {
                     ..Round::default()
                 },
                 broken: None,
+                mail: HashMap::new(),
             }),
             changed: Condvar::new(),
         });
@@ -283,6 +287,47 @@ impl Collective for Threads {
         )
     }
 
+    fn send(&self, to: usize, bytes: &[u8]) -> Result<()> {
+        check_peer("a send to", to, self.size())?;
+        let mut st = self.lock();
+        if let Some(why) = &st.broken {
+            return Err(RuntimeError::Device(format!(
+                "data parallel (a send to rank {to}, rank {}): {why}",
+                self.rank
+            )));
+        }
+        // Buffered: the sender goes on at once, as MPI's eager sends of short messages do.
+        let queue = st.mail.entry((self.rank, to)).or_default();
+        queue.push_back(bytes.to_vec());
+        self.shared.changed.notify_all();
+        Ok(())
+    }
+
+    fn recv(&self, from: usize, bytes: &mut [u8]) -> Result<()> {
+        check_peer("a receive from", from, self.size())?;
+        let key = (from, self.rank);
+        let what = format!("a receive from rank {from}");
+        let deadline = Instant::now() + self.shared.timeout;
+        let st = self.lock();
+        let has_mail = |s: &State| s.mail.get(&key).is_some_and(|q| !q.is_empty());
+        let mut st = self.wait_until(st, &what, deadline, has_mail)?;
+        let message = st
+            .mail
+            .get_mut(&key)
+            .and_then(VecDeque::pop_front)
+            .unwrap_or_default();
+        if message.len() != bytes.len() {
+            return Err(RuntimeError::Input(format!(
+                "rank {from} sent {} bytes, rank {} expected {}",
+                message.len(),
+                self.rank,
+                bytes.len()
+            )));
+        }
+        bytes.copy_from_slice(&message);
+        Ok(())
+    }
+
     fn engine(&self) -> &'static str {
         "threads"
     }
@@ -349,6 +394,58 @@ mod tests {
         std::thread::sleep(Duration::from_millis(50));
         drop(second);
         let e = waiter.join().unwrap().unwrap_err().to_string();
+        assert!(e.contains("rank 1 has left the job"), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(30));
+    }
+
+    #[test]
+    fn messages_go_round_a_ring_in_order() {
+        let ranks = ThreadGroup::new(4);
+        let got: Vec<Vec<[u8; 2]>> = std::thread::scope(|s| {
+            let hs: Vec<_> = ranks
+                .iter()
+                .map(|c| {
+                    s.spawn(move || {
+                        let (r, n) = (c.rank(), c.size());
+                        for k in 0..3u8 {
+                            c.send((r + 1) % n, &[r as u8, k]).unwrap();
+                        }
+                        (0..3)
+                            .map(|_| {
+                                let mut b = [0u8; 2];
+                                c.recv((r + n - 1) % n, &mut b).unwrap();
+                                b
+                            })
+                            .collect()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (r, msgs) in got.iter().enumerate() {
+            let from = ((r + 3) % 4) as u8;
+            assert_eq!(msgs, &[[from, 0], [from, 1], [from, 2]]);
+        }
+    }
+
+    #[test]
+    fn a_receive_names_a_wrong_length_a_wrong_peer_and_a_sender_that_left() {
+        let mut ranks = ThreadGroup::with_timeout(2, Duration::from_secs(30));
+        let second = ranks.pop().unwrap();
+        let first = ranks.pop().unwrap();
+        second.send(0, &[1, 2, 3]).unwrap();
+        let e = first.recv(1, &mut [0u8; 2]).unwrap_err().to_string();
+        assert!(e.contains("rank 1 sent 3 bytes, rank 0 expected 2"), "{e}");
+        let e = first.send(2, &[0]).unwrap_err().to_string();
+        assert!(e.contains("a send to rank 2, in a job of 2 ranks"), "{e}");
+        // Sent before it left: still received.
+        second.send(0, &[7]).unwrap();
+        drop(second);
+        let mut b = [0u8];
+        first.recv(1, &mut b).unwrap();
+        assert_eq!(b, [7]);
+        let t = Instant::now();
+        let e = first.recv(1, &mut b).unwrap_err().to_string();
         assert!(e.contains("rank 1 has left the job"), "{e}");
         assert!(t.elapsed() < Duration::from_secs(30));
     }
