@@ -16,7 +16,7 @@
 
 use rayon::prelude::*;
 
-use crate::{check_len, Element, KResult, KernelError};
+use crate::{check_len_with, Element, KResult, KernelError};
 
 /// Below this many elements of work a loop stays on the calling thread: a rayon fork/join
 /// costs a few microseconds, more than a 32 Ki-element pointwise pass does.
@@ -62,7 +62,7 @@ pub(crate) fn need(op: &str, what: &str, len: usize, need: usize) -> KResult {
     if len >= need {
         Ok(())
     } else {
-        check_len(&format!("{op}: {what}"), len, need)
+        check_len_with(|| format!("{op}: {what}"), len, need)
     }
 }
 
@@ -72,7 +72,7 @@ pub(crate) fn need_at(op: &str, what: &str, k: usize, len: usize, need: usize) -
     if len >= need {
         Ok(())
     } else {
-        check_len(&format!("{op}: {what}[{k}]"), len, need)
+        check_len_with(|| format!("{op}: {what}[{k}]"), len, need)
     }
 }
 

@@ -5,7 +5,7 @@
 //! checked before anything is written: an id outside `0..vocab` is an `Err` naming it.
 
 use crate::gemm::{add_f32, load_f32, store_f32};
-use crate::{check_len, Element, KResult, KernelError};
+use crate::{check_len, check_len_with, Element, KResult, KernelError};
 use rayon::prelude::*;
 
 /// Shape of one embedding call: `tokens` ids into a `[vocab, dim]` table.
@@ -107,9 +107,9 @@ pub fn embedding_backward<T: Element>(
 /// Lengths of a positional embedding over `batch` samples of `len = seq·dim` elements.
 fn pos_check(op: &str, batch: usize, len: usize, x: usize, table: usize, y: usize) -> KResult {
     let n = batch.saturating_mul(len);
-    check_len(&format!("{op} x"), x, n)?;
-    check_len(&format!("{op} table"), table, len)?;
-    check_len(&format!("{op} y"), y, n)
+    check_len_with(|| format!("{op} x"), x, n)?;
+    check_len_with(|| format!("{op} table"), table, len)?;
+    check_len_with(|| format!("{op} y"), y, n)
 }
 
 /// Positional embedding forward: `y[b, i] = x[b, i] + table[i]` for every sample `b` of a

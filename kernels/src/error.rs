@@ -19,9 +19,17 @@ pub type KResult = Result<(), KernelError>;
 
 /// Checks that `slice_len >= need`, naming the argument in the error.
 pub fn check_len(what: &str, slice_len: usize, need: usize) -> KResult {
+    check_len_with(|| what.to_string(), slice_len, need)
+}
+
+/// [`check_len`], naming the slice only when it is short: a kernel that passes its checks
+/// allocates nothing (the GEMM heap model counts the `gemm` crate's buffers alone, and a name
+/// formatted on every call would outweigh a small product's).
+pub fn check_len_with(what: impl FnOnce() -> String, slice_len: usize, need: usize) -> KResult {
     if slice_len < need {
         Err(KernelError(format!(
-            "{what}: slice holds {slice_len} elements, the dims need {need}"
+            "{}: slice holds {slice_len} elements, the dims need {need}",
+            what()
         )))
     } else {
         Ok(())

@@ -30,7 +30,7 @@ use crate::fastmath::exp_with;
 use crate::gemm::{for_each_lane, gemm_core, is_f32, lanes_at_once, load_f32, Mat, MatMut};
 use crate::gemm_heap::{gemm_core_heap_bytes, Strides};
 use crate::random::{unit_f32, RngKey};
-use crate::{check_len, Element, KResult, KernelError};
+use crate::{check_len_with, Element, KResult, KernelError};
 use gemm::Parallelism;
 use rayon::prelude::*;
 
@@ -229,9 +229,9 @@ fn check(
             d.hidden, d.heads
         )));
     }
-    check_len(&format!("{what} qkv"), qkv, d.qkv_len())?;
-    check_len(&format!("{what} ctx"), ctx, d.ctx_len())?;
-    check_len(&format!("{what} lse"), lse, d.batch * d.heads * d.seq)?;
+    check_len_with(|| format!("{what} qkv"), qkv, d.qkv_len())?;
+    check_len_with(|| format!("{what} ctx"), ctx, d.ctx_len())?;
+    check_len_with(|| format!("{what} lse"), lse, d.batch * d.heads * d.seq)?;
     if let Some(dr) = dropout {
         if !(0.0..1.0).contains(&dr.rate) {
             return Err(KernelError(format!(
@@ -258,7 +258,7 @@ fn split_scratch<'a>(
     ws: &'a mut [f32],
 ) -> Result<(&'a mut [f32], &'a mut [f32]), KernelError> {
     let dr = d.batch * d.heads * d.seq;
-    check_len(&format!("{what} scratch"), ws.len(), dr + lane)?;
+    check_len_with(|| format!("{what} scratch"), ws.len(), dr + lane)?;
     Ok(ws.split_at_mut(dr))
 }
 
@@ -748,8 +748,8 @@ pub fn flash_attention_backward<T: Element>(
 ) -> KResult {
     let what = "flash_attention_backward";
     check(what, d, qkv.len(), ctx.len(), lse.len(), dropout)?;
-    check_len(&format!("{what} dctx"), dctx.len(), d.ctx_len())?;
-    check_len(&format!("{what} dqkv"), dqkv.len(), d.qkv_len())?;
+    check_len_with(|| format!("{what} dctx"), dctx.len(), d.ctx_len())?;
+    check_len_with(|| format!("{what} dqkv"), dqkv.len(), d.qkv_len())?;
     let lane = backward_lane_len(d.seq, d.head_dim());
     let (dr, lanes) = split_scratch(what, d, lane, ws)?;
     let g = Geometry::new(d, scale, causal);

@@ -24,7 +24,7 @@
 //! kernel's `*_ws_len`); `tests/gemm_heap.rs` measures them.
 
 use crate::gemm_heap::{gemm_core_heap_bytes, Strides};
-use crate::{check_len, Element, KResult, KernelError};
+use crate::{check_len, check_len_with, Element, KResult, KernelError};
 use gemm::Parallelism;
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
@@ -319,7 +319,7 @@ pub fn matmul_strided_batched_heap_bytes<T: Element>(
 /// so the success path allocates nothing.
 pub(crate) fn check_part(what: &str, part: &str, have: usize, need: usize) -> KResult {
     if have < need {
-        check_len(&format!("{what} {part}"), have, need)
+        check_len_with(|| format!("{what} {part}"), have, need)
     } else {
         Ok(())
     }

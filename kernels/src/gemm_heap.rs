@@ -79,10 +79,11 @@ pub struct F32Kernel {
     pub horizontal: bool,
 }
 
-/// The f32 kernel gemm 0.19 picks on this CPU. x86-64: the FMA (AVX2) kernel when the CPU has
-/// FMA (`N = 8`, `MR = 16`, `NR = 6`, horizontal 2×2), else the scalar one (`N = 1`, `MR = 2`,
-/// `NR = 4`, none); the AVX-512 kernel exists only with gemm's `x86-v4` feature, which this
-/// workspace does not enable. aarch64: the NEON kernel (`N = 4`, `MR = 16`, `NR = 4`).
+/// The f32 kernel gemm 0.19 picks on this CPU. x86-64: the AVX-512 kernel when the CPU has
+/// AVX-512F (`N = 16`, `MR = 64`, `NR = 6`, horizontal 4×4; gemm's `x86-v4` feature, which
+/// this workspace enables), else the FMA (AVX2) kernel when it has FMA (`N = 8`, `MR = 16`,
+/// `NR = 6`, horizontal 2×2), else the scalar one (`N = 1`, `MR = 2`, `NR = 4`, none).
+/// aarch64: the NEON kernel (`N = 4`, `MR = 16`, `NR = 4`).
 /// Elsewhere the scalar kernel (wasm's optional simd128 kernel is not modelled).
 pub fn f32_kernel() -> F32Kernel {
     const SCALAR: F32Kernel = F32Kernel {
@@ -91,6 +92,15 @@ pub fn f32_kernel() -> F32Kernel {
         nr: 4,
         horizontal: false,
     };
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        return F32Kernel {
+            n: 16,
+            mr: 64,
+            nr: 6,
+            horizontal: true,
+        };
+    }
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
     if std::arch::is_x86_feature_detected!("fma") {
         return F32Kernel {

@@ -37,4 +37,4 @@ pub use element::Element;
 /// The optimisation level these kernels were compiled at (`"0"` in a debug build, where a
 /// training step runs about 100× slower than at `"3"`).
 pub const OPT_LEVEL: &str = env!("MEMWISE_KERNELS_OPT_LEVEL");
-pub use error::{check_len, KResult, KernelError};
+pub use error::{check_len, check_len_with, KResult, KernelError};
