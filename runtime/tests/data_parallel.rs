@@ -12,7 +12,7 @@ use memwise_runtime::train::{Evaluation, FitOptions, Trainer};
 use memwise_runtime::Device;
 
 mod support;
-use support::replicas::{digits, pixels_only, weights, Weights};
+use support::replicas::{digits, on_replicas, pixels_only, weights, Weights};
 
 fn options() -> FitOptions {
     FitOptions {
@@ -38,25 +38,11 @@ fn one_device(spec: &ModelSpec, data: &InMemory) -> Trained {
 /// `spec` trained by `fit` on `n` replicas (threads): every rank's weights and losses.
 fn replicas(spec: &ModelSpec, data: &InMemory, n: usize) -> Vec<Trained> {
     let spec = spec.with_replicas(n);
-    let ranks = ThreadGroup::new(n);
-    std::thread::scope(|s| {
-        let hs: Vec<_> = ranks
-            .into_iter()
-            .enumerate()
-            .map(|(r, c)| {
-                let spec = spec.clone();
-                s.spawn(move || {
-                    // Different seeds: rank 0's weights must reach the others.
-                    let mut t = Trainer::build(&spec, &Device::cpu(), 5 + r as u64).unwrap();
-                    assert_eq!(t.plan().batch * n, spec.batch);
-                    t.set_data_parallel(Arc::new(c) as Arc<dyn Collective>)
-                        .unwrap();
-                    let h = t.fit(data, None, &options(), &mut []).unwrap();
-                    (weights(&t), h.step_losses)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    on_replicas(&spec, n, |_, t| {
+        // Different seeds (`on_replicas`): rank 0's weights must reach the others.
+        assert_eq!(t.plan().batch * n, spec.batch);
+        let h = t.fit(data, None, &options(), &mut []).unwrap();
+        (weights(t), h.step_losses)
     })
 }
 
@@ -139,23 +125,10 @@ fn two_replicas_train_the_vae_as_one_device_including_its_sampling() {
 fn evaluate_and_predict_on_replicas_return_the_whole_sets_results() {
     let (train, held_out) = (digits(640), digits(1001));
     let spec = zoo::mnist_mlp(128).with_replicas(2);
-    let ranks = ThreadGroup::new(2);
-    let results: Vec<(Weights, Evaluation, Vec<f32>)> = std::thread::scope(|s| {
-        let hs: Vec<_> = ranks
-            .into_iter()
-            .map(|c| {
-                let (spec, train, held_out) = (&spec, &train, &held_out);
-                s.spawn(move || {
-                    let mut t = Trainer::build(spec, &Device::cpu(), 5).unwrap();
-                    t.set_data_parallel(Arc::new(c) as Arc<dyn Collective>)
-                        .unwrap();
-                    t.fit(train, None, &options(), &mut []).unwrap();
-                    let e = t.evaluate(held_out).unwrap();
-                    (weights(&t), e, t.predict(held_out).unwrap())
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    let results: Vec<(Weights, Evaluation, Vec<f32>)> = on_replicas(&spec, 2, |_, t| {
+        t.fit(&train, None, &options(), &mut []).unwrap();
+        let e = t.evaluate(&held_out).unwrap();
+        (weights(t), e, t.predict(&held_out).unwrap())
     });
     let mut one = Trainer::build(&zoo::mnist_mlp(128), &Device::cpu(), 7).unwrap();
     for (name, values) in &results[0].0 {

@@ -3,7 +3,6 @@
 //! trains to the weights unsharded data parallelism reaches, its plan holds 1/N of the state,
 //! and each replica's checkpoint holds its own shard.
 
-use std::sync::Arc;
 
 use memwise_plan::data_parallel::{plan_params, replica_states, Sharding};
 use memwise_plan::{zoo, ModelSpec, Op, Precision, NO_OFFSET};
@@ -13,7 +12,7 @@ use memwise_runtime::train::{FitOptions, Trainer};
 use memwise_runtime::Device;
 
 mod support;
-use support::replicas::{digits, pixels_only, weights, Weights};
+use support::replicas::{digits, on_replicas, pixels_only, weights, Weights};
 
 fn options(steps: usize) -> FitOptions {
     FitOptions {
@@ -24,32 +23,6 @@ fn options(steps: usize) -> FitOptions {
         verbose: false,
         ..FitOptions::default()
     }
-}
-
-/// Runs `each(rank, trainer)` on `n` replicas of `spec` (threads), each joined to the job
-/// first, and returns what each returned.
-fn on_replicas<T: Send>(
-    spec: &ModelSpec,
-    n: usize,
-    each: impl Fn(usize, &mut Trainer) -> T + Sync,
-) -> Vec<T> {
-    let ranks = ThreadGroup::new(n);
-    std::thread::scope(|s| {
-        let hs: Vec<_> = ranks
-            .into_iter()
-            .enumerate()
-            .map(|(r, c)| {
-                let each = &each;
-                s.spawn(move || {
-                    let mut t = Trainer::build(spec, &Device::cpu(), 5 + r as u64).unwrap();
-                    t.set_data_parallel(Arc::new(c) as Arc<dyn Collective>)
-                        .unwrap();
-                    each(r, &mut t)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
 }
 
 /// The largest difference of any tensor over that tensor's largest value, and its name.

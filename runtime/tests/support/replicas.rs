@@ -1,11 +1,15 @@
 //! What the data-parallel tests (`data_parallel.rs`, `zero.rs`) train on and compare: MNIST-
-//! shaped samples, and a trainer's weights by name.
+//! shaped samples, a trainer's weights by name, and replicas as threads.
 
 #![allow(dead_code)]
 
+use memwise_plan::ModelSpec;
+use memwise_runtime::collective::{Collective, ThreadGroup};
 use memwise_runtime::data::dataset::{Dataset, InMemory};
 use memwise_runtime::reference::{digits_dataset, xorshift};
 use memwise_runtime::train::Trainer;
+use memwise_runtime::Device;
+use std::sync::Arc;
 
 /// `n` MNIST-shaped samples: u8 pixels with a little structure, and labels that follow it.
 pub fn digits(n: usize) -> InMemory {
@@ -36,4 +40,30 @@ pub fn weights(t: &Trainer) -> Weights {
         .iter()
         .map(|p| (p.name.to_string(), t.engine().param(&p.name).unwrap()))
         .collect()
+}
+
+/// Runs `each(rank, trainer)` on `n` replicas of `spec` (threads), each joined to the job
+/// first, and returns what each returned.
+pub fn on_replicas<T: Send>(
+    spec: &ModelSpec,
+    n: usize,
+    each: impl Fn(usize, &mut Trainer) -> T + Sync,
+) -> Vec<T> {
+    let ranks = ThreadGroup::new(n);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = ranks
+            .into_iter()
+            .enumerate()
+            .map(|(r, c)| {
+                let each = &each;
+                s.spawn(move || {
+                    let mut t = Trainer::build(spec, &Device::cpu(), 5 + r as u64).unwrap();
+                    t.set_data_parallel(Arc::new(c) as Arc<dyn Collective>)
+                        .unwrap();
+                    each(r, &mut t)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
 }
