@@ -3,7 +3,6 @@
 //! trains to the weights unsharded data parallelism reaches, its plan holds 1/N of the state,
 //! and each replica's checkpoint holds its own shard.
 
-
 use memwise_plan::data_parallel::{plan_params, replica_states, Sharding};
 use memwise_plan::{zoo, ModelSpec, Op, Precision, NO_OFFSET};
 use memwise_runtime::collective::{Collective, ThreadGroup, Threads};
