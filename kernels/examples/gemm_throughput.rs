@@ -135,7 +135,46 @@ fn main() {
     println!("threads: {}", rayon::current_num_threads());
     square_matmuls(1024);
     dense_layer();
+    gpt_dense_layers();
     conv_layer();
+}
+
+/// The GPT example's dense layers at its 2048 tokens (batch 32 × 64): the attention's `qkv`
+/// (128 → 384) and `out` (128 → 128) projections, the MLP's `fc` (128 → 512) and `proj`
+/// (512 → 128) and the logits (128 → 256), each GEMM of a step.
+fn gpt_dense_layers() {
+    let tokens = 2048;
+    let layers = [
+        ("qkv", 128, 384),
+        ("out", 128, 128),
+        ("fc", 128, 512),
+        ("proj", 512, 128),
+        ("logits", 128, 256),
+    ];
+    for (name, i, o) in layers {
+        let shape = format!("{tokens}×{i}→{o}");
+        bench_matmul(
+            &format!("gpt {name:<6} fwd  y = x·W    {shape}"),
+            (tokens, o, i),
+            false,
+            false,
+            21,
+        );
+        bench_matmul(
+            &format!("gpt {name:<6} bwd  dx = dy·Wᵀ {shape}"),
+            (tokens, i, o),
+            false,
+            true,
+            21,
+        );
+        bench_matmul(
+            &format!("gpt {name:<6} bwd  dW = xᵀ·dy {shape}"),
+            (i, o, tokens),
+            true,
+            false,
+            21,
+        );
+    }
 }
 
 /// Square GEMMs of side `s` in every storage type.

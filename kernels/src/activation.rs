@@ -22,9 +22,11 @@
 //! f32; storage is any [`Element`].
 
 use crate::elementwise::{
-    map1_inplace_with, map1_with, map2_inplace_with, map2_with, need, rows, same_len,
+    map1_inplace_with, map1_with, map2_inplace_with, map2_with, need, rows, same_len, sum_in_lanes,
+    wide_loop,
 };
-use crate::fastmath::{gelu, gelu_grad};
+use crate::fastmath::{exp_with, gelu_grad_with as gelu_grad, gelu_with as gelu};
+use crate::gemm::is_f32;
 use crate::{check_len, Element, KResult};
 
 /// Numerically stable logistic: never evaluates `exp` of a positive number.
@@ -192,7 +194,7 @@ macro_rules! pointwise_activations {
                 impl Unary for $v {
                     const WIDE: bool = true;
                     #[inline(always)]
-                    fn apply(&self, $x: f32) -> f32 {
+                    fn apply<const FMA: bool>(&self, $x: f32) -> f32 {
                         let $v { $($p)? } = *self;
                         $f
                     }
@@ -201,7 +203,7 @@ macro_rules! pointwise_activations {
                 impl Binary for $v {
                     const WIDE: bool = true;
                     #[inline(always)]
-                    fn apply(&self, $s: f32, $dy: f32) -> f32 {
+                    fn apply<const FMA: bool>(&self, $s: f32, $dy: f32) -> f32 {
                         let $v { $($p)? } = *self;
                         $g
                     }
@@ -284,7 +286,7 @@ pointwise_activations! {
     Relu = "relu", saved Output, |x| relu_f32(x), |y, dy| relu_grad(y, dy);
     Sigmoid = "sigmoid", saved Output, |x| sigmoid_f32(x), |y, dy| dy * y * (1.0 - y);
     Tanh = "tanh", saved Output, |x| x.tanh(), |y, dy| dy * (1.0 - y * y);
-    Gelu = "gelu", saved Input, |x| gelu(x), |x, dy| dy * gelu_grad(x);
+    Gelu = "gelu", saved Input, |x| gelu::<FMA>(x), |x, dy| dy * gelu_grad::<FMA>(x);
     Silu = "silu", saved Input, |x| x * sigmoid_f32(x), |x, dy| dy * silu_grad_f32(x);
     /// `alpha·x` below 0. With `alpha ≥ 0` (the planner checks it) `y > 0` exactly when
     /// `x > 0`, so the backward reads `y` and the forward may run in place.
@@ -368,10 +370,26 @@ fn softmax_dims(op: &str, a: (&str, usize), b: (&str, usize), rows: usize, cols:
 /// The shift for a stable softmax row: its max, or 0 when the max is not finite. A fully
 /// masked row (all −inf) would give NaN from (−inf) − (−inf): shifting by 0 instead makes every
 /// exp 0 and the row comes out as zeros. A NaN or +inf input still makes NaN (sum NaN, or
-/// inf · 0), so the loss scaler's finite check sees it.
-#[inline]
+/// inf · 0), so the loss scaler's finite check sees it. The max is taken in eight lanes by
+/// comparison, which skips NaN as `f32::max` does but vectorises.
+#[inline(always)]
 fn softmax_shift<I: Element>(x: &[I]) -> f32 {
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, v| m.max(v.to_f32()));
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let chunks = x.chunks_exact(8);
+    let mut max = f32::NEG_INFINITY;
+    for v in chunks.remainder() {
+        let v = v.to_f32();
+        max = if v > max { v } else { max };
+    }
+    for c in chunks {
+        for (m, v) in lanes.iter_mut().zip(c) {
+            let v = v.to_f32();
+            *m = if v > *m { v } else { *m };
+        }
+    }
+    for m in lanes {
+        max = if m > max { m } else { max };
+    }
     if max.is_finite() {
         max
     } else {
@@ -379,7 +397,7 @@ fn softmax_shift<I: Element>(x: &[I]) -> f32 {
     }
 }
 
-#[inline]
+#[inline(always)]
 fn inv_sum(sum: f32) -> f32 {
     if sum == 0.0 {
         0.0
@@ -388,39 +406,38 @@ fn inv_sum(sum: f32) -> f32 {
     }
 }
 
-/// One softmax row from `src` (or from `dst` itself when `None`). An f32 output holds the
-/// exponentials exactly, so they are stored and then scaled (one `exp` per element); a half
-/// output would round them twice, so there the `exp` is recomputed instead. Both give the
-/// same value: `O::from_f32(exp(x − shift) · (1 / Σ))`.
-#[inline]
-fn softmax_row<I: Element, O: Element>(src: Option<&[I]>, dst: &mut [O]) {
-    let read = |j: usize, dst: &[O]| -> f32 {
-        match src {
-            Some(x) => x[j].to_f32(),
-            None => dst[j].to_f32(),
-        }
-    };
-    let shift = match src {
-        Some(x) => softmax_shift(x),
-        None => softmax_shift(dst),
-    };
-    if std::mem::size_of::<O>() == 4 {
-        let mut sum = 0f32;
-        for j in 0..dst.len() {
-            let e = (read(j, dst) - shift).exp();
-            dst[j] = O::from_f32(e);
-            sum += e;
-        }
-        let inv = inv_sum(sum);
-        for o in dst.iter_mut() {
-            *o = O::from_f32(o.to_f32() * inv);
-        }
-    } else {
-        let sum: f32 = (0..dst.len()).map(|j| (read(j, dst) - shift).exp()).sum();
-        let inv = inv_sum(sum);
-        for j in 0..dst.len() {
-            let e = (read(j, dst) - shift).exp();
-            dst[j] = O::from_f32(e * inv);
+wide_loop! {
+    /// One softmax row from `src` (or from `dst` itself when `None`), with the branch-free
+    /// exponential ([`exp_with`]) so that its loops vectorise. An f32 output holds the
+    /// exponentials exactly, so they are stored and then scaled (one `exp` per element); a
+    /// half output would round them twice, so there the `exp` is recomputed instead. Both
+    /// give the same value: `O::from_f32(exp(x − shift) · (1 / Σ))`. Half types run the
+    /// baseline copy: their conversions are calls, which cost the wide copies more.
+    fn softmax_row<I: Element, O: Element>(src: Option<&[I]>, dst: &mut [O])
+    wide if is_f32::<I>() && is_f32::<O>(), fused FMA, {
+        let n = dst.len();
+        let src = src.map(|x| &x[..n]);
+        let shift = match src {
+            Some(x) => softmax_shift(x),
+            None => softmax_shift(dst),
+        };
+        let exp = |v: f32| exp_with::<FMA>(v - shift);
+        if std::mem::size_of::<O>() == 4 {
+            match src {
+                Some(x) => dst.iter_mut().zip(x).for_each(|(o, v)| *o = O::from_f32(exp(v.to_f32()))),
+                None => dst.iter_mut().for_each(|o| *o = O::from_f32(exp(o.to_f32()))),
+            }
+            let inv = inv_sum(sum_in_lanes(dst, |e| e));
+            dst.iter_mut().for_each(|o| *o = O::from_f32(o.to_f32() * inv));
+        } else {
+            let inv = match src {
+                Some(x) => inv_sum(sum_in_lanes(x, exp)),
+                None => inv_sum(sum_in_lanes(dst, exp)),
+            };
+            match src {
+                Some(x) => dst.iter_mut().zip(x).for_each(|(o, v)| *o = O::from_f32(exp(v.to_f32()) * inv)),
+                None => dst.iter_mut().for_each(|o| *o = O::from_f32(exp(o.to_f32()) * inv)),
+            }
         }
     }
 }

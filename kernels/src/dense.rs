@@ -3,7 +3,8 @@
 //! Storage `T` (f32, f16, bf16) for activations and the working copy of `W`; the bias and the
 //! parameter gradients are `f32` (the master copies). Accumulation is always `f32`.
 
-use crate::gemm::{gemm_core, matmul_mixed_ws_len, Mat, MatMut};
+use crate::elementwise::wide_loop;
+use crate::gemm::{as_f32, gemm_core, is_f32, load_f32, matmul_mixed_ws_len, Mat, MatMut};
 use crate::gemm_heap::{gemm_core_heap_bytes, Strides};
 use crate::{check_len, Element, KResult};
 use gemm::Parallelism;
@@ -191,14 +192,39 @@ pub(crate) fn add_column_sums<T: Element>(m: &[T], rows: usize, cols: usize, sum
             let mut acc = [0f64; COLS_PER_TASK];
             let mut row = [0f32; COLS_PER_TASK];
             let (acc, row) = (&mut acc[..s.len()], &mut row[..s.len()]);
-            for r in 0..rows {
-                crate::gemm::load_f32(&m[r * cols + j0..][..s.len()], row);
-                for (a, x) in acc.iter_mut().zip(row.iter()) {
-                    *a += f64::from(*x);
-                }
-            }
+            column_block_sums(m, rows, cols, j0, acc, row);
             for (s, a) in s.iter_mut().zip(acc.iter()) {
                 *s = (f64::from(*s) + a) as f32;
             }
         });
+}
+
+wide_loop! {
+    /// `acc[j] += Σ_r m[r, j0 + j]` in f64, rows in order, for the `acc.len()` columns from
+    /// `j0`; a half `m` is converted a row at a time through `row` (as long as `acc`). Wide
+    /// for f32: eight f64 lanes per AVX-512 register keep a 64-column block's sums in
+    /// registers, where SSE2's two spilled them on every row.
+    fn column_block_sums<T: Element>(
+        m: &[T],
+        rows: usize,
+        cols: usize,
+        j0: usize,
+        acc: &mut [f64],
+        row: &mut [f32]
+    ) wide if is_f32::<T>(), {
+        let n = acc.len();
+        for r in 0..rows {
+            let src = &m[r * cols + j0..][..n];
+            let src: &[f32] = match as_f32(src) {
+                Some(src) => src,
+                None => {
+                    load_f32(src, row);
+                    row
+                }
+            };
+            for (a, x) in acc.iter_mut().zip(src) {
+                *a += f64::from(*x);
+            }
+        }
+    }
 }

@@ -95,6 +95,26 @@ pub(crate) fn add_lanes<T: Copy + std::ops::Add<Output = T>>(a: [T; 8]) -> T {
     ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))
 }
 
+/// `Σ f(x)` over a row in eight interleaved sums added in [`add_lanes`]'s fixed order: eight
+/// independent chains of additions instead of one, whose latency bounded a row's reductions;
+/// the order depends on the row alone, so the result does too.
+#[inline(always)]
+pub(crate) fn sum_in_lanes<T, A>(xr: &[T], f: impl Fn(f32) -> A) -> A
+where
+    T: Element,
+    A: Copy + Default + std::ops::Add<Output = A> + std::iter::Sum,
+{
+    let mut acc = [A::default(); 8];
+    let chunks = xr.chunks_exact(8);
+    let tail: A = chunks.remainder().iter().map(|v| f(v.to_f32())).sum();
+    for c in chunks {
+        for (s, v) in acc.iter_mut().zip(c) {
+            *s = *s + f(v.to_f32());
+        }
+    }
+    add_lanes(acc) + tail
+}
+
 /// `y[i] = f(x[i])`, in f32, parallel in chunks when large.
 pub(crate) fn map1<S: Element, D: Element>(x: &[S], y: &mut [D], f: impl Fn(f32) -> f32 + Sync) {
     map1_with(x, y, f)
@@ -111,26 +131,29 @@ pub(crate) trait Unary: Sync {
     /// that is `#[inline(always)]`. A closure's body is not inlined into such a loop, which
     /// then calls it per element and runs slower than the plain loop.
     const WIDE: bool = false;
-    fn apply(&self, x: f32) -> f32;
+    /// `f(x)`; `FMA`: the loop runs compiled with fused multiply-add, which the function may
+    /// use (see [`wide_loop`]).
+    fn apply<const FMA: bool>(&self, x: f32) -> f32;
 }
 
 /// A function of two f32 (a saved value and an incoming gradient), element by element.
 pub(crate) trait Binary: Sync {
     /// As [`Unary::WIDE`].
     const WIDE: bool = false;
-    fn apply(&self, a: f32, b: f32) -> f32;
+    /// As [`Unary::apply`].
+    fn apply<const FMA: bool>(&self, a: f32, b: f32) -> f32;
 }
 
 impl<F: Fn(f32) -> f32 + Sync> Unary for F {
     #[inline(always)]
-    fn apply(&self, x: f32) -> f32 {
+    fn apply<const FMA: bool>(&self, x: f32) -> f32 {
         self(x)
     }
 }
 
 impl<F: Fn(f32, f32) -> f32 + Sync> Binary for F {
     #[inline(always)]
-    fn apply(&self, a: f32, b: f32) -> f32 {
+    fn apply<const FMA: bool>(&self, a: f32, b: f32) -> f32 {
         self(a, b)
     }
 }
@@ -139,29 +162,43 @@ impl<F: Fn(f32, f32) -> f32 + Sync> Binary for F {
 /// `$wide` holds: the crate is built for baseline x86-64, whose 4-lane SSE2 halves the speed
 /// of a loop that vectorises. The body is compiled three times, twice inside a
 /// `target_feature` function where an `#[inline(always)]` element function is inlined and
-/// the loop vectorised 16 or 8 lanes wide. The results are the same bits every way: Rust
-/// never fuses a multiply and an add on its own, and each lane computes what the scalar code
-/// would.
+/// the loop vectorised 16 or 8 lanes wide. Rust never fuses a multiply and an add on its own,
+/// and each lane computes what the scalar code would, so the results are the same bits every
+/// way — unless the loop names a `fused` constant: that is `true` in the wide copies (both
+/// compiled with `fma`, which every AVX-512 CPU and every AVX2 CPU sold has) and `false` in
+/// the baseline one, for element functions that take their polynomials in fused
+/// multiply-adds there ([`Unary::apply`]); their bits then depend on the CPU, by an ulp.
 macro_rules! wide_loop {
     ($(#[$m:meta])* fn $name:ident<$($g:ident: $b:path),*>($($a:ident: $t:ty),*)
-     wide if $wide:expr, $body:block) => {
+     wide if $wide:expr, $(fused $fma:ident,)? $body:block) => {
         $(#[$m])*
         #[inline(always)]
         fn $name<$($g: $b),*>($($a: $t),*) {
             #[cfg(target_arch = "x86_64")]
             if $wide && std::is_x86_feature_detected!("avx512f") {
-                #[target_feature(enable = "avx512f")]
-                unsafe fn avx512<$($g: $b),*>($($a: $t),*) $body
-                // SAFETY: the CPU has the feature `avx512` is compiled with.
+                #[target_feature(enable = "avx512f,fma")]
+                unsafe fn avx512<$($g: $b),*>($($a: $t),*) {
+                    $(const $fma: bool = true;)?
+                    $body
+                }
+                // SAFETY: the CPU has the features `avx512` is compiled with (AVX-512F
+                // implies FMA).
                 return unsafe { avx512($($a),*) };
             }
             #[cfg(target_arch = "x86_64")]
-            if $wide && std::is_x86_feature_detected!("avx2") {
-                #[target_feature(enable = "avx2")]
-                unsafe fn avx2<$($g: $b),*>($($a: $t),*) $body
-                // SAFETY: the CPU has the feature `avx2` is compiled with.
+            if $wide
+                && std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+            {
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2<$($g: $b),*>($($a: $t),*) {
+                    $(const $fma: bool = true;)?
+                    $body
+                }
+                // SAFETY: the CPU has the features `avx2` is compiled with.
                 return unsafe { avx2($($a),*) };
             }
+            $(const $fma: bool = false;)?
             $body
         }
     };
@@ -171,18 +208,19 @@ pub(crate) use wide_loop;
 wide_loop! {
     /// One chunk of [`map1_with`].
     fn map1_chunk<S: Element, D: Element, U: Unary>(x: &[S], y: &mut [D], f: &U)
-    wide if U::WIDE, {
+    wide if U::WIDE, fused FMA, {
         for (yo, xi) in y.iter_mut().zip(x) {
-            *yo = D::from_f32(f.apply(xi.to_f32()));
+            *yo = D::from_f32(f.apply::<FMA>(xi.to_f32()));
         }
     }
 }
 
 wide_loop! {
     /// One chunk of [`map1_inplace_with`].
-    fn map1_inplace_chunk<T: Element, U: Unary>(x: &mut [T], f: &U) wide if U::WIDE, {
+    fn map1_inplace_chunk<T: Element, U: Unary>(x: &mut [T], f: &U)
+    wide if U::WIDE, fused FMA, {
         for v in x.iter_mut() {
-            *v = T::from_f32(f.apply(v.to_f32()));
+            *v = T::from_f32(f.apply::<FMA>(v.to_f32()));
         }
     }
 }
@@ -191,9 +229,9 @@ wide_loop! {
     /// One chunk of [`map2_with`].
     fn map2_chunk<A: Element, B: Element, D: Element, F: Binary>(
         a: &[A], b: &[B], y: &mut [D], f: &F
-    ) wide if F::WIDE, {
+    ) wide if F::WIDE, fused FMA, {
         for ((yo, ai), bi) in y.iter_mut().zip(a).zip(b) {
-            *yo = D::from_f32(f.apply(ai.to_f32(), bi.to_f32()));
+            *yo = D::from_f32(f.apply::<FMA>(ai.to_f32(), bi.to_f32()));
         }
     }
 }
@@ -201,9 +239,9 @@ wide_loop! {
 wide_loop! {
     /// One chunk of [`map2_inplace_with`].
     fn map2_inplace_chunk<A: Element, T: Element, F: Binary>(a: &[A], y: &mut [T], f: &F)
-    wide if F::WIDE, {
+    wide if F::WIDE, fused FMA, {
         for (yo, ai) in y.iter_mut().zip(a) {
-            *yo = T::from_f32(f.apply(ai.to_f32(), yo.to_f32()));
+            *yo = T::from_f32(f.apply::<FMA>(ai.to_f32(), yo.to_f32()));
         }
     }
 }

@@ -885,6 +885,13 @@ pub(crate) fn lanes_at_once(count: usize, per_lane: usize, ws_len: usize) -> usi
 // ---------------------------------------------------------------------------------------------
 // Slice conversions shared by the GEMM-based kernels: SIMD via `half`'s slice routines.
 
+/// `s` itself when `T` is `f32`.
+#[inline(always)]
+pub(crate) fn as_f32<T: Element>(s: &[T]) -> Option<&[f32]> {
+    // SAFETY: T is exactly f32 (TypeId), so the slice is reinterpreted as itself.
+    is_f32::<T>().then(|| unsafe { &*(s as *const [T] as *const [f32]) })
+}
+
 /// `dst[i] = src[i] as f32` (equal lengths).
 #[inline]
 pub(crate) fn load_f32<T: Element>(src: &[T], dst: &mut [f32]) {

@@ -28,8 +28,10 @@
 // number; iterator zips of five slices read worse than the index.
 #![allow(clippy::needless_range_loop)]
 
-use crate::elementwise::{add_lanes, need, reduce_rows, rows, rows2, rows3};
-use crate::gemm::load_f32;
+use crate::elementwise::{
+    add_lanes, need, reduce_rows, rows, rows2, rows3, sum_in_lanes, wide_loop,
+};
+use crate::gemm::{is_f32, load_f32};
 use crate::{Element, KResult, KernelError};
 
 /// Channels summed per pass over the rows, with f64 accumulators on the stack.
@@ -169,10 +171,6 @@ fn channel_moment<T: Element>(
 /// row once, where blocks of [`CB`] re-read each row once per block.
 const ROW_CB: usize = 128;
 
-/// The affine gradients of a norm over the last axis of `[rows, channels]`, accumulated:
-/// `dbeta[ch] += Σ_rows dy`, `dgamma[ch] += Σ_rows dy·x̂`, summed in f64 over the fixed
-/// split of [`reduce_rows`] (so independent of the thread count). `dy(i)` and `hat(i)` read
-/// element `i = row·channels + ch`.
 /// One part's `[Σ dy, Σ dy·x̂]` per channel of a block ([`add_affine_grads`]).
 #[derive(Clone, Copy)]
 struct RowBlockSums([[f64; ROW_CB]; 2]);
@@ -183,10 +181,14 @@ impl Default for RowBlockSums {
     }
 }
 
-fn add_affine_grads(
+/// The affine gradients of a norm over the last axis of `[rows, channels]`, accumulated:
+/// `dbeta[ch] += Σ_rows dy`, `dgamma[ch] += Σ_rows dy·x̂`, summed in f64 over the fixed
+/// split of [`reduce_rows`] (so independent of the thread count). `hat_row(r)` is row `r`
+/// of x̂.
+fn add_affine_grads<T: Element, H: HatRow>(
     d: NormDims,
-    dy: impl Fn(usize) -> f32 + Sync + Send,
-    hat: impl Fn(usize) -> f32 + Sync + Send,
+    dy: &[T],
+    hat_row: impl Fn(usize) -> H + Sync + Send,
     dgamma: &mut [f32],
     mut dbeta: Option<&mut [f32]>,
 ) {
@@ -200,12 +202,8 @@ fn add_affine_grads(
                 let mut s = RowBlockSums::default();
                 let [sum, sum_hat] = &mut s.0;
                 for r in first..end {
-                    for j in 0..cb {
-                        let i = r * c + c0 + j;
-                        let gv = dy(i) as f64;
-                        sum[j] += gv;
-                        sum_hat[j] += gv * hat(i) as f64;
-                    }
+                    let (dyr, hat) = (&dy[r * c + c0..][..cb], hat_row(r).narrow(c0, cb));
+                    add_affine_row(dyr, hat, &mut sum[..cb], &mut sum_hat[..cb]);
                 }
                 s
             },
@@ -226,6 +224,85 @@ fn add_affine_grads(
             dgamma[c0 + j] += s[1][j] as f32;
         }
     }
+}
+
+wide_loop! {
+    /// One row's terms of [`add_affine_grads`]: `sum += dy`, `sum_hat += dy·x̂` in f64, every
+    /// slice as long as `sum`.
+    fn add_affine_row<T: Element, H: HatRow>(
+        dyr: &[T],
+        hat: H,
+        sum: &mut [f64],
+        sum_hat: &mut [f64]
+    ) wide if is_f32::<T>(), {
+        let n = sum.len();
+        let (dyr, sum_hat) = (&dyr[..n], &mut sum_hat[..n]);
+        for j in 0..n {
+            let gv = dyr[j].to_f32() as f64;
+            sum[j] += gv;
+            sum_hat[j] += gv * hat.at(j) as f64;
+        }
+    }
+}
+
+/// One row of x̂ as a norm's backward reads it — kept from the forward ([`SavedHatRow`]) or
+/// rebuilt from the input ([`RebuiltHatRow`]) — a type of its own whose reads are
+/// `#[inline(always)]`, so that the loops over it vectorise ([`wide_loop`]).
+trait HatRow: Copy + Send + Sync {
+    /// x̂ of channel `ch` of the row.
+    fn at(self, ch: usize) -> f32;
+    /// Channels `c0..c0 + n` of the row, as a row of their own.
+    fn narrow(self, c0: usize, n: usize) -> Self;
+    /// x̂ of channels `base..base + 8`.
+    #[inline(always)]
+    fn lanes(self, base: usize) -> [f32; 8] {
+        let row = self.narrow(base, 8);
+        std::array::from_fn(|j| row.at(j))
+    }
+}
+
+/// A row of the x̂ the forward saved.
+#[derive(Clone, Copy)]
+struct SavedHatRow<'a, T>(&'a [T]);
+
+impl<T: Element> HatRow for SavedHatRow<'_, T> {
+    #[inline(always)]
+    fn at(self, ch: usize) -> f32 {
+        self.0[ch].to_f32()
+    }
+    #[inline(always)]
+    fn narrow(self, c0: usize, n: usize) -> Self {
+        SavedHatRow(&self.0[c0..c0 + n])
+    }
+}
+
+/// A row of x̂ rebuilt from the input as the forward made it: `(x − mean)·rstd` rounded to `T`.
+#[derive(Clone, Copy)]
+struct RebuiltHatRow<'a, T> {
+    x: &'a [T],
+    mean: f32,
+    rstd: f32,
+}
+
+impl<T: Element> HatRow for RebuiltHatRow<'_, T> {
+    #[inline(always)]
+    fn at(self, ch: usize) -> f32 {
+        T::from_f32((self.x[ch].to_f32() - self.mean) * self.rstd).to_f32()
+    }
+    #[inline(always)]
+    fn narrow(self, c0: usize, n: usize) -> Self {
+        RebuiltHatRow {
+            x: &self.x[c0..c0 + n],
+            ..self
+        }
+    }
+}
+
+/// Eight consecutive elements of `s` from `base`, in f32.
+#[inline(always)]
+fn load8<T: Element>(s: &[T], base: usize) -> [f32; 8] {
+    let s = &s[base..base + 8];
+    std::array::from_fn(|j| s[j].to_f32())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -688,22 +765,6 @@ fn row_mean<T: Element>(xr: &[T]) -> f64 {
     sum_in_lanes(xr, |v| v as f64) / xr.len() as f64
 }
 
-/// `Σ f(x)` over a row in f64, in eight interleaved sums added in a fixed order at the end:
-/// eight independent chains of additions instead of one, whose latency bounded a row's
-/// statistics; the order depends on the row alone.
-#[inline(always)]
-fn sum_in_lanes<T: Element>(xr: &[T], f: impl Fn(f32) -> f64) -> f64 {
-    let mut acc = [0f64; 8];
-    let chunks = xr.chunks_exact(8);
-    let tail: f64 = chunks.remainder().iter().map(|v| f(v.to_f32())).sum();
-    for c in chunks {
-        for l in 0..8 {
-            acc[l] += f(c[l].to_f32());
-        }
-    }
-    add_lanes(acc) + tail
-}
-
 /// Per-row mean and rstd in f64, two passes.
 #[inline]
 fn row_stats<T: Element>(xr: &[T], epsilon: f32) -> (f32, f32) {
@@ -823,9 +884,9 @@ fn ln_backward_check<T>(
     check_grads(op, d.channels, grads)
 }
 
-fn ln_backward_core<T: Element>(
+fn ln_backward_core<T: Element, H: HatRow>(
     d: NormDims,
-    hat: impl Fn(usize) -> f32 + Sync,
+    hat_row: impl Fn(usize) -> H + Sync + Send,
     rstd: &[f32],
     gamma: &[f32],
     dy: Option<&[T]>,
@@ -843,32 +904,64 @@ fn ln_backward_core<T: Element>(
             None => dx,
         };
         let dbeta = Some(&mut grads.dbeta[..]);
-        add_affine_grads(d, |i| g[i].to_f32(), &hat, grads.dgamma, dbeta);
+        add_affine_grads(d, g, &hat_row, grads.dgamma, dbeta);
     }
-    let inv_c = 1.0 / c as f32;
+    let gamma = &gamma[..c];
     rows(&mut dx[..d.len()], c, 3 * c, |r, dxr| {
-        let grad = |ch: usize, dxr: &[T]| -> f32 {
-            match dy {
-                Some(g) => g[r * c + ch],
-                None => dxr[ch],
-            }
-            .to_f32()
-                * gamma[ch]
-        };
-        // Eight interleaved sums (as `sum_in_lanes`): independent chains of additions.
-        let (mut s1, mut s2) = ([0f32; 8], [0f32; 8]);
-        for ch in 0..c {
-            let g = grad(ch, dxr);
-            s1[ch % 8] += g;
-            s2[ch % 8] += g * hat(r * c + ch);
-        }
-        let (m1, m2) = (add_lanes(s1) * inv_c, add_lanes(s2) * inv_c);
-        let rs = rstd[r];
-        for ch in 0..c {
-            let g = grad(ch, dxr);
-            dxr[ch] = T::from_f32(rs * (g - m1 - hat(r * c + ch) * m2));
-        }
+        let dyr = dy.map(|g| &g[r * c..(r + 1) * c]);
+        ln_backward_row(hat_row(r), rstd[r], gamma, dyr, dxr);
     });
+}
+
+wide_loop! {
+    /// One row of [`ln_backward_core`]: with `g = dy·gamma` (`dyr`, or `dxr` itself when it is
+    /// `None`), `dxr = rstd·(g − mean(g) − x̂·mean(g·x̂))`. The means are eight interleaved
+    /// sums (as `sum_in_lanes`: independent chains of additions) added by [`add_lanes`].
+    fn ln_backward_row<T: Element, H: HatRow>(
+        hat: H,
+        rs: f32,
+        gamma: &[f32],
+        dyr: Option<&[T]>,
+        dxr: &mut [T]
+    ) wide if is_f32::<T>(), {
+        let c = dxr.len();
+        let (gamma, hat) = (&gamma[..c], hat.narrow(0, c));
+        let (mut s1, mut s2) = ([0f32; 8], [0f32; 8]);
+        let src: &[T] = match dyr {
+            Some(g) => &g[..c],
+            None => dxr,
+        };
+        let full = c - c % 8;
+        for base in (0..full / 8).map(|k| 8 * k) {
+            let (g, gm, h) = (load8(src, base), load8(gamma, base), hat.lanes(base));
+            for j in 0..8 {
+                let g = g[j] * gm[j];
+                s1[j] += g;
+                s2[j] += g * h[j];
+            }
+        }
+        for ch in full..c {
+            let g = src[ch].to_f32() * gamma[ch];
+            s1[ch - full] += g;
+            s2[ch - full] += g * hat.at(ch);
+        }
+        let inv_c = 1.0 / c as f32;
+        let (m1, m2) = (add_lanes(s1) * inv_c, add_lanes(s2) * inv_c);
+        let dx_of = |g: f32, ch: usize| T::from_f32(rs * (g - m1 - hat.at(ch) * m2));
+        match dyr {
+            Some(dyr) => {
+                let dyr = &dyr[..c];
+                for ch in 0..c {
+                    dxr[ch] = dx_of(dyr[ch].to_f32() * gamma[ch], ch);
+                }
+            }
+            None => {
+                for ch in 0..c {
+                    dxr[ch] = dx_of(dxr[ch].to_f32() * gamma[ch], ch);
+                }
+            }
+        }
+    }
 }
 
 /// Layer-norm backward. Reads `x_hat`, `rstd`, `gamma`; with `g = dy·gamma`,
@@ -885,7 +978,9 @@ pub fn layer_norm_backward<T: Element>(
 ) -> KResult {
     let op = "layer_norm_backward";
     ln_backward_check(op, d, x_hat, rstd, gamma, dy.len(), dx.len(), &grads)?;
-    ln_backward_core(d, |i| x_hat[i].to_f32(), rstd, gamma, Some(dy), dx, grads);
+    let c = d.channels;
+    let hat_row = |r: usize| SavedHatRow(&x_hat[r * c..(r + 1) * c]);
+    ln_backward_core(d, hat_row, rstd, gamma, Some(dy), dx, grads);
     Ok(())
 }
 
@@ -915,8 +1010,12 @@ pub fn layer_norm_backward_rebuild<T: Element>(
         m[0] = row_mean(&x[r * c..(r + 1) * c]) as f32;
     });
     let mean = &*mean;
-    let hat = |i: usize| T::from_f32((x[i].to_f32() - mean[i / c]) * rstd[i / c]).to_f32();
-    ln_backward_core(d, hat, rstd, gamma, Some(dy), dx, grads);
+    let hat_row = |r: usize| RebuiltHatRow {
+        x: &x[r * c..(r + 1) * c],
+        mean: mean[r],
+        rstd: rstd[r],
+    };
+    ln_backward_core(d, hat_row, rstd, gamma, Some(dy), dx, grads);
     Ok(())
 }
 
@@ -931,7 +1030,9 @@ pub fn layer_norm_backward_inplace<T: Element>(
 ) -> KResult {
     let op = "layer_norm_backward_inplace";
     ln_backward_check(op, d, x_hat, rstd, gamma, dy_dx.len(), dy_dx.len(), &grads)?;
-    ln_backward_core(d, |i| x_hat[i].to_f32(), rstd, gamma, None, dy_dx, grads);
+    let c = d.channels;
+    let hat_row = |r: usize| SavedHatRow(&x_hat[r * c..(r + 1) * c]);
+    ln_backward_core(d, hat_row, rstd, gamma, None, dy_dx, grads);
     Ok(())
 }
 
@@ -1090,8 +1191,8 @@ pub fn group_norm_backward<T: Element>(
         rows: d.samples.saturating_mul(d.spatial),
         channels: c,
     };
-    let (dy_at, hat_at) = (|i: usize| dy[i].to_f32(), |i: usize| x_hat[i].to_f32());
-    add_affine_grads(rows_dims, dy_at, hat_at, dgamma, dbeta);
+    let hat_row = |r: usize| SavedHatRow(&x_hat[r * c..(r + 1) * c]);
+    add_affine_grads(rows_dims, dy, hat_row, dgamma, dbeta);
     let sl = d.sample_len();
     rows(&mut dx[..d.len()], sl, 4 * sl, |n, dxr| {
         let (hs, gs) = (&x_hat[n * sl..(n + 1) * sl], &dy[n * sl..(n + 1) * sl]);

@@ -1,6 +1,12 @@
 //! The branch-free elementary functions (`memwise_kernels::fastmath`) against f64.
 
-use memwise_kernels::fastmath::{fast_exp, gelu, gelu_grad, normal_cdf};
+use memwise_kernels::fastmath::{
+    fast_exp, gelu, gelu_grad, gelu_grad_with, gelu_with, normal_cdf, normal_cdf_with,
+};
+
+/// A function of one f32, by name: the plain form and the one in fused multiply-adds that the
+/// loops compiled with FMA run.
+type Variants = [(&'static str, fn(f32) -> f32); 2];
 
 #[test]
 fn the_fast_exponential_is_within_two_ulps_of_exp() {
@@ -58,48 +64,61 @@ fn the_f64_reference_agrees_with_known_values() {
 
 #[test]
 fn the_normal_cdf_is_within_its_documented_error() {
-    let (mut worst_rel, mut worst_abs) = (0f64, 0f64);
-    let mut x = -12.0f32;
-    while x <= 12.0 {
-        let (got, want) = (normal_cdf(x) as f64, normal_cdf64(x as f64));
-        if x < 0.0 {
-            worst_rel = worst_rel.max((got - want).abs() / want);
-        } else {
-            worst_abs = worst_abs.max((got - want).abs());
+    let variants: Variants = [("plain", normal_cdf), ("fused", normal_cdf_with::<true>)];
+    for (form, cdf) in variants {
+        let (mut worst_rel, mut worst_abs) = (0f64, 0f64);
+        let mut x = -12.0f32;
+        while x <= 12.0 {
+            let (got, want) = (cdf(x) as f64, normal_cdf64(x as f64));
+            if x < 0.0 {
+                worst_rel = worst_rel.max((got - want).abs() / want);
+            } else {
+                worst_abs = worst_abs.max((got - want).abs());
+            }
+            x += 0.000_731;
         }
-        x += 0.000_731;
+        eprintln!(
+            "Φ ({form}): worst relative error {worst_rel:e} below 0, worst absolute \
+             {worst_abs:e} above"
+        );
+        assert!(
+            worst_rel < 1e-6,
+            "{form}, x < 0: worst relative error {worst_rel:e}"
+        );
+        assert!(
+            worst_abs < 2e-7,
+            "{form}, x ≥ 0: worst absolute error {worst_abs:e}"
+        );
+        assert_eq!(cdf(-30.0), 0.0);
+        assert_eq!(cdf(30.0), 1.0);
+        assert_eq!(cdf(f32::INFINITY), 1.0);
+        assert_eq!(cdf(f32::NEG_INFINITY), 0.0);
+        assert!(cdf(f32::NAN).is_nan());
     }
-    eprintln!("Φ: worst relative error {worst_rel:e} below 0, worst absolute {worst_abs:e} above");
-    assert!(
-        worst_rel < 1e-6,
-        "x < 0: worst relative error {worst_rel:e}"
-    );
-    assert!(
-        worst_abs < 2e-7,
-        "x ≥ 0: worst absolute error {worst_abs:e}"
-    );
-    assert_eq!(normal_cdf(-30.0), 0.0);
-    assert_eq!(normal_cdf(30.0), 1.0);
-    assert_eq!(normal_cdf(f32::INFINITY), 1.0);
-    assert_eq!(normal_cdf(f32::NEG_INFINITY), 0.0);
-    assert!(normal_cdf(f32::NAN).is_nan());
 }
 
 #[test]
 fn gelu_and_its_derivative_match_f64() {
     let density = |x: f64| (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
-    let mut x = -10.0f32;
-    while x <= 10.0 {
-        let xd = x as f64;
-        let (y, want) = (gelu(x) as f64, xd * normal_cdf64(xd));
-        assert!(
-            (y - want).abs() <= 1e-6 * want.abs().max(1e-6),
-            "gelu({x}) = {y}, want {want}"
-        );
-        let (g, want) = (gelu_grad(x) as f64, normal_cdf64(xd) + xd * density(xd));
-        assert!((g - want).abs() <= 1e-6, "gelu'({x}) = {g}, want {want}");
-        x += 0.000_913;
+    let forwards: Variants = [("plain", gelu), ("fused", gelu_with::<true>)];
+    let derivatives: Variants = [("plain", gelu_grad), ("fused", gelu_grad_with::<true>)];
+    for ((form, f), (_, df)) in forwards.into_iter().zip(derivatives) {
+        let mut x = -10.0f32;
+        while x <= 10.0 {
+            let xd = x as f64;
+            let (y, want) = (f(x) as f64, xd * normal_cdf64(xd));
+            assert!(
+                (y - want).abs() <= 1e-6 * want.abs().max(1e-6),
+                "{form} gelu({x}) = {y}, want {want}"
+            );
+            let (g, want) = (df(x) as f64, normal_cdf64(xd) + xd * density(xd));
+            assert!(
+                (g - want).abs() <= 1e-6,
+                "{form} gelu'({x}) = {g}, want {want}"
+            );
+            x += 0.000_913;
+        }
+        assert_eq!(f(0.0), 0.0);
+        assert!(f(f32::NAN).is_nan() && df(f32::NAN).is_nan());
     }
-    assert_eq!(gelu(0.0), 0.0);
-    assert!(gelu(f32::NAN).is_nan() && gelu_grad(f32::NAN).is_nan());
 }

@@ -349,7 +349,8 @@ fn parameterised_activations_match_references_and_finite_differences() {
 
 /// Every activation computes the same bits whether an element is in a vectorised loop's lanes
 /// (16 wide on AVX-512, 8 on AVX2, where the CPU has them) or alone (the loop's scalar
-/// remainder): the wide loops reorder nothing and fuse no multiply with an add.
+/// remainder): the wide loops reorder nothing, and where they fuse a multiply with an add
+/// (GELU's polynomials, `elementwise::wide_loop`) their remainder fuses it too.
 #[test]
 fn wide_loops_compute_each_element_as_the_scalar_code_does() {
     let n = 4099;
