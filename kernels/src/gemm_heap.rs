@@ -79,6 +79,19 @@ pub struct F32Kernel {
     pub horizontal: bool,
 }
 
+impl F32Kernel {
+    /// The kernel of vector width `n`, micro-tile `mr × nr`, with or without the horizontal
+    /// kernels.
+    pub const fn new(n: usize, mr: usize, nr: usize, horizontal: bool) -> Self {
+        F32Kernel {
+            n,
+            mr,
+            nr,
+            horizontal,
+        }
+    }
+}
+
 /// The f32 kernel gemm 0.19 picks on this CPU. x86-64: the AVX-512 kernel when the CPU has
 /// AVX-512F (`N = 16`, `MR = 64`, `NR = 6`, horizontal 4×4; gemm's `x86-v4` feature, which
 /// this workspace enables), else the FMA (AVX2) kernel when it has FMA (`N = 8`, `MR = 16`,
@@ -86,38 +99,18 @@ pub struct F32Kernel {
 /// aarch64: the NEON kernel (`N = 4`, `MR = 16`, `NR = 4`).
 /// Elsewhere the scalar kernel (wasm's optional simd128 kernel is not modelled).
 pub fn f32_kernel() -> F32Kernel {
-    const SCALAR: F32Kernel = F32Kernel {
-        n: 1,
-        mr: 2,
-        nr: 4,
-        horizontal: false,
-    };
+    const SCALAR: F32Kernel = F32Kernel::new(1, 2, 4, false);
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
     if std::arch::is_x86_feature_detected!("avx512f") {
-        return F32Kernel {
-            n: 16,
-            mr: 64,
-            nr: 6,
-            horizontal: true,
-        };
+        return F32Kernel::new(16, 64, 6, true);
     }
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
     if std::arch::is_x86_feature_detected!("fma") {
-        return F32Kernel {
-            n: 8,
-            mr: 16,
-            nr: 6,
-            horizontal: true,
-        };
+        return F32Kernel::new(8, 16, 6, true);
     }
     #[cfg(target_arch = "aarch64")]
     if std::arch::is_aarch64_feature_detected!("neon") {
-        return F32Kernel {
-            n: 4,
-            mr: 16,
-            nr: 4,
-            horizontal: false,
-        };
+        return F32Kernel::new(4, 16, 4, false);
     }
     SCALAR
 }

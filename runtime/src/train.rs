@@ -15,7 +15,7 @@ use crate::data::dataset::{Column, Dataset};
 use crate::device::Device;
 use crate::engine::{build_engine, Engine};
 use crate::error::{Result, RuntimeError};
-use crate::executor::{Batch, Executor};
+use crate::executor::{Batch, Executor, StepOutput};
 use crate::monitor::{error_percent, MemoryMonitor};
 
 /// What `fit` does.
@@ -856,21 +856,18 @@ impl Trainer {
         Ok(k)
     }
 
-    /// Loss (and accuracy for classifiers) over every sample of `data`, in inference mode
-    /// (batch norm from running statistics, no dropout).
-    ///
-    /// Data parallel, it is distributed as Keras's `evaluate` under a strategy: rank `r` of
-    /// `N` evaluates samples `r·len/N .. (r+1)·len/N` (every rank must call it on the same
-    /// data) and the sums are added over the ranks, so each returns the whole set's figures.
-    /// With batch norm, each rank's share is normalised by that rank's running statistics
-    /// (they are per replica, docs/DATA_PARALLEL.md).
-    pub fn evaluate(&mut self, data: &dyn Dataset) -> Result<Evaluation> {
-        self.check_columns(data, "`evaluate` needs at least one sample")?;
+    /// Runs this rank's share of `data` ([`Trainer::evaluation_share`]) through the inference
+    /// engines, a batch at a time (the tail in a smaller one), and hands `each` the engine
+    /// that ran it, the batch's first sample, its size and the step's output. `what` names
+    /// the caller in an error, which also names the batch's samples.
+    fn over_share(
+        &mut self,
+        data: &dyn Dataset,
+        what: &str,
+        mut each: impl FnMut(&dyn Engine, usize, usize, StepOutput) -> Result<()>,
+    ) -> Result<()> {
         let batch = self.plan().batch;
-        let classifier = Trainer::is_classifier(self.plan());
         let (first, end) = self.evaluation_share(data.len());
-        // (loss × samples, correct predictions, scored predictions), summed.
-        let mut sums = [0f64; 3];
         self.reserve_inference(&self.inference_batches(end - first))?;
         data.will_gather(&(first..end).collect::<Vec<_>>(), batch);
         let mut start = first;
@@ -881,15 +878,35 @@ impl Trainer {
             let mut bufs: Vec<Column> = data.columns().iter().map(|c| c.buffer(n)).collect();
             data.gather(&idx, &mut bufs)?;
             let batches: Vec<Batch<'_>> = bufs.iter().map(|b| b.as_batch(n)).collect();
-            let out = self.infer[k]
-                .engine
+            let engine = &mut self.infer[k].engine;
+            let out = engine
                 .evaluate_step(&batches)
-                .map_err(|e| in_dataset(e, &idx, "`evaluate`"))?;
-            sums[0] += out.loss as f64 * n as f64;
-            sums[1] += out.correct as f64;
-            sums[2] += scored_predictions(self.infer[k].engine.plan()) as f64;
+                .map_err(|e| in_dataset(e, &idx, what))?;
+            each(&**engine, start, n, out)?;
             start += n;
         }
+        Ok(())
+    }
+
+    /// Loss (and accuracy for classifiers) over every sample of `data`, in inference mode
+    /// (batch norm from running statistics, no dropout).
+    ///
+    /// Data parallel, it is distributed as Keras's `evaluate` under a strategy: rank `r` of
+    /// `N` evaluates samples `r·len/N .. (r+1)·len/N` (every rank must call it on the same
+    /// data) and the sums are added over the ranks, so each returns the whole set's figures.
+    /// With batch norm, each rank's share is normalised by that rank's running statistics
+    /// (they are per replica, docs/DATA_PARALLEL.md).
+    pub fn evaluate(&mut self, data: &dyn Dataset) -> Result<Evaluation> {
+        self.check_columns(data, "`evaluate` needs at least one sample")?;
+        let classifier = Trainer::is_classifier(self.plan());
+        // (loss × samples, correct predictions, scored predictions), summed.
+        let mut sums = [0f64; 3];
+        self.over_share(data, "`evaluate`", |engine, _, n, out| {
+            sums[0] += out.loss as f64 * n as f64;
+            sums[1] += out.correct as f64;
+            sums[2] += scored_predictions(engine.plan()) as f64;
+            Ok(())
+        })?;
         if let Some(c) = self.train.collective() {
             c.all_reduce_sum_f64(&mut sums)?;
         }
@@ -916,26 +933,10 @@ impl Trainer {
         }
         // Per sample, as the training plan's prediction tensor holds it.
         let width = p.tensor(prediction).elems() / batch.max(1);
-        let (first, end) = self.evaluation_share(data.len());
         let mut out = vec![0f32; data.len() * width];
-        self.reserve_inference(&self.inference_batches(end - first))?;
-        data.will_gather(&(first..end).collect::<Vec<_>>(), batch);
-        let mut start = first;
-        while start < end {
-            let n = batch.min(end - start);
-            let k = self.inference(n)?;
-            let idx: Vec<usize> = (start..start + n).collect();
-            let mut bufs: Vec<Column> = data.columns().iter().map(|c| c.buffer(n)).collect();
-            data.gather(&idx, &mut bufs)?;
-            let batches: Vec<Batch<'_>> = bufs.iter().map(|b| b.as_batch(n)).collect();
-            self.infer[k]
-                .engine
-                .evaluate_step(&batches)
-                .map_err(|e| in_dataset(e, &idx, "`predict`"))?;
-            let rows = start * width..(start + n) * width;
-            self.infer[k].engine.read_prediction(&mut out[rows])?;
-            start += n;
-        }
+        self.over_share(data, "`predict`", |engine, start, n, _| {
+            engine.read_prediction(&mut out[start * width..(start + n) * width])
+        })?;
         if let Some(c) = self.train.collective() {
             // Each rank predicted its share; every rank returns every sample's prediction.
             let bound = |r: usize| r * data.len() / c.size() * width * 4;
