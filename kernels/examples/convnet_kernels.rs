@@ -6,7 +6,7 @@
 //! machine (docs/BENCHMARKS.md, "Against the machine"). Run with
 //! `cargo run --release -p memwise-kernels --example convnet_kernels`.
 use memwise_kernels::conv::{
-    depthwise_conv2d_backward, depthwise_conv2d_forward, DepthwiseConv2dDims, Padding,
+    depthwise_conv2d_backward_ws, depthwise_conv2d_forward, DepthwiseConv2dDims, Padding,
 };
 use memwise_kernels::norm::{
     batch_norm_backward, batch_norm_train_forward, Affine, AffineGrads, BatchNormConfig,
@@ -75,8 +75,12 @@ fn depthwise(hw: usize, c: usize) -> (f64, f64) {
     let mut y = vec![0f32; d.y_len()];
     let forward = median_ms(|| depthwise_conv2d_forward(d, &x, &w, None, &mut y).unwrap());
     let (mut dx, mut dw) = (vec![0f32; d.x_len()], vec![0f32; d.w_len()]);
+    // The step's scratch, sized as the plan sizes it (the GPU's split partial sums, which the
+    // CPU's weight gradient sums its row parts in).
+    let positions = BATCH * hw * hw;
+    let mut ws = vec![0f32; memwise_plan::column_parts_scratch_f32(positions, c, 9, 1)];
     let backward = median_ms(|| {
-        depthwise_conv2d_backward(d, &x, &w, &dy, Some(&mut dx), &mut dw, None).unwrap()
+        depthwise_conv2d_backward_ws(d, &x, &w, &dy, Some(&mut dx), &mut dw, None, &mut ws).unwrap()
     });
     (forward, backward)
 }

@@ -858,12 +858,28 @@ pub fn depthwise_conv2d_backward_ws<T: Element>(
 
     let by_rows = match (f32_view(x), f32_view(dy)) {
         (Some(x), Some(dy)) if m == 1 => {
-            depthwise_param_grads_by_rows(&d, x, dy, dw, db.as_deref_mut(), ws)
+            // dx in the same tasks, row part by row part, when its rows are the output's
+            // (stride 1, `same`): the part's dy rows are then read from the cache, not memory.
+            let same_rows = d.sh == 1 && d.sw == 1 && d.h == oh && d.w == ow;
+            let fused = match (dx.as_deref_mut().and_then(f32_view_mut), f32_view(w)) {
+                (Some(dx), Some(w)) if same_rows => Some((w, &mut dx[..d.x_len()])),
+                _ => None,
+            };
+            let with_dx = fused.is_some();
+            let parts = DepthwiseParts {
+                d: &d,
+                x,
+                dy,
+                dx: fused,
+            };
+            depthwise_param_grads_by_rows(parts, dw, db.as_deref_mut(), ws).then_some(with_dx)
         }
-        _ => false,
+        _ => None,
     };
-    if by_rows {
-        depthwise_dx(&d, w, dy, dx.as_deref_mut());
+    if let Some(dx_done) = by_rows {
+        if !dx_done {
+            depthwise_dx(&d, w, dy, dx.as_deref_mut());
+        }
         return Ok(());
     }
 
@@ -923,62 +939,61 @@ pub fn depthwise_conv2d_backward_ws<T: Element>(
     Ok(())
 }
 
+/// What [`depthwise_param_grads_by_rows`] reads: an f32 multiplier-1 depthwise convolution's
+/// input and output gradient, and — when its input rows are its output rows — the weights
+/// and `dx` (all of it), to write `dx` in the same row parts.
+struct DepthwiseParts<'a> {
+    d: &'a DepthwiseConv2dDims,
+    x: &'a [f32],
+    dy: &'a [f32],
+    dx: Option<(&'a [f32], &'a mut [f32])>,
+}
+
 /// The weight gradient (and the bias gradient, when `db` is given) of an f32 multiplier-1
 /// depthwise convolution in parts of the output rows, each part's f32 partial sums in `ws`
-/// (`[parts, kh·kw·c (+ c)]`), added in part order. `false` (nothing written) when `ws` holds
-/// fewer than two parts.
+/// (`[parts, kh·kw·c (+ c)]`), added in part order; with `dx`, each part also writes its
+/// rows of the input gradient. `false` (nothing written) when `ws` holds fewer than two parts.
 fn depthwise_param_grads_by_rows(
-    d: &DepthwiseConv2dDims,
-    x: &[f32],
-    dy: &[f32],
+    io: DepthwiseParts<'_>,
     dw: &mut [f32],
     db: Option<&mut [f32]>,
     ws: &mut [f32],
 ) -> bool {
-    let (oh, ow, c, taps) = (d.out_h(), d.out_w(), d.c, d.kh * d.kw);
-    let (pt, pl) = (d.pad_top() as isize, d.pad_left() as isize);
+    let d = io.d;
+    let (c, taps) = (d.c, d.kh * d.kw);
     let part_len = taps * c + if db.is_some() { c } else { 0 };
-    let rows = d.n * oh;
+    let rows = d.n * d.out_h();
     let parts = (ws.len() / part_len.max(1)).min(rows);
     if parts < 2 {
         return false;
     }
-    ws[..parts * part_len]
-        .par_chunks_mut(part_len)
-        .enumerate()
-        .for_each(|(p, acc)| {
-            acc.fill(0.0);
-            let rows = rows * p / parts..rows * (p + 1) / parts;
-            if d.kh == 3 && d.kw == 3 && c % 8 == 0 {
-                for c0 in (0..c).step_by(8) {
-                    depthwise_part_3x3(d, x, dy, rows.clone(), c0, acc);
-                }
-                return;
+    let (w, dx) = match io.dx {
+        Some((w, dx)) => (w, Some(dx)),
+        None => (&[][..], None),
+    };
+    let ws = &mut ws[..parts * part_len];
+    let cut = RowParts {
+        rows,
+        parts,
+        part_len,
+        row_len: d.w * c,
+    };
+    let part = |p: usize, acc: &mut [f32], dx: Option<&mut [f32]>| {
+        let range = cut.first_row(p)..cut.first_row(p + 1);
+        depthwise_part_sums(d, io.x, io.dy, range.clone(), acc);
+        if let Some(dx) = dx {
+            for (r, dxrow) in range.zip(dx.chunks_exact_mut(cut.row_len)) {
+                depthwise_dx_row(d, w, io.dy, r, dxrow);
             }
-            let (acc_w, acc_b) = acc.split_at_mut(taps * c);
-            for r in rows {
-                let (s, oy) = (r / oh, r % oh);
-                for ox in 0..ow {
-                    let g = &dy[((s * oh + oy) * ow + ox) * c..][..c];
-                    for (b, gv) in acc_b.iter_mut().zip(g) {
-                        *b += gv;
-                    }
-                    for tap in 0..taps {
-                        let (ki, kj) = (tap / d.kw, tap % d.kw);
-                        let iy = (oy * d.sh + ki) as isize - pt;
-                        let ix = (ox * d.sw + kj) as isize - pl;
-                        if iy < 0 || iy >= d.h as isize || ix < 0 || ix >= d.w as isize {
-                            continue;
-                        }
-                        let xp = &x[((s * d.h + iy as usize) * d.w + ix as usize) * c..][..c];
-                        let a = &mut acc_w[tap * c..(tap + 1) * c];
-                        for ((a, xv), gv) in a.iter_mut().zip(xp).zip(g) {
-                            *a += xv * gv;
-                        }
-                    }
-                }
-            }
-        });
+        }
+    };
+    match dx {
+        Some(dx) => cut.each(0..parts, ws, dx, &part),
+        None => ws
+            .par_chunks_mut(part_len)
+            .enumerate()
+            .for_each(|(p, acc)| part(p, acc, None)),
+    }
     let sums = |i: usize| (0..parts).map(|p| ws[p * part_len + i]).sum::<f32>();
     for (i, g) in dw[..taps * c].iter_mut().enumerate() {
         *g += sums(i);
@@ -991,11 +1006,95 @@ fn depthwise_param_grads_by_rows(
     true
 }
 
+/// How [`depthwise_param_grads_by_rows`] cuts its rows: `parts` parts of `rows` rows (part
+/// `p` has rows `rows·p/parts..rows·(p+1)/parts`), `part_len` partial sums each, `row_len`
+/// elements in a row of `dx`.
+#[derive(Clone, Copy)]
+struct RowParts {
+    rows: usize,
+    parts: usize,
+    part_len: usize,
+    row_len: usize,
+}
+
+impl RowParts {
+    fn first_row(&self, p: usize) -> usize {
+        self.rows * p / self.parts
+    }
+
+    /// Runs `part(p, its partial sums, its rows of dx)` for the parts `ps`, in parallel,
+    /// halving the range each time: `ws` and `dx` are the range's own, so every part writes
+    /// only its slices.
+    fn each(
+        self,
+        ps: std::ops::Range<usize>,
+        ws: &mut [f32],
+        dx: &mut [f32],
+        part: &(impl Fn(usize, &mut [f32], Option<&mut [f32]>) + Sync),
+    ) {
+        if ps.len() == 1 {
+            return part(ps.start, ws, Some(dx));
+        }
+        let mid = ps.start + ps.len() / 2;
+        let (ws_lo, ws_hi) = ws.split_at_mut((mid - ps.start) * self.part_len);
+        let dx_rows = self.first_row(mid) - self.first_row(ps.start);
+        let (dx_lo, dx_hi) = dx.split_at_mut(dx_rows * self.row_len);
+        rayon::join(
+            || self.each(ps.start..mid, ws_lo, dx_lo, part),
+            || self.each(mid..ps.end, ws_hi, dx_hi, part),
+        );
+    }
+}
+
+/// One row part's weight (and bias) sums of [`depthwise_param_grads_by_rows`] into `acc`
+/// (zeroed first): the 3×3 registers path when it applies, else tap by tap over each pixel.
+fn depthwise_part_sums(
+    d: &DepthwiseConv2dDims,
+    x: &[f32],
+    dy: &[f32],
+    rows: std::ops::Range<usize>,
+    acc: &mut [f32],
+) {
+    let (oh, ow, c, taps) = (d.out_h(), d.out_w(), d.c, d.kh * d.kw);
+    let (pt, pl) = (d.pad_top() as isize, d.pad_left() as isize);
+    acc.fill(0.0);
+    if d.kh == 3 && d.kw == 3 && c % 8 == 0 {
+        for c0 in (0..c).step_by(depthwise_lanes(c)) {
+            depthwise_part_3x3(d, x, dy, rows.clone(), c0, acc);
+        }
+        return;
+    }
+    let (acc_w, acc_b) = acc.split_at_mut(taps * c);
+    for r in rows {
+        let (s, oy) = (r / oh, r % oh);
+        for ox in 0..ow {
+            let g = &dy[((s * oh + oy) * ow + ox) * c..][..c];
+            for (b, gv) in acc_b.iter_mut().zip(g) {
+                *b += gv;
+            }
+            for tap in 0..taps {
+                let (ki, kj) = (tap / d.kw, tap % d.kw);
+                let iy = (oy * d.sh + ki) as isize - pt;
+                let ix = (ox * d.sw + kj) as isize - pl;
+                if iy < 0 || iy >= d.h as isize || ix < 0 || ix >= d.w as isize {
+                    continue;
+                }
+                let xp = &x[((s * d.h + iy as usize) * d.w + ix as usize) * c..][..c];
+                let a = &mut acc_w[tap * c..(tap + 1) * c];
+                for ((a, xv), gv) in a.iter_mut().zip(xp).zip(g) {
+                    *a += xv * gv;
+                }
+            }
+        }
+    }
+}
+
 wide_loop! {
-    /// One part's sums of a 3×3 depthwise kernel for the 8 channels from `c0`: its 9 taps'
-    /// (and the bias's) accumulators stay in registers over the part's output rows — 8 lanes
-    /// wide with AVX2 (multiply, then add: the same arithmetic as the loop above) — and are
-    /// added into `acc` (`[9·c (+ c)]`, as there) at the end.
+    /// One part's sums of a 3×3 depthwise kernel for the channels from `c0` (16 of them where
+    /// the CPU has AVX-512 and `c` is a multiple of 16, else 8): its 9 taps' (and the bias's)
+    /// accumulators stay in registers over the part's output rows (multiply, then add: the
+    /// same arithmetic, lane by lane, as the loop above, so the lane count changes no bit) and
+    /// are added into `acc` (`[9·c (+ c)]`, as there) at the end.
     fn depthwise_part_3x3<>(
         d: &DepthwiseConv2dDims,
         x: &[f32],
@@ -1004,12 +1103,26 @@ wide_loop! {
         c0: usize,
         acc: &mut [f32]
     ) wide if true, {
-        depthwise_part_3x3_body(d, x, dy, rows, c0, acc)
+        if depthwise_lanes(d.c) == 16 {
+            depthwise_part_3x3_body::<16>(d, x, dy, rows, c0, acc)
+        } else {
+            depthwise_part_3x3_body::<8>(d, x, dy, rows, c0, acc)
+        }
     }
 }
 
+/// Channels per call of [`depthwise_part_3x3`] for `c` channels (a multiple of 8): 16 where
+/// the CPU has AVX-512's 32 vector registers (9 taps, the bias, `dy` and `x` fit), else 8.
+fn depthwise_lanes(c: usize) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if c.is_multiple_of(16) && std::is_x86_feature_detected!("avx512f") {
+        return 16;
+    }
+    8
+}
+
 #[inline(always)]
-fn depthwise_part_3x3_body(
+fn depthwise_part_3x3_body<const L: usize>(
     d: &DepthwiseConv2dDims,
     x: &[f32],
     dy: &[f32],
@@ -1019,32 +1132,35 @@ fn depthwise_part_3x3_body(
 ) {
     let (oh, ow, c) = (d.out_h(), d.out_w(), d.c);
     let (pt, pl) = (d.pad_top() as isize, d.pad_left() as isize);
-    let (h, w) = (d.h as isize, d.w as isize);
-    let mut taps = [[0f32; 8]; 9];
-    let mut bias = [0f32; 8];
+    let mut taps = [[0f32; L]; 9];
+    let mut bias = [0f32; L];
     for r in rows {
         let (s, oy) = (r / oh, r % oh);
+        let dy_row = &dy[(s * oh + oy) * ow * c..][..ow * c];
+        // The input rows the three kernel rows read (None above or below the image).
+        let x_rows: [Option<&[f32]>; 3] = std::array::from_fn(|ki| {
+            let iy = (oy * d.sh + ki) as isize - pt;
+            (0..d.h as isize)
+                .contains(&iy)
+                .then(|| &x[(s * d.h + iy as usize) * d.w * c..][..d.w * c])
+        });
         for ox in 0..ow {
-            let g: [f32; 8] = dy[((s * oh + oy) * ow + ox) * c + c0..][..8]
-                .try_into()
-                .expect("8 lanes");
-            for q in 0..8 {
+            let g: [f32; L] = dy_row[ox * c + c0..][..L].try_into().expect("L lanes");
+            for q in 0..L {
                 bias[q] += g[q];
             }
-            for ki in 0..3 {
-                let iy = (oy * d.sh + ki) as isize - pt;
-                if iy < 0 || iy >= h {
-                    continue;
-                }
+            let left = (ox * d.sw) as isize - pl;
+            for (ki, x_row) in x_rows.iter().enumerate() {
+                let Some(x_row) = x_row else { continue };
                 for kj in 0..3 {
-                    let ix = (ox * d.sw + kj) as isize - pl;
-                    if ix < 0 || ix >= w {
+                    let ix = left + kj as isize;
+                    if ix < 0 || ix >= d.w as isize {
                         continue;
                     }
-                    let at = ((s * d.h + iy as usize) * d.w + ix as usize) * c + c0;
-                    let xv: [f32; 8] = x[at..at + 8].try_into().expect("8 lanes");
+                    let at = ix as usize * c + c0;
+                    let xv: [f32; L] = x_row[at..at + L].try_into().expect("L lanes");
                     let t = &mut taps[ki * 3 + kj];
-                    for q in 0..8 {
+                    for q in 0..L {
                         t[q] += xv[q] * g[q];
                     }
                 }
@@ -1052,12 +1168,12 @@ fn depthwise_part_3x3_body(
         }
     }
     for (tap, t) in taps.iter().enumerate() {
-        for (a, v) in acc[tap * c + c0..tap * c + c0 + 8].iter_mut().zip(t) {
+        for (a, v) in acc[tap * c + c0..tap * c + c0 + L].iter_mut().zip(t) {
             *a += v;
         }
     }
     if acc.len() > 9 * c {
-        for (a, v) in acc[9 * c + c0..9 * c + c0 + 8].iter_mut().zip(&bias) {
+        for (a, v) in acc[9 * c + c0..9 * c + c0 + L].iter_mut().zip(&bias) {
             *a += v;
         }
     }
@@ -1183,12 +1299,21 @@ fn depthwise_dx_row(d: &DepthwiseConv2dDims, w: &[f32], dy: &[f32], r: usize, dx
     }
 }
 
-/// One tap of a stride-1 depthwise convolution along a row of `c`-channel pixels:
-/// `dst[p] += src[p + shift] · wt` (per channel) for every pixel `p` of `dst_row` whose
-/// `p + shift` is a pixel of `src_row` — a contiguous run of both. The forward adds an input
-/// row into an output row, the input gradient an output gradient row into an input row.
-#[inline]
-fn add_tap(dst_row: &mut [f32], src_row: &[f32], wt: &[f32], shift: isize, c: usize) {
+wide_loop! {
+    /// One tap of a stride-1 depthwise convolution along a row of `c`-channel pixels:
+    /// `dst[p] += src[p + shift] · wt` (per channel) for every pixel `p` of `dst_row` whose
+    /// `p + shift` is a pixel of `src_row` — a contiguous run of both. The forward adds an
+    /// input row into an output row, the input gradient an output gradient row into an input
+    /// row. Compiled wide (AVX-512 or AVX2 where the CPU has them): a multiply, then an add, as
+    /// in the narrow build, so the bits do not depend on the CPU.
+    fn add_tap<>(dst_row: &mut [f32], src_row: &[f32], wt: &[f32], shift: isize, c: usize)
+    wide if true, {
+        add_tap_body(dst_row, src_row, wt, shift, c)
+    }
+}
+
+#[inline(always)]
+fn add_tap_body(dst_row: &mut [f32], src_row: &[f32], wt: &[f32], shift: isize, c: usize) {
     let (n_dst, n_src) = ((dst_row.len() / c) as isize, (src_row.len() / c) as isize);
     let lo = (-shift).clamp(0, n_dst);
     let hi = (n_src - shift).clamp(lo, n_dst);
@@ -1419,4 +1544,50 @@ fn col2im<T: Element>(g: &Geom, col: &[T], cn: usize, img: &mut [T], bias: Optio
                 }
             }
         });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The 3×3 weight-gradient registers path gives the same bits 8 and 16 channels at a time
+    /// (the lane count is chosen by the CPU, so the result must not depend on it).
+    #[test]
+    fn depthwise_3x3_sums_do_not_depend_on_the_lane_count() {
+        for (c, padding) in [(32, Padding::Same), (48, Padding::Valid)] {
+            let d = DepthwiseConv2dDims {
+                n: 2,
+                h: 5,
+                w: 6,
+                c,
+                multiplier: 1,
+                kh: 3,
+                kw: 3,
+                sh: 1,
+                sw: 1,
+                padding,
+            };
+            let value = |i: usize| ((i * 2_654_435_761) % 1000) as f32 / 997.0 - 0.5;
+            let x: Vec<f32> = (0..d.x_len()).map(value).collect();
+            let dy: Vec<f32> = (0..d.y_len()).map(|i| value(i + 7)).collect();
+            let rows = 0..d.n * d.out_h();
+            let sums = |lanes: usize| {
+                let mut acc = vec![0f32; 10 * c];
+                for c0 in (0..c).step_by(lanes) {
+                    let acc = &mut acc[..];
+                    match lanes {
+                        8 => depthwise_part_3x3_body::<8>(&d, &x, &dy, rows.clone(), c0, acc),
+                        _ => depthwise_part_3x3_body::<16>(&d, &x, &dy, rows.clone(), c0, acc),
+                    }
+                }
+                acc.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            };
+            let eight = sums(8);
+            assert!(
+                eight.iter().any(|&b| b != 0),
+                "{d:?}: the sums are all zero"
+            );
+            assert_eq!(eight, sums(16), "{d:?}");
+        }
+    }
 }

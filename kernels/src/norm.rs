@@ -29,13 +29,11 @@
 #![allow(clippy::needless_range_loop)]
 
 use crate::elementwise::{
-    add_lanes, need, reduce_rows, rows, rows2, rows3, sum_in_lanes, wide_loop,
+    add_lanes, need, reduce_rows, rows, rows3, sum_in_lanes, wide_loop, PAR_MIN,
 };
-use crate::gemm::{is_f32, load_f32};
+use crate::gemm::is_f32;
 use crate::{Element, KResult, KernelError};
-
-/// Channels summed per pass over the rows, with f64 accumulators on the stack.
-const CB: usize = 32;
+use rayon::prelude::*;
 
 /// A normalisation input seen as `[rows, channels]` (row-major; NHWC flattens to
 /// `rows = n·h·w`).
@@ -123,52 +121,80 @@ fn check_grads(op: &str, c: usize, g: &AffineGrads) -> KResult {
     need(op, "dbeta", g.dbeta.len(), c)
 }
 
-/// Per-channel f64 sums over all rows of `x`'s channel block `[c0, c0 + cb)`: of `x`, or
-/// with `mean`, of `(x − mean)²`. Deterministic split (see `reduce_rows`); a tight loop over
-/// each row's block, which the compiler vectorises.
+/// Per-channel f64 sums over all rows of `x`'s channel block `[c0, c0 + cb)` (`cb ≤
+/// ROW_CB`): of `x`, or with `mean`, of `(x − mean)²`. Deterministic split (see
+/// `reduce_rows`); each part adds its rows in order ([`add_moment_rows`]).
 fn channel_moment<T: Element>(
     d: NormDims,
     c0: usize,
     cb: usize,
     x: &[T],
-    mean: Option<&[f64; CB]>,
-) -> [f64; CB] {
+    mean: Option<&[f64; ROW_CB]>,
+) -> [f64; ROW_CB] {
     let c = d.channels;
+    let mean = mean.map(|m| &m[..cb]);
     reduce_rows(
         d.rows,
         cb,
         |first, end| {
-            let mut s = [0f64; CB];
-            let acc = &mut s[..cb];
-            for r in first..end {
-                let row = &x[r * c + c0..r * c + c0 + cb];
-                match mean {
-                    None => acc
-                        .iter_mut()
-                        .zip(row)
-                        .for_each(|(a, v)| *a += v.to_f32() as f64),
-                    Some(mu) => acc
-                        .iter_mut()
-                        .zip(row)
-                        .zip(&mu[..cb])
-                        .for_each(|((a, v), m)| {
-                            let t = v.to_f32() as f64 - m;
-                            *a += t * t;
-                        }),
-                }
-            }
+            let mut s = Moments([0f64; ROW_CB]);
+            add_moment_rows(x, first..end, c, c0, mean, &mut s.0[..cb]);
             s
         },
         |mut a, b| {
-            a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+            a.0.iter_mut().zip(b.0).for_each(|(a, b)| *a += b);
             a
         },
     )
+    .0
 }
 
-/// Channels per pass of [`add_affine_grads`]: a `[rows, channels]` layout puts a row's
-/// channels side by side, so a block as wide as the whole row (up to this many) reads every
-/// row once, where blocks of [`CB`] re-read each row once per block.
+/// One part's per-channel sums of [`channel_moment`].
+#[derive(Clone, Copy)]
+struct Moments([f64; ROW_CB]);
+
+impl Default for Moments {
+    fn default() -> Self {
+        Moments([0.0; ROW_CB])
+    }
+}
+
+/// [`channel_moment`]'s terms of rows `rows`, channels `c0..c0 + acc.len()` of `c`-channel
+/// rows, added row after row: `x`, or `(x − mean)²` in f64. Not compiled wide: its AVX-512
+/// build measured slower on the convnet's 32-channel batch norms (docs/BENCHMARKS.md).
+#[inline]
+fn add_moment_rows<T: Element>(
+    x: &[T],
+    rows: std::ops::Range<usize>,
+    c: usize,
+    c0: usize,
+    mean: Option<&[f64]>,
+    acc: &mut [f64],
+) {
+    let n = acc.len();
+    for r in rows {
+        let row = &x[r * c + c0..][..n];
+        match mean {
+            None => {
+                for j in 0..n {
+                    acc[j] += row[j].to_f32() as f64;
+                }
+            }
+            Some(mu) => {
+                let mu = &mu[..n];
+                for j in 0..n {
+                    let t = row[j].to_f32() as f64 - mu[j];
+                    acc[j] += t * t;
+                }
+            }
+        }
+    }
+}
+
+/// Channels per pass over the rows of a `[rows, channels]` norm (its statistics, its affine
+/// gradients, batch norm's passes), with f64 accumulators on the stack: the layout puts a
+/// row's channels side by side, so a block as wide as the whole row (up to this many) reads
+/// every row once, where narrower blocks would re-read each row once per block.
 const ROW_CB: usize = 128;
 
 /// One part's `[Σ dy, Σ dy·x̂]` per channel of a block ([`add_affine_grads`]).
@@ -195,28 +221,7 @@ fn add_affine_grads<T: Element, H: HatRow>(
     let c = d.channels;
     for c0 in (0..c).step_by(ROW_CB) {
         let cb = ROW_CB.min(c - c0);
-        let s = reduce_rows(
-            d.rows,
-            cb,
-            |first, end| {
-                let mut s = RowBlockSums::default();
-                let [sum, sum_hat] = &mut s.0;
-                for r in first..end {
-                    let (dyr, hat) = (&dy[r * c + c0..][..cb], hat_row(r).narrow(c0, cb));
-                    add_affine_row(dyr, hat, &mut sum[..cb], &mut sum_hat[..cb]);
-                }
-                s
-            },
-            |mut a, b| {
-                for k in 0..2 {
-                    for j in 0..ROW_CB {
-                        a.0[k][j] += b.0[k][j];
-                    }
-                }
-                a
-            },
-        )
-        .0;
+        let s = affine_sums(d, dy, &hat_row, c0, cb);
         for j in 0..cb {
             if let Some(b) = dbeta.as_deref_mut() {
                 b[c0 + j] += s[0][j] as f32;
@@ -226,21 +231,61 @@ fn add_affine_grads<T: Element, H: HatRow>(
     }
 }
 
+/// `[Σ dy, Σ dy·x̂]` over the rows of channels `c0..c0 + cb` (`cb ≤ ROW_CB`), in f64 over the
+/// fixed split of [`reduce_rows`]: each part adds its rows in order, the parts are added left
+/// to right.
+fn affine_sums<T: Element, H: HatRow>(
+    d: NormDims,
+    dy: &[T],
+    hat_row: impl Fn(usize) -> H + Sync + Send,
+    c0: usize,
+    cb: usize,
+) -> [[f64; ROW_CB]; 2] {
+    let c = d.channels;
+    reduce_rows(
+        d.rows,
+        cb,
+        |first, end| {
+            let mut s = RowBlockSums::default();
+            let [sum, sum_hat] = &mut s.0;
+            let (sum, sum_hat) = (&mut sum[..cb], &mut sum_hat[..cb]);
+            add_affine_rows(dy, &hat_row, first..end, c, c0, sum, sum_hat);
+            s
+        },
+        |mut a, b| {
+            for k in 0..2 {
+                for j in 0..ROW_CB {
+                    a.0[k][j] += b.0[k][j];
+                }
+            }
+            a
+        },
+    )
+    .0
+}
+
 wide_loop! {
-    /// One row's terms of [`add_affine_grads`]: `sum += dy`, `sum_hat += dy·x̂` in f64, every
-    /// slice as long as `sum`.
-    fn add_affine_row<T: Element, H: HatRow>(
-        dyr: &[T],
-        hat: H,
+    /// The terms of [`affine_sums`] of rows `rows`, channels `c0..c0 + sum.len()` of
+    /// `c`-channel rows: `sum += dy`, `sum_hat += dy·x̂` in f64, row after row. Many rows per
+    /// call, so short rows (a batch norm's few channels) do not pay a call each.
+    fn add_affine_rows<T: Element, H: HatRow, F: Fn(usize) -> H>(
+        dy: &[T],
+        hat_row: &F,
+        rows: std::ops::Range<usize>,
+        c: usize,
+        c0: usize,
         sum: &mut [f64],
         sum_hat: &mut [f64]
     ) wide if is_f32::<T>(), {
         let n = sum.len();
-        let (dyr, sum_hat) = (&dyr[..n], &mut sum_hat[..n]);
-        for j in 0..n {
-            let gv = dyr[j].to_f32() as f64;
-            sum[j] += gv;
-            sum_hat[j] += gv * hat.at(j) as f64;
+        let sum_hat = &mut sum_hat[..n];
+        for r in rows {
+            let (dyr, hat) = (&dy[r * c + c0..][..n], hat_row(r).narrow(c0, n));
+            for j in 0..n {
+                let gv = dyr[j].to_f32() as f64;
+                sum[j] += gv;
+                sum_hat[j] += gv * hat.at(j) as f64;
+            }
         }
     }
 }
@@ -328,29 +373,33 @@ fn bn_train_core<T: Element>(
 ) {
     let c = d.channels;
     let m = d.rows as f64;
-    for c0 in (0..c).step_by(CB) {
-        let cb = CB.min(c - c0);
-        let mut hi = [0f32; CB];
-        let mut lo = [0f32; CB];
-        let mut inv = [0f32; CB];
+    for c0 in (0..c).step_by(ROW_CB) {
+        let cb = ROW_CB.min(c - c0);
+        let mut stats = BnStats {
+            hi: [0.0; ROW_CB],
+            lo: [0.0; ROW_CB],
+            inv: [0.0; ROW_CB],
+            gamma: &affine.gamma[c0..c0 + cb],
+            beta: &affine.beta[c0..c0 + cb],
+        };
         {
             let x: &[T] = match src {
                 Some(x) => x,
                 None => y,
             };
             let s = channel_moment(d, c0, cb, x, None);
-            let mu: [f64; CB] = std::array::from_fn(|j| s[j] / m);
+            let mu: [f64; ROW_CB] = std::array::from_fn(|j| s[j] / m);
             // Second pass around the mean: no cancellation, unlike E[x²] − E[x]².
             let v = channel_moment(d, c0, cb, x, Some(&mu));
             for j in 0..cb {
                 let ch = c0 + j;
                 let var = v[j] / m;
-                hi[j] = mu[j] as f32;
-                lo[j] = (mu[j] - hi[j] as f64) as f32;
-                inv[j] = (1.0 / (var + cfg.epsilon as f64).sqrt()) as f32;
-                saved.mean[ch] = hi[j];
-                saved.mean[c + ch] = lo[j];
-                saved.inv_std[ch] = inv[j];
+                stats.hi[j] = mu[j] as f32;
+                stats.lo[j] = (mu[j] - stats.hi[j] as f64) as f32;
+                stats.inv[j] = (1.0 / (var + cfg.epsilon as f64).sqrt()) as f32;
+                saved.mean[ch] = stats.hi[j];
+                saved.mean[c + ch] = stats.lo[j];
+                saved.inv_std[ch] = stats.inv[j];
                 let k = cfg.momentum;
                 if let Some(run) = running.as_mut() {
                     run.mean[ch] = run.mean[ch] * k + mu[j] as f32 * (1.0 - k);
@@ -358,38 +407,70 @@ fn bn_train_core<T: Element>(
                 }
             }
         }
-        rows2(
-            &mut y[..d.len()],
-            c,
-            &mut saved.x_hat[..d.len()],
-            c,
-            cb,
-            |r, yr, hr| {
-                let (yb, hb) = (&mut yr[c0..c0 + cb], &mut hr[c0..c0 + cb]);
-                let (g, b) = (&affine.gamma[c0..c0 + cb], &affine.beta[c0..c0 + cb]);
-                let stats = hi[..cb].iter().zip(&lo[..cb]).zip(&inv[..cb]);
-                let normalise = |((y, h), (((hi, lo), inv), (g, b))): ((&mut T, &mut T), _),
-                                 xv: T| {
-                    let v = (xv.to_f32() - hi - lo) * inv;
-                    *h = T::from_f32(v);
-                    *y = T::from_f32(g * v + b);
-                };
-                let per_channel = yb
-                    .iter_mut()
-                    .zip(hb.iter_mut())
-                    .zip(stats.zip(g.iter().zip(b)));
-                match src {
-                    Some(x) => {
-                        let xb = &x[r * c + c0..r * c + c0 + cb];
-                        per_channel.zip(xb).for_each(|(o, &xv)| normalise(o, xv));
+        let group = BN_TASK_ELEMS.div_ceil(c);
+        let (ys, hats) = (&mut y[..d.len()], &mut saved.x_hat[..d.len()]);
+        let task = |(k, (ys, hats)): (usize, (&mut [T], &mut [T]))| {
+            bn_normalise_rows(src, k * group, ys, hats, c, c0, &stats);
+        };
+        if d.len() >= PAR_MIN {
+            let tasks = ys
+                .par_chunks_mut(group * c)
+                .zip(hats.par_chunks_mut(group * c));
+            tasks.enumerate().for_each(task);
+        } else {
+            let tasks = ys.chunks_mut(group * c).zip(hats.chunks_mut(group * c));
+            tasks.enumerate().for_each(task);
+        }
+    }
+}
+
+/// A channel block's statistics and affine parameters for [`bn_normalise_rows`]: the mean as
+/// an f32 hi/lo pair, `1/σ`, `γ` and `β` (the last two as long as the block).
+struct BnStats<'a> {
+    hi: [f32; ROW_CB],
+    lo: [f32; ROW_CB],
+    inv: [f32; ROW_CB],
+    gamma: &'a [f32],
+    beta: &'a [f32],
+}
+
+wide_loop! {
+    /// [`bn_train_core`]'s last pass over the `c`-channel rows in `ys`, `hats` (row `first`
+    /// onwards), channels `c0..c0 + stats.gamma.len()`: `x̂ = (x − hi − lo)·inv` and
+    /// `y = γ·x̂ + β`, each rounded to `T`; `x` from `src` or, in place, `ys`.
+    fn bn_normalise_rows<T: Element>(
+        src: Option<&[T]>,
+        first: usize,
+        ys: &mut [T],
+        hats: &mut [T],
+        c: usize,
+        c0: usize,
+        stats: &BnStats<'_>
+    ) wide if is_f32::<T>(), {
+        let n = stats.gamma.len();
+        let (hi, lo, inv) = (&stats.hi[..n], &stats.lo[..n], &stats.inv[..n]);
+        let (g, b) = (&stats.gamma[..n], &stats.beta[..n]);
+        let rows = ys.chunks_exact_mut(c).zip(hats.chunks_exact_mut(c));
+        for (i, (yr, hr)) in rows.enumerate() {
+            let (yb, hb) = (&mut yr[c0..c0 + n], &mut hr[c0..c0 + n]);
+            let normalise = |xv: T, j: usize| {
+                let v = (xv.to_f32() - hi[j] - lo[j]) * inv[j];
+                (T::from_f32(v), T::from_f32(g[j] * v + b[j]))
+            };
+            match src {
+                Some(x) => {
+                    let xb = &x[(first + i) * c + c0..][..n];
+                    for j in 0..n {
+                        (hb[j], yb[j]) = normalise(xb[j], j);
                     }
-                    None => per_channel.for_each(|o| {
-                        let xv = *o.0 .0;
-                        normalise(o, xv)
-                    }),
                 }
-            },
-        );
+                None => {
+                    for j in 0..n {
+                        (hb[j], yb[j]) = normalise(yb[j], j);
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -576,7 +657,9 @@ pub fn batch_norm_backward<T: Element>(
 ) -> KResult {
     let op = "batch_norm_backward";
     bn_backward_check(op, d, x_hat, inv_std, gamma, dy.len(), dx.len(), &grads)?;
-    bn_backward_core(d, Hat::Kept(x_hat), inv_std, gamma, Some(dy), dx, grads);
+    let c = d.channels;
+    let hat_row = |r: usize| SavedHatRow(&x_hat[r * c..(r + 1) * c]);
+    bn_backward_core(d, hat_row, inv_std, gamma, Some(dy), dx, grads);
     Ok(())
 }
 
@@ -598,8 +681,14 @@ pub fn batch_norm_backward_rebuild<T: Element>(
     bn_backward_check(op, d, x, inv_std, gamma, dy.len(), dx.len(), &grads)?;
     need(op, "mean", mean.len(), 2 * d.channels)?;
     let (hi, lo) = mean.split_at(d.channels);
-    let hat = Hat::Rebuild { x, hi, lo, inv_std };
-    bn_backward_core(d, hat, inv_std, gamma, Some(dy), dx, grads);
+    let c = d.channels;
+    let hat_row = |r: usize| BnRebuiltHatRow {
+        x: &x[r * c..(r + 1) * c],
+        hi,
+        lo,
+        inv_std,
+    };
+    bn_backward_core(d, hat_row, inv_std, gamma, Some(dy), dx, grads);
     Ok(())
 }
 
@@ -623,49 +712,45 @@ pub fn batch_norm_backward_inplace<T: Element>(
         dy_dx.len(),
         &grads,
     )?;
-    bn_backward_core(d, Hat::Kept(x_hat), inv_std, gamma, None, dy_dx, grads);
+    let c = d.channels;
+    let hat_row = |r: usize| SavedHatRow(&x_hat[r * c..(r + 1) * c]);
+    bn_backward_core(d, hat_row, inv_std, gamma, None, dy_dx, grads);
     Ok(())
 }
 
-/// `hat(i, channel)` is x̂ at element `i` (kept, or rebuilt from the input).
-/// Where a batch-norm backward reads `x_hat` from: kept by the forward, or rebuilt from its
-/// input and statistics exactly as the forward computed it.
-enum Hat<'a, T> {
-    Kept(&'a [T]),
-    Rebuild {
-        x: &'a [T],
-        hi: &'a [f32],
-        lo: &'a [f32],
-        inv_std: &'a [f32],
-    },
+/// A row of the x̂ a batch norm's forward made, rebuilt from its input and per-channel
+/// statistics exactly as the forward computed it: `(x − hi − lo)·inv_std` rounded to `T`.
+#[derive(Clone, Copy)]
+struct BnRebuiltHatRow<'a, T> {
+    x: &'a [T],
+    hi: &'a [f32],
+    lo: &'a [f32],
+    inv_std: &'a [f32],
 }
 
-impl<T: Element> Hat<'_, T> {
-    /// `x_hat` of channels `[c0, c0 + out.len())` of the row starting at element `row`, in f32.
-    #[inline]
-    fn block(&self, row: usize, c0: usize, out: &mut [f32]) {
-        let (at, n) = (row + c0, out.len());
-        match *self {
-            Hat::Kept(h) => load_f32(&h[at..at + n], out),
-            Hat::Rebuild { x, hi, lo, inv_std } => {
-                let stats = hi[c0..c0 + n]
-                    .iter()
-                    .zip(&lo[c0..c0 + n])
-                    .zip(&inv_std[c0..c0 + n]);
-                for ((o, xv), ((hi, lo), inv)) in out.iter_mut().zip(&x[at..at + n]).zip(stats) {
-                    *o = T::from_f32((xv.to_f32() - hi - lo) * inv).to_f32();
-                }
-            }
+impl<T: Element> HatRow for BnRebuiltHatRow<'_, T> {
+    #[inline(always)]
+    fn at(self, ch: usize) -> f32 {
+        T::from_f32((self.x[ch].to_f32() - self.hi[ch] - self.lo[ch]) * self.inv_std[ch]).to_f32()
+    }
+    #[inline(always)]
+    fn narrow(self, c0: usize, n: usize) -> Self {
+        BnRebuiltHatRow {
+            x: &self.x[c0..c0 + n],
+            hi: &self.hi[c0..c0 + n],
+            lo: &self.lo[c0..c0 + n],
+            inv_std: &self.inv_std[c0..c0 + n],
         }
     }
 }
 
-/// The batch-norm backward of one channel block at a time: `Σdy` and `Σdy·x_hat` (f64, the
-/// deterministic row split), then `dx`, each a tight loop over a row's block. `dy` is `None`
-/// when `dx` holds it (in place).
-fn bn_backward_core<T: Element>(
+/// The batch-norm backward, [`ROW_CB`] channels at a time (a whole row for up to that many,
+/// so each pass reads every row once): `Σdy` and `Σdy·x̂` ([`affine_sums`]: f64, the
+/// deterministic row split), then `dx`. `dy` is `None` when `dx` holds it (in place): a
+/// block's channels are overwritten only after its sums are taken.
+fn bn_backward_core<T: Element, H: HatRow>(
     d: NormDims,
-    hat: Hat<'_, T>,
+    hat_row: impl Fn(usize) -> H + Sync + Send,
     inv_std: &[f32],
     gamma: &[f32],
     dy: Option<&[T]>,
@@ -673,85 +758,97 @@ fn bn_backward_core<T: Element>(
     grads: AffineGrads,
 ) {
     let c = d.channels;
+    if c == 0 || d.rows == 0 {
+        return;
+    }
     let inv_m = 1.0 / d.rows as f32;
-    for c0 in (0..c).step_by(CB) {
-        let cb = CB.min(c - c0);
-        let (sum_dy, sum_dyh) = {
-            let g: &[T] = match dy {
-                Some(g) => g,
-                None => dx,
-            };
-            let s = bn_grad_sums(d, c0, cb, g, &hat);
-            let a: [f32; CB] = std::array::from_fn(|j| s[0][j] as f32);
-            let b: [f32; CB] = std::array::from_fn(|j| s[1][j] as f32);
-            (a, b)
+    for c0 in (0..c).step_by(ROW_CB) {
+        let cb = ROW_CB.min(c - c0);
+        let g: &[T] = match dy {
+            Some(g) => g,
+            None => dx,
+        };
+        let s = affine_sums(d, g, &hat_row, c0, cb);
+        let per_channel = |f: &dyn Fn(usize) -> f32| -> [f32; ROW_CB] {
+            std::array::from_fn(|j| if j < cb { f(j) } else { 0.0 })
+        };
+        let sums = BnSums {
+            dy: per_channel(&|j| s[0][j] as f32),
+            dy_hat: per_channel(&|j| s[1][j] as f32),
+            coef: per_channel(&|j| gamma[c0 + j] * inv_std[c0 + j]),
+            inv_m,
         };
         for j in 0..cb {
-            grads.dbeta[c0 + j] += sum_dy[j];
-            grads.dgamma[c0 + j] += sum_dyh[j];
+            grads.dbeta[c0 + j] += sums.dy[j];
+            grads.dgamma[c0 + j] += sums.dy_hat[j];
         }
-        // dx for this channel block.
-        let coef: [f32; CB] = std::array::from_fn(|j| {
-            if j < cb {
-                gamma[c0 + j] * inv_std[c0 + j]
-            } else {
-                0.0
-            }
-        });
-        rows(&mut dx[..d.len()], c, cb, |r, dxr| {
-            let mut h = [0f32; CB];
-            hat.block(r * c, c0, &mut h[..cb]);
-            let mut gs = [0f32; CB];
-            match dy {
-                Some(g) => load_f32(&g[r * c + c0..r * c + c0 + cb], &mut gs[..cb]),
-                None => load_f32(&dxr[c0..c0 + cb], &mut gs[..cb]),
-            }
-            let sums = sum_dy[..cb].iter().zip(&sum_dyh[..cb]);
-            let per_channel = dxr[c0..c0 + cb].iter_mut().zip(&coef[..cb]).zip(sums);
-            for (((o, k), (sdy, sdyh)), (g, h)) in per_channel.zip(gs[..cb].iter().zip(&h[..cb])) {
-                *o = T::from_f32(k * (g - (sdy + h * sdyh) * inv_m));
-            }
-        });
+        let group = BN_TASK_ELEMS.div_ceil(c);
+        let task = |(k, dxs): (usize, &mut [T])| {
+            bn_backward_rows(&hat_row, k * group, dy, &sums, dxs, c, c0, cb);
+        };
+        if d.len() >= PAR_MIN {
+            dx[..d.len()]
+                .par_chunks_mut(group * c)
+                .enumerate()
+                .for_each(task);
+        } else {
+            dx[..d.len()]
+                .chunks_mut(group * c)
+                .enumerate()
+                .for_each(task);
+        }
     }
 }
 
-/// `[Σ dy, Σ dy·x_hat]` per channel of the block `[c0, c0 + cb)`, in f64.
-fn bn_grad_sums<T: Element>(
-    d: NormDims,
-    c0: usize,
-    cb: usize,
-    g: &[T],
-    hat: &Hat<'_, T>,
-) -> [[f64; CB]; 2] {
-    let c = d.channels;
-    reduce_rows(
-        d.rows,
-        cb,
-        |first, end| {
-            let mut s = [[0f64; CB]; 2];
-            let (mut h, mut gs) = ([0f32; CB], [0f32; CB]);
-            for r in first..end {
-                hat.block(r * c, c0, &mut h[..cb]);
-                load_f32(&g[r * c + c0..r * c + c0 + cb], &mut gs[..cb]);
-                let [s0, s1] = &mut s;
-                let per_channel = s0[..cb].iter_mut().zip(&mut s1[..cb]);
-                for ((a, b), (gv, hv)) in per_channel.zip(gs[..cb].iter().zip(&h[..cb])) {
-                    let gv = *gv as f64;
-                    *a += gv;
-                    *b += gv * *hv as f64;
+/// A channel block's figures for [`bn_backward_rows`]: `Σdy`, `Σdy·x̂` (rounded to f32),
+/// `gamma·inv_std`, and `1/rows`.
+struct BnSums {
+    dy: [f32; ROW_CB],
+    dy_hat: [f32; ROW_CB],
+    coef: [f32; ROW_CB],
+    inv_m: f32,
+}
+
+/// Elements (rows × channels) of one task of [`bn_backward_core`]'s `dx` pass.
+const BN_TASK_ELEMS: usize = 1 << 13;
+
+wide_loop! {
+    /// [`bn_backward_core`]'s `dx` for channels `c0..c0 + cb` of the `c`-channel rows in `dxs`
+    /// (row `first` onwards): `dx = gamma·inv_std·(dy − (Σdy + x̂·Σdy·x̂)/rows)`, `dy` from
+    /// `dy` or, in place, `dxs`.
+    #[allow(clippy::too_many_arguments)]
+    fn bn_backward_rows<T: Element, H: HatRow, F: Fn(usize) -> H>(
+        hat_row: &F,
+        first: usize,
+        dy: Option<&[T]>,
+        sums: &BnSums,
+        dxs: &mut [T],
+        c: usize,
+        c0: usize,
+        cb: usize
+    ) wide if is_f32::<T>(), {
+        let (sdy, sdyh, coef) = (&sums.dy[..cb], &sums.dy_hat[..cb], &sums.coef[..cb]);
+        for (i, dxr) in dxs.chunks_exact_mut(c).enumerate() {
+            let r = first + i;
+            let (hat, dxr) = (hat_row(r).narrow(c0, cb), &mut dxr[c0..c0 + cb]);
+            let dx_of = |g: f32, j: usize| {
+                T::from_f32(coef[j] * (g - (sdy[j] + hat.at(j) * sdyh[j]) * sums.inv_m))
+            };
+            match dy {
+                Some(dy) => {
+                    let dyr = &dy[r * c + c0..][..cb];
+                    for j in 0..cb {
+                        dxr[j] = dx_of(dyr[j].to_f32(), j);
+                    }
+                }
+                None => {
+                    for j in 0..cb {
+                        dxr[j] = dx_of(dxr[j].to_f32(), j);
+                    }
                 }
             }
-            s
-        },
-        |mut a, b| {
-            for k in 0..2 {
-                for j in 0..CB {
-                    a[k][j] += b[k][j];
-                }
-            }
-            a
-        },
-    )
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
