@@ -1055,15 +1055,28 @@ fn depthwise_part_sums(
     rows: std::ops::Range<usize>,
     acc: &mut [f32],
 ) {
-    let (oh, ow, c, taps) = (d.out_h(), d.out_w(), d.c, d.kh * d.kw);
-    let (pt, pl) = (d.pad_top() as isize, d.pad_left() as isize);
+    let c = d.c;
     acc.fill(0.0);
-    if d.kh == 3 && d.kw == 3 && c % 8 == 0 {
+    if d.kh == 3 && d.kw == 3 && c.is_multiple_of(8) {
         for c0 in (0..c).step_by(depthwise_lanes(c)) {
             depthwise_part_3x3(d, x, dy, rows.clone(), c0, acc);
         }
         return;
     }
+    depthwise_part_sums_by_pixel(d, x, dy, rows, acc);
+}
+
+/// [`depthwise_part_sums`] for any window: pixel by pixel, every tap of each pixel in turn,
+/// into `acc` (`[taps·c (+ c)]`). The 3×3 registers path adds in the same order per sum.
+fn depthwise_part_sums_by_pixel(
+    d: &DepthwiseConv2dDims,
+    x: &[f32],
+    dy: &[f32],
+    rows: std::ops::Range<usize>,
+    acc: &mut [f32],
+) {
+    let (oh, ow, c, taps) = (d.out_h(), d.out_w(), d.c, d.kh * d.kw);
+    let (pt, pl) = (d.pad_top() as isize, d.pad_left() as isize);
     let (acc_w, acc_b) = acc.split_at_mut(taps * c);
     for r in rows {
         let (s, oy) = (r / oh, r % oh);
@@ -1090,11 +1103,11 @@ fn depthwise_part_sums(
 }
 
 wide_loop! {
-    /// One part's sums of a 3×3 depthwise kernel for the channels from `c0` (16 of them where
-    /// the CPU has AVX-512 and `c` is a multiple of 16, else 8): its 9 taps' (and the bias's)
-    /// accumulators stay in registers over the part's output rows (multiply, then add: the
-    /// same arithmetic, lane by lane, as the loop above, so the lane count changes no bit) and
-    /// are added into `acc` (`[9·c (+ c)]`, as there) at the end.
+    /// One part's sums of a 3×3 depthwise kernel for the channels from `c0` (16 of them, a
+    /// cache line of each pixel, when `c` is a multiple of 16, else 8): a kernel row's three
+    /// taps' accumulators stay in registers along each image row (multiply, then add, in the
+    /// order of [`depthwise_part_sums_by_pixel`]'s loop, so neither the path nor the lane
+    /// count changes a bit) and all are added into `acc` (`[9·c (+ c)]`, as there) at the end.
     fn depthwise_part_3x3<>(
         d: &DepthwiseConv2dDims,
         x: &[f32],
@@ -1111,14 +1124,15 @@ wide_loop! {
     }
 }
 
-/// Channels per call of [`depthwise_part_3x3`] for `c` channels (a multiple of 8): 16 where
-/// the CPU has AVX-512's 32 vector registers (9 taps, the bias, `dy` and `x` fit), else 8.
+/// Channels per call of [`depthwise_part_3x3`] for `c` channels (a multiple of 8): 16 (a
+/// 64-byte cache line of each pixel per pass; a kernel row's 3 taps in 6 AVX2 registers, or 3
+/// AVX-512 ones) when `c` is a multiple of 16, else 8.
 fn depthwise_lanes(c: usize) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    if c.is_multiple_of(16) && std::is_x86_feature_detected!("avx512f") {
-        return 16;
+    if c.is_multiple_of(16) {
+        16
+    } else {
+        8
     }
-    8
 }
 
 #[inline(always)]
@@ -1130,41 +1144,84 @@ fn depthwise_part_3x3_body<const L: usize>(
     c0: usize,
     acc: &mut [f32],
 ) {
-    let (oh, ow, c) = (d.out_h(), d.out_w(), d.c);
-    let (pt, pl) = (d.pad_top() as isize, d.pad_left() as isize);
+    let (oh, ow, c, sw) = (d.out_h(), d.out_w(), d.c, d.sw);
+    let (pt, pl) = (d.pad_top(), d.pad_left());
     let mut taps = [[0f32; L]; 9];
     let mut bias = [0f32; L];
+    // The output pixels whose tap kj is in the image (output pixel ox reads input pixel
+    // ox·sw + kj − pl), and those whose three taps all are.
+    let ranges: [std::ops::Range<usize>; 3] = std::array::from_fn(|kj| {
+        let lo = pl.saturating_sub(kj).div_ceil(sw);
+        lo..(d.w + pl).saturating_sub(kj).div_ceil(sw).clamp(lo, ow)
+    });
+    let inner_lo = ranges.iter().map(|r| r.start).max().unwrap_or(0);
+    let inner_hi = ranges
+        .iter()
+        .map(|r| r.end)
+        .min()
+        .unwrap_or(0)
+        .max(inner_lo);
     for r in rows {
         let (s, oy) = (r / oh, r % oh);
         let dy_row = &dy[(s * oh + oy) * ow * c..][..ow * c];
-        // The input rows the three kernel rows read (None above or below the image).
-        let x_rows: [Option<&[f32]>; 3] = std::array::from_fn(|ki| {
-            let iy = (oy * d.sh + ki) as isize - pt;
-            (0..d.h as isize)
-                .contains(&iy)
-                .then(|| &x[(s * d.h + iy as usize) * d.w * c..][..d.w * c])
-        });
-        for ox in 0..ow {
-            let g: [f32; L] = dy_row[ox * c + c0..][..L].try_into().expect("L lanes");
+        for g in dy_row.chunks_exact(c) {
+            let g = &g[c0..c0 + L];
             for q in 0..L {
                 bias[q] += g[q];
             }
-            let left = (ox * d.sw) as isize - pl;
-            for (ki, x_row) in x_rows.iter().enumerate() {
-                let Some(x_row) = x_row else { continue };
-                for kj in 0..3 {
-                    let ix = left + kj as isize;
-                    if ix < 0 || ix >= d.w as isize {
-                        continue;
-                    }
-                    let at = ix as usize * c + c0;
-                    let xv: [f32; L] = x_row[at..at + L].try_into().expect("L lanes");
-                    let t = &mut taps[ki * 3 + kj];
+        }
+        for ki in 0..3 {
+            let Some(iy) = (oy * d.sh + ki).checked_sub(pt).filter(|&iy| iy < d.h) else {
+                continue;
+            };
+            let x_row = &x[(s * d.h + iy) * d.w * c..][..d.w * c];
+            let mut row_taps: [[f32; L]; 3] = std::array::from_fn(|kj| taps[ki * 3 + kj]);
+            for (kj, px) in ranges.iter().enumerate() {
+                let t = &mut row_taps[kj];
+                edge_tap(
+                    t,
+                    (x_row, dy_row),
+                    (kj, sw, pl, c, c0),
+                    px.start..inner_lo.min(px.end),
+                );
+            }
+            // The three taps together where all are in the image, walking the rows by
+            // iterators (no index to check per pixel): three independent sums, so the loop
+            // is not bound by one chain of additions.
+            let n = inner_hi - inner_lo;
+            if n > 0 {
+                let first = inner_lo * sw - pl;
+                let pixels = dy_row[inner_lo * c..inner_hi * c].chunks_exact(c).zip(
+                    x_row[first * c..]
+                        .chunks(sw * c)
+                        .zip(x_row[(first + 1) * c..].chunks(sw * c))
+                        .zip(x_row[(first + 2) * c..].chunks(sw * c)),
+                );
+                let [t0, t1, t2] = &mut row_taps;
+                for (g, ((x0, x1), x2)) in pixels {
+                    let (g, x0, x1, x2) = (
+                        &g[c0..c0 + L],
+                        &x0[c0..c0 + L],
+                        &x1[c0..c0 + L],
+                        &x2[c0..c0 + L],
+                    );
                     for q in 0..L {
-                        t[q] += xv[q] * g[q];
+                        t0[q] += x0[q] * g[q];
+                        t1[q] += x1[q] * g[q];
+                        t2[q] += x2[q] * g[q];
                     }
                 }
             }
+            for (kj, px) in ranges.iter().enumerate() {
+                let t = &mut row_taps[kj];
+                edge_tap(
+                    t,
+                    (x_row, dy_row),
+                    (kj, sw, pl, c, c0),
+                    inner_hi.max(px.start)..px.end,
+                );
+            }
+            taps[ki * 3..ki * 3 + 3].copy_from_slice(&row_taps);
         }
     }
     for (tap, t) in taps.iter().enumerate() {
@@ -1175,6 +1232,26 @@ fn depthwise_part_3x3_body<const L: usize>(
     if acc.len() > 9 * c {
         for (a, v) in acc[9 * c + c0..9 * c + c0 + L].iter_mut().zip(&bias) {
             *a += v;
+        }
+    }
+}
+
+/// One tap `kj` of [`depthwise_part_3x3_body`]'s kernel row over the output pixels `px`, each
+/// at its own index (the image's edges): `t += x_row[ox·sw + kj − pl] · dy_row[ox]` over the
+/// `L` channels from `c0`. A function, not a closure, so that it is inlined into the wide
+/// build (a closure called there is compiled for the baseline CPU).
+#[inline(always)]
+fn edge_tap<const L: usize>(
+    t: &mut [f32; L],
+    (x_row, dy_row): (&[f32], &[f32]),
+    (kj, sw, pl, c, c0): (usize, usize, usize, usize, usize),
+    px: std::ops::Range<usize>,
+) {
+    for ox in px {
+        let xv = &x_row[(ox * sw + kj - pl) * c + c0..][..L];
+        let g = &dy_row[ox * c + c0..][..L];
+        for q in 0..L {
+            t[q] += xv[q] * g[q];
         }
     }
 }
@@ -1588,6 +1665,39 @@ mod tests {
                 "{d:?}: the sums are all zero"
             );
             assert_eq!(eight, sums(16), "{d:?}");
+        }
+    }
+
+    /// The 3×3 registers path (taps by kernel row, edges apart) adds each sum in the order
+    /// of the pixel-by-pixel loop, so the two give the same bits, for strides 1 and 2.
+    #[test]
+    fn depthwise_3x3_sums_are_the_pixel_by_pixel_sums() {
+        for (stride, padding) in [(1, Padding::Same), (2, Padding::Same), (2, Padding::Valid)] {
+            let c = 16;
+            let d = DepthwiseConv2dDims {
+                n: 2,
+                h: 7,
+                w: 9,
+                c,
+                multiplier: 1,
+                kh: 3,
+                kw: 3,
+                sh: stride,
+                sw: stride,
+                padding,
+            };
+            let value = |i: usize| ((i * 2_654_435_761) % 1000) as f32 / 997.0 - 0.5;
+            let x: Vec<f32> = (0..d.x_len()).map(value).collect();
+            let dy: Vec<f32> = (0..d.y_len()).map(|i| value(i + 3)).collect();
+            let rows = 0..d.n * d.out_h();
+            let mut by_pixel = vec![0f32; 10 * c];
+            depthwise_part_sums_by_pixel(&d, &x, &dy, rows.clone(), &mut by_pixel);
+            let mut by_rows = vec![0f32; 10 * c];
+            for c0 in (0..c).step_by(8) {
+                depthwise_part_3x3_body::<8>(&d, &x, &dy, rows.clone(), c0, &mut by_rows);
+            }
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&by_rows), bits(&by_pixel), "{d:?}");
         }
     }
 }

@@ -10,8 +10,7 @@
 //!
 //! Nothing here is in-place capable: outputs and inputs have different shapes.
 
-use crate::elementwise::{need, rows, rows2};
-use crate::gemm::load_f32;
+use crate::elementwise::{need, rows, rows2, wide_loop};
 use crate::{check_len, Element, KResult, KernelError};
 
 /// Channels handled per pass with an f32 accumulator array on the stack (no heap scratch).
@@ -202,57 +201,81 @@ pub fn max_pool2d_forward<T: Element>(
         row.saturating_mul(d.window_len()),
         |r, yr, ar| {
             let (b, oh) = (r / d.out_h, r % d.out_h);
-            let (hs, ilo, ihi) = d.win_h(oh);
             let img = &x[b * d.h * d.w * c..(b + 1) * d.h * d.w * c];
-            for ow in 0..d.out_w {
-                let (ws, jlo, jhi) = d.win_w(ow);
-                let tap = |i: usize, j: usize| {
-                    ((i as isize - hs) as usize * d.kw + (j as isize - ws) as usize) as u32
-                };
-                for c0 in (0..c).step_by(CH_BLOCK) {
-                    let cb = CH_BLOCK.min(c - c0);
-                    // The running max and its tap in f32 and u32 lanes of one width, with
-                    // selects instead of branches: which element wins is data, and a branch
-                    // on it is mispredicted about every other time.
-                    let (mut best, mut at) = ([0f32; CH_BLOCK], [0u32; CH_BLOCK]);
-                    // Seed with the first valid position (every window has one, see
-                    // tf_out_and_pad).
-                    let first = (ilo * d.w + jlo) * c + c0;
-                    load_f32(&img[first..first + cb], &mut best[..cb]);
-                    at[..cb].fill(tap(ilo, jlo));
-                    let mut xs = [0f32; CH_BLOCK];
-                    for i in ilo..ihi {
-                        for j in jlo..jhi {
-                            if i == ilo && j == jlo {
-                                continue;
-                            }
-                            let (idx, p) = (tap(i, j), (i * d.w + j) * c + c0);
-                            load_f32(&img[p..p + cb], &mut xs[..cb]);
-                            let lanes = best[..cb].iter_mut().zip(&mut at[..cb]);
-                            for ((cur, a), &v) in lanes.zip(&xs[..cb]) {
-                                let take = (v > *cur) | (v.is_nan() & !cur.is_nan());
-                                // All ones where `v` wins: blends by mask, which the compiler
-                                // keeps branch-free (and vectorises).
-                                let m = (take as u32).wrapping_neg();
-                                *cur = f32::from_bits((v.to_bits() & m) | (cur.to_bits() & !m));
-                                *a = (idx & m) | (*a & !m);
-                            }
-                        }
-                    }
-                    let o = ow * c + c0;
-                    for ((y, a), (&v, &t)) in yr[o..o + cb]
-                        .iter_mut()
-                        .zip(&mut ar[o..o + cb])
-                        .zip(best[..cb].iter().zip(&at[..cb]))
-                    {
-                        *y = T::from_f32(v);
-                        *a = t as u8;
-                    }
-                }
-            }
+            max_pool_row(d, img, oh, yr, ar);
         },
     );
     Ok(())
+}
+
+wide_loop! {
+    /// One output row `oh` of [`max_pool2d_forward`] from its image `img`, 8 channels at a
+    /// time (then one at a time for a remainder). Compiled wide (AVX-512 or AVX2 where the CPU
+    /// has them); a compare and a select per lane either way, so the bits do not depend on the
+    /// CPU.
+    fn max_pool_row<T: Element>(d: &Pool2d, img: &[T], oh: usize, yr: &mut [T], ar: &mut [u8])
+    wide if true, {
+        let c = d.c;
+        let whole = c - c % POOL_LANES;
+        for ow in 0..d.out_w {
+            let o = ow * c;
+            for c0 in (0..whole).step_by(POOL_LANES) {
+                window_max::<T, POOL_LANES>(d, img, (oh, ow), c0, &mut yr[o + c0..], &mut ar[o + c0..]);
+            }
+            for c0 in whole..c {
+                window_max::<T, 1>(d, img, (oh, ow), c0, &mut yr[o + c0..], &mut ar[o + c0..]);
+            }
+        }
+    }
+}
+
+/// Channels [`max_pool_row`] takes at once: one AVX2 register of f32 (and of the u32 taps).
+const POOL_LANES: usize = 8;
+
+/// The maximum of output pixel `(oh, ow)`'s window over the `L` channels from `c0`, into
+/// `y[..L]`, and its tap into `argmax[..L]`. The running maximum and its tap stay in f32 and
+/// u32 lanes of one width, in registers, with selects instead of branches: which element wins
+/// is data, and a branch on it is mispredicted about every other time. (Kept in a fixed-size
+/// local, not a slice of a stack array: on a slice the compiler turns the select into a masked
+/// store, which AMD's cores run several times slower.)
+#[inline(always)]
+fn window_max<T: Element, const L: usize>(
+    d: &Pool2d,
+    img: &[T],
+    (oh, ow): (usize, usize),
+    c0: usize,
+    y: &mut [T],
+    argmax: &mut [u8],
+) {
+    let c = d.c;
+    let ((hs, ilo, ihi), (ws, jlo, jhi)) = (d.win_h(oh), d.win_w(ow));
+    let tap = |i: usize, j: usize| {
+        ((i as isize - hs) as usize * d.kw + (j as isize - ws) as usize) as u32
+    };
+    // Seed with the first valid position (every window has one, see tf_out_and_pad).
+    let first = &img[(ilo * d.w + jlo) * c + c0..][..L];
+    let mut best: [f32; L] = std::array::from_fn(|q| first[q].to_f32());
+    // The tap as an f32 (exact: at most 255), so that both selects are of f32 lanes under
+    // one mask; with a u32 tap the compiler leaves the vector unit for every lane.
+    let mut at = [tap(ilo, jlo) as f32; L];
+    for i in ilo..ihi {
+        for j in jlo..jhi {
+            if i == ilo && j == jlo {
+                continue;
+            }
+            let (idx, xs) = (tap(i, j) as f32, &img[(i * d.w + j) * c + c0..][..L]);
+            for q in 0..L {
+                let (v, cur) = (xs[q].to_f32(), best[q]);
+                let take = (v > cur) | (v.is_nan() & !cur.is_nan());
+                best[q] = if take { v } else { cur };
+                at[q] = if take { idx } else { at[q] };
+            }
+        }
+    }
+    for q in 0..L {
+        y[q] = T::from_f32(best[q]);
+        argmax[q] = at[q] as u8;
+    }
 }
 
 /// Max pooling backward: `dx` (overwritten, fully) gets each `dy` at the argmax position its
@@ -265,19 +288,56 @@ pub fn max_pool2d_backward<T: Element>(
 ) -> KResult {
     check_io("max_pool2d_backward", d, dx.len(), dy.len(), "dx", "dy")?;
     check_len("max_pool2d_backward: argmax", argmax.len(), d.out_len())?;
-    pool_backward(d, dx, |oh, ow, ih, iw, o, acc| {
-        let ki = ih + d.pad_top - oh * d.sh;
-        let kj = iw + d.pad_left - ow * d.sw;
-        let want = (ki * d.kw + kj) as u8;
-        let (am, g) = (&argmax[o..o + acc.len()], &dy[o..o + acc.len()]);
-        for ((a, &t), gv) in acc.iter_mut().zip(am).zip(g) {
-            // A blend by mask, not a branch (see the forward); −0 adds nothing to any sum,
-            // +0 included.
-            let m = ((t == want) as u32).wrapping_neg();
-            *a += f32::from_bits((gv.to_f32().to_bits() & m) | ((-0.0f32).to_bits() & !m));
-        }
+    let (row, cover) = (d.w * d.c, d.kh.div_ceil(d.sh) * d.kw.div_ceil(d.sw));
+    let len = d.in_len();
+    rows(&mut dx[..len], row, row.saturating_mul(cover), |r, dxr| {
+        max_pool_backward_row(d, argmax, dy, r, dxr)
     });
     Ok(())
+}
+
+wide_loop! {
+    /// One input row `r` (sample and row) of [`max_pool2d_backward`]: each `dx` element sums,
+    /// in f32, the `dy` of the covering windows whose argmax is its position (a blend by mask,
+    /// not a branch, as in the forward; −0 adds nothing to any sum, +0 included). Compiled
+    /// wide, as [`max_pool_row`].
+    fn max_pool_backward_row<T: Element>(
+        d: &Pool2d,
+        argmax: &[u8],
+        dy: &[T],
+        r: usize,
+        dxr: &mut [T]
+    ) wide if true, {
+        let c = d.c;
+        let (b, ih) = (r / d.h, r % d.h);
+        let (oh_lo, oh_hi) = d.covering_h(ih);
+        let out_img = b * d.out_h * d.out_w * c;
+        for iw in 0..d.w {
+            let (ow_lo, ow_hi) = d.covering_w(iw);
+            for c0 in (0..c).step_by(CH_BLOCK) {
+                let cb = CH_BLOCK.min(c - c0);
+                let mut acc = [0f32; CH_BLOCK];
+                for oh in oh_lo..oh_hi {
+                    for ow in ow_lo..ow_hi {
+                        let o = out_img + (oh * d.out_w + ow) * c + c0;
+                        let ki = ih + d.pad_top - oh * d.sh;
+                        let kj = iw + d.pad_left - ow * d.sw;
+                        let want = (ki * d.kw + kj) as u8;
+                        let (am, g) = (&argmax[o..o + cb], &dy[o..o + cb]);
+                        for ((a, &t), gv) in acc[..cb].iter_mut().zip(am).zip(g) {
+                            let m = ((t == want) as u32).wrapping_neg();
+                            *a += f32::from_bits(
+                                (gv.to_f32().to_bits() & m) | ((-0.0f32).to_bits() & !m),
+                            );
+                        }
+                    }
+                }
+                for (o, a) in dxr[iw * c + c0..iw * c + c0 + cb].iter_mut().zip(&acc) {
+                    *o = T::from_f32(*a);
+                }
+            }
+        }
+    }
 }
 
 /// The scatter both pooling backwards share: each `dx[b, ih, iw, c]` (overwritten) is the sum,

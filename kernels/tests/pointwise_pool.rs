@@ -300,3 +300,42 @@ fn inconsistent_or_absurd_dims_are_errors_not_panics() {
     let big = Pool2d::new(usize::MAX / 2, 4, 4, 3, (2, 2), (2, 2), Padding::Valid).unwrap();
     assert!(avg_pool2d_forward(&big, &x, &mut y).is_err());
 }
+
+/// Max pooling takes 8 channels at a time in vector lanes and the rest one by one: every
+/// channel of a 19-channel tensor full of ties and NaNs pools, forward and backward, to the
+/// same bits as that channel on its own (the one-lane path).
+#[test]
+fn max_pool_lanes_pool_each_channel_as_it_pools_alone() {
+    let mut rng = Rng::new(21);
+    let (n, h, w, c) = (2, 7, 6, 19);
+    // Few distinct values, so windows tie often; about one element in 16 a NaN.
+    let x: Vec<f32> = (0..n * h * w * c)
+        .map(|_| match rng.next_u64() % 16 {
+            0 => f32::NAN,
+            k => (k % 4) as f32 - 1.5,
+        })
+        .collect();
+    for padding in [Padding::Same, Padding::Valid] {
+        let d = Pool2d::new(n, h, w, c, (3, 3), (2, 2), padding).unwrap();
+        let (mut y, mut am) = (vec![0f32; d.out_len()], vec![0u8; d.out_len()]);
+        max_pool2d_forward(&d, &x, &mut y, &mut am).unwrap();
+        let dy = rng.vec(d.out_len(), -1.0, 1.0);
+        let mut dx = vec![0f32; d.in_len()];
+        max_pool2d_backward(&d, &am, &dy, &mut dx).unwrap();
+        let one = Pool2d::new(n, h, w, 1, (3, 3), (2, 2), padding).unwrap();
+        for ch in 0..c {
+            let pick = |v: &[f32]| v.iter().skip(ch).step_by(c).copied().collect::<Vec<f32>>();
+            let (x1, dy1) = (pick(&x), pick(&dy));
+            let (mut y1, mut am1) = (vec![0f32; one.out_len()], vec![0u8; one.out_len()]);
+            max_pool2d_forward(&one, &x1, &mut y1, &mut am1).unwrap();
+            let mut dx1 = vec![0f32; one.in_len()];
+            max_pool2d_backward(&one, &am1, &dy1, &mut dx1).unwrap();
+            let at = format!("channel {ch}, {padding:?}");
+            assert_eq!(bits(&pick(&y)), bits(&y1), "y, {at}");
+            let am_ch: Vec<u8> = am.iter().skip(ch).step_by(c).copied().collect();
+            assert_eq!(am_ch, am1, "argmax, {at}");
+            assert_eq!(bits(&pick(&dx)), bits(&dx1), "dx, {at}");
+        }
+        assert!(y.iter().any(|v| v.is_nan()), "the data has NaN windows");
+    }
+}
