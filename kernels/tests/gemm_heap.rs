@@ -114,12 +114,28 @@ fn row(case: &str, model: usize, measured: usize) {
     eprintln!("{case:<64} model {model:>9} B  measured {measured:>9} B");
 }
 
-/// Asserts the measured peak equals the model, on the global pool.
-fn exact(case: &str, model: impl FnOnce() -> usize + Send, call: impl FnMut() + Send) -> usize {
-    let (model, measured) = pool_global(model, call);
-    row(case, model, measured);
-    assert_eq!(measured, model, "{case}: measured ≠ model");
-    model
+/// Asserts the measured peak equals the model, on the global pool. A call whose GEMM runs on
+/// both threads (the gemm crate's blocks, a deep product's parts) holds both threads' buffers
+/// at once only when the second thread takes its share before the first is done, which a busy
+/// machine may delay: so each measurement must stay within the model and repeated measurement
+/// (up to two seconds) must reach it.
+fn exact(
+    case: &str,
+    model: impl Fn() -> usize + Send + Sync,
+    mut call: impl FnMut() + Send,
+) -> usize {
+    let (mut best, start) = (0, std::time::Instant::now());
+    let model_value = loop {
+        let (m, measured) = pool_global(&model, &mut call);
+        assert!(measured <= m, "{case}: measured {measured} > model {m}");
+        best = best.max(measured);
+        if best == m || start.elapsed().as_secs() >= 2 {
+            break m;
+        }
+    };
+    row(case, model_value, best);
+    assert_eq!(best, model_value, "{case}: measured ≠ model");
+    model_value
 }
 
 /// [`on_pool`] for rayon's global pool (`rayon::scope` runs its body on one of its workers).
