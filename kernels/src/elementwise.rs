@@ -168,14 +168,16 @@ impl<F: Fn(f32, f32) -> f32 + Sync> Binary for F {
 /// compiled with `fma`, which every AVX-512 CPU and every AVX2 CPU sold has) and `false` in
 /// the baseline one, for element functions that take their polynomials in fused
 /// multiply-adds there ([`Unary::apply`]); their bits then depend on the CPU, by an ulp.
+/// `avx512 if $expr` (after `wide if`) leaves the AVX-512 copy out where the expression is
+/// false: such a CPU then runs the AVX2 one.
 macro_rules! wide_loop {
     ($(#[$m:meta])* fn $name:ident<$($g:ident: $b:path),*>($($a:ident: $t:ty),*)
-     wide if $wide:expr, $(fused $fma:ident,)? $body:block) => {
+     wide if $wide:expr, $(avx512 if $w512:expr,)? $(fused $fma:ident,)? $body:block) => {
         $(#[$m])*
         #[inline(always)]
         fn $name<$($g: $b),*>($($a: $t),*) {
             #[cfg(target_arch = "x86_64")]
-            if $wide && std::is_x86_feature_detected!("avx512f") {
+            if $wide $(&& $w512)? && std::is_x86_feature_detected!("avx512f") {
                 #[target_feature(enable = "avx512f,fma")]
                 unsafe fn avx512<$($g: $b),*>($($a: $t),*) {
                     $(const $fma: bool = true;)?
