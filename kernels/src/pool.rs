@@ -288,19 +288,13 @@ pub fn max_pool2d_backward<T: Element>(
 ) -> KResult {
     check_io("max_pool2d_backward", d, dx.len(), dy.len(), "dx", "dy")?;
     check_len("max_pool2d_backward: argmax", argmax.len(), d.out_len())?;
-    let (row, cover) = (d.w * d.c, d.kh.div_ceil(d.sh) * d.kw.div_ceil(d.sw));
-    let len = d.in_len();
-    rows(&mut dx[..len], row, row.saturating_mul(cover), |r, dxr| {
-        max_pool_backward_row(d, argmax, dy, r, dxr)
-    });
+    pool_backward(d, dx, |r, dxr| max_pool_backward_row(d, argmax, dy, r, dxr));
     Ok(())
 }
 
 wide_loop! {
-    /// One input row `r` (sample and row) of [`max_pool2d_backward`]: each `dx` element sums,
-    /// in f32, the `dy` of the covering windows whose argmax is its position (a blend by mask,
-    /// not a branch, as in the forward; −0 adds nothing to any sum, +0 included). Compiled
-    /// wide, as [`max_pool_row`].
+    /// One input row `r` (sample and row) of [`max_pool2d_backward`], compiled wide, as
+    /// [`max_pool_row`].
     fn max_pool_backward_row<T: Element>(
         d: &Pool2d,
         argmax: &[u8],
@@ -308,74 +302,97 @@ wide_loop! {
         r: usize,
         dxr: &mut [T]
     ) wide if true, {
-        let c = d.c;
-        let (b, ih) = (r / d.h, r % d.h);
-        let (oh_lo, oh_hi) = d.covering_h(ih);
-        let out_img = b * d.out_h * d.out_w * c;
-        for iw in 0..d.w {
-            let (ow_lo, ow_hi) = d.covering_w(iw);
-            for c0 in (0..c).step_by(CH_BLOCK) {
-                let cb = CH_BLOCK.min(c - c0);
-                let mut acc = [0f32; CH_BLOCK];
-                for oh in oh_lo..oh_hi {
-                    for ow in ow_lo..ow_hi {
-                        let o = out_img + (oh * d.out_w + ow) * c + c0;
-                        let ki = ih + d.pad_top - oh * d.sh;
-                        let kj = iw + d.pad_left - ow * d.sw;
-                        let want = (ki * d.kw + kj) as u8;
-                        let (am, g) = (&argmax[o..o + cb], &dy[o..o + cb]);
-                        for ((a, &t), gv) in acc[..cb].iter_mut().zip(am).zip(g) {
-                            let m = ((t == want) as u32).wrapping_neg();
-                            *a += f32::from_bits(
-                                (gv.to_f32().to_bits() & m) | ((-0.0f32).to_bits() & !m),
-                            );
-                        }
-                    }
-                }
-                for (o, a) in dxr[iw * c + c0..iw * c + c0 + cb].iter_mut().zip(&acc) {
-                    *o = T::from_f32(*a);
-                }
-            }
+        pool_backward_row(d, r, dxr, &MaxGrad { d, argmax, dy })
+    }
+}
+
+/// What one output window `(oh, ow)` covering input pixel `(ih, iw)` adds to its gradient:
+/// into `acc`, the f32 sums of up to [`CH_BLOCK`] channels whose offset in the output (`dy`,
+/// `argmax`) is `o`. A trait with an always-inlined method, not a closure, so that it is
+/// compiled into a wide row (a closure called there may stay a baseline function).
+trait WindowGrad {
+    fn add(&self, window: (usize, usize), pixel: (usize, usize), o: usize, acc: &mut [f32]);
+}
+
+/// Max pooling's: `dy` where the window's argmax is the pixel's position (a blend by mask,
+/// not a branch, as in the forward; −0 adds nothing to any sum, +0 included).
+struct MaxGrad<'a, T> {
+    d: &'a Pool2d,
+    argmax: &'a [u8],
+    dy: &'a [T],
+}
+
+impl<T: Element> WindowGrad for MaxGrad<'_, T> {
+    #[inline(always)]
+    fn add(&self, (oh, ow): (usize, usize), (ih, iw): (usize, usize), o: usize, acc: &mut [f32]) {
+        let d = self.d;
+        let ki = ih + d.pad_top - oh * d.sh;
+        let kj = iw + d.pad_left - ow * d.sw;
+        let want = (ki * d.kw + kj) as u8;
+        let (am, g) = (&self.argmax[o..o + acc.len()], &self.dy[o..o + acc.len()]);
+        for ((a, &t), gv) in acc.iter_mut().zip(am).zip(g) {
+            let m = ((t == want) as u32).wrapping_neg();
+            *a += f32::from_bits((gv.to_f32().to_bits() & m) | ((-0.0f32).to_bits() & !m));
         }
     }
 }
 
-/// The scatter both pooling backwards share: each `dx[b, ih, iw, c]` (overwritten) is the sum,
-/// over the output windows `(oh, ow)` covering input pixel `(ih, iw)`, of what
-/// `add(oh, ow, ih, iw, o, acc)` adds into `acc` — the f32 sums of up to [`CH_BLOCK`] channels
-/// from `c0`, `o` their offset in the output (`dy`, `argmax`).
+/// Average pooling's: `dy` over the window's count of valid elements.
+struct AvgGrad<'a, T> {
+    d: &'a Pool2d,
+    dy: &'a [T],
+}
+
+impl<T: Element> WindowGrad for AvgGrad<'_, T> {
+    #[inline(always)]
+    fn add(&self, (oh, ow): (usize, usize), _: (usize, usize), o: usize, acc: &mut [f32]) {
+        let (_, ilo, ihi) = self.d.win_h(oh);
+        let (_, jlo, jhi) = self.d.win_w(ow);
+        let inv = 1.0 / ((ihi - ilo) * (jhi - jlo)) as f32;
+        let cb = acc.len();
+        for (a, g) in acc.iter_mut().zip(&self.dy[o..o + cb]) {
+            *a += g.to_f32() * inv;
+        }
+    }
+}
+
+/// The scatter both pooling backwards share: `row(r, dx_row)` writes each input row of `dx`
+/// (overwritten, fully), in parallel.
 fn pool_backward<T: Element>(
     d: &Pool2d,
     dx: &mut [T],
-    add: impl Fn(usize, usize, usize, usize, usize, &mut [f32]) + Sync + Send,
+    row: impl Fn(usize, &mut [T]) + Sync + Send,
 ) {
-    let (c, row) = (d.c, d.w * d.c);
+    let row_len = d.w * d.c;
     let cover = d.kh.div_ceil(d.sh).saturating_mul(d.kw.div_ceil(d.sw));
     let len = d.in_len();
-    rows(&mut dx[..len], row, row.saturating_mul(cover), |r, dxr| {
-        let (b, ih) = (r / d.h, r % d.h);
-        let (oh_lo, oh_hi) = d.covering_h(ih);
-        let out_img = b * d.out_h * d.out_w * c;
-        for iw in 0..d.w {
-            let (ow_lo, ow_hi) = d.covering_w(iw);
-            for c0 in (0..c).step_by(CH_BLOCK) {
-                let cb = CH_BLOCK.min(c - c0);
-                let mut acc = [0f32; CH_BLOCK];
-                for oh in oh_lo..oh_hi {
-                    for ow in ow_lo..ow_hi {
-                        let o = out_img + (oh * d.out_w + ow) * c + c0;
-                        add(oh, ow, ih, iw, o, &mut acc[..cb]);
-                    }
-                }
-                for (o, a) in dxr[iw * c + c0..iw * c + c0 + cb]
-                    .iter_mut()
-                    .zip(acc.iter())
-                {
-                    *o = T::from_f32(*a);
+    rows(&mut dx[..len], row_len, row_len.saturating_mul(cover), row);
+}
+
+/// One input row `r` (sample and row) of a pooling backward: each `dx[b, ih, iw, c]` is the
+/// f32 sum, over the output windows covering input pixel `(ih, iw)`, of what `grad` adds.
+#[inline(always)]
+fn pool_backward_row<T: Element>(d: &Pool2d, r: usize, dxr: &mut [T], grad: &impl WindowGrad) {
+    let c = d.c;
+    let (b, ih) = (r / d.h, r % d.h);
+    let (oh_lo, oh_hi) = d.covering_h(ih);
+    let out_img = b * d.out_h * d.out_w * c;
+    for iw in 0..d.w {
+        let (ow_lo, ow_hi) = d.covering_w(iw);
+        for c0 in (0..c).step_by(CH_BLOCK) {
+            let cb = CH_BLOCK.min(c - c0);
+            let mut acc = [0f32; CH_BLOCK];
+            for oh in oh_lo..oh_hi {
+                for ow in ow_lo..ow_hi {
+                    let o = out_img + (oh * d.out_w + ow) * c + c0;
+                    grad.add((oh, ow), (ih, iw), o, &mut acc[..cb]);
                 }
             }
+            for (o, a) in dxr[iw * c + c0..iw * c + c0 + cb].iter_mut().zip(&acc) {
+                *o = T::from_f32(*a);
+            }
         }
-    });
+    }
 }
 
 /// Average pooling forward. With `Same` padding each window averages only its valid (non-pad)
@@ -415,14 +432,8 @@ pub fn avg_pool2d_forward<T: Element>(d: &Pool2d, x: &[T], y: &mut [T]) -> KResu
 /// where `count` is that window's number of valid elements. Reads only `dy`.
 pub fn avg_pool2d_backward<T: Element>(d: &Pool2d, dy: &[T], dx: &mut [T]) -> KResult {
     check_io("avg_pool2d_backward", d, dx.len(), dy.len(), "dx", "dy")?;
-    pool_backward(d, dx, |oh, ow, _, _, o, acc| {
-        let (_, ilo, ihi) = d.win_h(oh);
-        let (_, jlo, jhi) = d.win_w(ow);
-        let inv = 1.0 / ((ihi - ilo) * (jhi - jlo)) as f32;
-        let cb = acc.len();
-        for (a, g) in acc.iter_mut().zip(&dy[o..o + cb]) {
-            *a += g.to_f32() * inv;
-        }
+    pool_backward(d, dx, |r, dxr| {
+        pool_backward_row(d, r, dxr, &AvgGrad { d, dy })
     });
     Ok(())
 }
