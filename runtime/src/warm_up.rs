@@ -3,6 +3,10 @@
 //! cache slabs, and the pages of the kernels' code, which the kernel maps into memory the
 //! first time each kernel runs.
 //!
+//! When the warm-up runs on the process's main thread, that thread also becomes one of the
+//! pool's workers ([`main_thread_joins_pool`]), so that the kernels a step runs from it share
+//! the cores with one other thread and not with two.
+//!
 //! None of these belongs to a model: a second model in the same process pays none of them.
 //! Left to the first model, they showed as 1.3–3.3 MiB of resident growth its plan cannot
 //! know (+16 % to +60 % on a small model). So [`warm_up`] pays them once, by training one
@@ -29,6 +33,9 @@ pub struct WarmUp {
     /// 0 where /proc cannot be read.
     pub resident_bytes: u64,
     pub seconds: f64,
+    /// Whether the thread that warmed up (the process's main thread) became one of rayon's
+    /// workers ([`main_thread_joins_pool`]).
+    pub main_thread_in_pool: bool,
 }
 
 static WARM: OnceLock<WarmUp> = OnceLock::new();
@@ -43,13 +50,57 @@ pub fn warm_up(_device: &Device) -> WarmUp {
         }
         let t0 = Instant::now();
         let before = rss().map_or(0, |r| r.current);
+        let main_thread_in_pool = main_thread_joins_pool();
         warm_cpu();
         let after = rss().map_or(0, |r| r.current);
         WarmUp {
             resident_bytes: after.saturating_sub(before),
             seconds: t0.elapsed().as_secs_f64(),
+            main_thread_in_pool,
         }
     })
+}
+
+/// Builds rayon's global pool with the calling thread as its worker 0
+/// (`ThreadPoolBuilder::use_current_thread`), when that thread is the process's main thread
+/// and nothing has built the pool yet; returns whether it did. The pool keeps its size (the
+/// cores, or `RAYON_NUM_THREADS`): the main thread counts as one of them.
+///
+/// Why: a step runs its kernels one after another from the thread that trains. From outside
+/// the pool, each parallel kernel handed its work to the pool's workers and blocked, so on two
+/// cores three threads took turns; and after the pool had been idle for a millisecond or so
+/// (a kernel too small to split, run by the caller alone) the scheduler often woke both
+/// workers onto one core, and the next GEMMs ran at one core's speed (a 2048×128·128×512 f32
+/// GEMM after a 5 ms idle gap: 1.3–1.5 ms from outside the pool, 0.9–1.1 ms from inside it,
+/// 0.9 ms with no gap). As a worker, the main thread runs its share of each kernel itself and
+/// wakes one other thread, which the scheduler puts on the idle core. Measured by
+/// `--roofline --steps 40`, two runs each: the GPT's step 38.5 → 35.2 ms, the convnet's
+/// 26.4 → 22.9 ms, the MLP's 1.76 → 1.49 ms (docs/BENCHMARKS.md, 2026-12-07, Intel).
+///
+/// Only the main thread: it lives as long as the process, so the pool never waits on a
+/// worker that has gone. Any other thread (a test's, a user's) leaves the pool as rayon
+/// builds it; and a pool of one is left alone ([`pool_threads`]). The cost: a job another
+/// thread hands the pool while the main thread is busy outside rayon waits for the other
+/// workers only; memwise hands none (its CPU kernels run on the thread that steps).
+fn main_thread_joins_pool() -> bool {
+    std::thread::current().name() == Some("main")
+        && pool_threads() >= 2
+        && rayon::ThreadPoolBuilder::new()
+            .use_current_thread()
+            .build_global()
+            .is_ok()
+}
+
+/// The threads rayon's global pool gets when built with its defaults: `RAYON_NUM_THREADS`
+/// when set above 0, else the cores this process may use. A pool of one with the main thread
+/// as its only worker would never run a job another thread hands it while the main thread
+/// waits outside rayon (a thread it joins), so [`main_thread_joins_pool`] needs two.
+fn pool_threads() -> usize {
+    std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// The warning the first model of a process prints when memwise's kernels were compiled
