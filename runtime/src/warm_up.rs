@@ -81,7 +81,9 @@ pub fn warm_up(_device: &Device) -> WarmUp {
 /// worker that has gone. Any other thread (a test's, a user's) leaves the pool as rayon
 /// builds it; and a pool of one is left alone ([`pool_threads`]). The cost: a job another
 /// thread hands the pool while the main thread is busy outside rayon waits for the other
-/// workers only; memwise hands none (its CPU kernels run on the thread that steps).
+/// workers only. Training hands none (its CPU kernels run on the thread that steps); the
+/// replicas of `collective::Threads` (tests, emulated GPUs), each a thread of its own, would
+/// share the other workers if the main thread spawned them.
 fn main_thread_joins_pool() -> bool {
     std::thread::current().name() == Some("main")
         && pool_threads() >= 2
