@@ -450,6 +450,9 @@ pub trait Model: Sized {
     const BUDGET: Option<u64> = None;
     /// What `checkpoint = auto` chose and what it costs (`None` without it).
     const AUTO_CHECKPOINT_CHOICE: Option<&'static str> = None;
+    /// A model split into pipeline stages (`#[stage(k)]`, `stages = N`): every stage's plan,
+    /// stage 0 first; empty for a model that runs whole on each device.
+    const STAGES: &'static [StaticPlan] = &[];
     /// The Keras-like summary table (compact; [`summary::Summary::of`] has the wide one).
     fn summary() -> String {
         summary::Summary::of::<Self>().to_string()

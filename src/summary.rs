@@ -195,6 +195,8 @@ pub struct Summary<'a> {
     auto_checkpoint: Option<&'a str>,
     measured_peak: Option<u64>,
     outside_plan: u64,
+    /// A model split into pipeline stages: every stage's plan.
+    stages: &'a [StaticPlan],
 }
 
 impl<'a> Summary<'a> {
@@ -206,6 +208,7 @@ impl<'a> Summary<'a> {
             auto_checkpoint: None,
             measured_peak: None,
             outside_plan: 0,
+            stages: &[],
         }
     }
 
@@ -219,7 +222,15 @@ impl<'a> Summary<'a> {
             auto_checkpoint: M::AUTO_CHECKPOINT_CHOICE,
             measured_peak: None,
             outside_plan: 0,
+            stages: M::STAGES,
         }
+    }
+
+    /// The plans of the pipeline stages the model is split into (each stage's memory is
+    /// shown after the one-device totals, against the budget).
+    pub fn stages(mut self, stages: &'a [StaticPlan]) -> Self {
+        self.stages = stages;
+        self
     }
 
     /// Every column: dtype, recomputed bytes, in-place, forward FLOPs, per-layer persistent
@@ -407,6 +418,51 @@ impl<'a> Summary<'a> {
         Totals(self).to_string()
     }
 
+    /// A split model's stages: each one's layers and memory, against the budget.
+    fn write_stages(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.stages.is_empty() {
+            return Ok(());
+        }
+        let pp = crate::plan::stage::PipelinePlan::of_stages(self.stages.to_vec());
+        let (largest, _) = pp.largest_stage();
+        writeln!(
+            f,
+            "Split into {} pipeline stages, each on its own device: {} micro-batches of {} \
+             samples, `{}` schedule, {:.1} % of the stages' time idle (the bubble):",
+            self.stages.len(),
+            pp.pipeline.micro_batches,
+            self.stages[0].batch,
+            pp.pipeline.schedule.name(),
+            100.0 * pp.bubble_fraction()
+        )?;
+        for (s, plan) in self.stages.iter().enumerate() {
+            let rows = &plan.memory.layers;
+            let span = match (rows.first(), rows.last()) {
+                (Some(a), Some(b)) if rows.len() > 1 => format!("{} … {}", a.name, b.name),
+                (Some(a), _) => a.name.to_string(),
+                _ => String::new(),
+            };
+            let m = &plan.memory;
+            write!(
+                f,
+                "  stage {s}  {:<28} params {:>10}  activations {:>10}  total {:>10}",
+                fit(span, 28),
+                format_bytes(m.params + m.grads + m.optimizer),
+                format_bytes(m.activations_peak + m.workspace_peak + m.inputs),
+                format_bytes(m.total)
+            )?;
+            if let Some(b) = self.budget {
+                write!(
+                    f,
+                    "  ({:.1} % of the budget)",
+                    100.0 * m.total as f64 / b.max(1) as f64
+                )?;
+            }
+            writeln!(f, "{}", if s == largest { "  ← largest" } else { "" })?;
+        }
+        Ok(())
+    }
+
     fn write_totals(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let plan: &StaticPlan = &self.plan;
         let m = &plan.memory;
@@ -419,6 +475,9 @@ impl<'a> Summary<'a> {
             thousands(plan.params_count - plan.trainable_count.min(plan.params_count)),
         )?;
         let what = match (plan.training, plan.replicas) {
+            _ if !self.stages.is_empty() => "The whole model's training step on one device (for \
+                comparison: the budget applies to each pipeline stage, below)"
+                .to_string(),
             (false, _) => "One inference pass".to_string(),
             (true, 1) => "One training step".to_string(),
             (true, n) => format!(
@@ -442,7 +501,7 @@ impl<'a> Summary<'a> {
             writeln!(f)?;
         }
         write!(f, "  {:<20}{:>12}", "total", format_bytes(m.total))?;
-        if let Some(b) = self.budget {
+        if let (Some(b), true) = (self.budget, self.stages.is_empty()) {
             write!(
                 f,
                 "  of a {} budget ({:.1} %)",
@@ -550,7 +609,8 @@ impl fmt::Display for Summary<'_> {
             plan.optimizer.name()
         )?;
         self.write_table(f)?;
-        self.write_totals(f)
+        self.write_totals(f)?;
+        self.write_stages(f)
     }
 }
 

@@ -96,8 +96,15 @@ pub fn model_items(item: &ItemStruct, handles: &[Handle], compiled: &Compiled) -
             }
         }
     });
+    let stages = compiled.pipeline.as_ref().map(|pp| stage_consts(ident, pp));
+    let stages_ts = match &stages {
+        Some(_) => quote!(<#ident>::STAGES),
+        None => quote!(&[]),
+    };
     quote! {
         #item
+
+        #stages
 
         impl #ident {
             #[doc = #plan_doc]
@@ -142,6 +149,7 @@ pub fn model_items(item: &ItemStruct, handles: &[Handle], compiled: &Compiled) -
             const PARAMS: u64 = <#ident>::PARAMS;
             const BUDGET: ::core::option::Option<u64> = #budget_ts;
             const AUTO_CHECKPOINT_CHOICE: ::core::option::Option<&'static str> = #choice_ts;
+            const STAGES: &'static [::memwise::plan::StaticPlan] = #stages_ts;
             fn spec() -> ::memwise::plan::ModelSpec {
                 <#ident>::spec()
             }
@@ -152,6 +160,50 @@ pub fn model_items(item: &ItemStruct, handles: &[Handle], compiled: &Compiled) -
 
         #auto_const
         #max_batch_const
+    }
+}
+
+/// A split model's consts: every stage's plan and memory, the largest stage, the bubble.
+fn stage_consts(ident: &syn::Ident, pp: &memwise_plan::stage::PipelinePlan) -> TokenStream {
+    let plans = pp
+        .stages
+        .iter()
+        .map(|s| planner_rust(s.to_rust("::memwise::plan")));
+    let memories = pp
+        .stages
+        .iter()
+        .map(|s| planner_rust(s.memory.to_rust("::memwise::plan")));
+    let n = pp.stages.len();
+    let (largest, largest_bytes) = pp.largest_stage();
+    let bubble = pp.bubble_fraction();
+    let m = pp.pipeline.micro_batches;
+    let schedule = pp.pipeline.schedule.name();
+    let stages_doc = format!(
+        " Every pipeline stage's plan, stage 0 first: {n} stages, {m} micro-batches of {} \
+         samples, `{schedule}` schedule.",
+        pp.stages.first().map_or(0, |s| s.batch)
+    );
+    let memory_doc = format!(
+        " Each stage's memory of one training step; the largest is stage {largest}'s, {}.",
+        format_bytes(largest_bytes)
+    );
+    let bubble_doc = format!(
+        " The share of the stages' time the schedule leaves idle: {:.1} %.",
+        bubble * 100.0
+    );
+    quote! {
+        impl #ident {
+            #[doc = #stages_doc]
+            pub const STAGES: &'static [::memwise::plan::StaticPlan] = &[#(#plans),*];
+            #[doc = #memory_doc]
+            pub const STAGE_MEMORY: [::memwise::plan::MemoryReport; #n] = [#(#memories),*];
+            /// The stage whose memory is largest.
+            pub const LARGEST_STAGE: usize = #largest;
+            /// Micro-batches per step.
+            pub const MICRO_BATCHES: usize = #m;
+            #[doc = #bubble_doc]
+            pub const BUBBLE_FRACTION: f64 = #bubble;
+        }
     }
 }
 

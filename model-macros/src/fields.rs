@@ -40,6 +40,9 @@ pub struct FieldDecl {
     pub checkpoint: Option<Checkpoint>,
     /// `#[recompute_output]`: the attribute's tokens.
     pub recompute_output: Option<TokenStream>,
+    /// `#[stage(k)]`: this field and those after it, up to the next `#[stage]`, are pipeline
+    /// stage `k`; and the attribute's tokens.
+    pub stage: Option<(usize, TokenStream)>,
     pub dtype: Option<(DType, TokenStream)>,
     pub ty: Type,
 }
@@ -117,6 +120,7 @@ fn read_field(field: &mut syn::Field, in_block: bool, e: &mut Errors) -> Option<
     let mut kind: Option<(FieldKind, TokenStream, String)> = None;
     let mut checkpoint = None;
     let mut recompute_output: Option<TokenStream> = None;
+    let mut stage: Option<(usize, TokenStream)> = None;
     let mut dtype: Option<(DType, TokenStream)> = None;
     let mut foreign: Vec<&syn::Attribute> = Vec::new();
     let mut reported: Vec<String> = Vec::new();
@@ -154,6 +158,7 @@ fn read_field(field: &mut syn::Field, in_block: bool, e: &mut Errors) -> Option<
                 read_flag(attr, &args, &name, recompute_output.is_some(), e);
                 recompute_output = Some(tokens);
             }
+            "stage" => stage = read_stage(attr, &args, tokens, stage.is_some(), e),
             "fp16" | "bf16" | "f32" => {
                 if !args.is_empty() {
                     e.at(attr, format!("`#[{attr_name}]` takes no arguments"));
@@ -249,6 +254,7 @@ fn read_field(field: &mut syn::Field, in_block: bool, e: &mut Errors) -> Option<
         repeat,
         checkpoint,
         recompute_output,
+        stage,
         dtype,
         ty: field.ty.clone(),
     };
@@ -297,6 +303,9 @@ fn check_field(decl: &FieldDecl, ident: &syn::Ident, in_block: bool, e: &mut Err
         check_type(decl, attr, e);
     }
     check_recompute_output(decl, e);
+    if let (true, Some((_, t))) = (in_block, &decl.stage) {
+        e.at(t, "`#[stage]` goes on the model's fields: a block runs on one stage, the one of the field that holds it");
+    }
     if decl.is_input() {
         if in_block {
             e.at(&decl.anchor, "a block cannot declare inputs: it reads `input` (the field before it, or the field named by `from = …` on its `#[block]`)");
@@ -342,6 +351,30 @@ fn layer_list() -> String {
         .map(|l| format!("`{}`", l.name))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// `#[stage(k)]`: the stage's number.
+fn read_stage(
+    attr: &syn::Attribute,
+    args: &TokenStream,
+    tokens: TokenStream,
+    seen: bool,
+    e: &mut Errors,
+) -> Option<(usize, TokenStream)> {
+    if seen {
+        e.at(attr, "`#[stage]` is given twice on this field");
+    }
+    match eval(args, &Env::new()) {
+        Ok(Val { v: V::Int(k), .. }) if k >= 0 => Some((k as usize, tokens)),
+        _ => {
+            e.at(
+                attr,
+                "`#[stage(k)]` takes the stage's number, from 0: this field and the ones after \
+                 it, up to the next `#[stage]`, run on pipeline stage k",
+            );
+            None
+        }
+    }
 }
 
 fn read_checkpoint(args: TokenStream, tokens: TokenStream, e: &mut Errors) -> Checkpoint {

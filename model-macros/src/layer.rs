@@ -19,6 +19,7 @@ use crate::value::{
 /// Field attributes that are not layers.
 pub const MODIFIERS: &[&str] = &[
     "checkpoint",
+    "stage",
     "recompute_output",
     "fp16",
     "bf16",

@@ -209,6 +209,7 @@ fn compile_model(
         budget: args.budget.as_ref().map(|(b, _)| *b),
         auto_checkpoint: args.checkpoint_auto.is_some(),
         checkpoints: Some(&checkpoints),
+        stages: args.pipeline.stages.as_ref().map(|(s, _)| *s),
     };
     match memwise_plan::compile(&lowered.spec, &options) {
         Ok(compiled) => {
@@ -232,6 +233,9 @@ fn compile_model(
                     e.to_compile_errors()
                 }
                 CompileError::AutoCheckpointWithoutBudget => at(args.checkpoint_auto.as_ref()),
+                CompileError::AutoStagesWithoutBudget => {
+                    at(args.pipeline.stages.as_ref().map(|(_, t)| t))
+                }
                 CompileError::AutoCheckpointOverBudget { .. } => {
                     at(args.budget.as_ref().map(|(_, t)| t))
                 }
@@ -273,9 +277,18 @@ fn plan_error(
                 .loss
                 .iter()
                 .any(|t| message.contains(t.term.kind.name())));
+    let pipeline = [
+        &args.pipeline.micro_batches.as_ref().map(|m| &m.1),
+        &args.pipeline.stages.as_ref().map(|s| &s.1),
+    ];
+    let about_pipeline = pe.layer.is_none() && message.contains("micro-batch");
     match (field, &args.loss_tokens) {
         (Some(f), _) => e.at(&f.anchor, message),
         (None, Some(loss)) if about_loss => e.at(loss, message),
+        (None, _) if about_pipeline && pipeline.iter().any(|t| t.is_some()) => {
+            let tokens = pipeline.iter().find_map(|t| **t).expect("one is given");
+            e.at(tokens, message)
+        }
         _ => e.at(&st.ident, message),
     }
 }

@@ -161,6 +161,7 @@ pub fn lower(
         }
         loss.push(term);
     }
+    let pipeline = pipeline(args, fields, &l.layers, &l.owner, l.e);
     let spec = ModelSpec {
         name: name.to_string(),
         batch: args.batch,
@@ -173,6 +174,7 @@ pub fn lower(
         replicas: args.replicas,
         sharding: args.sharding,
         replica_range: args.replica_range,
+        pipeline,
     };
     Lowered {
         spec,
@@ -180,6 +182,53 @@ pub fn lower(
         handles,
         incomplete: l.incomplete,
     }
+}
+
+/// The model's pipeline: the first layer of each field marked `#[stage(k)]` begins stage k
+/// (stages numbered in field order from 0), with the attribute's micro-batches and schedule;
+/// `None` for a model declared on one device.
+fn pipeline(
+    args: &ModelArgs,
+    fields: &[FieldDecl],
+    layers: &[LayerSpec],
+    owner: &[usize],
+    e: &mut Errors,
+) -> Option<memwise_plan::stage::Pipeline> {
+    let mut boundaries = Vec::new();
+    let mut current = 0usize;
+    for (i, f) in fields.iter().enumerate() {
+        let Some((k, tokens)) = &f.stage else {
+            continue;
+        };
+        if let Some((_, stages)) = &args.pipeline.stages {
+            e.at(stages, "the split is declared twice: `stages = …` chooses it, `#[stage(k)]` on fields says it; keep one");
+            return None;
+        }
+        if *k == current {
+            continue;
+        }
+        if *k != current + 1 {
+            e.at(tokens, format!("stages are numbered in field order from 0: after stage {current}, the next `#[stage]` is `#[stage({})]`", current + 1));
+            return None;
+        }
+        current = *k;
+        let Some(first) = owner.iter().position(|&o| o == i) else {
+            continue;
+        };
+        boundaries.push(layers[first].name.as_str());
+    }
+    let declared = !boundaries.is_empty()
+        || args.pipeline.micro_batches.is_some()
+        || args.pipeline.schedule.is_some();
+    (declared || args.pipeline.stages.is_some()).then(|| {
+        memwise_plan::stage::Pipeline::new(
+            args.pipeline
+                .schedule
+                .unwrap_or(memwise_plan::pipeline::PipelineSchedule::OneFOneB),
+            args.pipeline.micro_batches.as_ref().map_or(1, |m| m.0),
+            &boundaries,
+        )
+    })
 }
 
 impl<'a> Lowerer<'a> {

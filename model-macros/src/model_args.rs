@@ -1,7 +1,9 @@
 //! The model attribute's arguments: `batch`, `optimizer`, `loss`, `metrics`, `budget`,
-//! `precision`, `checkpoint`, `replicas`, `zero`.
+//! `precision`, `checkpoint`, `replicas`, `zero`, `stages`, `micro_batches`, `schedule`.
 use memwise_plan::advice::parse_bytes;
 use memwise_plan::data_parallel::Sharding;
+use memwise_plan::pipeline::PipelineSchedule;
+use memwise_plan::Stages;
 use memwise_plan::{
     LossKind, LossTerm, Metric, ModelSpec, Optimizer, Precision, Reduction, DEFAULT_BATCH,
 };
@@ -39,9 +41,21 @@ pub struct ModelArgs {
     /// `replicas = 2..=8`: the counts the model may be launched with (`replicas` is then the
     /// smallest).
     pub replica_range: Option<[usize; 2]>,
+    pub pipeline: PipelineArgs,
 }
 
-const ARGS: [&str; 9] = [
+/// The pipeline's options.
+#[derive(Default)]
+pub struct PipelineArgs {
+    /// `stages = N` or `stages = auto`: the planner chooses the split; and the argument.
+    pub stages: Option<(Stages, TokenStream)>,
+    /// `micro_batches = M` (1 when not given); and the argument.
+    pub micro_batches: Option<(usize, TokenStream)>,
+    /// `schedule = gpipe | one_f_one_b` (1F1B when not given).
+    pub schedule: Option<PipelineSchedule>,
+}
+
+const ARGS: [&str; 12] = [
     "batch",
     "optimizer",
     "loss",
@@ -51,7 +65,11 @@ const ARGS: [&str; 9] = [
     "checkpoint",
     "replicas",
     "zero",
+    "stages",
+    "micro_batches",
+    "schedule",
 ];
+const SCHEDULES: [&str; 2] = ["gpipe", "one_f_one_b"];
 const OPTIMIZERS: [&str; 5] = ["sgd", "momentum", "rmsprop", "adam", "adamw"];
 const LOSSES: [&str; 4] = [
     "sparse_categorical_crossentropy",
@@ -93,6 +111,7 @@ pub fn parse(attr: TokenStream, e: &mut Errors) -> ModelArgs {
         replicas: defaults.replicas,
         sharding: defaults.sharding,
         replica_range: defaults.replica_range,
+        pipeline: PipelineArgs::default(),
     };
     let mut replicas_tokens: Option<TokenStream> = None;
     let mut zero_tokens: Option<TokenStream> = None;
@@ -134,6 +153,7 @@ pub fn parse(attr: TokenStream, e: &mut Errors) -> ModelArgs {
                     zero_tokens = Some(arg.tokens.clone());
                 }
             }
+            "stages" | "micro_batches" | "schedule" => pipeline_arg(&name, &arg, &env, &mut out, e),
             "precision" => {
                 if let Some(v) = e.ok(eval(&arg.value, &env)) {
                     if let Some(w) = e.ok(word(&v, "precision", &PRECISIONS)) {
@@ -224,6 +244,57 @@ pub fn parse(attr: TokenStream, e: &mut Errors) -> ModelArgs {
         e.at(&tokens, err.message);
     }
     out
+}
+
+/// The pipeline's options: `stages = N | auto`, `micro_batches = M`, `schedule = …`.
+fn pipeline_arg(name: &str, arg: &Arg, env: &Env, out: &mut ModelArgs, e: &mut Errors) {
+    match name {
+        "stages" => out.pipeline.stages = stages(arg, env, e).map(|s| (s, arg.tokens.clone())),
+        "micro_batches" => {
+            let Some(v) = e.ok(eval(&arg.value, env)) else {
+                return;
+            };
+            match v.v {
+                V::Int(n) if n > 0 => {
+                    out.pipeline.micro_batches = Some((n as usize, arg.tokens.clone()))
+                }
+                _ => e.at(
+                    &v.tokens,
+                    format!(
+                        "`micro_batches` is how many micro-batches each batch is cut into on the \
+                         pipeline: a positive integer, found {}",
+                        v.describe()
+                    ),
+                ),
+            }
+        }
+        _ => {
+            let Some(v) = e.ok(eval(&arg.value, env)) else {
+                return;
+            };
+            if let Some(w) = e.ok(word(&v, "schedule", &SCHEDULES)) {
+                out.pipeline.schedule = Some(match w {
+                    "gpipe" => PipelineSchedule::GPipe,
+                    _ => PipelineSchedule::OneFOneB,
+                });
+            }
+        }
+    }
+}
+
+/// `stages = N` (a positive integer) or `stages = auto`.
+fn stages(arg: &Arg, env: &Env, e: &mut Errors) -> Option<Stages> {
+    const HELP: &str = "`stages` is how many pipeline stages (devices) the model is split into, \
+        the split chosen to make the largest stage smallest: a positive integer, or `auto` (the \
+        fewest stages that fit `budget`); or put `#[stage(k)]` on the fields that begin each stage";
+    match e.ok(eval(&arg.value, env))?.v {
+        V::Int(n) if n > 0 => Some(Stages::Count(n as usize)),
+        V::Word(w) if w == "auto" => Some(Stages::Auto),
+        _ => {
+            e.at(&arg.value, HELP);
+            None
+        }
+    }
 }
 
 /// `replicas = N`, a positive integer, or a range of them, `2..=8` (or `2..9`): the

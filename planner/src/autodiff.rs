@@ -252,6 +252,7 @@ fn forward_step(op: &GOp) -> PlanStep {
             .map(|&p| p as u32)
             .collect::<Vec<u32>>()
             .into(),
+        micro_batch: 0,
     }
 }
 
@@ -371,7 +372,9 @@ fn saved_for_backward(op: &GOp, param_grads: bool, same_dtype: bool) -> Result<S
         | Op::CheckFinite
         | Op::AllReduceGradients { .. }
         | Op::Update
-        | Op::AllGatherParams { .. } => {
+        | Op::AllGatherParams { .. }
+        | Op::SendTensor { .. }
+        | Op::RecvTensor { .. } => {
             return Err(PlanError::internal(format!(
                 "{} is not a forward op of a training graph",
                 op.op.name()

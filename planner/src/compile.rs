@@ -10,6 +10,7 @@ use crate::checkpoint::{self, max_batch_with, CheckpointChoice, Policy};
 use crate::error::PlanError;
 use crate::plan::StaticPlan;
 use crate::spec::ModelSpec;
+use crate::stage::{Pipeline, PipelinePlan};
 
 /// The batch of a model attribute without `batch = …`: Keras's default batch size in `fit`.
 pub const DEFAULT_BATCH: usize = 32;
@@ -25,6 +26,18 @@ pub struct CompileOptions<'a> {
     /// The units the user checkpoints with one annotation each (fields, blocks), for the
     /// over-budget error's checkpoint fix; `None`: every non-input layer is a unit.
     pub checkpoints: Option<&'a UserCheckpoints<'a>>,
+    /// `stages = N` or `stages = auto`: the planner chooses the split (the spec's pipeline,
+    /// if any, gives the micro-batches and the schedule).
+    pub stages: Option<Stages>,
+}
+
+/// A split the planner chooses ([`crate::split`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stages {
+    /// `stages = N`: the split of N stages whose largest stage is smallest.
+    Count(usize),
+    /// `stages = auto`: the fewest stages whose largest fits the budget.
+    Auto,
 }
 
 /// The compiled model.
@@ -37,6 +50,9 @@ pub struct Compiled {
     pub auto_checkpoint: Option<CheckpointChoice>,
     /// With a budget: the largest batch and whether the plan fits.
     pub budget: Option<BudgetVerdict>,
+    /// A model split into stages: every stage's plan (`plan` is then the whole model on one
+    /// device, for comparison), and the budget applies to each stage.
+    pub pipeline: Option<PipelinePlan>,
 }
 
 /// The plan against the declared budget.
@@ -67,6 +83,8 @@ pub enum CompileError {
     Plan(PlanError),
     /// `checkpoint = auto` without a budget to fit.
     AutoCheckpointWithoutBudget,
+    /// `stages = auto` without a budget to fit.
+    AutoStagesWithoutBudget,
     /// `checkpoint = auto` fits nothing at the declared batch: the solver's reason, and the
     /// largest batch that fits with it.
     AutoCheckpointOverBudget {
@@ -81,6 +99,10 @@ impl fmt::Display for CompileError {
             CompileError::Plan(e) => write!(f, "{e}"),
             CompileError::AutoCheckpointWithoutBudget => f.write_str(
                 "`checkpoint = auto` chooses the checkpoints that fit the budget: add `budget = \"…\"`",
+            ),
+            CompileError::AutoStagesWithoutBudget => f.write_str(
+                "`stages = auto` chooses the fewest stages whose largest fits the budget: add \
+                 `budget = \"…\"`, or say how many (`stages = 2`)",
             ),
             CompileError::AutoCheckpointOverBudget { reason, max_batch } => {
                 write!(f, "`checkpoint = auto`: {}", reason.message)?;
@@ -114,6 +136,20 @@ pub fn compile(spec: &ModelSpec, options: &CompileOptions<'_>) -> Result<Compile
         },
     };
     let plan = crate::plan(&spec).map_err(CompileError::Plan)?;
+    if let Some(pp) = pipeline_of(&spec, options)? {
+        let mut spec = spec;
+        spec.pipeline = Some(pp.pipeline.clone());
+        let budget = options
+            .budget
+            .map(|budget| pipeline_verdict(&spec, &pp, budget));
+        return Ok(Compiled {
+            spec,
+            plan,
+            auto_checkpoint,
+            budget,
+            pipeline: Some(pp),
+        });
+    }
     let policy = if auto_checkpoint.is_some() {
         Policy::AutoCheckpoint
     } else {
@@ -147,7 +183,56 @@ pub fn compile(spec: &ModelSpec, options: &CompileOptions<'_>) -> Result<Compile
         plan,
         auto_checkpoint,
         budget,
+        pipeline: None,
     })
+}
+
+/// The stages' plans of a split model: the spec's split, or the one `options.stages` chooses
+/// (with the spec's micro-batches and schedule, one micro-batch and 1F1B if it has none).
+fn pipeline_of(
+    spec: &ModelSpec,
+    options: &CompileOptions<'_>,
+) -> Result<Option<PipelinePlan>, CompileError> {
+    let declared = spec.pipeline.clone();
+    let base = declared
+        .clone()
+        .unwrap_or_else(|| Pipeline::new(crate::pipeline::PipelineSchedule::OneFOneB, 1, &[]));
+    let (m, schedule) = (base.micro_batches, base.schedule);
+    let chosen = match (options.stages, options.budget) {
+        (None, _) => match declared {
+            Some(pipe) => crate::stage::plan_pipeline(spec, &pipe),
+            None => return Ok(None),
+        },
+        (Some(Stages::Count(p)), _) => crate::split::balance(spec, p, m, schedule),
+        (Some(Stages::Auto), Some(budget)) => {
+            crate::split::fewest_stages(spec, budget, m, schedule)
+        }
+        (Some(Stages::Auto), None) => return Err(CompileError::AutoStagesWithoutBudget),
+    };
+    chosen.map(Some).map_err(CompileError::Plan)
+}
+
+/// Every stage against the budget: the largest batch at which all fit, and the error when
+/// the largest does not.
+fn pipeline_verdict(spec: &ModelSpec, pp: &PipelinePlan, budget: u64) -> BudgetVerdict {
+    let largest = pp.largest_stage().1;
+    let over = (largest > budget).then(|| OverBudget {
+        fixes: Fixes {
+            budget,
+            needed: largest,
+            max_batch: None,
+            precision: None,
+            checkpoint: None,
+            checkpoint_best: None,
+        },
+        message: crate::split::over_budget_message(spec, pp, budget),
+    });
+    BudgetVerdict {
+        budget,
+        policy: Policy::Plain,
+        max_batch: crate::split::max_batch(spec, &pp.pipeline, budget),
+        over,
+    }
 }
 
 #[cfg(test)]
@@ -202,6 +287,7 @@ mod tests {
             budget: Some(budget),
             auto_checkpoint: false,
             checkpoints: Some(&checkpoints),
+            stages: None,
         };
         let c = compile(&spec, &options).unwrap();
         let v = c.budget.unwrap();
@@ -226,6 +312,7 @@ mod tests {
             budget: Some(budget),
             auto_checkpoint: true,
             checkpoints: None,
+            stages: None,
         };
         let c = compile(&spec, &options).unwrap();
         let choice = c.auto_checkpoint.expect("a choice");
@@ -255,6 +342,7 @@ mod tests {
             budget: Some(1 << 10),
             auto_checkpoint: true,
             checkpoints: None,
+            stages: None,
         };
         let e = compile(&spec, &options).unwrap_err();
         assert!(matches!(
@@ -275,6 +363,7 @@ mod tests {
                 budget: Some(1 << 30),
                 auto_checkpoint,
                 checkpoints: None,
+                stages: None,
             };
             assert!(matches!(
                 compile(&bad, &options),

@@ -151,6 +151,7 @@ pub fn assemble(
             reads: Cow::Owned(s.reads.clone()),
             writes: Cow::Owned(s.writes.clone()),
             params: Cow::Owned(s.params.clone()),
+            micro_batch: 0,
         })
         .collect();
     // A data-parallel plan's gradients in the order its sums take them.
@@ -204,6 +205,9 @@ pub fn assemble(
         inputs: Cow::Owned(graph.inputs.iter().map(|&t| t as u32).collect()),
         losses: Cow::Owned(schedule.losses.clone()),
         prediction: schedule.prediction,
+        stage: 0,
+        stages: 1,
+        micro_batches: 1,
     };
     let (lb, peak) = crate::arena::live_peak(&plan);
     plan.lower_bound_bytes = lb;

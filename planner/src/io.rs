@@ -300,6 +300,10 @@ positional_io! {
     FlashAttentionForward: reads [qkv], writes [lse, ctx];
     /// [`FlashAttentionForward`]'s backward: recomputes the probabilities from `qkv` and `lse`.
     FlashAttentionBackward: reads [qkv, lse, ctx, dctx], writes [dqkv];
+    /// A pipeline stage's send of an activation or a gradient to another stage.
+    SendIo: reads [x], writes [];
+    /// A pipeline stage's receive of what another stage sends it.
+    RecvIo: reads [], writes [x];
 }
 
 /// A decoded step: its op's tensors and parameters by name.
@@ -336,6 +340,8 @@ pub enum StepIo {
     Accumulate(AccumulateIo),
     Loss(LossIo),
     Kl(KlIo),
+    Send(SendIo),
+    Recv(RecvIo),
     /// Update-phase steps (check finite, optimizer update): no tensors.
     None,
 }
@@ -542,6 +548,8 @@ impl StepIo {
             (Op::Accumulate { .. }, true) => StepIo::Accumulate(AccumulateIo::of(step)?),
             (loss_ops!(), false) => StepIo::Loss(LossIo::of(step)?),
             (Op::KlNormal { .. }, false) => StepIo::Kl(KlIo::of(step)?),
+            (Op::SendTensor { .. }, _) => StepIo::Send(SendIo::of(step)?),
+            (Op::RecvTensor { .. }, _) => StepIo::Recv(RecvIo::of(step)?),
             (
                 Op::InputCast { .. }
                 | Op::BatchNormInference { .. }

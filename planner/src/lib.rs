@@ -29,11 +29,14 @@ pub mod plan;
 pub mod rng;
 pub mod schedule;
 pub mod spec;
+pub mod split;
+pub mod stage;
 #[cfg(feature = "test-models")]
 pub mod zoo;
 
 pub use compile::{
-    compile, BudgetVerdict, CompileError, CompileOptions, Compiled, OverBudget, DEFAULT_BATCH,
+    compile, BudgetVerdict, CompileError, CompileOptions, Compiled, OverBudget, Stages,
+    DEFAULT_BATCH,
 };
 pub use dtype::{DType, Precision};
 pub use error::PlanError;

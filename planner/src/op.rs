@@ -249,6 +249,13 @@ ops! {
     /// replica's updated shard is copied to every other replica, so all hold the whole
     /// updated weights again (update phase, no tensors).
     AllGatherParams { bytes: u64 } = "all_gather_params";
+    /// Model parallel: sends the tensor (`bytes` of it) to pipeline stage `stage`, once the
+    /// step that writes it has run: an activation in the forward phase, a gradient in the
+    /// backward phase ([`crate::stage`]). `[x] → []`.
+    SendTensor { bytes: u64, stage: u32 } = "send";
+    /// Model parallel: receives the tensor (`bytes`) that pipeline stage `stage` sends it, in
+    /// the order that stage sends them. `[] → [x]`.
+    RecvTensor { bytes: u64, stage: u32 } = "recv";
 }
 
 /// An attention step's settings, whichever kernel it runs: [`Op::attention`].
@@ -458,7 +465,9 @@ impl Op {
             Op::CheckFinite
             | Op::AllReduceGradients { .. }
             | Op::Update
-            | Op::AllGatherParams { .. } => (U(0), Backward::AsForward),
+            | Op::AllGatherParams { .. }
+            | Op::SendTensor { .. }
+            | Op::RecvTensor { .. } => (U(0), Backward::AsForward),
         };
         (r.0, backward)
     }

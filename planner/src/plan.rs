@@ -8,9 +8,11 @@ use std::fmt::Write as _;
 use crate::data_parallel::{shard_elems, shard_range, Sharding};
 use crate::dtype::{DType, Precision};
 use crate::op::{Op, Window2d};
+use crate::pipeline::PipelineSchedule;
 use crate::spec::{
     LayerSpec, LossKind, LossTerm, Metric, ModelSpec, Optimizer, Padding, Reduction,
 };
+use crate::stage::Pipeline;
 
 /// A string that is `&'static str` in a const plan and `String` in a run-time one.
 pub type Text = Cow<'static, str>;
@@ -102,6 +104,10 @@ pub struct PlanStep {
     pub writes: List<u32>,
     /// Ids of the persistent parameters this step uses (weights, bias, statistics).
     pub params: List<u32>,
+    /// The micro-batch whose tensors the step computes: 0 but in a pipeline stage's plan,
+    /// whose forwards and backwards run once per micro-batch ([`crate::stage`]). Its random
+    /// streams start where that micro-batch's rows do in the whole batch's.
+    pub micro_batch: u32,
 }
 
 /// One persistent parameter (or non-trainable statistic) and its place in the persistent
@@ -109,6 +115,8 @@ pub struct PlanStep {
 /// optimizer state.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PlanParam {
+    /// Its index among the model's parameters: its index in this plan, but in a pipeline
+    /// stage's, which holds some of them ([`crate::stage`]). Initial values are keyed by it.
     pub id: u32,
     /// `layer.weight`, `layer.bias`, `layer.running_mean` …
     pub name: Text,
@@ -230,6 +238,11 @@ pub struct StaticPlan {
     pub losses: List<u32>,
     /// Tensor id of the prediction the first loss term reads (for metrics), or [`NONE`].
     pub prediction: u32,
+    /// Model parallel: this plan is stage `stage` of a pipeline of `stages` (0 of 1: the whole
+    /// model), running `micro_batches` micro-batches of `batch` samples each per step.
+    pub stage: u32,
+    pub stages: u32,
+    pub micro_batches: u32,
 }
 
 impl StaticPlan {
@@ -270,6 +283,9 @@ impl StaticPlan {
         inputs: Cow::Borrowed(&[]),
         losses: Cow::Borrowed(&[]),
         prediction: NONE,
+        stage: 0,
+        stages: 1,
+        micro_batches: 1,
     };
 
     /// The elements of each of parameter `p`'s optimizer state slots on one replica: its
@@ -449,6 +465,19 @@ impl StaticPlan {
         if self.sharding != Sharding::Replicated {
             plan["zero_stage"] = json!(self.sharding.zero_stage());
         }
+        // Written only for a pipeline stage, the same way.
+        if self.stages > 1 || self.micro_batches > 1 {
+            plan["stage"] = json!(self.stage);
+            plan["stages"] = json!(self.stages);
+            plan["micro_batches"] = json!(self.micro_batches);
+            for (s, j) in self
+                .steps
+                .iter()
+                .zip(plan["steps"].as_array_mut().into_iter().flatten())
+            {
+                j["micro_batch"] = json!(s.micro_batch);
+            }
+        }
         plan
     }
 
@@ -624,6 +653,16 @@ unit_enum_to_rust!(
     [Replicated, OptimizerState, Gradients]
 );
 unit_enum_to_rust!(Reduction, "Reduction", [Mean, SumOverFeatures]);
+unit_enum_to_rust!(
+    PipelineSchedule,
+    "pipeline::PipelineSchedule",
+    [GPipe, OneFOneB]
+);
+struct_to_rust!(
+    Pipeline,
+    "stage::Pipeline",
+    [boundaries, micro_batches, schedule]
+);
 
 struct_to_rust!(
     Window2d,
@@ -650,7 +689,7 @@ struct_to_rust!(
 struct_to_rust!(
     PlanStep,
     "PlanStep",
-    [index, phase, layer, op, reads, writes, params]
+    [index, phase, layer, op, reads, writes, params, micro_batch]
 );
 struct_to_rust!(
     PlanParam,
@@ -728,7 +767,10 @@ struct_to_rust!(
         params,
         inputs,
         losses,
-        prediction
+        prediction,
+        stage,
+        stages,
+        micro_batches
     ]
 );
 
@@ -829,7 +871,8 @@ struct_to_rust!(
         budget,
         replicas,
         sharding,
-        replica_range
+        replica_range,
+        pipeline
     ]
 );
 
@@ -869,7 +912,23 @@ mod tests {
             src.ends_with(
                 "budget: ::core::option::Option::None,replicas: 1usize,\
                  sharding: ::m::data_parallel::Sharding::Replicated,\
-                 replica_range: ::core::option::Option::None,}"
+                 replica_range: ::core::option::Option::None,\
+                 pipeline: ::core::option::Option::None,}"
+            ),
+            "{src}"
+        );
+        // A split model's pipeline is written too (the macro's `spec()` carries it).
+        spec.pipeline = Some(crate::stage::Pipeline::new(
+            crate::pipeline::PipelineSchedule::GPipe,
+            4,
+            &["dec_dense"],
+        ));
+        let src = spec.to_rust("::m");
+        assert!(
+            src.ends_with(
+                "pipeline: ::core::option::Option::Some(::m::stage::Pipeline{boundaries: \
+                 ::std::vec![::std::string::String::from(\"dec_dense\")],micro_batches: 4usize,\
+                 schedule: ::m::pipeline::PipelineSchedule::GPipe,}),}"
             ),
             "{src}"
         );

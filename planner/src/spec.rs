@@ -449,6 +449,9 @@ pub struct ModelSpec {
     /// the job's chosen at run time; `replicas` is then the smallest, whose per-replica step
     /// is the largest. `None`: any count (the launcher's re-plan decides).
     pub replica_range: Option<[usize; 2]>,
+    /// Model parallelism: the stages the model is split into, its micro-batches and their
+    /// schedule ([`crate::stage`]); `None`: the whole model on each device.
+    pub pipeline: Option<crate::stage::Pipeline>,
 }
 
 impl ModelSpec {
@@ -466,6 +469,7 @@ impl ModelSpec {
             replicas: 1,
             sharding: crate::data_parallel::Sharding::Replicated,
             replica_range: None,
+            pipeline: None,
         }
     }
 

@@ -64,6 +64,16 @@ impl Batch<'_> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// Elements `range` of the batch (`None` past its end).
+    pub fn slice(&self, range: std::ops::Range<usize>) -> Option<Self> {
+        Some(match self {
+            Batch::U8(x) => Batch::U8(x.get(range)?),
+            Batch::I32(x) => Batch::I32(x.get(range)?),
+            Batch::F32(x) => Batch::F32(x.get(range)?),
+            Batch::F16(x) => Batch::F16(x.get(range)?),
+            Batch::BF16(x) => Batch::BF16(x.get(range)?),
+        })
+    }
     pub(crate) fn bytes(&self) -> &[u8] {
         fn b<T>(x: &[T]) -> &[u8] {
             // SAFETY: plain-old-data element types, reinterpreted as their bytes.
@@ -261,6 +271,54 @@ pub(crate) fn attention_dims(a: &AttentionSettings) -> k::attention::AttentionDi
 /// Checks `inputs` against `plan`'s inputs before anything is copied or run: their count,
 /// dtypes and lengths; no NaN or infinity in float inputs; labels and token ids in range.
 /// Shared by the CPU and GPU executors, so both refuse the same batches with the same words.
+/// A pipeline stage's inputs from the whole batch's: for each input of the stage's plan
+/// (micro-batch `k`'s copy of a model input, `memwise_plan::stage::micro_batch_name`), its
+/// rows of the model input of that name in `whole`, one per name of `model_inputs` (the
+/// one-device plan's input tensors' names, in its order).
+pub fn stage_inputs<'a>(
+    plan: &StaticPlan,
+    model_inputs: &[&str],
+    whole: &[Batch<'a>],
+) -> Result<Vec<Batch<'a>>> {
+    if whole.len() != model_inputs.len() {
+        return Err(RuntimeError::Input(format!(
+            "{} model inputs named ({}), {} batches given",
+            model_inputs.len(),
+            model_inputs.join(", "),
+            whole.len()
+        )));
+    }
+    let micro = plan.micro_batches.max(1) as usize;
+    (plan.inputs.iter())
+        .map(|&id| {
+            let t = plan.tensor(id);
+            let found = memwise_plan::stage::split_micro_batch_name(&t.name)
+                .and_then(|(base, k)| Some((model_inputs.iter().position(|&n| n == base)?, k)));
+            let Some((i, k)) = found else {
+                return Err(RuntimeError::Input(format!(
+                    "the stage reads `{}`, which is no micro-batch of the model inputs {}",
+                    t.name,
+                    model_inputs.join(", ")
+                )));
+            };
+            let each = t.elems();
+            whole[i]
+                .slice(k * each..(k + 1) * each)
+                .filter(|_| whole[i].len() == micro * each)
+                .ok_or_else(|| {
+                    RuntimeError::Input(format!(
+                        "model input `{}` holds {} values; the pipeline's {micro} micro-batches \
+                         of {} samples take {}",
+                        model_inputs[i],
+                        whole[i].len(),
+                        plan.batch,
+                        micro * each
+                    ))
+                })
+        })
+        .collect()
+}
+
 pub(crate) fn check_inputs(plan: &StaticPlan, inputs: &[Batch<'_>]) -> Result<()> {
     let ids = &plan.inputs;
     if inputs.len() != ids.len() {

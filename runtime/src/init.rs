@@ -9,10 +9,12 @@ use memwise_plan::{PlanError, StaticPlan};
 use crate::error::{Result, RuntimeError};
 use crate::memory::Region;
 
-/// Writes every parameter's initial values. Parameter `i` draws from the stream keyed by
-/// `seed` and `i`, so a model's initial weights depend on nothing but the seed.
+/// Writes every parameter's initial values. Parameter `id` draws from the stream keyed by
+/// `seed` and `id` (its index among the model's parameters), so a model's initial weights
+/// depend on nothing but the seed, and a pipeline stage's are the one-device model's.
 pub fn initialise(plan: &StaticPlan, persistent: &mut Region, seed: u64) -> Result<()> {
-    for (i, p) in plan.params.iter().enumerate() {
+    for p in plan.params.iter() {
+        let i = p.id;
         let kind = plan
             .memory
             .layers

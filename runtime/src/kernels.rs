@@ -437,6 +437,11 @@ pub trait Kernels {
     /// shard of them to the others, then refreshes their 16-bit copies (nothing when the
     /// step is flagged non-finite: no replica updated).
     fn all_gather_params(&self, params: &[u32], c: &dyn Collective) -> OpResult;
+    /// Model parallel: sends the tensor's bytes to pipeline stage `to` (rank `to` of `c`),
+    /// once the launches that write it have run.
+    fn send_tensor(&self, io: &SendIo, to: usize, c: &dyn Collective) -> OpResult;
+    /// Model parallel: writes the bytes pipeline stage `from` sends into the tensor.
+    fn recv_tensor(&self, io: &RecvIo, from: usize, c: &dyn Collective) -> OpResult;
 }
 
 #[cfg(test)]

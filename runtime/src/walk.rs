@@ -81,6 +81,9 @@ impl<K: Kernels> PlanExecutor<K> {
     /// `AllReduceGradients` steps, and each step's output is the whole batch's. Takes rank
     /// 0's seed, step counters and parameters (a collective call: every rank makes it).
     pub fn set_collective(&mut self, c: std::sync::Arc<dyn Collective>) -> Result<()> {
+        if self.plan().stages > 1 {
+            return self.set_stages(c);
+        }
         let replicas = self.plan().replicas;
         if c.size() != replicas {
             return Err(RuntimeError::Input(format!(
@@ -91,15 +94,7 @@ impl<K: Kernels> PlanExecutor<K> {
                 c.size()
             )));
         }
-        // Rank 0's seed and counters, so every replica keys its random streams and its
-        // optimizer's step alike whatever it was built or restored with.
-        let mut shared = [self.seed, self.step_counter, self.updates]
-            .map(u64::to_le_bytes)
-            .concat();
-        c.broadcast(0, &mut shared)?;
-        let word =
-            |i: usize| u64::from_le_bytes(shared[8 * i..8 * i + 8].try_into().unwrap_or([0; 8]));
-        (self.seed, self.step_counter, self.updates) = (word(0), word(1), word(2));
+        self.share_counters(&*c)?;
         // Rank 0's parameters and batch-norm statistics, in place (no copy on the CPU), as
         // PyTorch's DistributedDataParallel does when it wraps a model: the replicas start
         // equal whatever each was initialised with or loaded.
@@ -119,14 +114,60 @@ impl<K: Kernels> PlanExecutor<K> {
         Ok(())
     }
 
+    /// Rank 0's seed and counters, so every rank keys its random streams and its optimizer's
+    /// step alike whatever it was built or restored with.
+    fn share_counters(&mut self, c: &dyn Collective) -> Result<()> {
+        let mut shared = [self.seed, self.step_counter, self.updates]
+            .map(u64::to_le_bytes)
+            .concat();
+        c.broadcast(0, &mut shared)?;
+        let word =
+            |i: usize| u64::from_le_bytes(shared[8 * i..8 * i + 8].try_into().unwrap_or([0; 8]));
+        (self.seed, self.step_counter, self.updates) = (word(0), word(1), word(2));
+        Ok(())
+    }
+
+    /// Model parallel: this executor runs stage `c.rank()` of the plan's pipeline, whose
+    /// other stages are the other ranks of `c`. Each stage keeps its own parameters, the
+    /// one-device model's as initialised from the seed, which must be the same on every
+    /// stage (an `Err` says so otherwise); the ranks take rank 0's counters, so that every
+    /// micro-batch draws the random numbers it would draw on one device.
+    fn set_stages(&mut self, c: std::sync::Arc<dyn Collective>) -> Result<()> {
+        let (stage, stages) = (self.plan().stage as usize, self.plan().stages as usize);
+        if c.size() != stages || c.rank() != stage {
+            return Err(RuntimeError::Input(format!(
+                "the plan is stage {stage} of a {stages}-stage pipeline, and this is rank {} of \
+                 a {}-rank {} job: launch {stages} ranks and give rank k stage k's plan",
+                c.rank(),
+                c.size(),
+                c.engine()
+            )));
+        }
+        let own = self.seed;
+        self.share_counters(&*c)?;
+        if self.seed != own {
+            return Err(RuntimeError::Input(format!(
+                "stage {stage} was built with seed {own} and stage 0 with {}: build every stage \
+                 with the same seed, so that together they hold the one-device model's weights",
+                self.seed
+            )));
+        }
+        self.collective = Some(c);
+        Ok(())
+    }
+
     /// The data-parallel replicas this executor is one of, if any.
     pub fn collective(&self) -> Option<&dyn Collective> {
         self.collective.as_deref()
     }
 
-    /// This executor's replica index (0 on one device).
+    /// This executor's replica index (0 on one device, and on a pipeline's stages, whose
+    /// ranks are stages, not replicas).
     fn replica(&self) -> u32 {
-        self.collective.as_ref().map_or(0, |c| c.rank() as u32)
+        match &self.collective {
+            Some(c) if self.plan().replicas > 1 => c.rank() as u32,
+            _ => 0,
+        }
     }
 
     /// What the steps of the next training step share.
@@ -237,7 +278,8 @@ impl<K: Kernels> PlanExecutor<K> {
     /// The f32 gradient of trainable parameter `name` from the last step.
     pub fn grad(&self, name: &str) -> Result<Vec<f32>> {
         let p = trainable_param_named(self.plan(), name)?;
-        self.k.read_param(p.id, true)
+        let id = self.plan().params.iter().position(|q| std::ptr::eq(q, p));
+        self.k.read_param(id.unwrap_or(usize::MAX) as u32, true)
     }
 
     /// Overwrites parameter `name` with `values` (and its 16-bit copy).
@@ -304,13 +346,15 @@ impl<K: Kernels> PlanExecutor<K> {
         // Without loss scaling a non-finite loss ends the step where the device can tell at
         // once: no gradient is computed from it (the optimizer would skip it anyway). Not
         // with replicas: each must reach the sums, which settle the flag for all.
-        let stop_on_nonfinite =
-            self.k.plan().training && !self.k.plan().loss_scaling && self.k.plan().replicas == 1;
+        let stop_on_nonfinite = self.k.plan().training
+            && !self.k.plan().loss_scaling
+            && self.k.plan().replicas == 1
+            && self.k.plan().stages == 1;
         let mut executed = 0u64;
         self.k.run_steps(&mut |k: &K| {
             for (i, s) in k.plan().steps.iter().enumerate() {
                 let t0 = profile.is_some().then(std::time::Instant::now);
-                run_step(k, s, &cx)?;
+                run_step(k, s, &cx.for_step(s))?;
                 executed += 1;
                 if let (Some(t0), Some(p)) = (t0, profile.as_mut()) {
                     p[i] += t0.elapsed().as_secs_f64();
@@ -375,6 +419,14 @@ impl<K: Kernels> PlanExecutor<K> {
     /// Re-runs the forward steps on `inputs`, checking every float output, and names the
     /// first layer whose output is not finite (the weights are those the step started from).
     fn first_non_finite(&mut self, inputs: &[Batch<'_>]) -> Result<String> {
+        if self.plan().stages > 1 {
+            // Re-running one stage's forward would send and wait for the other stages.
+            return Ok(format!(
+                "the pipeline's stages agreed to skip the update (this is stage {} of {})",
+                self.plan().stage,
+                self.plan().stages
+            ));
+        }
         self.k.load_inputs(inputs)?;
         let plan = self.k.plan();
         for (i, &id) in plan.inputs.iter().enumerate() {
@@ -436,6 +488,16 @@ pub struct StepCx<'c> {
 }
 
 impl StepCx<'_> {
+    /// What step `s` sees: its micro-batch's random streams start where that micro-batch's
+    /// rows start in its replica's batch (the micro-batches of replica `r` are `r·m … r·m +
+    /// m − 1` of the whole batch; a pipeline has one replica today).
+    fn for_step(&self, s: &PlanStep) -> StepCx<'_> {
+        StepCx {
+            replica: self.replica + s.micro_batch,
+            ..*self
+        }
+    }
+
     /// Step `step` of one device's training.
     pub fn one_device(seed: u64, step: u64) -> StepCx<'static> {
         StepCx {
@@ -660,6 +722,7 @@ fn forward<K: Kernels>(k: &K, s: &PlanStep, cx: &StepCx<'_>) -> std::result::Res
         | Op::AllReduceGradients { .. }
         | Op::Update
         | Op::AllGatherParams { .. } => Err(not_in_phase(s)),
+        Op::SendTensor { .. } | Op::RecvTensor { .. } => transfer(k, s, cx),
     }
 }
 
@@ -801,6 +864,27 @@ fn backward<K: Kernels>(k: &K, s: &PlanStep, cx: &StepCx<'_>) -> std::result::Re
         | Op::CheckFinite
         | Op::Update
         | Op::AllGatherParams { .. } => Err(not_in_phase(s)),
+        Op::SendTensor { .. } | Op::RecvTensor { .. } => transfer(k, s, cx),
+    }
+}
+
+/// A pipeline stage's send or receive, to or from another stage's rank.
+fn transfer<K: Kernels>(k: &K, s: &PlanStep, cx: &StepCx<'_>) -> std::result::Result<(), OpError> {
+    let Some(c) = cx.collective else {
+        return Err(OpError::Runtime(RuntimeError::Input(
+            "a pipeline stage's plan sends and receives: give the executor the stages' \
+             collective (`set_collective`) before training"
+                .into(),
+        )));
+    };
+    match s.op {
+        Op::SendTensor { stage, .. } => {
+            k.send_tensor(&SendIo::of(s).map_err(io_err)?, stage as usize, c)
+        }
+        Op::RecvTensor { stage, .. } => {
+            k.recv_tensor(&RecvIo::of(s).map_err(io_err)?, stage as usize, c)
+        }
+        _ => Err(not_in_phase(s)),
     }
 }
 
@@ -908,7 +992,9 @@ fn loss<K: Kernels>(k: &K, s: &PlanStep) -> std::result::Result<(), OpError> {
         | Op::CheckFinite
         | Op::AllReduceGradients { .. }
         | Op::Update
-        | Op::AllGatherParams { .. } => Err(not_in_phase(s)),
+        | Op::AllGatherParams { .. }
+        | Op::SendTensor { .. }
+        | Op::RecvTensor { .. } => Err(not_in_phase(s)),
     }
 }
 
@@ -954,7 +1040,9 @@ fn update<K: Kernels>(k: &K, s: &PlanStep, cx: &StepCx<'_>) -> std::result::Resu
         | Op::Accumulate { .. }
         | memwise_plan::loss_ops!()
         | Op::KlNormal { .. }
-        | Op::AllReduceGradients { .. } => Err(not_in_phase(s)),
+        | Op::AllReduceGradients { .. }
+        | Op::SendTensor { .. }
+        | Op::RecvTensor { .. } => Err(not_in_phase(s)),
     }
 }
 

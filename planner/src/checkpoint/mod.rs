@@ -375,7 +375,7 @@ pub const BATCH_LIMIT: usize = 1 << 24;
 
 /// The largest `b` in `1..=BATCH_LIMIT` with `fits(b)`, given that `start` fits (0: nothing
 /// known), assuming `fits` is monotone. Exponential search up from `start`, then bisection.
-fn largest_batch(start: usize, fits: impl Fn(usize) -> bool) -> Option<usize> {
+pub(crate) fn largest_batch(start: usize, fits: impl Fn(usize) -> bool) -> Option<usize> {
     let mut lo = start.min(BATCH_LIMIT);
     if lo == 0 {
         if !fits(1) {

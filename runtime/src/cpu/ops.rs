@@ -1358,6 +1358,26 @@ impl Kernels for CpuKernels {
         Ok(())
     }
 
+    fn send_tensor(&self, io: &SendIo, to: usize, c: &dyn Collective) -> OpResult {
+        let t = self.plan.tensor(io.x);
+        // SAFETY: a shared view; the step that wrote the tensor has returned.
+        let bytes = unsafe {
+            self.arena
+                .view::<u8>(t.offset, t.elems() * t.dtype.size() as usize)?
+        };
+        c.send(to, bytes).map_err(OpError::Runtime)
+    }
+
+    fn recv_tensor(&self, io: &RecvIo, from: usize, c: &dyn Collective) -> OpResult {
+        let t = self.plan.tensor(io.x);
+        // SAFETY: the receive is the tensor's writer; no other view of its bytes is live.
+        let bytes = unsafe {
+            self.arena
+                .view_mut::<u8>(t.offset, t.elems() * t.dtype.size() as usize)?
+        };
+        c.recv(from, bytes).map_err(OpError::Runtime)
+    }
+
     fn update(&self, _step: &PlanStep, u: UpdateStep<'_>) -> OpResult {
         if self.nonfinite.get() {
             return Ok(()); // the step is skipped: the weights stay as they were

@@ -1818,6 +1818,27 @@ impl<B: Backend> Kernels for CudaKernels<B> {
         Ok(())
     }
 
+    fn send_tensor(&self, io: &SendIo, to: usize, c: &dyn Collective) -> OpResult {
+        // Through the host, as the data-parallel sums without NCCL: the download waits for
+        // the launches before it on the stream.
+        let t = self.plan.tensor(io.x);
+        let bytes = self.tensor_bytes(io.x, t.elems())?;
+        c.send(to, &bytes).map_err(OpError::Runtime)
+    }
+
+    fn recv_tensor(&self, io: &RecvIo, from: usize, c: &dyn Collective) -> OpResult {
+        let t = self.plan.tensor(io.x);
+        let mut bytes = vec![0u8; t.elems() * t.dtype.size() as usize];
+        c.recv(from, &mut bytes).map_err(OpError::Runtime)?;
+        // SAFETY: the tensor's bytes lie inside the arena.
+        unsafe {
+            self.backend
+                .upload(&bytes, self.arena + t.offset)
+                .map_err(dev)
+        }?;
+        Ok(())
+    }
+
     fn all_gather_params(&self, params: &[u32], c: &dyn Collective) -> OpResult {
         // A step flagged non-finite updated nothing, so the gather copies equal values (the
         // flag stays on the device).

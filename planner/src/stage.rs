@@ -1,0 +1,632 @@
+//! One plan per pipeline stage (model parallel, issue 16): the model's one-micro-batch
+//! schedule cut where the stages meet, the cut tensors sent and received as plan steps, and
+//! each stage's forwards and backwards unrolled over the micro-batches in its schedule's
+//! order ([`crate::pipeline::stage_work`]), so that liveness packs exactly the micro-batches
+//! the schedule keeps in flight and each stage's memory report is exact.
+//!
+//! Pure, like the rest of the planner: what runs where, and in which order, is decided here;
+//! the runtime walks each stage's plan on its own rank.
+//!
+//! The cut is made on the [`Schedule`] of one micro-batch, not on the model: every step
+//! belongs to the stage of its layer (a loss term to the latest stage among the tensors it
+//! reads), so a tensor one stage writes and another reads, activation or gradient, is a
+//! transfer, and nothing about a layer has to know that the model is split. Messages between
+//! two stages go one way per kind: activations from an earlier stage to a later one during
+//! the forwards, gradients from a later one to an earlier one during the backwards; both ends
+//! order each unit's messages alike, so a channel that keeps its messages in order (as every
+//! [`Collective`](../../memwise_runtime/collective/trait.Collective.html) engine does) needs
+//! no tags.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use crate::autodiff::StepGraph;
+use crate::error::PlanError;
+use crate::graph::Graph;
+use crate::op::Op;
+use crate::pipeline::{replay, stage_work, PipelineSchedule, Work};
+use crate::plan::{Phase, StaticPlan, NONE};
+use crate::schedule::{SStep, STensor, Schedule};
+use crate::spec::ModelSpec;
+
+/// How a model is split over devices: where each stage begins, how many micro-batches a
+/// batch is cut into, and the order the stages run them in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pipeline {
+    /// The first layer of every stage after the first, in layer order (empty: one stage,
+    /// which with several micro-batches is gradient accumulation).
+    pub boundaries: Vec<String>,
+    pub micro_batches: usize,
+    pub schedule: PipelineSchedule,
+}
+
+impl Pipeline {
+    pub fn new(schedule: PipelineSchedule, micro_batches: usize, boundaries: &[&str]) -> Self {
+        Pipeline {
+            boundaries: boundaries.iter().map(|b| b.to_string()).collect(),
+            micro_batches,
+            schedule,
+        }
+    }
+
+    pub fn stages(&self) -> usize {
+        self.boundaries.len() + 1
+    }
+
+    /// Each layer's stage, checking that the boundaries name layers in order.
+    pub fn stage_of_layers(&self, spec: &ModelSpec) -> Result<Vec<usize>, PlanError> {
+        let mut starts = Vec::with_capacity(self.boundaries.len());
+        for b in &self.boundaries {
+            let at = spec
+                .layers
+                .iter()
+                .position(|l| &l.name == b)
+                .ok_or_else(|| {
+                    PlanError::model(format!(
+                        "the pipeline's stage boundary `{b}` names no layer"
+                    ))
+                })?;
+            if at == 0 || starts.last().is_some_and(|&prev| at <= prev) {
+                return Err(PlanError::at(
+                    b,
+                    "stage boundaries must follow the layers' order, each after the one before \
+                     and after the first layer: every stage needs at least one layer",
+                ));
+            }
+            starts.push(at);
+        }
+        Ok((0..spec.layers.len())
+            .map(|i| starts.iter().filter(|&&s| s <= i).count())
+            .collect())
+    }
+
+    /// The spec one micro-batch runs: the replica's share of the batch cut `micro_batches`
+    /// ways, each loss term weighted by its share, so that the gradients the micro-batches
+    /// accumulate are the whole batch's.
+    pub fn micro_spec(&self, spec: &ModelSpec) -> Result<ModelSpec, PlanError> {
+        let m = self.micro_batches;
+        if m == 0 {
+            return Err(PlanError::model("`micro_batches` must be at least 1"));
+        }
+        if spec.replicas > 1 {
+            return Err(PlanError::model(
+                "a pipeline over data-parallel replicas is not planned yet: plan the stages \
+                 with `replicas = 1`",
+            ));
+        }
+        if !spec.batch.is_multiple_of(m) {
+            let below = (spec.batch / m * m).max(m);
+            return Err(PlanError::model(format!(
+                "`batch = {}` does not split into {m} micro-batches: the batch must be a \
+                 multiple of the micro-batch count (`batch = {below}` or `batch = {}` would be)",
+                spec.batch,
+                spec.batch / m * m + m
+            )));
+        }
+        let mut micro = spec.with_batch(spec.batch / m);
+        for term in &mut micro.loss {
+            term.weight /= m as f32;
+        }
+        Ok(micro)
+    }
+}
+
+/// The name of micro-batch `k`'s copy of tensor `name` in a stage's plan: `name@k`.
+pub fn micro_batch_name(name: &str, k: usize) -> String {
+    format!("{name}@{k}")
+}
+
+/// The tensor and micro-batch a stage plan's tensor name stands for
+/// ([`micro_batch_name`]'s inverse), or `None` for a name of no micro-batch.
+pub fn split_micro_batch_name(name: &str) -> Option<(&str, usize)> {
+    let (base, k) = name.rsplit_once('@')?;
+    Some((base, k.parse().ok()?))
+}
+
+/// Every stage's plan, and what follows from them.
+#[derive(Clone, Debug)]
+pub struct PipelinePlan {
+    pub pipeline: Pipeline,
+    /// One plan per stage, stage 0 first.
+    pub stages: Vec<StaticPlan>,
+}
+
+impl PipelinePlan {
+    /// The pipeline that `stages` (every stage's plan, stage 0 first, as [`plan_pipeline`]
+    /// makes them) are the plans of: each stage begins at its first layer, and the last
+    /// stage's order tells the schedule (1F1B runs a backward before its second forward).
+    pub fn of_stages(stages: Vec<StaticPlan>) -> PipelinePlan {
+        let boundaries: Vec<&str> = (stages.iter().skip(1))
+            .filter_map(|s| s.memory.layers.first().map(|l| l.name.as_ref()))
+            .collect();
+        let m = stages.first().map_or(1, |s| s.micro_batches as usize);
+        let last = stages.last().map(|s| &s.steps[..]).unwrap_or(&[]);
+        let second_forward = last
+            .iter()
+            .position(|s| s.micro_batch == 1 && s.phase == Phase::Forward);
+        let first_backward = last.iter().position(|s| s.phase == Phase::Backward);
+        let schedule = match (first_backward, second_forward) {
+            (Some(b), Some(f)) if b < f => PipelineSchedule::OneFOneB,
+            _ if m > 1 => PipelineSchedule::GPipe,
+            _ => PipelineSchedule::OneFOneB,
+        };
+        PipelinePlan {
+            pipeline: Pipeline::new(schedule, m, &boundaries),
+            stages,
+        }
+    }
+
+    /// The stage with the largest memory total, and that total in bytes.
+    pub fn largest_stage(&self) -> (usize, u64) {
+        (self.stages.iter().enumerate())
+            .map(|(s, p)| (s, p.memory.total))
+            .max_by_key(|&(s, total)| (total, std::cmp::Reverse(s)))
+            .unwrap_or((0, 0))
+    }
+
+    /// The share of the stages' time spent idle: the schedule replayed with a micro-batch's
+    /// forward and backward taking, on every stage, as long as on the costliest stage (by
+    /// FLOPs), which sets the pipeline's pace.
+    pub fn bubble_fraction(&self) -> f64 {
+        let m = self.pipeline.micro_batches.max(1) as u64;
+        let per_unit = |p: &StaticPlan, backward: bool| -> u64 {
+            let flops: u64 = (p.steps.iter())
+                .filter(|s| matches!(s.phase, Phase::Recompute | Phase::Backward) == backward)
+                .filter(|s| s.phase != Phase::Update)
+                .map(|s| p.step_cost(s).flops)
+                .sum();
+            (flops / m).max(1)
+        };
+        let forward = self.stages.iter().map(|p| per_unit(p, false)).max();
+        let backward = self.stages.iter().map(|p| per_unit(p, true)).max();
+        let (p, m) = (self.stages.len(), self.pipeline.micro_batches);
+        replay(
+            self.pipeline.schedule,
+            p,
+            m,
+            forward.unwrap_or(1),
+            backward.unwrap_or(1),
+        )
+        .map_or(0.0, |t| t.bubble_fraction())
+    }
+}
+
+/// Plans every stage of `spec` split by `pipeline`.
+pub fn plan_pipeline(spec: &ModelSpec, pipeline: &Pipeline) -> Result<PipelinePlan, PlanError> {
+    let stages = (0..pipeline.stages())
+        .map(|s| plan_stage(spec, pipeline, s))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(PipelinePlan {
+        pipeline: pipeline.clone(),
+        stages,
+    })
+}
+
+/// Plans stage `stage` of `spec` split by `pipeline`: its layers' steps for every
+/// micro-batch in its schedule's order, the transfers, one update, and its memory report
+/// (its own parameters, the layers' rows of its own layers). Validated before it is returned.
+pub fn plan_stage(
+    spec: &ModelSpec,
+    pipeline: &Pipeline,
+    stage: usize,
+) -> Result<StaticPlan, PlanError> {
+    let p = pipeline.stages();
+    if stage >= p {
+        return Err(PlanError::model(format!(
+            "stage {stage} of a {p}-stage pipeline"
+        )));
+    }
+    let stage_of_layer = pipeline.stage_of_layers(spec)?;
+    let micro = pipeline.micro_spec(spec)?;
+    let mut graph = Graph::build(&micro)?;
+    let step = StepGraph::build(&mut graph, &micro)?;
+    if step.loss_scaling {
+        return Err(PlanError::model(
+            "a pipeline with dynamic loss scaling is not planned yet (the stages would have to \
+             agree on skipping a step): use `bf16` or float32",
+        ));
+    }
+    let base = Schedule::build(&graph, &step);
+    check_segments(&micro, &stage_of_layer)?;
+    let cut = Cut::new(&base, &graph, &stage_of_layer, p)?;
+    let work = stage_work(pipeline.schedule, stage, p, pipeline.micro_batches);
+    let held: Vec<u32> = (0..graph.params.len() as u32)
+        .filter(|&p| stage_of_layer[graph.params[p as usize].layer] == stage)
+        .collect();
+    let m = pipeline.micro_batches;
+    let (schedule, micro_batch_of, inputs) =
+        unroll(&cut, &base, &held, stage, &work, m, &graph.inputs);
+    let mut sub = graph.clone();
+    sub.params = (held.iter())
+        .map(|&p| graph.params[p as usize].clone())
+        .collect();
+    sub.inputs = inputs;
+    let lifetimes = crate::liveness::Lifetimes::compute(&schedule, crate::ALIGNMENT);
+    let arena = crate::arena::ArenaPlan::build(&schedule, &lifetimes, crate::ALIGNMENT);
+    let mut plan = crate::estimate::assemble(&micro, &sub, &schedule, &lifetimes, &arena);
+    let mine: Vec<&str> = (spec.layers.iter().zip(&stage_of_layer))
+        .filter(|(_, &s)| s == stage)
+        .map(|(l, _)| l.name.as_str())
+        .collect();
+    let rows = plan
+        .memory
+        .layers
+        .iter()
+        .filter(|r| mine.contains(&&*r.name));
+    plan.memory.layers = Cow::Owned(rows.cloned().collect());
+    for (s, k) in plan.steps.to_mut().iter_mut().zip(micro_batch_of) {
+        s.micro_batch = k;
+    }
+    for (param, &id) in plan.params.to_mut().iter_mut().zip(&held) {
+        param.id = id;
+    }
+    (plan.stage, plan.stages, plan.micro_batches) = (stage as u32, p as u32, m as u32);
+    crate::arena::validate(&plan)
+        .map_err(|e| PlanError::internal(format!("stage {stage}'s plan failed validation: {e}")))?;
+    Ok(plan)
+}
+
+/// A checkpoint segment recomputes in its stage's backward what its forward made: it cannot
+/// reach across a boundary, since the stage before it has finished that micro-batch's
+/// forward long before.
+fn check_segments(spec: &ModelSpec, stage_of_layer: &[usize]) -> Result<(), PlanError> {
+    let mut seen: HashMap<u32, (usize, &str)> = HashMap::new();
+    for (l, &s) in spec.layers.iter().zip(stage_of_layer) {
+        let Some(seg) = l.checkpoint else { continue };
+        match seen.get(&seg) {
+            Some(&(s0, first)) if s0 != s => {
+                return Err(PlanError::at(
+                    &l.name,
+                    format!(
+                        "checkpoint segment {seg} begins at `{first}` in stage {s0} and reaches \
+                         stage {s}: a segment must lie within one stage (split it at the boundary)"
+                    ),
+                ))
+            }
+            Some(_) => {}
+            None => {
+                seen.insert(seg, (s, &l.name));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Which half of a micro-batch's work a step is part of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Half {
+    /// Forward and loss steps.
+    Forward,
+    /// Recompute and backward steps.
+    Backward,
+}
+
+fn half_of(phase: Phase) -> Option<Half> {
+    match phase {
+        Phase::Forward | Phase::Loss => Some(Half::Forward),
+        Phase::Recompute | Phase::Backward => Some(Half::Backward),
+        Phase::Update => None,
+    }
+}
+
+/// One tensor crossing from stage `from` to stage `to` in every micro-batch's `half`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Message {
+    tensor: u32,
+    from: usize,
+    to: usize,
+    half: Half,
+    /// Where the sender sends it: right after this base step, or (`None`) at the start of its
+    /// backward half (a gradient a loss wrote in the forward half).
+    after: Option<usize>,
+}
+
+impl Message {
+    /// The order both ends give a unit's messages on one channel.
+    fn order(&self) -> (usize, usize, u32) {
+        (self.from, self.after.map_or(0, |a| a + 1), self.tensor)
+    }
+}
+
+/// The one-micro-batch schedule cut into stages.
+struct Cut {
+    stages: usize,
+    /// Per base step: its stage.
+    stage_of_step: Vec<usize>,
+    messages: Vec<Message>,
+}
+
+impl Cut {
+    fn new(
+        base: &Schedule,
+        graph: &Graph,
+        stage_of_layer: &[usize],
+        stages: usize,
+    ) -> Result<Cut, PlanError> {
+        let mut writer: Vec<Option<usize>> = vec![None; base.tensors.len()];
+        let mut stage_of_step = Vec::with_capacity(base.steps.len());
+        for (i, st) in base.steps.iter().enumerate() {
+            let stage = match st.layer {
+                Some(l) => stage_of_layer[l],
+                None if st.phase == Phase::Update => (st.params.first()).map_or(stages - 1, |&p| {
+                    stage_of_layer[graph.params[p as usize].layer]
+                }),
+                // A loss term runs where the latest of its inputs is made.
+                None => (st.reads.iter().filter(|&&r| r != NONE))
+                    .filter_map(|&r| writer[r as usize].map(|w: usize| stage_of_step[w]))
+                    .max()
+                    .unwrap_or(stages - 1),
+            };
+            for &p in &st.params {
+                let home = stage_of_layer[graph.params[p as usize].layer];
+                if home != stage {
+                    let name = &graph.params[p as usize].name;
+                    return Err(PlanError::model(format!(
+                        "parameter `{name}` is stage {home}'s, and a step of stage {stage} uses                          it: a parameter shared by two layers must stay within one stage"
+                    )));
+                }
+            }
+            stage_of_step.push(stage);
+            for &w in st.writes.iter().filter(|&&w| w != NONE) {
+                if writer[w as usize].replace(i).is_some() {
+                    return Err(PlanError::internal(format!(
+                        "tensor `{}` has two writers",
+                        base.tensors[w as usize].name
+                    )));
+                }
+            }
+        }
+        let mut messages: Vec<Message> = Vec::new();
+        for (i, st) in base.steps.iter().enumerate() {
+            let to = stage_of_step[i];
+            for &r in st.reads.iter().filter(|&&r| r != NONE) {
+                let Some(w) = writer[r as usize] else {
+                    continue;
+                };
+                let from = stage_of_step[w];
+                if from == to || messages.iter().any(|m| m.tensor == r && m.to == to) {
+                    continue;
+                }
+                messages.push(message(base, r, w, from, i, to)?);
+            }
+        }
+        Ok(Cut {
+            stages,
+            stage_of_step,
+            messages,
+        })
+    }
+}
+
+/// The message that brings tensor `t` (written by base step `w` on stage `from`) to base step
+/// `reader` on stage `to`, or why the schedule cannot have one.
+fn message(
+    base: &Schedule,
+    t: u32,
+    w: usize,
+    from: usize,
+    reader: usize,
+    to: usize,
+) -> Result<Message, PlanError> {
+    let name = &base.tensors[t as usize].name;
+    let written = half_of(base.steps[w].phase);
+    let read = half_of(base.steps[reader].phase);
+    if from < to && written == Some(Half::Forward) {
+        return Ok(Message {
+            tensor: t,
+            from,
+            to,
+            half: Half::Forward,
+            after: Some(w),
+        });
+    }
+    if from > to && read == Some(Half::Backward) {
+        return Ok(Message {
+            tensor: t,
+            from,
+            to,
+            half: Half::Backward,
+            after: (written == Some(Half::Backward)).then_some(w),
+        });
+    }
+    Err(PlanError::model(format!(
+        "stage {to} reads `{name}` in its {}, which stage {from} makes in its {}: a later \
+         stage's forward cannot wait for an earlier stage's backward, nor an earlier stage's \
+         forward for a later one (move the stage boundary)",
+        base.steps[reader].phase.name(),
+        base.steps[w].phase.name()
+    )))
+}
+
+/// Stage `stage`'s schedule: for each unit of `work`, its receives, its steps (each followed
+/// by its sends) for that micro-batch's own tensors; then the updates of its parameters
+/// (`held`, the base ids of the stage's parameters, renumbered in order). Returns it with
+/// each step's micro-batch, and the model inputs the stage reads, micro-batch by micro-batch
+/// in `inputs`' order.
+fn unroll(
+    cut: &Cut,
+    base: &Schedule,
+    held: &[u32],
+    stage: usize,
+    work: &[Work],
+    micro_batches: usize,
+    inputs: &[usize],
+) -> (Schedule, Vec<u32>, Vec<usize>) {
+    let param_id: HashMap<u32, u32> = (held.iter().enumerate())
+        .map(|(i, &p)| (p, i as u32))
+        .collect();
+    let mut u = Unroller {
+        base,
+        param_id: &param_id,
+        tensors: Vec::new(),
+        steps: Vec::new(),
+        micro_batch: Vec::new(),
+        ids: HashMap::new(),
+    };
+    for &w in work {
+        let (k, half) = match w {
+            Work::Forward(k) => (k, Half::Forward),
+            Work::Backward(k) => (k, Half::Backward),
+        };
+        u.unit(cut, stage, k, half);
+    }
+    if cut.stages > 1 {
+        u.settle_flags();
+    }
+    for (i, st) in base.steps.iter().enumerate() {
+        if st.phase == Phase::Update && cut.stage_of_step[i] == stage {
+            u.push_step(st, None);
+        }
+    }
+    let each = |of: &[u32]| -> Vec<u32> {
+        (0..micro_batches)
+            .flat_map(|k| of.iter().map(move |&t| (k, t)))
+            .filter_map(|key| u.ids.get(&key).copied())
+            .collect()
+    };
+    let losses = each(&base.losses);
+    let base_inputs: Vec<u32> = inputs.iter().map(|&t| t as u32).collect();
+    let inputs = each(&base_inputs).into_iter().map(|t| t as usize).collect();
+    let updated = held.iter().map(|&p| base.updated[p as usize]).collect();
+    let micro_batch = u.micro_batch;
+    let schedule = Schedule {
+        tensors: u.tensors,
+        steps: u.steps,
+        losses,
+        // No one prediction: a stage's metrics are read from each micro-batch's prediction at
+        // its loss step, which keeps it alive that long (a one-device plan keeps its one
+        // prediction to the end of the loss phase).
+        prediction: NONE,
+        loss_scaling: base.loss_scaling,
+        training: base.training,
+        updated,
+        segments: base.segments.clone(),
+        recompute_output: base.recompute_output.clone(),
+    };
+    (schedule, micro_batch, inputs)
+}
+
+/// Builds a stage's steps and tensors, a micro-batch's copy of each base tensor made on
+/// first use.
+struct Unroller<'a> {
+    base: &'a Schedule,
+    param_id: &'a HashMap<u32, u32>,
+    tensors: Vec<STensor>,
+    steps: Vec<SStep>,
+    /// Per step: its micro-batch.
+    micro_batch: Vec<u32>,
+    /// (micro-batch, base tensor) → the stage's tensor.
+    ids: HashMap<(usize, u32), u32>,
+}
+
+impl Unroller<'_> {
+    fn tensor(&mut self, k: usize, t: u32) -> u32 {
+        if t == NONE {
+            return NONE;
+        }
+        if let Some(&id) = self.ids.get(&(k, t)) {
+            return id;
+        }
+        let mut copy = self.base.tensors[t as usize].clone();
+        copy.name = micro_batch_name(&copy.name, k);
+        self.tensors.push(copy);
+        let id = (self.tensors.len() - 1) as u32;
+        self.ids.insert((k, t), id);
+        id
+    }
+
+    /// Appends base step `st` for micro-batch `k` (`None`: a step of the whole batch, an
+    /// update, which has no tensors).
+    fn push_step(&mut self, st: &SStep, k: Option<usize>) {
+        let mut step = st.clone();
+        if let Some(k) = k {
+            step.reads = st.reads.iter().map(|&r| self.tensor(k, r)).collect();
+            step.writes = st.writes.iter().map(|&w| self.tensor(k, w)).collect();
+        }
+        self.micro_batch.push(k.unwrap_or(0) as u32);
+        step.params = (st.params.iter())
+            .map(|p| self.param_id.get(p).copied().unwrap_or(NONE))
+            .collect();
+        self.steps.push(step);
+    }
+
+    fn transfer(&mut self, m: &Message, k: usize, send: bool) {
+        let t = self.tensor(k, m.tensor);
+        let bytes = self.tensors[t as usize].raw_bytes();
+        let phase = match m.half {
+            Half::Forward => Phase::Forward,
+            Half::Backward => Phase::Backward,
+        };
+        let (op, reads, writes) = if send {
+            let op = Op::SendTensor {
+                bytes,
+                stage: m.to as u32,
+            };
+            (op, vec![t], vec![NONE, NONE])
+        } else {
+            let op = Op::RecvTensor {
+                bytes,
+                stage: m.from as u32,
+            };
+            (op, vec![], vec![t, NONE, NONE])
+        };
+        let layer = self.tensors[t as usize].layer;
+        self.micro_batch.push(k as u32);
+        self.steps.push(SStep {
+            phase,
+            layer,
+            op,
+            reads,
+            writes,
+            params: vec![],
+            in_place: vec![],
+        });
+    }
+
+    /// After the last backward: a gradient sum over no gradients, which settles the step's
+    /// non-finite flag over every stage (as a data-parallel plan's last sum does over the
+    /// replicas), so that all stages update, or all keep their weights, alike.
+    fn settle_flags(&mut self) {
+        self.micro_batch.push(0);
+        self.steps.push(SStep {
+            phase: Phase::Backward,
+            layer: None,
+            op: Op::AllReduceGradients {
+                bytes: 0,
+                last: true,
+            },
+            reads: vec![],
+            writes: vec![],
+            params: vec![],
+            in_place: vec![],
+        });
+    }
+
+    /// Micro-batch `k`'s `half` on `stage`: every receive first, in the senders' order; then
+    /// the steps, each send right after the step that writes its tensor.
+    fn unit(&mut self, cut: &Cut, stage: usize, k: usize, half: Half) {
+        let mut recvs: Vec<&Message> = (cut.messages.iter())
+            .filter(|m| m.to == stage && m.half == half)
+            .collect();
+        recvs.sort_by_key(|m| m.order());
+        for m in recvs {
+            self.transfer(m, k, false);
+        }
+        let mut sends: Vec<&Message> = (cut.messages.iter())
+            .filter(|m| m.from == stage && m.half == half)
+            .collect();
+        sends.sort_by_key(|m| (m.order(), m.to));
+        for m in sends.iter().filter(|m| m.after.is_none()) {
+            self.transfer(m, k, true);
+        }
+        for (i, st) in self.base.steps.iter().enumerate() {
+            if cut.stage_of_step[i] != stage || half_of(st.phase) != Some(half) {
+                continue;
+            }
+            self.push_step(st, Some(k));
+            for m in sends.iter().filter(|m| m.after == Some(i)) {
+                self.transfer(m, k, true);
+            }
+        }
+    }
+}

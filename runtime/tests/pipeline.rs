@@ -1,0 +1,241 @@
+//! Model parallel (issue 16) on stages that are threads of this process
+//! (`collective::Threads`): a model split into pipeline stages, each running its own plan
+//! (`memwise_plan::stage`) on its own rank with 4 micro-batches, under GPipe and 1F1B, trains
+//! to the weights one device reaches at the same global batch — the MLP in 2 stages, a
+//! 4-block GPT with dropout in 2 and in 4 (its masks drawn by micro-batch from the
+//! counter-based streams), and one stage of 4 micro-batches (gradient accumulation).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use memwise_plan::pipeline::PipelineSchedule;
+use memwise_plan::stage::{plan_stage, Pipeline};
+use memwise_plan::{plan, Activation, DType, LayerKind, LossKind, LossTerm, ModelSpec, Optimizer};
+use memwise_runtime::collective::{Collective, ThreadGroup};
+use memwise_runtime::executor::{stage_inputs, Batch, Executor};
+use memwise_runtime::Device;
+
+const STEPS: u64 = 10;
+const SEED: u64 = 3;
+
+/// A float32 GPT of `blocks` pre-LN blocks (sequence 16, width 32, 4 heads, dropout 0.1).
+fn gpt(blocks: usize, batch: usize) -> ModelSpec {
+    let mut m = ModelSpec::new("Gpt", batch);
+    m.optimizer = Optimizer::MOMENTUM;
+    m.input("x", &[16, 32], DType::F32, 1.0);
+    m.input("target", &[16, 32], DType::F32, 1.0);
+    let mut prev = "x".to_string();
+    for k in 0..blocks {
+        let n = |s: &str| format!("b{k}_{s}");
+        m.add(&n("ln1"), LayerKind::layer_norm(), &[&prev]);
+        let attention = LayerKind::Attention {
+            heads: 4,
+            causal: true,
+            dropout: 0.1,
+        };
+        m.add(&n("attn"), attention, &[]);
+        m.add(&n("drop1"), LayerKind::Dropout { rate: 0.1 }, &[]);
+        m.add(&n("res1"), LayerKind::add(), &[&n("drop1"), &prev]);
+        m.add(&n("ln2"), LayerKind::layer_norm(), &[]);
+        m.add(&n("mlp1"), LayerKind::dense(128, Activation::Gelu), &[]);
+        m.add(&n("mlp2"), LayerKind::dense(32, Activation::Linear), &[]);
+        m.add(&n("res2"), LayerKind::add(), &[&n("mlp2"), &n("res1")]);
+        prev = n("res2");
+    }
+    m.loss
+        .push(LossTerm::new(LossKind::MeanSquaredError).on(&[&prev, "target"]));
+    m
+}
+
+/// The MNIST MLP: u8 pixels → dense 512 relu → dense 10 softmax, RMSprop.
+fn mlp(batch: usize) -> ModelSpec {
+    let mut m = ModelSpec::new("MnistMlp", batch);
+    m.input("pixels", &[784], DType::U8, 1.0 / 255.0);
+    m.input("labels", &[], DType::I32, 1.0);
+    m.add(
+        "hidden",
+        LayerKind::dense(512, Activation::Relu),
+        &["pixels"],
+    );
+    m.add("logits", LayerKind::dense(10, Activation::Softmax), &[]);
+    m.loss
+        .push(LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["logits", "labels"]));
+    m
+}
+
+/// One step's whole batch, one owned buffer per model input.
+enum Owned {
+    U8(Vec<u8>),
+    I32(Vec<i32>),
+    F32(Vec<f32>),
+}
+
+impl Owned {
+    fn batch(&self) -> Batch<'_> {
+        match self {
+            Owned::U8(x) => Batch::U8(x),
+            Owned::I32(x) => Batch::I32(x),
+            Owned::F32(x) => Batch::F32(x),
+        }
+    }
+}
+
+/// Step `step`'s inputs for `spec`'s one-device plan: a different batch every step.
+fn batch_of(spec: &ModelSpec, step: u64) -> Vec<Owned> {
+    let p = plan(spec).unwrap();
+    let mut state = 0x2545_f491_4f6c_dd1d_u64 ^ step.wrapping_mul(0x9e37_79b9);
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    (p.inputs.iter())
+        .map(|&id| {
+            let t = p.tensor(id);
+            let n = t.elems();
+            match t.dtype {
+                DType::U8 => Owned::U8((0..n).map(|_| next() as u8).collect()),
+                DType::I32 => Owned::I32((0..n).map(|_| (next() % 10) as i32).collect()),
+                _ => Owned::F32(
+                    (0..n)
+                        .map(|_| (next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
+                        .collect(),
+                ),
+            }
+        })
+        .collect()
+}
+
+type Weights = BTreeMap<String, Vec<f32>>;
+
+fn weights_of(ex: &Executor) -> Weights {
+    (ex.plan().params.iter())
+        .map(|p| (p.name.to_string(), ex.param(&p.name).unwrap()))
+        .collect()
+}
+
+/// `spec` trained on one device: its weights before and after, and its losses.
+fn one_device(spec: &ModelSpec) -> (Weights, Weights, Vec<f32>) {
+    let mut ex = Executor::new(plan(spec).unwrap(), &Device::cpu(), SEED).unwrap();
+    let start = weights_of(&ex);
+    let losses = (0..STEPS)
+        .map(|step| {
+            let data = batch_of(spec, step);
+            let batches: Vec<Batch<'_>> = data.iter().map(Owned::batch).collect();
+            ex.train_step(&batches).unwrap().loss
+        })
+        .collect();
+    (start, weights_of(&ex), losses)
+}
+
+/// `spec` trained split by `pipe`, each stage a thread: every stage's weights (before and
+/// after) together, and the losses every stage reports (the same on all).
+fn pipelined(spec: &ModelSpec, pipe: &Pipeline) -> (Weights, Weights, Vec<f32>) {
+    let names: Vec<String> = {
+        let p = plan(spec).unwrap();
+        (p.inputs.iter())
+            .map(|&i| p.tensor(i).name.to_string())
+            .collect()
+    };
+    let ranks = ThreadGroup::new(pipe.stages());
+    let results: Vec<(Weights, Weights, Vec<f32>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (ranks.into_iter().enumerate())
+            .map(|(s, c)| {
+                let names = &names;
+                scope.spawn(move || {
+                    let stage = plan_stage(spec, pipe, s).unwrap();
+                    let mut ex = Executor::new(stage, &Device::cpu(), SEED).unwrap();
+                    ex.set_collective(Arc::new(c) as Arc<dyn Collective>)
+                        .unwrap();
+                    let start = weights_of(&ex);
+                    let model_inputs: Vec<&str> = names.iter().map(String::as_str).collect();
+                    let losses = (0..STEPS)
+                        .map(|step| {
+                            let data = batch_of(spec, step);
+                            let whole: Vec<Batch<'_>> = data.iter().map(Owned::batch).collect();
+                            let mine = stage_inputs(ex.plan(), &model_inputs, &whole).unwrap();
+                            ex.train_step(&mine).unwrap().loss
+                        })
+                        .collect();
+                    (start, weights_of(&ex), losses)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut all = (Weights::new(), Weights::new(), results[0].2.clone());
+    for (start, end, losses) in results {
+        assert_eq!(losses, all.2, "the stages report different losses");
+        all.0.extend(start);
+        all.1.extend(end);
+    }
+    all
+}
+
+/// The largest difference over the tensor's largest value.
+fn scaled_diff(a: &[f32], b: &[f32]) -> f32 {
+    let scale = a
+        .iter()
+        .fold(0f32, |m, x| m.max(x.abs()))
+        .max(f32::MIN_POSITIVE);
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+        / scale
+}
+
+fn check(spec: &ModelSpec, boundaries: &[&str], schedule: PipelineSchedule) {
+    let (start, end, losses) = one_device(spec);
+    let pipe = Pipeline::new(schedule, 4, boundaries);
+    let (p_start, p_end, p_losses) = pipelined(spec, &pipe);
+    // Each stage starts from the one-device model's initial weights (keyed by the model's
+    // parameter index, whatever the stage holds) and the stages hold every parameter once.
+    assert!(
+        p_start == start,
+        "the stages' initial weights are not one device's"
+    );
+    assert_eq!(p_end.len(), end.len());
+    let (mut worst, mut which) = (0f32, String::new());
+    for (name, a) in &end {
+        let d = scaled_diff(a, &p_end[name]);
+        if d > worst {
+            (worst, which) = (d, name.clone());
+        }
+    }
+    let loss_gap = (losses.iter().zip(&p_losses))
+        .map(|(a, b)| (a - b).abs() / a.abs().max(1e-3))
+        .fold(0f32, f32::max);
+    eprintln!(
+        "{} in {} stages, 4 micro-batches, {}: after {STEPS} steps the largest weight \
+         difference from one device is {worst:e} of its tensor's largest value ({which}); \
+         losses within {loss_gap:e}",
+        spec.name,
+        pipe.stages(),
+        schedule.name()
+    );
+    assert!(worst <= 1e-5, "{which} differs by {worst:e}");
+    assert!(loss_gap <= 1e-5, "losses {losses:?} vs {p_losses:?}");
+}
+
+#[test]
+fn the_mlp_in_two_stages_trains_as_one_device() {
+    for schedule in [PipelineSchedule::GPipe, PipelineSchedule::OneFOneB] {
+        check(&mlp(64), &["logits"], schedule);
+    }
+}
+
+#[test]
+fn a_gpt_in_two_and_four_stages_trains_as_one_device_dropout_included() {
+    let spec = gpt(4, 8);
+    for schedule in [PipelineSchedule::GPipe, PipelineSchedule::OneFOneB] {
+        check(&spec, &["b2_ln1"], schedule);
+        check(&spec, &["b1_ln1", "b2_ln1", "b3_ln1"], schedule);
+    }
+}
+
+#[test]
+fn one_stage_of_four_micro_batches_is_gradient_accumulation() {
+    check(&gpt(2, 8), &[], PipelineSchedule::OneFOneB);
+}
