@@ -14,7 +14,10 @@
 #      and with --zero 1 (the optimizer state sharded) with the weights of unsharded ranks
 #      (1e-6); each rank's peak RSS growth is within 5 % of its estimate (MLP at global batch
 #      4096, VAE at 2048, with and without --zero 1); a rank killed with SIGKILL
-#      mid-training ends the job within 60 s.
+#      mid-training ends the job within 60 s;
+#   6. model parallel (issue 16): the example `pipeline` (the VAE, encoder and decoder on two
+#      ranks, 4 micro-batches) under 1F1B and GPipe ends 10 steps with the weights of one
+#      process (1e-5), and a stage killed mid-training ends the job within 60 s.
 # Prints a PASS or FAIL line per check; exits non-zero when any fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -153,44 +156,77 @@ PY
 done
 
 # 3. A rank killed mid-training ends the job: mpirun exits non-zero, with a message, in 60 s.
-echo "== MPI: one of two mnist_mlp ranks killed mid-training"
-timeout 120 "${MPIRUN[@]}" target/release/examples/mnist_mlp --device cpu --data-parallel \
-    --epochs 100000 > "$LOG/kill.txt" 2>&1 &
-job=$!
-victim=""
-for _ in $(seq 100); do
-    # Training has begun once rank 0 has printed its first epoch line (anywhere in a line:
-    # the ranks share the output, and a line may follow another's unfinished one).
-    if grep -q "Epoch 1/" "$LOG/kill.txt"; then
-        victim=$(pgrep -f "target/release/examples/mnist_mlp --device cpu --data-parallel" \
-            | tail -n 1 || true)
-        break
+# kill_test WHAT LOG STARTED VICTIM CMD…: runs CMD in the background, waits until LOG shows
+# STARTED, kills the newest process whose command line matches VICTIM (a rank: mpirun's own
+# line is older), and requires mpirun to end within 60 s with a non-zero status and a message.
+kill_test() {
+    local what="$1" log="$2" started="$3" pattern="$4"
+    shift 4
+    timeout 120 "$@" > "$log" 2>&1 &
+    local job=$! victim="" rc=0
+    for _ in $(seq 100); do
+        # Anywhere in a line: the ranks share the output, and a line may follow another's
+        # unfinished one.
+        if grep -q "$started" "$log"; then
+            victim=$(pgrep -f "$pattern" | tail -n 1 || true)
+            break
+        fi
+        sleep 0.2
+    done
+    if [[ -z "$victim" ]]; then
+        kill "$job" 2> /dev/null || true
+        wait "$job" || true
+        cat "$log"
+        fail "$what: training never started"
+        return
     fi
-    sleep 0.2
-done
-rc=0
-if [[ -z "$victim" ]]; then
-    kill "$job" 2> /dev/null || true
-    wait "$job" || true
-    cat "$LOG/kill.txt"
-    fail "kill test: training never started"
-else
+    local start
     start=$(date +%s.%N)
     kill -KILL "$victim"
     wait "$job" || rc=$?
+    local secs
     secs=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }')
-    tail -n 8 "$LOG/kill.txt"
+    tail -n 8 "$log"
     # 137 is the killed rank's own status (128 + SIGKILL), which mpirun passes on; 124 is
     # `timeout`'s: the job outlived 120 s.
     if [[ $rc == 0 || $rc == 124 ]]; then
-        fail "kill test: mpirun exited with status $rc after $secs s"
-    elif awk -v s="$secs" 'BEGIN { exit !(s < 60) }' && grep -qi "killed\|signal" "$LOG/kill.txt"; then
-        pass "kill test: the job ended with status $rc and a message $secs s after the kill"
+        fail "$what: mpirun exited with status $rc after $secs s"
+    elif awk -v s="$secs" 'BEGIN { exit !(s < 60) }' && grep -qi "killed\|signal" "$log"; then
+        pass "$what: the job ended with status $rc and a message $secs s after the kill"
     else
-        fail "kill test: status $rc after $secs s, or no message naming the killed rank"
+        fail "$what: status $rc after $secs s, or no message naming the killed rank"
     fi
-fi
+}
 
+echo "== MPI: one of two mnist_mlp ranks killed mid-training"
+kill_test "kill test" "$LOG/kill.txt" "Epoch 1/" \
+    "target/release/examples/mnist_mlp --device cpu --data-parallel" \
+    "${MPIRUN[@]}" target/release/examples/mnist_mlp --device cpu --data-parallel --epochs 100000
+
+echo "== MPI: model parallel, the VAE in 2 pipeline stages (examples/pipeline)"
+must "build pipeline with --features mpi (release)" \
+    cargo build --release --features mpi --example pipeline
+bin=target/release/examples/pipeline
+rc=0
+timeout 300 "$bin" --one-device --steps 10 --save-weights "$LOG/pipeline.1process.safetensors" \
+    > "$LOG/pipeline.1process.txt" 2>&1 || rc=$?
+for schedule in one_f_one_b gpipe; do
+    w="$LOG/pipeline.$schedule.safetensors"
+    timeout 300 "${MPIRUN[@]}" "$bin" --mpi --schedule "$schedule" --steps 10 --save-weights "$w" \
+        > "$LOG/pipeline.$schedule.txt" 2>&1 || rc=$?
+    cat "$LOG/pipeline.$schedule.txt"
+    if [[ $rc != 0 ]]; then
+        fail "pipeline ($schedule): a run exited with status $rc"
+    elif python3 scripts/compare_weights.py --tol 1e-5 "$LOG/pipeline.1process.safetensors" \
+        "$w.stage0" "$w.stage1"; then
+        pass "pipeline ($schedule): 2 stages = 1 process after 10 steps"
+    else
+        fail "pipeline ($schedule): the stages trained different weights from one process"
+    fi
+done
+echo "== MPI: one of two pipeline stages killed mid-training"
+kill_test "pipeline kill test" "$LOG/pipeline.kill.txt" "training" "$bin --mpi --steps 100000" \
+    "${MPIRUN[@]}" "$bin" --mpi --steps 100000
 
 if [[ $failed != 0 ]]; then
     echo "ci-mpi: FAIL (see the FAIL lines above)"

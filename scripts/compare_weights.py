@@ -4,6 +4,9 @@ with the standard library alone: the same tensor names and shapes, and per tenso
 largest difference over the tensor's largest value. Exits 1 when that exceeds --tol.
 
     python3 scripts/compare_weights.py A.safetensors B.safetensors --tol 1e-5
+
+B may be several files, read as one: the weights of a model split into pipeline stages,
+each stage's file holding its own layers' tensors (a tensor in two files is an error).
 """
 import argparse
 import json
@@ -32,10 +35,16 @@ def read(path):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("a")
-    p.add_argument("b")
+    p.add_argument("b", nargs="+")
     p.add_argument("--tol", type=float, default=1e-5)
     args = p.parse_args()
-    a, b = read(args.a), read(args.b)
+    a, b = read(args.a), {}
+    for path in args.b:
+        part = read(path)
+        twice = sorted(set(part) & set(b))
+        if twice:
+            sys.exit(f"{path}: {twice} also in an earlier file")
+        b.update(part)
     if sorted(a) != sorted(b):
         sys.exit(f"different tensors: {sorted(a)} vs {sorted(b)}")
     worst, worst_name = 0.0, ""

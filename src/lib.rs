@@ -82,6 +82,9 @@ pub use memwise_macros::__model_continue;
 /// | `checkpoint` | `auto`: the macro chooses the segments to checkpoint so the step fits `budget` (required with it) with the least recomputation; `AUTO_CHECKPOINT` says what it chose | none (`#[checkpoint]` on fields) |
 /// | `replicas` | data-parallel replicas sharing each global `batch` (which they must divide), or a range of counts chosen at run time, `2..=8` (the consts are then the smallest count's, whose replicas hold the most); the plan and `MEMORY` are one replica's (`docs/DATA_PARALLEL.md`) | 1 |
 /// | `zero` | the ZeRO stage: `1` shards the optimizer state over the replicas (each updates its 1/N, then the weights are gathered), `0` none | 0 |
+/// | `stages` | model parallel: `N` splits the model into N pipeline stages (one device each), the split chosen to make the largest stage's memory smallest, then the bubble; `auto` takes the fewest stages (up to 8) whose largest fits `budget`. Or mark the fields with `#[stage(k)]` (`docs/PIPELINE.md`) | one stage |
+/// | `micro_batches` | each batch is cut into this many micro-batches, which flow through the stages (it must divide `batch`); with one stage this is gradient accumulation | 1 |
+/// | `schedule` | the stages' order of micro-batches: `one_f_one_b` (1F1B: a stage keeps at most as many in flight as stages follow it) or `gpipe` (every forward, then every backward) | `one_f_one_b` |
 ///
 /// Optimizer options, with Keras's names and defaults: `sgd(lr = 0.01, momentum = 0.0,
 /// nesterov = false)` (a momentum above 0 makes it `momentum`), `momentum(lr = 0.01,
@@ -214,6 +217,10 @@ pub use memwise_macros::__model_continue;
 ///   element. `checkpoint = auto` weighs it next to segments. Not beside `#[checkpoint]`.
 /// - `#[fp16]`, `#[bf16]`, `#[f32]`: the layer computes and stores its activations in that
 ///   type, whatever the model's `precision` (one per field; not on inputs).
+/// - `#[stage(k)]` (on a model's field): model parallel — this field and the ones after it,
+///   up to the next `#[stage]`, are pipeline stage `k` (stages numbered from 0 in field
+///   order; the fields before the first `#[stage]` are stage 0). A checkpoint segment stays
+///   within one stage.
 ///
 /// ```
 /// use memwise::prelude::*;
@@ -266,7 +273,13 @@ pub use memwise_macros::__model_continue;
 ///   budget (with `checkpoint = auto`, checkpointed as the solver chooses at that batch);
 /// - with `checkpoint = auto`: `const AUTO_CHECKPOINT: &str`, what the solver chose and what
 ///   it costs ("checkpoints 2 segments (5 layers): … recomputes 31% of forward FLOPs"),
-///   also shown by `summary()`.
+///   also shown by `summary()`;
+/// - split into pipeline stages (`#[stage(k)]`, `stages`, `micro_batches`): `const STAGES:
+///   &[StaticPlan]` (every stage's plan, each run by its own rank through
+///   `memwise::runtime::stage::StageTrainer`), `const STAGE_MEMORY: [MemoryReport; N]`,
+///   `const LARGEST_STAGE: usize`, `const MICRO_BATCHES: usize`, `const BUBBLE_FRACTION:
+///   f64`; `PLAN` and `MEMORY` stay the whole model on one device, for comparison, and the
+///   budget (with `MAX_BATCH`) applies to each stage. `summary()` shows every stage.
 ///
 /// The [`Model`] trait adds `MyNet::new(&Device)` (import `memwise::Model`, or use the
 /// prelude): the model built on a device, ready to `fit`, `evaluate` and `predict`;

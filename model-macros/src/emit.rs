@@ -247,6 +247,10 @@ pub fn stub_items(item: &ItemStruct, errors: TokenStream) -> TokenStream {
             pub const PARAMS: u64 = 0;
             pub const MAX_BATCH: usize = 0;
             pub const AUTO_CHECKPOINT: &'static str = "";
+            pub const STAGES: &'static [::memwise::plan::StaticPlan] = &[];
+            pub const LARGEST_STAGE: usize = 0;
+            pub const MICRO_BATCHES: usize = 1;
+            pub const BUBBLE_FRACTION: f64 = 0.0;
             pub fn spec() -> ::memwise::plan::ModelSpec {
                 ::core::unreachable!("the model did not compile")
             }

@@ -273,15 +273,26 @@ fn the_chosen_split_is_no_worse_than_any_single_boundary_and_fits_where_it_says(
     let chosen = balance(&spec, 2, 4, PipelineSchedule::OneFOneB).unwrap();
     let best = chosen.largest_stage().1;
     // Every two-stage split: none has a smaller largest stage.
-    let layers: Vec<&str> = spec.layers.iter().skip(2).map(|l| l.name.as_str()).collect();
+    let layers: Vec<&str> = spec
+        .layers
+        .iter()
+        .skip(2)
+        .map(|l| l.name.as_str())
+        .collect();
     for at in &layers[1..] {
         let pipe = Pipeline::new(PipelineSchedule::OneFOneB, 4, &[at]);
         if let Ok(pp) = plan_pipeline(&spec, &pipe) {
-            assert!(pp.largest_stage().1 >= best, "a split at `{at}` beats the chosen one");
+            assert!(
+                pp.largest_stage().1 >= best,
+                "a split at `{at}` beats the chosen one"
+            );
         }
     }
     // The fewest stages that fit a budget between the 2- and the 1-stage totals: 2.
-    let one = balance(&spec, 1, 4, PipelineSchedule::OneFOneB).unwrap().largest_stage().1;
+    let one = balance(&spec, 1, 4, PipelineSchedule::OneFOneB)
+        .unwrap()
+        .largest_stage()
+        .1;
     assert!(best < one);
     let fit = fewest_stages(&spec, (best + one) / 2, 4, PipelineSchedule::OneFOneB).unwrap();
     assert_eq!(fit.stages.len(), 2);

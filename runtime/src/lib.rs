@@ -19,6 +19,7 @@ pub mod plot;
 pub mod reference;
 pub mod report;
 pub mod roofline;
+pub mod stage;
 pub mod train;
 pub mod walk;
 pub mod warm_up;

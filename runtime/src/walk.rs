@@ -37,8 +37,11 @@ pub struct PlanExecutor<K: Kernels> {
     profile: Option<Vec<f64>>,
     /// Steps run in all (every phase), for tests that count work.
     pub steps_executed: u64,
-    /// Data parallel: the other replicas ([`PlanExecutor::set_collective`]).
+    /// Data parallel: the other replicas ([`PlanExecutor::set_collective`]); model parallel:
+    /// the other stages.
     collective: Option<std::sync::Arc<dyn Collective>>,
+    /// [`PlanExecutor::send_buffer_bytes`].
+    send_buffer_bytes: u64,
 }
 
 fn kerr(step: &PlanStep, e: k::KernelError) -> RuntimeError {
@@ -73,6 +76,7 @@ impl<K: Kernels> PlanExecutor<K> {
             profile: None,
             steps_executed: 0,
             collective: None,
+            send_buffer_bytes: 0,
         }
     }
 
@@ -152,8 +156,21 @@ impl<K: Kernels> PlanExecutor<K> {
                 self.seed
             )));
         }
+        // One step's sends, buffered once where a send could wait for its receiver.
+        let sends = (self.plan().steps.iter()).filter_map(|s| match s.op {
+            memwise_plan::Op::SendTensor { bytes, .. } => Some(bytes as usize),
+            _ => None,
+        });
+        let (bytes, messages) = sends.fold((0, 0), |(b, n), x| (b + x, n + 1));
+        self.send_buffer_bytes = c.reserve_sends(bytes, messages)?;
         self.collective = Some(c);
         Ok(())
+    }
+
+    /// Host bytes the stages' collective holds for this stage's sends
+    /// ([`Collective::reserve_sends`]; 0 but on a pipeline stage whose sends could wait).
+    pub fn send_buffer_bytes(&self) -> u64 {
+        self.send_buffer_bytes
     }
 
     /// The data-parallel replicas this executor is one of, if any.

@@ -1697,3 +1697,73 @@ impl HostMemorySums {
         self.threads.clone()
     }
 }
+
+/// Model parallel on the GPU executor: the MLP in 2 pipeline stages of 4 micro-batches, each
+/// stage an emulated device on its own thread (its transfers through the host), trains as
+/// one CPU at the global batch — and the GPU executor's stages never capture a graph.
+#[test]
+fn pipeline_stages_on_emulated_devices_train_as_one_cpu() {
+    use memwise_plan::pipeline::PipelineSchedule;
+    use memwise_plan::stage::{plan_stage, Pipeline};
+    use memwise_runtime::executor::stage_inputs;
+    use std::sync::Arc;
+    let spec = zoo::mnist_mlp(32);
+    let one = plan(&spec).unwrap();
+    let inputs: Vec<Vec<Vec<u8>>> = (0..3).map(|s| random_inputs(&one, 500 + s)).collect();
+    let mut cpu = Executor::new(one.clone(), &Device::cpu(), 11).unwrap();
+    let cpu_losses: Vec<f32> = (inputs.iter())
+        .map(|raw| cpu.train_step(&batches(&one, raw)).unwrap().loss)
+        .collect();
+    let names: Vec<String> = (one.inputs.iter())
+        .map(|&i| one.tensor(i).name.to_string())
+        .collect();
+    for schedule in [PipelineSchedule::GPipe, PipelineSchedule::OneFOneB] {
+        let pipe = Pipeline::new(schedule, 4, &["logits"]);
+        // Per stage: its losses, and its parameters by name.
+        type StageRun = (Vec<f32>, Vec<(String, Vec<f32>)>);
+        let results: Vec<StageRun> = std::thread::scope(|s| {
+            let hs: Vec<_> = (ThreadGroup::new(2).into_iter())
+                .map(|c| {
+                    let (spec, pipe, one, inputs, names) = (&spec, &pipe, &one, &inputs, &names);
+                    s.spawn(move || {
+                        let stage = plan_stage(spec, pipe, c.rank()).unwrap();
+                        let mut gpu =
+                            GpuExecutor::new(stage, &Device::cpu(), EmuBackend::default(), 11)
+                                .unwrap();
+                        gpu.set_collective(Arc::new(c) as Arc<dyn Collective>)
+                            .unwrap();
+                        let model_inputs: Vec<&str> = names.iter().map(String::as_str).collect();
+                        let losses = (inputs.iter())
+                            .map(|raw| {
+                                let whole = batches(one, raw);
+                                let mine = stage_inputs(gpu.plan(), &model_inputs, &whole).unwrap();
+                                gpu.train_step(&mine).unwrap().loss
+                            })
+                            .collect();
+                        let weights = (gpu.plan().params.iter())
+                            .map(|p| (p.name.to_string(), gpu.param(&p.name).unwrap()))
+                            .collect();
+                        (losses, weights)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (c, g) in cpu_losses.iter().zip(&results[0].0) {
+            assert!(
+                (c - g).abs() / c.abs().max(1e-3) < 1e-4,
+                "{schedule:?}: loss {c} vs {g}"
+            );
+        }
+        let mut seen = 0;
+        for (name, w) in results.iter().flat_map(|r| r.1.iter()) {
+            let e = rel(w, &cpu.param(name).unwrap());
+            assert!(
+                e < 2e-3,
+                "{schedule:?}: `{name}` differs by {e:.2e} (relative L2)"
+            );
+            seen += 1;
+        }
+        assert_eq!(seen, one.params.len());
+    }
+}

@@ -239,3 +239,47 @@ fn a_gpt_in_two_and_four_stages_trains_as_one_device_dropout_included() {
 fn one_stage_of_four_micro_batches_is_gradient_accumulation() {
     check(&gpt(2, 8), &[], PipelineSchedule::OneFOneB);
 }
+
+/// A stage that stops mid-training (its rank gone after 2 steps): the other stage's next
+/// step is an `Err` that says so, at once, not a hang.
+#[test]
+fn a_stage_that_leaves_ends_the_others_step_with_an_error() {
+    let spec = mlp(64);
+    let pipe = Pipeline::new(PipelineSchedule::OneFOneB, 4, &["logits"]);
+    let names: Vec<String> = {
+        let p = plan(&spec).unwrap();
+        (p.inputs.iter())
+            .map(|&i| p.tensor(i).name.to_string())
+            .collect()
+    };
+    let ranks = ThreadGroup::with_timeout(2, std::time::Duration::from_secs(30));
+    let outcomes: Vec<Result<u64, String>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (ranks.into_iter().enumerate())
+            .map(|(s, c)| {
+                let (spec, pipe, names) = (&spec, &pipe, &names);
+                scope.spawn(move || {
+                    let stage = plan_stage(spec, pipe, s).unwrap();
+                    let mut ex = Executor::new(stage, &Device::cpu(), SEED).unwrap();
+                    ex.set_collective(Arc::new(c) as Arc<dyn Collective>)
+                        .unwrap();
+                    let model_inputs: Vec<&str> = names.iter().map(String::as_str).collect();
+                    let last = if s == 1 { 2 } else { STEPS };
+                    for step in 0..last {
+                        let data = batch_of(spec, step);
+                        let whole: Vec<Batch<'_>> = data.iter().map(Owned::batch).collect();
+                        let mine = stage_inputs(ex.plan(), &model_inputs, &whole).unwrap();
+                        if let Err(e) = ex.train_step(&mine) {
+                            return Err(e.to_string());
+                        }
+                    }
+                    Ok(last)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(outcomes[1], Ok(2));
+    let err = outcomes[0].as_ref().unwrap_err();
+    eprintln!("stage 0 after stage 1 left: {err}");
+    assert!(err.contains("rank 1"), "{err}");
+}

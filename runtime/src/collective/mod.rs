@@ -50,6 +50,15 @@ pub trait Collective: Send + Sync {
     fn send(&self, to: usize, bytes: &[u8]) -> Result<()>;
     /// Receives the next message from rank `from` into `bytes`, which must be its length.
     fn recv(&self, from: usize, bytes: &mut [u8]) -> Result<()>;
+    /// A pipeline stage sends at most `bytes` in `messages` messages a step, each received
+    /// within the step: an engine whose sends may wait for their receiver (MPI's rendezvous)
+    /// sets that much buffer aside once, so that every later [`Collective::send`] returns at
+    /// once and two stages that send to each other cannot wait on each other. Returns the
+    /// host bytes it holds for it (0: its sends never wait).
+    fn reserve_sends(&self, bytes: usize, messages: usize) -> Result<u64> {
+        let _ = (bytes, messages);
+        Ok(0)
+    }
     /// Every rank holds the same `bytes`, of which rank `r`'s part (the byte range `part(r)`,
     /// the same on every rank; parts do not overlap) is up to date there: copies each rank's
     /// part to every other rank, in place. One broadcast per rank from its own part: nothing

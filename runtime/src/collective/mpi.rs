@@ -47,6 +47,9 @@ struct Inner {
     /// The send buffers of the sums (the mpi crate has no in-place all-reduce).
     send_f32: Vec<f32>,
     send_f64: Vec<f64>,
+    /// Sends go through the buffer attached for them (`MPI_Bsend`), once a pipeline stage
+    /// has reserved it ([`Collective::reserve_sends`]).
+    buffered: bool,
 }
 
 /// This process's rank of a job launched by `mpirun` (`mpirun -n N program`): one per
@@ -67,6 +70,9 @@ impl Mpi {
     /// The most elements one `MPI_Allreduce` carries: longer sums run in pieces of this
     /// many, so the send buffer never holds more (and every count fits MPI's `int`).
     pub const CHUNK: usize = 1 << 20;
+
+    /// The bytes a buffered send holds beside its message: at least `MPI_BSEND_OVERHEAD`.
+    const BSEND_OVERHEAD: usize = 1024;
 
     /// Initialises MPI (`MPI_Init_thread`, asking for `MPI_THREAD_SERIALIZED`) and returns
     /// this process's rank of `MPI_COMM_WORLD`.
@@ -105,6 +111,7 @@ impl Mpi {
                 universe,
                 send_f32: Vec::new(),
                 send_f64: Vec::new(),
+                buffered: false,
             }),
         })
     }
@@ -210,9 +217,29 @@ impl Collective for Mpi {
         let dest = world.process_at_rank(to as mpi::Rank);
         // MPI counts in `int`: pieces of at most 1 GiB, received piece by piece alike.
         for piece in bytes.chunks(1 << 30) {
-            dest.send(piece);
+            if inner.buffered {
+                dest.buffered_send(piece);
+            } else {
+                dest.send(piece);
+            }
         }
         Ok(())
+    }
+
+    fn reserve_sends(&self, bytes: usize, messages: usize) -> Result<u64> {
+        // MPI_BSEND_OVERHEAD is below 100 bytes in Open MPI; a piece of 1 GiB is one message.
+        let pieces = messages + bytes / (1 << 30);
+        let size = bytes + pieces * Self::BSEND_OVERHEAD;
+        let mut inner = self.lock();
+        if i32::try_from(size).is_err() {
+            return Err(RuntimeError::Input(format!(
+                "MPI: a stage sends {bytes} bytes a step, more than one MPI buffer holds (2 GiB): \
+                 use more micro-batches, or more stages"
+            )));
+        }
+        inner.universe.set_buffer_size(size);
+        inner.buffered = true;
+        Ok(size as u64)
     }
 
     fn recv(&self, from: usize, bytes: &mut [u8]) -> Result<()> {

@@ -192,6 +192,10 @@ impl Collective for Nccl {
         self.mpi.recv(from, bytes)
     }
 
+    fn reserve_sends(&self, bytes: usize, messages: usize) -> Result<u64> {
+        self.mpi.reserve_sends(bytes, messages)
+    }
+
     fn engine(&self) -> &'static str {
         "NCCL"
     }

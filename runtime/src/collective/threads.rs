@@ -108,7 +108,7 @@ impl Threads {
             }
             if let Some(why) = &st.broken {
                 return Err(RuntimeError::Device(format!(
-                    "data parallel ({what}, rank {}): {why}",
+                    "threads job ({what}, rank {}): {why}",
                     self.rank
                 )));
             }
@@ -121,7 +121,7 @@ impl Threads {
                 );
                 st.broken = Some(why.clone());
                 self.shared.changed.notify_all();
-                return Err(RuntimeError::Device(format!("data parallel: {why}")));
+                return Err(RuntimeError::Device(format!("threads job: {why}")));
             }
             st = self
                 .shared
@@ -292,7 +292,7 @@ impl Collective for Threads {
         let mut st = self.lock();
         if let Some(why) = &st.broken {
             return Err(RuntimeError::Device(format!(
-                "data parallel (a send to rank {to}, rank {}): {why}",
+                "threads job (a send to rank {to}, rank {}): {why}",
                 self.rank
             )));
         }

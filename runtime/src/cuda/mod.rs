@@ -360,12 +360,14 @@ impl<B: Backend> CudaKernels<B> {
                 self.backend.replay().map_err(dev)?;
                 self.graph_replays += 1;
             }
-            // A data-parallel step sums its gradients through the host: nothing to capture.
+            // A data-parallel step sums its gradients through the host, and a pipeline
+            // stage's sends and receives are host calls: nothing to capture.
             Graph::Eager
                 if self.use_graph
                     && !self.sync_each_launch
                     && self.eager_steps > 0
-                    && self.plan.replicas == 1 =>
+                    && self.plan.replicas == 1
+                    && self.plan.stages == 1 =>
             {
                 self.capture_and_replay(steps)?
             }

@@ -1,0 +1,205 @@
+//! The guide's convolutional VAE split over two devices (model parallel): the encoder is
+//! pipeline stage 0, the decoder (from `dec_dense`, marked `#[stage(1)]`) stage 1; each batch
+//! of 128 runs as 4 micro-batches of 32 under the 1F1B schedule. Every stage's memory is a
+//! const (`ConvVae::STAGE_MEMORY`), and `--summary` prints them.
+//!
+//! `cargo run --release --example pipeline` trains both stages as threads of this process on
+//! the bundled MNIST digits; `--one-device` trains the whole model on one device instead,
+//! on the same batches (for comparison: `--save-weights` from both, then
+//! `scripts/compare_weights.py`). Built with `--features mpi`, `mpirun -n 2 … --mpi` runs
+//! each stage as its own process; each writes its stage's weights (`PATH.stage0`, …).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Parser;
+use memwise::prelude::*;
+use memwise::runtime::collective::{Collective, ThreadGroup};
+use memwise::runtime::data::dataset::InMemory;
+use memwise::runtime::data::idx::load_bundled_digits;
+use memwise::runtime::stage::StageTrainer;
+
+type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+#[memwise::model(
+    batch = 128,
+    optimizer = adam,
+    micro_batches = 4,
+    loss = binary_crossentropy(decoded, pixels, reduction = sum) + kl_normal(z_mean, z_log_var),
+    budget = "1 GiB"
+)]
+pub struct ConvVae {
+    #[input(shape = [28, 28, 1], dtype = u8, scale = 1.0 / 255.0)]
+    pixels: Input,
+    #[conv2d(32, 3, strides = 2, padding = same, activation = relu)]
+    enc_conv1: Conv2d,
+    #[conv2d(64, 3, strides = 2, padding = same, activation = relu)]
+    enc_conv2: Conv2d,
+    #[flatten]
+    enc_flatten: Flatten,
+    #[dense(16, activation = relu)]
+    enc_dense: Dense,
+    #[dense(2, from = enc_dense)]
+    z_mean: Dense,
+    #[dense(2, from = enc_dense)]
+    z_log_var: Dense,
+    #[sample_normal(z_mean, z_log_var)]
+    z: SampleNormal,
+    #[stage(1)]
+    #[dense(7 * 7 * 64, activation = relu)]
+    dec_dense: Dense,
+    #[reshape([7, 7, 64])]
+    dec_reshape: Reshape,
+    #[conv2d_transpose(64, 3, strides = 2, padding = same, activation = relu)]
+    dec_deconv1: Conv2dTranspose,
+    #[conv2d_transpose(32, 3, strides = 2, padding = same, activation = relu)]
+    dec_deconv2: Conv2dTranspose,
+    #[conv2d_transpose(1, 3, padding = same, activation = sigmoid)]
+    decoded: Conv2dTranspose,
+}
+
+// Each stage fits the declared budget: checked when this compiles.
+const _: () = assert!(ConvVae::STAGES.len() == 2);
+
+#[derive(Parser, Debug)]
+struct Flags {
+    /// Print the summary (each stage's memory) and exit.
+    #[arg(long)]
+    summary: bool,
+    /// Training steps.
+    #[arg(long, default_value_t = 10)]
+    steps: usize,
+    /// Train the whole model on one device (the comparison).
+    #[arg(long)]
+    one_device: bool,
+    /// This process is one stage of an `mpirun -n 2` job (built with `--features mpi`).
+    #[arg(long)]
+    mpi: bool,
+    /// Write the trained weights here (a stage's: `PATH.stage<k>`).
+    #[arg(long)]
+    save_weights: Option<PathBuf>,
+    /// The pipeline schedule, instead of the declared 1F1B: `gpipe` or `one_f_one_b`.
+    #[arg(long)]
+    schedule: Option<String>,
+    /// The seed the weights start from.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+fn main() -> Res<()> {
+    let flags = Flags::parse();
+    if flags.summary {
+        println!("{}", ConvVae::summary());
+        return Ok(());
+    }
+    let (train, _) = load_bundled_digits()?;
+    let data = InMemory::mnist_images(&train);
+    if flags.one_device {
+        return one_device(&flags, &data);
+    }
+    if flags.mpi {
+        return on_mpi(&flags, &data);
+    }
+    let stages = ThreadGroup::new(ConvVae::STAGES.len());
+    let losses: Vec<Res<Vec<f32>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (stages.into_iter())
+            .map(|c| {
+                let (flags, data) = (&flags, &data);
+                scope.spawn(move || run_stage(flags, data, Arc::new(c)))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a stage's thread panicked".into()))
+            })
+            .collect()
+    });
+    let mut first = None;
+    for l in losses {
+        first = first.or(Some(l?));
+    }
+    print_losses("2 stages (threads)", &first.unwrap_or_default());
+    Ok(())
+}
+
+/// The model as declared, under `--schedule` if given.
+fn spec(flags: &Flags) -> Res<memwise::plan::ModelSpec> {
+    use memwise::plan::pipeline::PipelineSchedule;
+    let mut spec = ConvVae::spec();
+    if let (Some(name), Some(pipe)) = (&flags.schedule, spec.pipeline.as_mut()) {
+        pipe.schedule = match name.as_str() {
+            "gpipe" => PipelineSchedule::GPipe,
+            "one_f_one_b" => PipelineSchedule::OneFOneB,
+            other => return Err(format!("--schedule {other}: `gpipe` or `one_f_one_b`").into()),
+        };
+    }
+    Ok(spec)
+}
+
+/// Trains one stage (`c.rank()`) and writes its weights.
+fn run_stage(flags: &Flags, data: &InMemory, c: Arc<dyn Collective>) -> Res<Vec<f32>> {
+    let stage = c.rank();
+    let mut t = StageTrainer::build(&spec(flags)?, &Device::cpu(), flags.seed, c)?;
+    let m = &t.plan().memory;
+    eprintln!(
+        "stage {stage}: training {} steps; its plan holds {:.2} MiB",
+        flags.steps,
+        m.total as f64 / (1 << 20) as f64
+    );
+    let losses = t.train_steps(data, flags.steps)?;
+    if let Some(p) = &flags.save_weights {
+        let path = PathBuf::from(format!("{}.stage{stage}", p.display()));
+        t.engine().save_weights(&path)?;
+        eprintln!("stage {stage}'s weights written to {}", path.display());
+    }
+    Ok(losses)
+}
+
+#[cfg(feature = "mpi")]
+fn on_mpi(flags: &Flags, data: &InMemory) -> Res<()> {
+    let mpi = memwise::runtime::collective::Mpi::init()?;
+    let rank = mpi.rank();
+    let losses = run_stage(flags, data, Arc::new(mpi))?;
+    if rank == 0 {
+        print_losses("2 stages (MPI ranks)", &losses);
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "mpi"))]
+fn on_mpi(_: &Flags, _: &InMemory) -> Res<()> {
+    Err("--mpi needs the example built with `--features mpi`".into())
+}
+
+/// The whole model on one device, on the same batches in the same order.
+fn one_device(flags: &Flags, data: &InMemory) -> Res<()> {
+    let mut spec = ConvVae::spec();
+    spec.pipeline = None;
+    let whole = memwise::plan::plan(&spec)?;
+    let mut pipe = spec.clone();
+    pipe.pipeline = Some(memwise::plan::stage::Pipeline::new(
+        memwise::plan::pipeline::PipelineSchedule::OneFOneB,
+        1,
+        &[],
+    ));
+    // One stage of one micro-batch is the one-device plan; its trainer feeds the batches.
+    let one = ThreadGroup::new(1).pop().ok_or("no rank")?;
+    let mut t = StageTrainer::build(&pipe, &Device::cpu(), flags.seed, Arc::new(one))?;
+    if t.plan().memory.total != whole.memory.total {
+        return Err("one stage of one micro-batch should plan as the whole model".into());
+    }
+    let losses = t.train_steps(data, flags.steps)?;
+    if let Some(p) = &flags.save_weights {
+        t.engine().save_weights(p)?;
+        eprintln!("weights written to {}", p.display());
+    }
+    print_losses("one device", &losses);
+    Ok(())
+}
+
+fn print_losses(what: &str, losses: &[f32]) {
+    let text: Vec<String> = losses.iter().map(|l| format!("{l:.2}")).collect();
+    println!("{what}: loss by step {}", text.join(", "));
+}

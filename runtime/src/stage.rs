@@ -1,0 +1,130 @@
+//! A pipeline stage's training on its rank (model parallel, issue 16): the stage's plan from
+//! the model's split and the rank ([`memwise_plan::stage::plan_stage`]), its engine joined to
+//! the other stages through their [`Collective`], and each step's micro-batches cut from the
+//! whole batch, so that every stage is handed the same batches one device would train on.
+
+use std::sync::Arc;
+
+use memwise_plan::stage::plan_stage;
+use memwise_plan::{ModelSpec, StaticPlan};
+
+use crate::collective::Collective;
+use crate::data::dataset::{Column, Dataset};
+use crate::device::Device;
+use crate::engine::{build_engine, Engine};
+use crate::error::{Result, RuntimeError};
+use crate::executor::{stage_inputs, Batch, StepOutput};
+
+/// One stage of a model split into a pipeline, trained on its own rank.
+pub struct StageTrainer {
+    engine: Box<dyn Engine>,
+    /// The one-device plan's input tensors' names, in its order (the whole batch's columns).
+    model_inputs: Vec<String>,
+    /// Each model input's values per sample, in the same order.
+    per_sample: Vec<usize>,
+    global_batch: usize,
+}
+
+impl StageTrainer {
+    /// Stage `c.rank()` of `spec`'s pipeline (`spec.pipeline`, which needs `c.size()`
+    /// stages) on `device`, its weights initialised from `seed` as the one-device model's
+    /// (the same seed on every stage).
+    pub fn build(
+        spec: &ModelSpec,
+        device: &Device,
+        seed: u64,
+        c: Arc<dyn Collective>,
+    ) -> Result<StageTrainer> {
+        let Some(pipe) = &spec.pipeline else {
+            return Err(RuntimeError::Input(format!(
+                "`{}` is not split into stages: mark the field each stage begins at with \
+                 `#[stage(k)]`, or give the model `stages = N`",
+                spec.name
+            )));
+        };
+        if c.size() != pipe.stages() {
+            return Err(RuntimeError::Input(format!(
+                "`{}` is split into {} stages, and the {} job has {} ranks: launch one rank per \
+                 stage",
+                spec.name,
+                pipe.stages(),
+                c.engine(),
+                c.size()
+            )));
+        }
+        let one = memwise_plan::plan(&spec.with_batch(1))?;
+        let model_inputs = (one.inputs.iter())
+            .map(|&i| one.tensor(i).name.to_string())
+            .collect();
+        let per_sample = (one.inputs.iter())
+            .map(|&i| one.tensor(i).elems())
+            .collect();
+        let plan = plan_stage(spec, pipe, c.rank())?;
+        let mut engine = build_engine(plan, device, seed)?;
+        engine.set_collective(c)?;
+        Ok(StageTrainer {
+            engine,
+            model_inputs,
+            per_sample,
+            global_batch: spec.batch,
+        })
+    }
+
+    /// This stage's plan.
+    pub fn plan(&self) -> &StaticPlan {
+        self.engine.plan()
+    }
+
+    /// The stage's engine (its parameters, saving its weights …).
+    pub fn engine(&self) -> &dyn Engine {
+        &*self.engine
+    }
+
+    /// One training step on the whole batch (`batch` samples of every model input, in
+    /// declaration order), of which this stage reads its micro-batches' share. Every stage
+    /// takes the step together; each returns the whole step's loss.
+    pub fn train_step(&mut self, whole: &[Batch<'_>]) -> Result<StepOutput> {
+        let names: Vec<&str> = self.model_inputs.iter().map(String::as_str).collect();
+        let mine = stage_inputs(self.engine.plan(), &names, whole)?;
+        self.engine.train_step(&mine)
+    }
+
+    /// `steps` training steps over `data`'s samples in order (wrapping round at its end),
+    /// the whole batch gathered once per step into buffers made once; the steps' losses.
+    pub fn train_steps(&mut self, data: &dyn Dataset, steps: usize) -> Result<Vec<f32>> {
+        let b = self.global_batch;
+        if data.columns().len() != self.model_inputs.len() || data.is_empty() {
+            return Err(RuntimeError::Input(format!(
+                "the dataset has {} columns of {} samples; the model takes {} inputs ({})",
+                data.columns().len(),
+                data.len(),
+                self.model_inputs.len(),
+                self.model_inputs.join(", ")
+            )));
+        }
+        for (c, (name, &n)) in data
+            .columns()
+            .iter()
+            .zip(self.model_inputs.iter().zip(&self.per_sample))
+        {
+            if c.per_sample() != n {
+                return Err(RuntimeError::Input(format!(
+                    "`{name}` takes {n} values a sample, the dataset's column has {}",
+                    c.per_sample()
+                )));
+            }
+        }
+        let mut buffers: Vec<Column> = data.columns().iter().map(|c| c.buffer(b)).collect();
+        let mut indices = vec![0usize; b];
+        (0..steps)
+            .map(|step| {
+                for (j, i) in indices.iter_mut().enumerate() {
+                    *i = (step * b + j) % data.len();
+                }
+                data.gather(&indices, &mut buffers)?;
+                let whole: Vec<Batch<'_>> = buffers.iter().map(|c| c.as_batch(b)).collect();
+                Ok(self.train_step(&whole)?.loss)
+            })
+            .collect()
+    }
+}
