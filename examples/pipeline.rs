@@ -69,6 +69,9 @@ struct Flags {
     /// Training steps.
     #[arg(long, default_value_t = 10)]
     steps: usize,
+    /// The global batch, instead of the declared 128 (a multiple of the 4 micro-batches).
+    #[arg(long)]
+    batch: Option<usize>,
     /// Train the whole model on one device (the comparison).
     #[arg(long)]
     one_device: bool,
@@ -128,6 +131,9 @@ fn main() -> Res<()> {
 fn spec(flags: &Flags) -> Res<memwise::plan::ModelSpec> {
     use memwise::plan::pipeline::PipelineSchedule;
     let mut spec = ConvVae::spec();
+    if let Some(b) = flags.batch {
+        spec = spec.with_batch(b);
+    }
     if let (Some(name), Some(pipe)) = (&flags.schedule, spec.pipeline.as_mut()) {
         pipe.schedule = match name.as_str() {
             "gpipe" => PipelineSchedule::GPipe,
@@ -141,6 +147,8 @@ fn spec(flags: &Flags) -> Res<memwise::plan::ModelSpec> {
 /// Trains one stage (`c.rank()`) and writes its weights.
 fn run_stage(flags: &Flags, data: &InMemory, c: Arc<dyn Collective>) -> Res<Vec<f32>> {
     let stage = c.rank();
+    // The baseline before the stage is built: its growth is what the stage holds.
+    let monitor = memwise::runtime::monitor::MemoryMonitor::start_on(&Device::cpu());
     let mut t = StageTrainer::build(&spec(flags)?, &Device::cpu(), flags.seed, c)?;
     let m = &t.plan().memory;
     eprintln!(
@@ -149,6 +157,20 @@ fn run_stage(flags: &Flags, data: &InMemory, c: Arc<dyn Collective>) -> Res<Vec<
         m.total as f64 / (1 << 20) as f64
     );
     let losses = t.train_steps(data, flags.steps)?;
+    // Per process: meaningful when each stage is its own process (`--mpi`).
+    if let (true, Some(growth)) = (flags.mpi, monitor.growth()) {
+        let (plan, host) = (t.plan().memory.total, t.host_bytes());
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        eprintln!(
+            "stage {stage} memory: measured peak RSS growth {:.2} MiB, estimate {:.2} MiB \
+             (plan {:.2} + host {:.2}): {:+.1} %",
+            mib(growth.peak),
+            mib(plan + host),
+            mib(plan),
+            mib(host),
+            memwise::runtime::monitor::error_percent(growth.peak, plan + host)
+        );
+    }
     if let Some(p) = &flags.save_weights {
         let path = PathBuf::from(format!("{}.stage{stage}", p.display()));
         t.engine().save_weights(&path)?;

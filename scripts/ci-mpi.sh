@@ -17,7 +17,8 @@
 #      mid-training ends the job within 60 s;
 #   6. model parallel (issue 16): the example `pipeline` (the VAE, encoder and decoder on two
 #      ranks, 4 micro-batches) under 1F1B and GPipe ends 10 steps with the weights of one
-#      process (1e-5), and a stage killed mid-training ends the job within 60 s.
+#      process (1e-5), each stage's peak RSS growth is within 5 % of its estimate (batch
+#      2048), and a stage killed mid-training ends the job within 60 s.
 # Prints a PASS or FAIL line per check; exits non-zero when any fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -224,6 +225,32 @@ for schedule in one_f_one_b gpipe; do
         fail "pipeline ($schedule): the stages trained different weights from one process"
     fi
 done
+# Each stage's measured peak RSS growth within 5 % of its estimate (its plan plus the host
+# bytes beside it), at batch 2048, under both schedules.
+for schedule in one_f_one_b gpipe; do
+    rc=0
+    timeout 600 "${MPIRUN[@]}" "$bin" --mpi --schedule "$schedule" --batch 2048 --steps 4 \
+        > "$LOG/pipeline.memory.$schedule.txt" 2>&1 || rc=$?
+    grep "memory:" "$LOG/pipeline.memory.$schedule.txt" || true
+    if [[ $rc != 0 ]]; then
+        tail -n 20 "$LOG/pipeline.memory.$schedule.txt"
+        fail "pipeline memory ($schedule): exit status $rc"
+    elif python3 - "$LOG/pipeline.memory.$schedule.txt" <<'PY'
+import re, sys
+found = {}
+for line in open(sys.argv[1]):
+    m = re.search(r"stage (\d+) memory: .*: ([+-][0-9.]+) %", line)
+    if m:
+        found[int(m.group(1))] = float(m.group(2))
+sys.exit(0 if sorted(found) == [0, 1] and all(abs(e) <= 5 for e in found.values()) else 1)
+PY
+    then
+        pass "pipeline memory ($schedule): each stage's peak within 5 % of its estimate"
+    else
+        fail "pipeline memory ($schedule): a stage's peak is more than 5 % off its estimate"
+    fi
+done
+
 echo "== MPI: one of two pipeline stages killed mid-training"
 kill_test "pipeline kill test" "$LOG/pipeline.kill.txt" "training" "$bin --mpi --steps 100000" \
     "${MPIRUN[@]}" "$bin" --mpi --steps 100000

@@ -87,6 +87,9 @@ pub trait Engine: Any {
     fn set_collective(&mut self, c: Arc<dyn Collective>) -> Result<()>;
     /// The data-parallel job this engine is a replica of, if any.
     fn collective(&self) -> Option<&dyn Collective>;
+    /// Host bytes its collective holds for a pipeline stage's sends
+    /// ([`PlanExecutor::send_buffer_bytes`]).
+    fn send_buffer_bytes(&self) -> u64;
 }
 
 impl dyn Engine {
@@ -237,5 +240,8 @@ impl<K: Kernels + 'static> Engine for PlanExecutor<K> {
     }
     fn collective(&self) -> Option<&dyn Collective> {
         PlanExecutor::collective(self)
+    }
+    fn send_buffer_bytes(&self) -> u64 {
+        PlanExecutor::send_buffer_bytes(self)
     }
 }

@@ -20,8 +20,9 @@ pub struct StageTrainer {
     engine: Box<dyn Engine>,
     /// The one-device plan's input tensors' names, in its order (the whole batch's columns).
     model_inputs: Vec<String>,
-    /// Each model input's values per sample, in the same order.
+    /// Each model input's values per sample, and their bytes each, in the same order.
     per_sample: Vec<usize>,
+    input_sizes: Vec<u64>,
     global_batch: usize,
 }
 
@@ -59,6 +60,9 @@ impl StageTrainer {
         let per_sample = (one.inputs.iter())
             .map(|&i| one.tensor(i).elems())
             .collect();
+        let input_sizes = (one.inputs.iter())
+            .map(|&i| one.tensor(i).dtype.size())
+            .collect();
         let plan = plan_stage(spec, pipe, c.rank())?;
         let mut engine = build_engine(plan, device, seed)?;
         engine.set_collective(c)?;
@@ -66,6 +70,7 @@ impl StageTrainer {
             engine,
             model_inputs,
             per_sample,
+            input_sizes,
             global_batch: spec.batch,
         })
     }
@@ -73,6 +78,22 @@ impl StageTrainer {
     /// This stage's plan.
     pub fn plan(&self) -> &StaticPlan {
         self.engine.plan()
+    }
+
+    /// Host bytes the stage holds beside its plan's `memory.total`: the whole batch's
+    /// gather buffers ([`StageTrainer::train_steps`]), the collective's send buffer, and on
+    /// the CPU the GEMM library's resident heap — what a measured peak is compared with.
+    pub fn host_bytes(&self) -> u64 {
+        let plan = self.engine.plan();
+        let gather: u64 = (self.per_sample.iter().zip(&self.input_sizes))
+            .map(|(&n, &size)| (n * self.global_batch) as u64 * size)
+            .sum();
+        let gemm = if self.engine.device_bytes_used().is_some() {
+            0
+        } else {
+            crate::cpu_heap::gemm_library_resident_bytes(std::iter::once(plan))
+        };
+        gather + self.engine.send_buffer_bytes() + gemm
     }
 
     /// The stage's engine (its parameters, saving its weights …).
