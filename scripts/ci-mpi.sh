@@ -239,7 +239,9 @@ for schedule in one_f_one_b gpipe; do
 import re, sys
 found = {}
 for line in open(sys.argv[1]):
-    m = re.search(r"stage (\d+) memory: .*: ([+-][0-9.]+) %", line)
+    # The ranks share stderr: one rank's line may begin inside the other's ("stage stage 1
+    # memory: …", then "0 memory: …"), so read the number just before "memory:".
+    m = re.search(r"(\d+) memory: .*: ([+-][0-9.]+) %", line)
     if m:
         found[int(m.group(1))] = float(m.group(2))
 sys.exit(0 if sorted(found) == [0, 1] and all(abs(e) <= 5 for e in found.values()) else 1)
