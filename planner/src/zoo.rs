@@ -375,6 +375,36 @@ pub fn gpt2_stack(batch: usize, layers: usize) -> ModelSpec {
     m
 }
 
+/// A small float32 GPT of `blocks` pre-LN blocks (sequence 16, width 32, 4 heads, causal
+/// attention and dropout 0.1, GELU MLP of 128) under mean squared error against `target`:
+/// the model the pipeline tests split into stages.
+pub fn small_gpt(blocks: usize, batch: usize) -> ModelSpec {
+    let mut m = ModelSpec::new("Gpt", batch);
+    m.input("x", &[16, 32], DType::F32, 1.0);
+    m.input("target", &[16, 32], DType::F32, 1.0);
+    let mut prev = "x".to_string();
+    for k in 0..blocks {
+        let n = |s: &str| format!("b{k}_{s}");
+        m.add(&n("ln1"), LayerKind::layer_norm(), &[&prev]);
+        let attention = LayerKind::Attention {
+            heads: 4,
+            causal: true,
+            dropout: 0.1,
+        };
+        m.add(&n("attn"), attention, &[]);
+        m.add(&n("drop1"), LayerKind::Dropout { rate: 0.1 }, &[]);
+        m.add(&n("res1"), LayerKind::add(), &[&n("drop1"), &prev]);
+        m.add(&n("ln2"), LayerKind::layer_norm(), &[]);
+        m.add(&n("mlp1"), LayerKind::dense(128, Activation::Gelu), &[]);
+        m.add(&n("mlp2"), LayerKind::dense(32, Activation::Linear), &[]);
+        m.add(&n("res2"), LayerKind::add(), &[&n("mlp2"), &n("res1")]);
+        prev = n("res2");
+    }
+    m.loss
+        .push(LossTerm::new(LossKind::MeanSquaredError).on(&[&prev, "target"]));
+    m
+}
+
 /// The seed's convolutional variational autoencoder (the Keras example "Variational
 /// AutoEncoder", fchollet 2020) on 28×28×1 MNIST digits, latent dimension 2:
 ///

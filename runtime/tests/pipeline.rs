@@ -10,58 +10,22 @@ use std::sync::Arc;
 
 use memwise_plan::pipeline::PipelineSchedule;
 use memwise_plan::stage::{plan_stage, Pipeline};
-use memwise_plan::{plan, Activation, DType, LayerKind, LossKind, LossTerm, ModelSpec, Optimizer};
+use memwise_plan::zoo::mnist_mlp as mlp;
+use memwise_plan::{plan, DType, ModelSpec, Optimizer};
 use memwise_runtime::collective::{Collective, ThreadGroup};
 use memwise_runtime::executor::{stage_inputs, Batch, Executor};
 use memwise_runtime::Device;
 
 const STEPS: u64 = 10;
-const SEED: u64 = 3;
 
-/// A float32 GPT of `blocks` pre-LN blocks (sequence 16, width 32, 4 heads, dropout 0.1).
+/// The small GPT under momentum SGD (Adam turns the rounding noise of the attention key
+/// bias, whose gradient is zero up to rounding, into full steps: docs/PIPELINE.md).
 fn gpt(blocks: usize, batch: usize) -> ModelSpec {
-    let mut m = ModelSpec::new("Gpt", batch);
+    let mut m = memwise_plan::zoo::small_gpt(blocks, batch);
     m.optimizer = Optimizer::MOMENTUM;
-    m.input("x", &[16, 32], DType::F32, 1.0);
-    m.input("target", &[16, 32], DType::F32, 1.0);
-    let mut prev = "x".to_string();
-    for k in 0..blocks {
-        let n = |s: &str| format!("b{k}_{s}");
-        m.add(&n("ln1"), LayerKind::layer_norm(), &[&prev]);
-        let attention = LayerKind::Attention {
-            heads: 4,
-            causal: true,
-            dropout: 0.1,
-        };
-        m.add(&n("attn"), attention, &[]);
-        m.add(&n("drop1"), LayerKind::Dropout { rate: 0.1 }, &[]);
-        m.add(&n("res1"), LayerKind::add(), &[&n("drop1"), &prev]);
-        m.add(&n("ln2"), LayerKind::layer_norm(), &[]);
-        m.add(&n("mlp1"), LayerKind::dense(128, Activation::Gelu), &[]);
-        m.add(&n("mlp2"), LayerKind::dense(32, Activation::Linear), &[]);
-        m.add(&n("res2"), LayerKind::add(), &[&n("mlp2"), &n("res1")]);
-        prev = n("res2");
-    }
-    m.loss
-        .push(LossTerm::new(LossKind::MeanSquaredError).on(&[&prev, "target"]));
     m
 }
-
-/// The MNIST MLP: u8 pixels → dense 512 relu → dense 10 softmax, RMSprop.
-fn mlp(batch: usize) -> ModelSpec {
-    let mut m = ModelSpec::new("MnistMlp", batch);
-    m.input("pixels", &[784], DType::U8, 1.0 / 255.0);
-    m.input("labels", &[], DType::I32, 1.0);
-    m.add(
-        "hidden",
-        LayerKind::dense(512, Activation::Relu),
-        &["pixels"],
-    );
-    m.add("logits", LayerKind::dense(10, Activation::Softmax), &[]);
-    m.loss
-        .push(LossTerm::new(LossKind::SparseCategoricalCrossentropy).on(&["logits", "labels"]));
-    m
-}
+const SEED: u64 = 3;
 
 /// One step's whole batch, one owned buffer per model input.
 enum Owned {
