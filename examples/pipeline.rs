@@ -81,6 +81,10 @@ struct Flags {
     /// Write the trained weights here (a stage's: `PATH.stage<k>`).
     #[arg(long)]
     save_weights: Option<PathBuf>,
+    /// Write each stage's run report (JSON: its estimate beside its measured peak) here
+    /// (`PATH.stage<k>`).
+    #[arg(long)]
+    report_json: Option<PathBuf>,
     /// The pipeline schedule, instead of the declared 1F1B: `gpipe` or `one_f_one_b`.
     #[arg(long)]
     schedule: Option<String>,
@@ -144,39 +148,64 @@ fn spec(flags: &Flags) -> Res<memwise::plan::ModelSpec> {
     Ok(spec)
 }
 
-/// Trains one stage (`c.rank()`) and writes its weights.
+/// Trains one stage (`c.rank()`) and writes its weights and report.
 fn run_stage(flags: &Flags, data: &InMemory, c: Arc<dyn Collective>) -> Res<Vec<f32>> {
     let stage = c.rank();
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
     // The baseline before the stage is built: its growth is what the stage holds.
     let monitor = memwise::runtime::monitor::MemoryMonitor::start_on(&Device::cpu());
     let mut t = StageTrainer::build(&spec(flags)?, &Device::cpu(), flags.seed, c)?;
-    let m = &t.plan().memory;
-    eprintln!(
+    say(format!(
         "stage {stage}: training {} steps; its plan holds {:.2} MiB",
         flags.steps,
-        m.total as f64 / (1 << 20) as f64
-    );
+        mib(t.plan().memory.total)
+    ));
     let losses = t.train_steps(data, flags.steps)?;
     // Per process: meaningful when each stage is its own process (`--mpi`).
-    if let (true, Some(growth)) = (flags.mpi, monitor.growth()) {
+    let peak = monitor.growth().filter(|_| flags.mpi).map(|g| g.peak);
+    let report = t.report(&Device::cpu(), &losses, peak);
+    if let Some(peak) = peak {
         let (plan, host) = (t.plan().memory.total, t.host_bytes());
-        let mib = |b: u64| b as f64 / (1 << 20) as f64;
-        eprintln!(
+        say(format!(
             "stage {stage} memory: measured peak RSS growth {:.2} MiB, estimate {:.2} MiB \
              (plan {:.2} + host {:.2}): {:+.1} %",
-            mib(growth.peak),
+            mib(peak),
             mib(plan + host),
             mib(plan),
             mib(host),
-            memwise::runtime::monitor::error_percent(growth.peak, plan + host)
-        );
+            report["measured"]["error_percent"].as_f64().unwrap_or(0.0)
+        ));
     }
     if let Some(p) = &flags.save_weights {
-        let path = PathBuf::from(format!("{}.stage{stage}", p.display()));
+        let path = stage_path(p, stage);
         t.engine().save_weights(&path)?;
-        eprintln!("stage {stage}'s weights written to {}", path.display());
+        say(format!(
+            "stage {stage}'s weights written to {}",
+            path.display()
+        ));
+    }
+    if let Some(p) = &flags.report_json {
+        let path = stage_path(p, stage);
+        std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
+        say(format!(
+            "stage {stage}'s report written to {}",
+            path.display()
+        ));
     }
     Ok(losses)
+}
+
+/// Where stage `stage` writes a file named `path`: `PATH.stage<k>`.
+fn stage_path(path: &std::path::Path, stage: usize) -> PathBuf {
+    PathBuf::from(format!("{}.stage{stage}", path.display()))
+}
+
+/// One line on stderr in one write: the stages share it (threads, or ranks whose output
+/// `mpirun` merges), and `eprintln!` writes a formatted line piece by piece.
+fn say(mut line: String) {
+    use std::io::Write;
+    line.push('\n');
+    let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
 #[cfg(feature = "mpi")]

@@ -229,22 +229,27 @@ done
 # bytes beside it), at batch 2048, under both schedules.
 for schedule in one_f_one_b gpipe; do
     rc=0
+    r="$LOG/pipeline.memory.$schedule.json"
+    rm -f "$r".stage*
     timeout 600 "${MPIRUN[@]}" "$bin" --mpi --schedule "$schedule" --batch 2048 --steps 4 \
-        > "$LOG/pipeline.memory.$schedule.txt" 2>&1 || rc=$?
-    grep "memory:" "$LOG/pipeline.memory.$schedule.txt" || true
+        --report-json "$r" > "$LOG/pipeline.memory.$schedule.txt" 2>&1 || rc=$?
     if [[ $rc != 0 ]]; then
         tail -n 20 "$LOG/pipeline.memory.$schedule.txt"
         fail "pipeline memory ($schedule): exit status $rc"
-    elif python3 - "$LOG/pipeline.memory.$schedule.txt" <<'PY'
-import re, sys
-found = {}
-for line in open(sys.argv[1]):
-    # The ranks share stderr: one rank's line may begin inside the other's ("stage stage 1
-    # memory: …", then "0 memory: …"), so read the number just before "memory:".
-    m = re.search(r"(\d+) memory: .*: ([+-][0-9.]+) %", line)
-    if m:
-        found[int(m.group(1))] = float(m.group(2))
-sys.exit(0 if sorted(found) == [0, 1] and all(abs(e) <= 5 for e in found.values()) else 1)
+    # Each stage's own report file: the ranks share stderr, where their lines can interleave.
+    elif python3 - "$r".stage0 "$r".stage1 <<'PY'
+import json, sys
+ok = True
+for path in sys.argv[1:]:
+    r = json.load(open(path))
+    e, m = r["estimate"], r["measured"]
+    mib = lambda b: b / 2**20
+    print(f"ci-mpi: stage {r['stage']} of {r['stages']} ({r['schedule']}, batch {r['batch']}): "
+          f"measured {mib(m['peak_rss_growth_bytes']):.2f} MiB, estimate {mib(e['total']):.2f} "
+          f"MiB (plan {mib(e['plan_total']):.2f} + host {mib(e['host']):.2f}): "
+          f"{m['error_percent']:+.1f} %")
+    ok &= abs(m["error_percent"]) <= 5
+sys.exit(0 if ok else 1)
 PY
     then
         pass "pipeline memory ($schedule): each stage's peak within 5 % of its estimate"

@@ -3,7 +3,20 @@
 
 use serde_json::{json, Value};
 
+use memwise_plan::MemoryReport;
+
 use crate::train::{History, Trainer};
+
+/// A report's `estimate` object: the plan's rows, and `total` (the plan's total and the host
+/// memory beside it) with its `host` share.
+pub(crate) fn estimate_json(m: &MemoryReport, total: u64) -> Value {
+    json!({
+        "params": m.params, "grads": m.grads, "optimizer": m.optimizer,
+        "activations_peak": m.activations_peak, "workspace_peak": m.workspace_peak,
+        "inputs": m.inputs, "plan_total": m.total,
+        "host": total.saturating_sub(m.total), "total": total,
+    })
+}
 
 impl Trainer {
     /// The run report of `history` (what [`Trainer::fit`] returned), with the caller's own
@@ -50,12 +63,7 @@ impl Trainer {
             "device": self.device().name(),
             "batch": plan.batch,
             "steps": history.step_losses.len(),
-            "estimate": {
-                "params": m.params, "grads": m.grads, "optimizer": m.optimizer,
-                "activations_peak": m.activations_peak, "workspace_peak": m.workspace_peak,
-                "inputs": m.inputs, "plan_total": m.total,
-                "host": total.saturating_sub(m.total), "total": total,
-            },
+            "estimate": estimate_json(m, total),
             "measured": {
                 "peak_rss_growth_bytes": peak,
                 "device_peak_bytes": self.device_peak_bytes(),

@@ -5,8 +5,11 @@
 
 use std::sync::Arc;
 
+use memwise_plan::pipeline::PipelineSchedule;
 use memwise_plan::stage::plan_stage;
 use memwise_plan::{ModelSpec, StaticPlan};
+
+use serde_json::{json, Value};
 
 use crate::collective::Collective;
 use crate::data::dataset::{Column, Dataset};
@@ -24,6 +27,7 @@ pub struct StageTrainer {
     per_sample: Vec<usize>,
     input_sizes: Vec<u64>,
     global_batch: usize,
+    schedule: PipelineSchedule,
 }
 
 impl StageTrainer {
@@ -72,6 +76,7 @@ impl StageTrainer {
             per_sample,
             input_sizes,
             global_batch: spec.batch,
+            schedule: pipe.schedule,
         })
     }
 
@@ -94,6 +99,38 @@ impl StageTrainer {
             crate::cpu_heap::gemm_library_resident_bytes(std::iter::once(plan))
         };
         gather + self.engine.send_buffer_bytes() + gemm
+    }
+
+    /// The stage's run report (`memwise.report/1`, as [`crate::train::Trainer::report`]) of
+    /// the steps that returned `losses`, with the peak resident growth measured over them:
+    /// the stage's own estimate (its plan and [`StageTrainer::host_bytes`]) beside what it
+    /// measured, and which stage of which pipeline it is:
+    ///
+    /// ```json
+    /// {"schema": "memwise.report/1", "model", "device", "batch", "steps",
+    ///  "stage", "stages", "micro_batches", "schedule", "estimate": {…},
+    ///  "measured": {"peak_rss_growth_bytes", "error_percent"}, "loss": [per step]}
+    /// ```
+    pub fn report(&self, device: &Device, losses: &[f32], peak_rss_growth: Option<u64>) -> Value {
+        let plan = self.engine.plan();
+        let total = plan.memory.total + self.host_bytes();
+        json!({
+            "schema": "memwise.report/1",
+            "model": plan.model,
+            "device": device.name(),
+            "batch": self.global_batch,
+            "steps": losses.len(),
+            "stage": plan.stage,
+            "stages": plan.stages,
+            "micro_batches": plan.micro_batches,
+            "schedule": self.schedule.name(),
+            "estimate": crate::report::estimate_json(&plan.memory, total),
+            "measured": {
+                "peak_rss_growth_bytes": peak_rss_growth,
+                "error_percent": peak_rss_growth.map(|p| crate::monitor::error_percent(p, total)),
+            },
+            "loss": losses,
+        })
     }
 
     /// The stage's engine (its parameters, saving its weights …).

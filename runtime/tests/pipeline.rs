@@ -247,3 +247,48 @@ fn a_stage_that_leaves_ends_the_others_step_with_an_error() {
     eprintln!("stage 0 after stage 1 left: {err}");
     assert!(err.contains("rank 1"), "{err}");
 }
+
+/// `StageTrainer` on the bundled digits: every stage trains the same steps to the same
+/// losses, and its report says which stage it is and counts its estimate as its plan plus
+/// the host bytes beside it.
+#[test]
+fn stage_trainers_report_their_stage_and_estimate() {
+    use memwise_runtime::data::dataset::InMemory;
+    use memwise_runtime::data::idx::load_bundled_digits;
+    use memwise_runtime::stage::StageTrainer;
+    let mut spec = mlp(32);
+    spec.pipeline = Some(Pipeline::new(PipelineSchedule::GPipe, 2, &["logits"]));
+    let (train, _) = load_bundled_digits().unwrap();
+    let data = InMemory::mnist(&train);
+    let reports: Vec<serde_json::Value> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (ThreadGroup::new(2).into_iter())
+            .map(|c| {
+                let (spec, data) = (&spec, &data);
+                scope.spawn(move || {
+                    let c: Arc<dyn Collective> = Arc::new(c);
+                    let mut t = StageTrainer::build(spec, &Device::cpu(), SEED, c).unwrap();
+                    let losses = t.train_steps(data, 3).unwrap();
+                    let r = t.report(&Device::cpu(), &losses, Some(1 << 20));
+                    assert_eq!(
+                        r["estimate"]["total"],
+                        t.plan().memory.total + t.host_bytes()
+                    );
+                    assert_eq!(r["estimate"]["plan_total"], t.plan().memory.total);
+                    r
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (k, r) in reports.iter().enumerate() {
+        assert_eq!(r["stage"], k as u64);
+        assert_eq!(r["stages"], 2);
+        assert_eq!(r["micro_batches"], 2);
+        assert_eq!(r["schedule"], "gpipe");
+        assert_eq!(r["batch"], 32);
+        assert_eq!(r["steps"], 3);
+        assert_eq!(r["measured"]["peak_rss_growth_bytes"], 1 << 20);
+        assert!(r["loss"][0].as_f64().unwrap().is_finite());
+    }
+    assert_eq!(reports[0]["loss"], reports[1]["loss"]);
+}
