@@ -220,12 +220,6 @@ pub fn plan_stage(
     let micro = pipeline.micro_spec(spec)?;
     let mut graph = Graph::build(&micro)?;
     let step = StepGraph::build(&mut graph, &micro)?;
-    if step.loss_scaling {
-        return Err(PlanError::model(
-            "a pipeline with dynamic loss scaling is not planned yet (the stages would have to \
-             agree on skipping a step): use `bf16` or float32",
-        ));
-    }
     let base = Schedule::build(&graph, &step);
     check_segments(&micro, &stage_of_layer)?;
     let cut = Cut::new(&base, &graph, &stage_of_layer, p)?;
@@ -348,6 +342,8 @@ impl Cut {
         for (i, st) in base.steps.iter().enumerate() {
             let stage = match st.layer {
                 Some(l) => stage_of_layer[l],
+                // Every stage checks its own gradients (`unroll`).
+                None if st.op == Op::CheckFinite => stages - 1,
                 None if st.phase == Phase::Update => (st.params.first()).map_or(stages - 1, |&p| {
                     stage_of_layer[graph.params[p as usize].layer]
                 }),
@@ -357,12 +353,13 @@ impl Cut {
                     .max()
                     .unwrap_or(stages - 1),
             };
-            for &p in &st.params {
+            for &p in st.params.iter().filter(|_| st.op != Op::CheckFinite) {
                 let home = stage_of_layer[graph.params[p as usize].layer];
                 if home != stage {
                     let name = &graph.params[p as usize].name;
                     return Err(PlanError::model(format!(
-                        "parameter `{name}` is stage {home}'s, and a step of stage {stage} uses                          it: a parameter shared by two layers must stay within one stage"
+                        "parameter `{name}` is stage {home}'s, and a step of stage {stage} uses \
+                         it: a parameter shared by two layers must stay within one stage"
                     )));
                 }
             }
@@ -470,11 +467,25 @@ fn unroll(
         };
         u.unit(cut, stage, k, half);
     }
+    // With loss scaling each stage checks its own gradients, then the stages agree.
+    for st in base.steps.iter().filter(|st| st.op == Op::CheckFinite) {
+        let mine: Vec<u32> = (st.params.iter())
+            .filter_map(|p| param_id.get(p).copied())
+            .collect();
+        if !mine.is_empty() {
+            u.micro_batch.push(0);
+            u.steps.push(SStep {
+                params: mine,
+                ..st.clone()
+            });
+        }
+    }
     if cut.stages > 1 {
         u.settle_flags();
     }
     for (i, st) in base.steps.iter().enumerate() {
-        if st.phase == Phase::Update && cut.stage_of_step[i] == stage {
+        let update = st.phase == Phase::Update && st.op != Op::CheckFinite;
+        if update && cut.stage_of_step[i] == stage {
             u.push_step(st, None);
         }
     }
@@ -583,13 +594,14 @@ impl Unroller<'_> {
         });
     }
 
-    /// After the last backward: a gradient sum over no gradients, which settles the step's
-    /// non-finite flag over every stage (as a data-parallel plan's last sum does over the
-    /// replicas), so that all stages update, or all keep their weights, alike.
+    /// Before the updates (after the finite check of the stage's gradients, with loss
+    /// scaling): a gradient sum over no gradients, which settles the step's non-finite flag
+    /// over every stage (as a data-parallel plan's last sum does over the replicas), so that
+    /// all stages update, or all keep their weights and halve their loss scale, alike.
     fn settle_flags(&mut self) {
         self.micro_batch.push(0);
         self.steps.push(SStep {
-            phase: Phase::Backward,
+            phase: Phase::Update,
             layer: None,
             op: Op::AllReduceGradients {
                 bytes: 0,

@@ -261,3 +261,35 @@ fn the_chosen_split_is_no_worse_than_any_single_boundary_and_fits_where_it_says(
     assert!(at(b).largest_stage().1 <= budget);
     assert!(at(b + 4).largest_stage().1 > budget);
 }
+
+/// Dynamic loss scaling across stages: each stage with parameters checks its own gradients
+/// (and no other stage's), then every stage takes part in the flag sum, and only then
+/// update: so a gradient that overflows on one stage skips the step on all.
+#[test]
+fn with_loss_scaling_each_stage_checks_its_gradients_before_the_stages_agree() {
+    for (mut spec, boundaries) in splits() {
+        spec.precision = Precision::MixedFloat16;
+        let pipe = Pipeline::new(PipelineSchedule::OneFOneB, 4, &boundaries);
+        for (k, stage) in plan_pipeline(&spec, &pipe)
+            .unwrap()
+            .stages
+            .iter()
+            .enumerate()
+        {
+            assert!(stage.loss_scaling, "{} stage {k}", spec.name);
+            let at = |f: &dyn Fn(&Op) -> bool| stage.steps.iter().position(|s| f(&s.op));
+            let check = at(&|op| *op == Op::CheckFinite).expect("a finite check");
+            let settle = at(&|op| matches!(op, Op::AllReduceGradients { last: true, .. }));
+            let first_update = at(&|op| *op == Op::Update).expect("an update");
+            let settle = settle.expect("the stages' flag sum");
+            assert!(
+                check < settle && settle < first_update,
+                "{} stage {k}",
+                spec.name
+            );
+            let checked = &stage.steps[check].params;
+            assert_eq!(checked.len(), stage.params.len(), "{} stage {k}", spec.name);
+            assert!(checked.iter().all(|&p| (p as usize) < stage.params.len()));
+        }
+    }
+}

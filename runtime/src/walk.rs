@@ -867,12 +867,7 @@ fn backward<K: Kernels>(k: &K, s: &PlanStep, cx: &StepCx<'_>) -> std::result::Re
             cx.key(l, elems)?,
         ),
         Op::Accumulate { .. } => k.accumulate(&AccumulateIo::of(s).map_err(io_err)?),
-        Op::AllReduceGradients { last, .. } => match cx.collective {
-            Some(c) => k.all_reduce_gradients(&s.params, last, c),
-            None => Err(OpError::Runtime(RuntimeError::Input(
-                "a data-parallel plan's gradient sum without the other replicas".into(),
-            ))),
-        },
+        Op::AllReduceGradients { last, .. } => all_reduce_gradients(k, s, last, cx),
         Op::InputCast { .. }
         | Op::Add { .. }
         | Op::BatchNormInference { .. }
@@ -1015,6 +1010,21 @@ fn loss<K: Kernels>(k: &K, s: &PlanStep) -> std::result::Result<(), OpError> {
     }
 }
 
+/// A data-parallel gradient sum (or a pipeline stage's flag sum: no gradients, `last`).
+fn all_reduce_gradients<K: Kernels>(
+    k: &K,
+    s: &PlanStep,
+    last: bool,
+    cx: &StepCx<'_>,
+) -> std::result::Result<(), OpError> {
+    match cx.collective {
+        Some(c) => k.all_reduce_gradients(&s.params, last, c),
+        None => Err(OpError::Runtime(RuntimeError::Input(
+            "a data-parallel plan's gradient sum without the other replicas".into(),
+        ))),
+    }
+}
+
 fn update<K: Kernels>(k: &K, s: &PlanStep, cx: &StepCx<'_>) -> std::result::Result<(), OpError> {
     match s.op {
         Op::CheckFinite => k.check_finite(),
@@ -1026,6 +1036,8 @@ fn update<K: Kernels>(k: &K, s: &PlanStep, cx: &StepCx<'_>) -> std::result::Resu
                 rank: cx.replica as usize,
             },
         ),
+        // A pipeline stage's flag sum comes after its finite check (`memwise_plan::stage`).
+        Op::AllReduceGradients { last, .. } => all_reduce_gradients(k, s, last, cx),
         Op::AllGatherParams { .. } => match cx.collective {
             Some(c) => k.all_gather_params(&s.params, c),
             None => Err(OpError::Runtime(RuntimeError::Input(
@@ -1057,7 +1069,6 @@ fn update<K: Kernels>(k: &K, s: &PlanStep, cx: &StepCx<'_>) -> std::result::Resu
         | Op::Accumulate { .. }
         | memwise_plan::loss_ops!()
         | Op::KlNormal { .. }
-        | Op::AllReduceGradients { .. }
         | Op::SendTensor { .. }
         | Op::RecvTensor { .. } => Err(not_in_phase(s)),
     }

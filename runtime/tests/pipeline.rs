@@ -93,9 +93,24 @@ fn one_device(spec: &ModelSpec) -> (Weights, Weights, Vec<f32>) {
     (start, weights_of(&ex), losses)
 }
 
+/// What a pipelined run ends with: every stage's weights (before and after) together, the
+/// losses and skipped steps every stage reports (the same on all), and the loss scale.
+struct Run {
+    start: Weights,
+    end: Weights,
+    losses: Vec<f32>,
+    skipped: Vec<bool>,
+    loss_scale: f32,
+}
+
 /// `spec` trained split by `pipe`, each stage a thread: every stage's weights (before and
 /// after) together, and the losses every stage reports (the same on all).
 fn pipelined(spec: &ModelSpec, pipe: &Pipeline) -> (Weights, Weights, Vec<f32>) {
+    let run = pipelined_run(spec, pipe);
+    (run.start, run.end, run.losses)
+}
+
+fn pipelined_run(spec: &ModelSpec, pipe: &Pipeline) -> Run {
     let names: Vec<String> = {
         let p = plan(spec).unwrap();
         (p.inputs.iter())
@@ -103,7 +118,7 @@ fn pipelined(spec: &ModelSpec, pipe: &Pipeline) -> (Weights, Weights, Vec<f32>) 
             .collect()
     };
     let ranks = ThreadGroup::new(pipe.stages());
-    let results: Vec<(Weights, Weights, Vec<f32>)> = std::thread::scope(|scope| {
+    let results: Vec<Run> = std::thread::scope(|scope| {
         let handles: Vec<_> = (ranks.into_iter().enumerate())
             .map(|(s, c)| {
                 let names = &names;
@@ -114,25 +129,42 @@ fn pipelined(spec: &ModelSpec, pipe: &Pipeline) -> (Weights, Weights, Vec<f32>) 
                         .unwrap();
                     let start = weights_of(&ex);
                     let model_inputs: Vec<&str> = names.iter().map(String::as_str).collect();
-                    let losses = (0..STEPS)
-                        .map(|step| {
-                            let data = batch_of(spec, step);
-                            let whole: Vec<Batch<'_>> = data.iter().map(Owned::batch).collect();
-                            let mine = stage_inputs(ex.plan(), &model_inputs, &whole).unwrap();
-                            ex.train_step(&mine).unwrap().loss
-                        })
-                        .collect();
-                    (start, weights_of(&ex), losses)
+                    let (mut losses, mut skipped) = (Vec::new(), Vec::new());
+                    for step in 0..STEPS {
+                        let data = batch_of(spec, step);
+                        let whole: Vec<Batch<'_>> = data.iter().map(Owned::batch).collect();
+                        let mine = stage_inputs(ex.plan(), &model_inputs, &whole).unwrap();
+                        let out = ex.train_step(&mine).unwrap();
+                        losses.push(out.loss);
+                        skipped.push(out.skipped);
+                    }
+                    let (end, loss_scale) = (weights_of(&ex), ex.loss_scale());
+                    Run {
+                        start,
+                        end,
+                        losses,
+                        skipped,
+                        loss_scale,
+                    }
                 })
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    let mut all = (Weights::new(), Weights::new(), results[0].2.clone());
-    for (start, end, losses) in results {
-        assert_eq!(losses, all.2, "the stages report different losses");
-        all.0.extend(start);
-        all.1.extend(end);
+    let mut results = results.into_iter();
+    let mut all = results.next().unwrap();
+    for run in results {
+        assert_eq!(run.losses, all.losses, "the stages report different losses");
+        assert_eq!(
+            run.skipped, all.skipped,
+            "the stages skipped different steps"
+        );
+        assert_eq!(
+            run.loss_scale, all.loss_scale,
+            "the stages' loss scales differ"
+        );
+        all.start.extend(run.start);
+        all.end.extend(run.end);
     }
     all
 }
@@ -291,4 +323,37 @@ fn stage_trainers_report_their_stage_and_estimate() {
         assert!(r["loss"][0].as_f64().unwrap().is_finite());
     }
     assert_eq!(reports[0]["loss"], reports[1]["loss"]);
+}
+
+/// Dynamic loss scaling across stages: the VAE in float16 (its reconstruction loss weighted
+/// so that the first scales overflow float16 and steps are skipped), in 2 stages of 4
+/// micro-batches, skips the same steps with the same loss scale on every stage as one device
+/// accumulating the same 4 micro-batches, and ends at the same weights. Each stage checks its
+/// own gradients and the stages then agree (`memwise_plan::stage`'s flag sum).
+#[test]
+fn float16_stages_skip_the_steps_one_device_skips_with_its_loss_scale() {
+    let mut spec = memwise_plan::zoo::conv_vae(32);
+    spec.precision = memwise_plan::Precision::MixedFloat16;
+    // Weighted up so that the first scales overflow float16 (4 of the 10 steps skip).
+    spec.loss[0].weight = 2000.0;
+    let split = Pipeline::new(PipelineSchedule::OneFOneB, 4, &["dec_dense"]);
+    let whole = Pipeline::new(PipelineSchedule::OneFOneB, 4, &[]);
+    let (two, one) = (pipelined_run(&spec, &split), pipelined_run(&spec, &whole));
+    let skips = one.skipped.iter().filter(|&&s| s).count();
+    eprintln!(
+        "float16 VAE: {skips} of {STEPS} steps skipped, loss scale now {}",
+        one.loss_scale
+    );
+    assert!(skips > 0 && skips < STEPS as usize, "{:?}", one.skipped);
+    assert_eq!(two.skipped, one.skipped);
+    assert_eq!(two.loss_scale, one.loss_scale);
+    assert!(two.start == one.start);
+    let worst = (one.end.iter())
+        .map(|(name, a)| (scaled_diff(a, &two.end[name]), name.as_str()))
+        .fold((0f32, ""), |m, d| if d.0 > m.0 { d } else { m });
+    eprintln!(
+        "float16 VAE in 2 stages: largest weight difference {:e} ({})",
+        worst.0, worst.1
+    );
+    assert!(worst.0 <= 1e-5, "{} differs by {:e}", worst.1, worst.0);
 }
