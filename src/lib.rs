@@ -472,9 +472,14 @@ pub trait Model: Sized {
     }
     /// The largest batch whose training step fits `budget` bytes with the model's own
     /// policy: as declared, or with the checkpoints `checkpoint = auto` chooses at each
-    /// batch. `None` when batch 1 does not fit. With `budget` in the attribute the same
-    /// number is the const `MAX_BATCH`.
+    /// batch. `None` when batch 1 does not fit. A model split into stages: the largest
+    /// batch (a multiple of its micro-batches) at which every stage fits `budget`. With
+    /// `budget` in the attribute the same number is the const `MAX_BATCH`.
     fn max_batch(budget: u64) -> Option<usize> {
+        let spec = Self::spec();
+        if let Some(pipe) = &spec.pipeline {
+            return plan::split::max_batch(&spec, pipe, budget);
+        }
         let policy = if Self::AUTO_CHECKPOINT_CHOICE.is_some() {
             plan::checkpoint::Policy::AutoCheckpoint
         } else {

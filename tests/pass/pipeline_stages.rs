@@ -63,6 +63,10 @@ fn main() {
     let held: u64 = Vae::STAGES.iter().map(|s| s.params_count).sum();
     assert_eq!(held, Vae::PARAMS);
     assert_eq!(Vae::MAX_BATCH % 4, 0);
+    // The run-time search is the const's: every stage fits at it, one stage not at the next.
+    assert_eq!(<Vae as memwise::Model>::max_batch(64 << 20), Some(Vae::MAX_BATCH));
+    let at = |b: usize| plan_pipeline(&spec.with_batch(b), &pipe).unwrap().largest_stage().1;
+    assert!(at(Vae::MAX_BATCH) <= 64 << 20 && at(Vae::MAX_BATCH + 4) > 64 << 20);
     let summary = Vae::summary();
     assert!(summary.contains("Split into 2 pipeline stages"), "{summary}");
     assert!(summary.contains("stage 1  dec … decoded"), "{summary}");
