@@ -152,8 +152,6 @@ fn spec(flags: &Flags) -> Res<memwise::plan::ModelSpec> {
 fn run_stage(flags: &Flags, data: &InMemory, c: Arc<dyn Collective>) -> Res<Vec<f32>> {
     let stage = c.rank();
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
-    // The baseline before the stage is built: its growth is what the stage holds.
-    let monitor = memwise::runtime::monitor::MemoryMonitor::start_on(&Device::cpu());
     let mut t = StageTrainer::build(&spec(flags)?, &Device::cpu(), flags.seed, c)?;
     say(format!(
         "stage {stage}: training {} steps; its plan holds {:.2} MiB",
@@ -162,7 +160,8 @@ fn run_stage(flags: &Flags, data: &InMemory, c: Arc<dyn Collective>) -> Res<Vec<
     ));
     let losses = t.train_steps(data, flags.steps)?;
     // Per process: meaningful when each stage is its own process (`--mpi`).
-    let peak = monitor.growth().filter(|_| flags.mpi).map(|g| g.peak);
+    // (The stage's baseline is taken before it is built: its growth is what it holds.)
+    let peak = t.peak_rss_growth().filter(|_| flags.mpi);
     let report = t.report(&Device::cpu(), &losses, peak);
     if let Some(peak) = peak {
         let (plan, host) = (t.plan().memory.total, t.host_bytes());

@@ -17,6 +17,8 @@ use crate::device::Device;
 use crate::engine::{build_engine, Engine};
 use crate::error::{Result, RuntimeError};
 use crate::executor::{stage_inputs, Batch, StepOutput};
+use crate::monitor::MemoryMonitor;
+use crate::train::{epoch_line, shuffle, shuffle_seed, EpochLog, FitOptions, History};
 
 /// One stage of a model split into a pipeline, trained on its own rank.
 pub struct StageTrainer {
@@ -28,6 +30,8 @@ pub struct StageTrainer {
     input_sizes: Vec<u64>,
     global_batch: usize,
     schedule: PipelineSchedule,
+    /// Started before the stage was built: its growth is what the stage holds.
+    monitor: MemoryMonitor,
 }
 
 impl StageTrainer {
@@ -40,6 +44,7 @@ impl StageTrainer {
         seed: u64,
         c: Arc<dyn Collective>,
     ) -> Result<StageTrainer> {
+        let monitor = MemoryMonitor::start_on(device);
         let Some(pipe) = &spec.pipeline else {
             return Err(RuntimeError::Input(format!(
                 "`{}` is not split into stages: mark the field each stage begins at with \
@@ -77,6 +82,7 @@ impl StageTrainer {
             input_sizes,
             global_batch: spec.batch,
             schedule: pipe.schedule,
+            monitor,
         })
     }
 
@@ -151,6 +157,118 @@ impl StageTrainer {
     /// the whole batch gathered once per step into buffers made once; the steps' losses.
     pub fn train_steps(&mut self, data: &dyn Dataset, steps: usize) -> Result<Vec<f32>> {
         let b = self.global_batch;
+        self.check_columns(data)?;
+        let mut buffers: Vec<Column> = data.columns().iter().map(|c| c.buffer(b)).collect();
+        let mut indices = vec![0usize; b];
+        (0..steps)
+            .map(|step| {
+                for (j, i) in indices.iter_mut().enumerate() {
+                    *i = (step * b + j) % data.len();
+                }
+                Ok(self.step_on(data, &indices, &mut buffers)?.loss)
+            })
+            .collect()
+    }
+
+    /// Trains `opts.epochs` epochs over `data` as [`crate::train::Trainer::fit`] does on one
+    /// device: full global batches (a final partial batch waits for the next epoch's
+    /// shuffle), the samples reshuffled every epoch from `opts.seed` — the same order on
+    /// every stage, and the same batches `Trainer::fit` trains one device on —, and
+    /// `steps_per_epoch` and `max_steps` honoured. Every stage returns the same losses; the
+    /// last stage prints a line per epoch when `opts.verbose`. The epochs' accuracy and
+    /// validation figures are `None`: a stage plan keeps no one prediction to score.
+    pub fn fit(&mut self, data: &dyn Dataset, opts: &FitOptions) -> Result<History> {
+        let b = self.global_batch;
+        self.check_columns(data)?;
+        if data.len() < b {
+            return Err(RuntimeError::Input(format!(
+                "the dataset has {} samples, fewer than one batch of {b}",
+                data.len()
+            )));
+        }
+        let per_epoch = (data.len() / b).min(opts.steps_per_epoch.unwrap_or(usize::MAX));
+        let plan = self.engine.plan();
+        let verbose = opts.verbose && plan.stage + 1 == plan.stages;
+        let mut remaining = opts.max_steps.unwrap_or(usize::MAX);
+        let mut order: Vec<usize> = (0..data.len()).collect();
+        let mut rng = shuffle_seed(opts.seed);
+        let mut buffers: Vec<Column> = data.columns().iter().map(|c| c.buffer(b)).collect();
+        let mut history = History::default();
+        for epoch in 1..=opts.epochs {
+            if remaining == 0 {
+                break;
+            }
+            let steps = per_epoch.min(remaining);
+            remaining -= steps;
+            if opts.shuffle {
+                shuffle(&mut order, &mut rng);
+            }
+            let t0 = std::time::Instant::now();
+            let mut loss_sum = 0f64;
+            for s in 0..steps {
+                let ts = std::time::Instant::now();
+                let out = self.step_on(data, &order[s * b..][..b], &mut buffers)?;
+                history.step_ms.push(ts.elapsed().as_secs_f64() * 1e3);
+                if !out.loss.is_finite() && !out.skipped {
+                    return Err(RuntimeError::NonFinite(format!(
+                        "epoch {epoch}, step {}: the loss is {} (training diverged; lower the \
+                         learning rate)",
+                        s + 1,
+                        out.loss
+                    )));
+                }
+                history.step_losses.push(out.loss);
+                loss_sum += out.loss as f64;
+            }
+            let log = self.epoch_log(epoch, steps, loss_sum, t0.elapsed().as_secs_f64());
+            if verbose {
+                eprintln!("{}", epoch_line(&log, opts.epochs, log.estimate_bytes));
+            }
+            history.epochs.push(log);
+        }
+        Ok(history)
+    }
+
+    /// Epoch `epoch`'s log: its mean loss, time, and the stage's memory beside its estimate.
+    fn epoch_log(&self, epoch: usize, steps: usize, loss_sum: f64, seconds: f64) -> EpochLog {
+        let g = self.monitor.growth().unwrap_or_default();
+        EpochLog {
+            epoch,
+            steps,
+            loss: (loss_sum / steps.max(1) as f64) as f32,
+            accuracy: None,
+            val_loss: None,
+            val_accuracy: None,
+            seconds,
+            rss_growth: g.current,
+            peak_rss_growth: g.peak,
+            device_peak_bytes: None,
+            estimate_bytes: self.engine.plan().memory.total + self.host_bytes(),
+            data_wait_seconds: 0.0,
+        }
+    }
+
+    /// The peak resident growth since the stage began to be built (`None` where the
+    /// platform cannot tell).
+    pub fn peak_rss_growth(&self) -> Option<u64> {
+        self.monitor.growth().map(|g| g.peak)
+    }
+
+    /// One step on the samples `indices` of `data`, gathered into `buffers`.
+    fn step_on(
+        &mut self,
+        data: &dyn Dataset,
+        indices: &[usize],
+        buffers: &mut [Column],
+    ) -> Result<StepOutput> {
+        data.gather(indices, buffers)?;
+        let b = self.global_batch;
+        let whole: Vec<Batch<'_>> = buffers.iter().map(|c| c.as_batch(b)).collect();
+        self.train_step(&whole)
+    }
+
+    /// `data` has one column per model input, each of the input's size, and some samples.
+    fn check_columns(&self, data: &dyn Dataset) -> Result<()> {
         if data.columns().len() != self.model_inputs.len() || data.is_empty() {
             return Err(RuntimeError::Input(format!(
                 "the dataset has {} columns of {} samples; the model takes {} inputs ({})",
@@ -172,17 +290,6 @@ impl StageTrainer {
                 )));
             }
         }
-        let mut buffers: Vec<Column> = data.columns().iter().map(|c| c.buffer(b)).collect();
-        let mut indices = vec![0usize; b];
-        (0..steps)
-            .map(|step| {
-                for (j, i) in indices.iter_mut().enumerate() {
-                    *i = (step * b + j) % data.len();
-                }
-                data.gather(&indices, &mut buffers)?;
-                let whole: Vec<Batch<'_>> = buffers.iter().map(|c| c.as_batch(b)).collect();
-                Ok(self.train_step(&whole)?.loss)
-            })
-            .collect()
+        Ok(())
     }
 }

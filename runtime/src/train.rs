@@ -309,8 +309,13 @@ impl Shard {
     }
 }
 
+/// The state `fit`'s shuffles start from, for `seed` (every rank and stage the same).
+pub(crate) fn shuffle_seed(seed: u64) -> u64 {
+    seed ^ 0x006D_656D_7769_7365 // "memwise"
+}
+
 /// Fisher–Yates with [`splitmix`]: `fit`'s per-epoch shuffle.
-fn shuffle(order: &mut [usize], rng: &mut u64) {
+pub(crate) fn shuffle(order: &mut [usize], rng: &mut u64) {
     for i in (1..order.len()).rev() {
         let j = (splitmix(rng) % (i as u64 + 1)) as usize;
         order.swap(i, j);
@@ -680,7 +685,7 @@ impl Trainer {
         let mut remaining = opts.max_steps.unwrap_or(usize::MAX);
         let mut order: Vec<usize> = (0..train.len()).collect();
         let mut bufs: Vec<Column> = train.columns().iter().map(|c| c.buffer(batch)).collect();
-        let mut rng = opts.seed ^ 0x006D_656D_7769_7365; // "memwise"
+        let mut rng = shuffle_seed(opts.seed);
         let mut history = History::default();
         let mut skipped_in_a_row = 0u32;
         let tty = std::io::stderr().is_terminal();

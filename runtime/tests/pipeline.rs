@@ -392,3 +392,64 @@ fn checkpointed_blocks_in_stages_train_as_one_device_and_hold_less() {
         }
     }
 }
+
+/// `StageTrainer::fit` trains a split model as `Trainer::fit` trains it on one device: the
+/// MLP in 2 stages, 2 epochs reshuffled from the same seed (40 steps of 32 of the bundled
+/// digits), ends at one device's weights with its losses, and every stage logs each epoch.
+#[test]
+fn stage_fit_reshuffles_as_one_device_fit_and_ends_at_its_weights() {
+    use memwise_runtime::data::dataset::InMemory;
+    use memwise_runtime::data::idx::load_bundled_digits;
+    use memwise_runtime::stage::StageTrainer;
+    use memwise_runtime::train::{FitOptions, Trainer};
+    let spec = mlp(32);
+    let (train, _) = load_bundled_digits().unwrap();
+    let data = InMemory::mnist(&train);
+    let opts = FitOptions {
+        epochs: 2,
+        seed: 7,
+        steps_per_epoch: Some(20),
+        verbose: false,
+        ..Default::default()
+    };
+    let mut one = Trainer::build(&spec, &Device::cpu(), SEED).unwrap();
+    let history = one.fit(&data, None, &opts, &mut []).unwrap();
+    let names: Vec<String> = (one.plan().params.iter())
+        .map(|p| p.name.to_string())
+        .collect();
+    let mut split = spec.clone();
+    split.pipeline = Some(Pipeline::new(PipelineSchedule::OneFOneB, 4, &["logits"]));
+    let stages: Vec<(Weights, Vec<f32>, usize)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (ThreadGroup::new(2).into_iter())
+            .map(|c| {
+                let (split, data, opts) = (&split, &data, &opts);
+                scope.spawn(move || {
+                    let c: Arc<dyn Collective> = Arc::new(c);
+                    let mut t = StageTrainer::build(split, &Device::cpu(), SEED, c).unwrap();
+                    let h = t.fit(data, opts).unwrap();
+                    let w: Weights = (t.plan().params.iter())
+                        .map(|p| (p.name.to_string(), t.engine().param(&p.name).unwrap()))
+                        .collect();
+                    (w, h.step_losses, h.epochs.len())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(history.step_losses.len(), 40);
+    let mut worst = 0f32;
+    for (w, losses, epochs) in &stages {
+        assert_eq!(*epochs, 2);
+        assert_eq!(losses.len(), 40);
+        for (a, b) in losses.iter().zip(&history.step_losses) {
+            assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs {b}");
+        }
+        for (name, v) in w {
+            worst = worst.max(scaled_diff(&one.engine().param(name).unwrap(), v));
+        }
+    }
+    let held: usize = stages.iter().map(|s| s.0.len()).sum();
+    assert_eq!(held, names.len());
+    eprintln!("MLP fit in 2 stages vs one device, 2 epochs: largest weight difference {worst:e}");
+    assert!(worst <= 1e-5, "{worst:e}");
+}
