@@ -18,7 +18,7 @@ use crate::engine::{build_engine, Engine};
 use crate::error::{Result, RuntimeError};
 use crate::executor::{stage_inputs, Batch, StepOutput};
 use crate::monitor::MemoryMonitor;
-use crate::train::{epoch_line, shuffle, shuffle_seed, EpochLog, FitOptions, History};
+use crate::train::{check_step, epoch_line, shuffle, shuffle_seed, EpochLog, FitOptions, History};
 
 /// One stage of a model split into a pipeline, trained on its own rank.
 pub struct StageTrainer {
@@ -107,6 +107,12 @@ impl StageTrainer {
         gather + self.engine.send_buffer_bytes() + gemm
     }
 
+    /// What the stage is estimated to hold: its plan's total and the host bytes beside it
+    /// ([`StageTrainer::host_bytes`]), the figure its measured peak is compared with.
+    pub fn estimate_bytes(&self) -> u64 {
+        self.engine.plan().memory.total + self.host_bytes()
+    }
+
     /// The stage's run report (`memwise.report/1`, as [`crate::train::Trainer::report`]) of
     /// the steps that returned `losses`, with the peak resident growth measured over them:
     /// the stage's own estimate (its plan and [`StageTrainer::host_bytes`]) beside what it
@@ -119,7 +125,7 @@ impl StageTrainer {
     /// ```
     pub fn report(&self, device: &Device, losses: &[f32], peak_rss_growth: Option<u64>) -> Value {
         let plan = self.engine.plan();
-        let total = plan.memory.total + self.host_bytes();
+        let total = self.estimate_bytes();
         json!({
             "schema": "memwise.report/1",
             "model": plan.model,
@@ -174,7 +180,8 @@ impl StageTrainer {
     /// device: full global batches (a final partial batch waits for the next epoch's
     /// shuffle), the samples reshuffled every epoch from `opts.seed` — the same order on
     /// every stage, and the same batches `Trainer::fit` trains one device on —, and
-    /// `steps_per_epoch` and `max_steps` honoured. Every stage returns the same losses; the
+    /// `steps_per_epoch` and `max_steps` honoured, and the same errors for a diverged loss
+    /// or loss scaling that keeps skipping. Every stage returns the same losses; the
     /// last stage prints a line per epoch when `opts.verbose`. The epochs' accuracy and
     /// validation figures are `None`: a stage plan keeps no one prediction to score.
     pub fn fit(&mut self, data: &dyn Dataset, opts: &FitOptions) -> Result<History> {
@@ -194,6 +201,7 @@ impl StageTrainer {
         let mut rng = shuffle_seed(opts.seed);
         let mut buffers: Vec<Column> = data.columns().iter().map(|c| c.buffer(b)).collect();
         let mut history = History::default();
+        let mut skipped_in_a_row = 0u32;
         for epoch in 1..=opts.epochs {
             if remaining == 0 {
                 break;
@@ -209,14 +217,12 @@ impl StageTrainer {
                 let ts = std::time::Instant::now();
                 let out = self.step_on(data, &order[s * b..][..b], &mut buffers)?;
                 history.step_ms.push(ts.elapsed().as_secs_f64() * 1e3);
-                if !out.loss.is_finite() && !out.skipped {
-                    return Err(RuntimeError::NonFinite(format!(
-                        "epoch {epoch}, step {}: the loss is {} (training diverged; lower the \
-                         learning rate)",
-                        s + 1,
-                        out.loss
-                    )));
-                }
+                check_step(
+                    &out,
+                    &mut skipped_in_a_row,
+                    self.engine.loss_scale(),
+                    (epoch, s + 1),
+                )?;
                 history.step_losses.push(out.loss);
                 loss_sum += out.loss as f64;
             }
@@ -243,7 +249,7 @@ impl StageTrainer {
             rss_growth: g.current,
             peak_rss_growth: g.peak,
             device_peak_bytes: None,
-            estimate_bytes: self.engine.plan().memory.total + self.host_bytes(),
+            estimate_bytes: self.estimate_bytes(),
             data_wait_seconds: 0.0,
         }
     }

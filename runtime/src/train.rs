@@ -309,6 +309,38 @@ impl Shard {
     }
 }
 
+/// `fit`'s checks after step `at` (epoch, step): a float32 loss that is not finite, or loss
+/// scaling that has skipped [`MAX_SKIPPED_IN_A_ROW`] steps in a row (counted in
+/// `skipped_in_a_row`; `loss_scale` is the scale now), ends training with an error.
+pub(crate) fn check_step(
+    out: &StepOutput,
+    skipped_in_a_row: &mut u32,
+    loss_scale: f32,
+    (epoch, step): (usize, usize),
+) -> Result<()> {
+    *skipped_in_a_row = if out.skipped {
+        *skipped_in_a_row + 1
+    } else {
+        0
+    };
+    if *skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW {
+        return Err(RuntimeError::NonFinite(format!(
+            "epoch {epoch}, step {step}: loss scaling skipped the last {skipped_in_a_row} steps in a row \
+             (loss scale now {loss_scale:e}, the loss {}): no scale makes these gradients finite, so \
+             the weights, the inputs or the forward pass hold NaN or infinity; the weights \
+             are those before the first skipped step",
+            out.loss
+        )));
+    }
+    if !out.loss.is_finite() && !out.skipped {
+        return Err(RuntimeError::NonFinite(format!(
+            "epoch {epoch}, step {step}: the loss is {} (float32 training diverged; lower the learning rate)",
+            out.loss
+        )));
+    }
+    Ok(())
+}
+
 /// The state `fit`'s shuffles start from, for `seed` (every rank and stage the same).
 pub(crate) fn shuffle_seed(seed: u64) -> u64 {
     seed ^ 0x006D_656D_7769_7365 // "memwise"
@@ -735,25 +767,8 @@ impl Trainer {
                 history.step_ms.push(ts.elapsed().as_secs_f64() * 1e3);
                 self.monitor
                     .record_device_bytes(self.train.device_bytes_used());
-                skipped_in_a_row = if out.skipped { skipped_in_a_row + 1 } else { 0 };
-                if skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW {
-                    return Err(RuntimeError::NonFinite(format!(
-                        "epoch {epoch}, step {}: loss scaling skipped the last {skipped_in_a_row} steps in a row \
-                         (loss scale now {:e}, the loss {}): no scale makes these gradients finite, so \
-                         the weights, the inputs or the forward pass hold NaN or infinity; the weights \
-                         are those before the first skipped step",
-                        s + 1,
-                        self.train.loss_scale(),
-                        out.loss
-                    )));
-                }
-                if !out.loss.is_finite() && !out.skipped {
-                    return Err(RuntimeError::NonFinite(format!(
-                        "epoch {epoch}, step {}: the loss is {} (float32 training diverged; lower the learning rate)",
-                        s + 1,
-                        out.loss
-                    )));
-                }
+                let scale = self.train.loss_scale();
+                check_step(&out, &mut skipped_in_a_row, scale, (epoch, s + 1))?;
                 history.step_losses.push(out.loss);
                 loss_sum += out.loss as f64;
                 correct += out.correct;
