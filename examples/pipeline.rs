@@ -8,6 +8,8 @@
 //! on the same batches (for comparison: `--save-weights` from both, then
 //! `scripts/compare_weights.py`). Built with `--features mpi`, `mpirun -n 2 … --mpi` runs
 //! each stage as its own process; each writes its stage's weights (`PATH.stage0`, …).
+//! `--replicas 2` trains 2 replicas of the whole pipeline data-parallel (`mpirun -n 4`, or 4
+//! threads), each on half of every batch: rank `2·s + r` runs stage `s` of replica `r`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -78,13 +80,17 @@ struct Flags {
     /// This process is one stage of an `mpirun -n 2` job (built with `--features mpi`).
     #[arg(long)]
     mpi: bool,
-    /// Write the trained weights here (a stage's: `PATH.stage<k>`).
+    /// Write the trained weights here (a stage's: `PATH.stage<k>`, from replica 0).
     #[arg(long)]
     save_weights: Option<PathBuf>,
     /// Write each stage's run report (JSON: its estimate beside its measured peak) here
-    /// (`PATH.stage<k>`).
+    /// (`PATH.stage<k>`; with replicas `PATH.stage<k>.replica<r>`).
     #[arg(long)]
     report_json: Option<PathBuf>,
+    /// Data-parallel replicas of the whole pipeline, each on its share of every batch (a
+    /// rank per stage of each: `mpirun -n 4` for 2).
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
     /// The pipeline schedule, instead of the declared 1F1B: `gpipe` or `one_f_one_b`.
     #[arg(long)]
     schedule: Option<String>,
@@ -107,7 +113,7 @@ fn main() -> Res<()> {
     if flags.mpi {
         return on_mpi(&flags, &data);
     }
-    let stages = ThreadGroup::new(ConvVae::STAGES.len());
+    let stages = ThreadGroup::new(ConvVae::STAGES.len() * flags.replicas.max(1));
     let losses: Vec<Res<Vec<f32>>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (stages.into_iter())
             .map(|c| {
@@ -127,14 +133,14 @@ fn main() -> Res<()> {
     for l in losses {
         first = first.or(Some(l?));
     }
-    print_losses("2 stages (threads)", &first.unwrap_or_default());
+    print_losses(&ranks_text(&flags, "threads"), &first.unwrap_or_default());
     Ok(())
 }
 
 /// The model as declared, under `--schedule` if given.
 fn spec(flags: &Flags) -> Res<memwise::plan::ModelSpec> {
     use memwise::plan::pipeline::PipelineSchedule;
-    let mut spec = ConvVae::spec();
+    let mut spec = ConvVae::spec().with_replicas(flags.replicas);
     if let Some(b) = flags.batch {
         spec = spec.with_batch(b);
     }
@@ -148,13 +154,26 @@ fn spec(flags: &Flags) -> Res<memwise::plan::ModelSpec> {
     Ok(spec)
 }
 
-/// Trains one stage (`c.rank()`) and writes its weights and report.
+/// "2 stages (MPI ranks)", or with replicas "2 stages × 2 replicas (MPI ranks)".
+fn ranks_text(flags: &Flags, what: &str) -> String {
+    match flags.replicas {
+        0 | 1 => format!("{} stages ({what})", ConvVae::STAGES.len()),
+        r => format!("{} stages × {r} replicas ({what})", ConvVae::STAGES.len()),
+    }
+}
+
+/// Trains rank `c.rank()`'s stage and writes its weights (replica 0's) and report.
 fn run_stage(flags: &Flags, data: &InMemory, c: Arc<dyn Collective>) -> Res<Vec<f32>> {
-    let stage = c.rank();
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     let mut t = StageTrainer::build(&spec(flags)?, &Device::cpu(), flags.seed, c)?;
+    let (stage, replica) = (t.plan().stage as usize, t.replica());
+    // Stage `k` of replica `r` (`replica<r>` only with replicas).
+    let who = match flags.replicas {
+        0 | 1 => format!("stage {stage}"),
+        _ => format!("stage {stage} replica {replica}"),
+    };
     say(format!(
-        "stage {stage}: training {} steps; its plan holds {:.2} MiB",
+        "{who}: training {} steps; its plan holds {:.2} MiB",
         flags.steps,
         mib(t.plan().memory.total)
     ));
@@ -166,7 +185,7 @@ fn run_stage(flags: &Flags, data: &InMemory, c: Arc<dyn Collective>) -> Res<Vec<
     if let Some(peak) = peak {
         let (plan, host) = (t.plan().memory.total, t.host_bytes());
         say(format!(
-            "stage {stage} memory: measured peak RSS growth {:.2} MiB, estimate {:.2} MiB \
+            "{who} memory: measured peak RSS growth {:.2} MiB, estimate {:.2} MiB \
              (plan {:.2} + host {:.2}): {:+.1} %",
             mib(peak),
             mib(plan + host),
@@ -175,28 +194,21 @@ fn run_stage(flags: &Flags, data: &InMemory, c: Arc<dyn Collective>) -> Res<Vec<
             report["measured"]["error_percent"].as_f64().unwrap_or(0.0)
         ));
     }
-    if let Some(p) = &flags.save_weights {
-        let path = stage_path(p, stage);
+    // The replicas hold the same weights: replica 0 writes them, as rank 0 does in PyTorch.
+    if let Some(p) = flags.save_weights.as_ref().filter(|_| replica == 0) {
+        let path = PathBuf::from(format!("{}.stage{stage}", p.display()));
         t.engine().save_weights(&path)?;
-        say(format!(
-            "stage {stage}'s weights written to {}",
-            path.display()
-        ));
+        say(format!("{who}'s weights written to {}", path.display()));
     }
     if let Some(p) = &flags.report_json {
-        let path = stage_path(p, stage);
+        let path = match flags.replicas {
+            0 | 1 => PathBuf::from(format!("{}.stage{stage}", p.display())),
+            _ => PathBuf::from(format!("{}.stage{stage}.replica{replica}", p.display())),
+        };
         std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
-        say(format!(
-            "stage {stage}'s report written to {}",
-            path.display()
-        ));
+        say(format!("{who}'s report written to {}", path.display()));
     }
     Ok(losses)
-}
-
-/// Where stage `stage` writes a file named `path`: `PATH.stage<k>`.
-fn stage_path(path: &std::path::Path, stage: usize) -> PathBuf {
-    PathBuf::from(format!("{}.stage{stage}", path.display()))
 }
 
 /// One line on stderr in one write: the stages share it (threads, or ranks whose output
@@ -213,7 +225,7 @@ fn on_mpi(flags: &Flags, data: &InMemory) -> Res<()> {
     let rank = mpi.rank();
     let losses = run_stage(flags, data, Arc::new(mpi))?;
     if rank == 0 {
-        print_losses("2 stages (MPI ranks)", &losses);
+        print_losses(&ranks_text(flags, "MPI ranks"), &losses);
     }
     Ok(())
 }

@@ -17,8 +17,9 @@
 #      mid-training ends the job within 60 s;
 #   6. model parallel (issue 16): the example `pipeline` (the VAE, encoder and decoder on two
 #      ranks, 4 micro-batches) under 1F1B and GPipe ends 10 steps with the weights of one
-#      process (1e-5), each stage's peak RSS growth is within 5 % of its estimate (batch
-#      2048), and a stage killed mid-training ends the job within 60 s.
+#      process (1e-5), and so do 2 replicas of the pipeline (4 ranks); each stage's peak RSS
+#      growth is within 5 % of its estimate (batch 2048, and 2 replicas under 1F1B); a stage
+#      killed mid-training ends the job within 60 s.
 # Prints a PASS or FAIL line per check; exits non-zero when any fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,6 +61,8 @@ must "build mpi_check (release)" \
     cargo build --release -p memwise-runtime --features mpi --example mpi_check
 BIN=target/release/examples/mpi_check
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe -n 2)
+# A replicated pipeline's 2 stages × 2 replicas (more ranks than the 2 cores: oversubscribed).
+MPIRUN4=(mpirun --allow-run-as-root --oversubscribe -n 4)
 
 echo "== MPI: mpi_check on 2 ranks"
 rc=0
@@ -225,26 +228,46 @@ for schedule in one_f_one_b gpipe; do
         fail "pipeline ($schedule): the stages trained different weights from one process"
     fi
 done
+# Two replicas of the whole pipeline (4 ranks, rank 2·s + r runs stage s of replica r), each
+# on half of every batch: replica 0's stages end at one process's weights.
+rc=0
+w="$LOG/pipeline.replicated.safetensors"
+timeout 300 "${MPIRUN4[@]}" "$bin" --mpi --replicas 2 --steps 10 --save-weights "$w" \
+    > "$LOG/pipeline.replicated.txt" 2>&1 || rc=$?
+cat "$LOG/pipeline.replicated.txt"
+if [[ $rc != 0 ]]; then
+    fail "pipeline (2 replicas): a run exited with status $rc"
+elif python3 scripts/compare_weights.py --tol 1e-5 "$LOG/pipeline.1process.safetensors" \
+    "$w.stage0" "$w.stage1"; then
+    pass "pipeline (2 stages x 2 replicas): = 1 process after 10 steps"
+else
+    fail "pipeline (2 replicas): the replicated stages trained different weights from one process"
+fi
 # Each stage's measured peak RSS growth within 5 % of its estimate (its plan plus the host
-# bytes beside it), at batch 2048, under both schedules.
-for schedule in one_f_one_b gpipe; do
+# bytes beside it), at batch 2048, under both schedules, and over 2 replicas under 1F1B.
+for run in one_f_one_b:1 gpipe:1 one_f_one_b:2; do
+    schedule=${run%:*}
+    replicas=${run#*:}
+    launch=("${MPIRUN[@]}")
+    [[ $replicas == 2 ]] && launch=("${MPIRUN4[@]}")
     rc=0
-    r="$LOG/pipeline.memory.$schedule.json"
+    r="$LOG/pipeline.memory.$schedule.$replicas.json"
     rm -f "$r".stage*
-    timeout 600 "${MPIRUN[@]}" "$bin" --mpi --schedule "$schedule" --batch 2048 --steps 4 \
-        --report-json "$r" > "$LOG/pipeline.memory.$schedule.txt" 2>&1 || rc=$?
+    timeout 600 "${launch[@]}" "$bin" --mpi --schedule "$schedule" --replicas "$replicas" \
+        --batch 2048 --steps 4 --report-json "$r" > "$LOG/pipeline.memory.$run.txt" 2>&1 || rc=$?
     if [[ $rc != 0 ]]; then
-        tail -n 20 "$LOG/pipeline.memory.$schedule.txt"
-        fail "pipeline memory ($schedule): exit status $rc"
-    # Each stage's own report file: the ranks share stderr, where their lines can interleave.
-    elif python3 - "$r".stage0 "$r".stage1 <<'PY'
+        tail -n 20 "$LOG/pipeline.memory.$run.txt"
+        fail "pipeline memory ($schedule, $replicas replicas): exit status $rc"
+    # Each rank's own report file: the ranks share stderr, where their lines can interleave.
+    elif python3 - "$r".stage* <<'PY'
 import json, sys
-ok = True
+ok = len(sys.argv) > 2
 for path in sys.argv[1:]:
     r = json.load(open(path))
     e, m = r["estimate"], r["measured"]
     mib = lambda b: b / 2**20
-    print(f"ci-mpi: stage {r['stage']} of {r['stages']} ({r['schedule']}, batch {r['batch']}): "
+    print(f"ci-mpi: stage {r['stage']} of {r['stages']}, replica {r['replica']} of "
+          f"{r['replicas']} ({r['schedule']}, batch {r['batch']}): "
           f"measured {mib(m['peak_rss_growth_bytes']):.2f} MiB, estimate {mib(e['total']):.2f} "
           f"MiB (plan {mib(e['plan_total']):.2f} + host {mib(e['host']):.2f}): "
           f"{m['error_percent']:+.1f} %")
@@ -252,9 +275,9 @@ for path in sys.argv[1:]:
 sys.exit(0 if ok else 1)
 PY
     then
-        pass "pipeline memory ($schedule): each stage's peak within 5 % of its estimate"
+        pass "pipeline memory ($schedule, $replicas replicas): each stage's peak within 5 % of its estimate"
     else
-        fail "pipeline memory ($schedule): a stage's peak is more than 5 % off its estimate"
+        fail "pipeline memory ($schedule, $replicas replicas): a stage's peak is more than 5 % off its estimate"
     fi
 done
 

@@ -573,35 +573,44 @@ fn backward_step(
 /// (`bucket_cap_mb = 25`). A bucket is summed as soon as its last gradient is written.
 pub const BUCKET_BYTES: u64 = 25 << 20;
 
-/// Data parallel: inserts the gradient sums among the backward steps. The trained
-/// parameters are taken in the order their gradients are finished (the last backward step
-/// that writes each) and grouped into buckets of up to [`BUCKET_BYTES`]; each bucket's
-/// `AllReduceGradients` step goes right after the step that finishes it, so a device that
-/// overlaps communication with compute can start it while backward goes on.
+/// Data parallel: inserts the gradient sums among the backward steps ([`gradient_sums`]).
 fn all_reduce_steps(cx: &mut Ctx<'_>) {
     let graph = cx.graph;
-    let mut last_writer: Vec<Option<usize>> = vec![None; graph.params.len()];
-    for (i, st) in cx.steps.iter().enumerate() {
+    let trained = |p: u32| {
+        let param = &graph.params[p as usize];
+        param.trainable.then(|| param.elems())
+    };
+    for (at, step) in gradient_sums(&cx.steps, trained, true).into_iter().rev() {
+        cx.steps.insert(at + 1, step);
+    }
+}
+
+/// The gradient sums of data parallelism over `steps`: the trained parameters (those
+/// `trained` gives a size in elements) in the order their gradients are finished (the last
+/// backward step that writes each), grouped into buckets of up to [`BUCKET_BYTES`]. Each
+/// bucket's `AllReduceGradients` step goes right after the step that finishes it, so a
+/// device that overlaps communication with compute can start it while backward goes on.
+/// Returns each sum with the index of the step it follows, in order; the final one settles
+/// the replicas' non-finite flag when `settle_flag`.
+pub(crate) fn gradient_sums(
+    steps: &[SStep],
+    trained: impl Fn(u32) -> Option<usize>,
+    settle_flag: bool,
+) -> Vec<(usize, SStep)> {
+    let mut last_writer: std::collections::BTreeMap<u32, usize> = Default::default();
+    for (i, st) in steps.iter().enumerate() {
         if st.phase == Phase::Backward {
-            for &p in st
-                .params
-                .iter()
-                .filter(|&&p| graph.params[p as usize].trainable)
-            {
-                last_writer[p as usize] = Some(i);
+            for &p in st.params.iter().filter(|&&p| trained(p).is_some()) {
+                last_writer.insert(p, i);
             }
         }
     }
-    let mut finished: Vec<(usize, u32)> = last_writer
-        .iter()
-        .enumerate()
-        .filter_map(|(p, w)| w.map(|i| (i, p as u32)))
-        .collect();
+    let mut finished: Vec<(usize, u32)> = last_writer.into_iter().map(|(p, i)| (i, p)).collect();
     finished.sort_unstable();
     // (insert after step, parameters, bytes)
     let mut buckets: Vec<(usize, Vec<u32>, u64)> = Vec::new();
     for (i, p) in finished {
-        let bytes = graph.params[p as usize].elems() as u64 * 4;
+        let bytes = trained(p).unwrap_or(0) as u64 * 4;
         match buckets.last_mut() {
             Some((at, ps, b)) if *b + bytes <= BUCKET_BYTES || ps.is_empty() => {
                 *at = i;
@@ -612,23 +621,23 @@ fn all_reduce_steps(cx: &mut Ctx<'_>) {
         }
     }
     let n = buckets.len();
-    for (k, (at, params, bytes)) in buckets.into_iter().enumerate().rev() {
-        cx.steps.insert(
-            at + 1,
-            SStep {
+    (buckets.into_iter().enumerate())
+        .map(|(k, (at, params, bytes))| {
+            let step = SStep {
                 phase: Phase::Backward,
                 layer: None,
                 op: Op::AllReduceGradients {
                     bytes,
-                    last: k + 1 == n,
+                    last: settle_flag && k + 1 == n,
                 },
                 reads: vec![],
                 writes: vec![],
                 params,
                 in_place: vec![],
-            },
-        );
-    }
+            };
+            (at, step)
+        })
+        .collect()
 }
 
 /// The update steps: the finite check (with loss scaling), then one optimizer step per

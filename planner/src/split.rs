@@ -123,10 +123,11 @@ pub fn fewest_stages(
     best.ok_or_else(|| last_err.unwrap_or_else(|| PlanError::model("no split plans")))
 }
 
-/// The largest batch (a multiple of the micro-batch count) at which every stage of `pipe`
-/// fits `budget`.
+/// The largest batch (a multiple of the micro-batch count times the replicas) at which every
+/// stage of `pipe` fits `budget`.
 pub fn max_batch(spec: &ModelSpec, pipe: &Pipeline, budget: u64) -> Option<usize> {
-    let m = pipe.micro_batches.max(1);
+    // A batch every replica's micro-batches divide.
+    let m = pipe.micro_batches.max(1) * spec.replicas.max(1);
     let fits = |k: usize| {
         plan_pipeline(&spec.with_batch(k * m), pipe).is_ok_and(|pp| pp.largest_stage().1 <= budget)
     };

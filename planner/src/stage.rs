@@ -26,7 +26,7 @@ use crate::graph::Graph;
 use crate::op::Op;
 use crate::pipeline::{replay, stage_work, PipelineSchedule, Work};
 use crate::plan::{Phase, StaticPlan, NONE};
-use crate::schedule::{SStep, STensor, Schedule};
+use crate::schedule::{gradient_sums, SStep, STensor, Schedule};
 use crate::spec::ModelSpec;
 
 /// How a model is split over devices: where each stage begins, how many micro-batches a
@@ -80,35 +80,60 @@ impl Pipeline {
             .collect())
     }
 
-    /// The spec one micro-batch runs: the replica's share of the batch cut `micro_batches`
-    /// ways, each loss term weighted by its share, so that the gradients the micro-batches
-    /// accumulate are the whole batch's.
+    /// The spec one micro-batch runs: the replica's share of the batch
+    /// ([`ModelSpec::per_replica`]: a replica is a whole pipeline) cut `micro_batches` ways,
+    /// each loss term weighted by its share, so that the gradients the micro-batches
+    /// accumulate, summed over the replicas, are the whole batch's. `replicas` is kept: the
+    /// stage plans sum their gradients over the replicas of their stage.
     pub fn micro_spec(&self, spec: &ModelSpec) -> Result<ModelSpec, PlanError> {
         let m = self.micro_batches;
         if m == 0 {
             return Err(PlanError::model("`micro_batches` must be at least 1"));
         }
-        if spec.replicas > 1 {
+        if spec.replicas > 1 && spec.sharding != crate::data_parallel::Sharding::Replicated {
             return Err(PlanError::model(
-                "a pipeline over data-parallel replicas is not planned yet: plan the stages \
-                 with `replicas = 1`",
+                "ZeRO sharding within a pipeline's replicas is not planned yet: the stages of \
+                 a replicated pipeline keep their whole optimizer state (drop `zero = 1`)",
             ));
         }
-        if !spec.batch.is_multiple_of(m) {
-            let below = (spec.batch / m * m).max(m);
+        let replica = spec.per_replica()?;
+        let r = spec.replicas.max(1);
+        if !replica.batch.is_multiple_of(m) {
+            let whole = r * m;
+            let below = (spec.batch / whole * whole).max(whole);
+            let replicas = if r > 1 {
+                format!(" and {r} replicas")
+            } else {
+                String::new()
+            };
             return Err(PlanError::model(format!(
-                "`batch = {}` does not split into {m} micro-batches: the batch must be a \
-                 multiple of the micro-batch count (`batch = {below}` or `batch = {}` would be)",
+                "`batch = {}` does not split into {m} micro-batches{replicas}: the batch must be \
+                 a multiple of {whole} (`batch = {below}` or `batch = {}` would be)",
                 spec.batch,
-                spec.batch / m * m + m
+                spec.batch / whole * whole + whole
             )));
         }
-        let mut micro = spec.with_batch(spec.batch / m);
+        let mut micro = replica.with_batch(replica.batch / m);
         for term in &mut micro.loss {
             term.weight /= m as f32;
         }
         Ok(micro)
     }
+}
+
+/// Where stage `stage` of pipeline replica `replica` runs in a job of `stages × replicas`
+/// ranks: rank `stage · replicas + replica`. A stage's replicas are neighbouring ranks, as
+/// Megatron-LM orders them: their gradient sums, each step's heaviest traffic, stay among
+/// the ranks of one node where they can, and the lighter activations cross between nodes.
+pub fn stage_rank(stage: usize, replica: usize, replicas: usize) -> usize {
+    stage * replicas.max(1) + replica
+}
+
+/// The `(stage, replica)` that rank `rank` of a job of `replicas` pipeline replicas runs
+/// ([`stage_rank`]'s inverse).
+pub fn stage_of_rank(rank: usize, replicas: usize) -> (usize, usize) {
+    let r = replicas.max(1);
+    (rank / r, rank % r)
 }
 
 /// The name of micro-batch `k`'s copy of tensor `name` in a stage's plan: `name@k`.
@@ -219,7 +244,10 @@ pub fn plan_stage(
     let stage_of_layer = pipeline.stage_of_layers(spec)?;
     let micro = pipeline.micro_spec(spec)?;
     let mut graph = Graph::build(&micro)?;
-    let step = StepGraph::build(&mut graph, &micro)?;
+    let mut step = StepGraph::build(&mut graph, &micro)?;
+    // The base is one micro-batch of one replica: a stage sums its gradients over its
+    // replicas once, after its last micro-batch's backward (`unroll`).
+    step.replicas = 1;
     let base = Schedule::build(&graph, &step);
     check_segments(&micro, &stage_of_layer)?;
     let cut = Cut::new(&base, &graph, &stage_of_layer, p)?;
@@ -228,8 +256,20 @@ pub fn plan_stage(
         .filter(|&p| stage_of_layer[graph.params[p as usize].layer] == stage)
         .collect();
     let m = pipeline.micro_batches;
-    let (schedule, micro_batch_of, inputs) =
-        unroll(&cut, &base, &held, stage, &work, m, &graph.inputs);
+    // Per stage parameter: its elements if its gradients are summed over the replicas.
+    let summed: Vec<Option<usize>> = (held.iter())
+        .map(|&p| &graph.params[p as usize])
+        .map(|q| (micro.replicas > 1 && q.trainable).then(|| q.elems()))
+        .collect();
+    let (schedule, micro_batch_of, inputs) = unroll(
+        &cut,
+        &base,
+        (&held, &summed),
+        stage,
+        &work,
+        m,
+        &graph.inputs,
+    );
     let mut sub = graph.clone();
     sub.params = (held.iter())
         .map(|&p| graph.params[p as usize].clone())
@@ -436,14 +476,16 @@ fn message(
 }
 
 /// Stage `stage`'s schedule: for each unit of `work`, its receives, its steps (each followed
-/// by its sends) for that micro-batch's own tensors; then the updates of its parameters
-/// (`held`, the base ids of the stage's parameters, renumbered in order). Returns it with
-/// each step's micro-batch, and the model inputs the stage reads, micro-batch by micro-batch
-/// in `inputs`' order.
+/// by its sends) for that micro-batch's own tensors; with replicas, the sums of its
+/// gradients over them, each after its last micro-batch's step that finishes them; then the
+/// updates of its parameters (`held`, the base ids of the stage's parameters, renumbered in
+/// order; `summed`, per renumbered parameter, its elements if its gradients are summed).
+/// Returns it with each step's micro-batch, and the model inputs the stage reads,
+/// micro-batch by micro-batch in `inputs`' order.
 fn unroll(
     cut: &Cut,
     base: &Schedule,
-    held: &[u32],
+    (held, summed): (&[u32], &[Option<usize>]),
     stage: usize,
     work: &[Work],
     micro_batches: usize,
@@ -466,6 +508,13 @@ fn unroll(
             Work::Backward(k) => (k, Half::Backward),
         };
         u.unit(cut, stage, k, half);
+    }
+    // One stage alone settles the replicas' flag with its last sum, as a data-parallel
+    // plan does; a pipeline's stages settle it together below.
+    let sums = gradient_sums(&u.steps, |p| summed[p as usize], cut.stages == 1);
+    for (at, sum) in sums.into_iter().rev() {
+        u.micro_batch.insert(at + 1, u.micro_batch[at]);
+        u.steps.insert(at + 1, sum);
     }
     // With loss scaling each stage checks its own gradients, then the stages agree.
     for st in base.steps.iter().filter(|st| st.op == Op::CheckFinite) {
@@ -596,8 +645,9 @@ impl Unroller<'_> {
 
     /// Before the updates (after the finite check of the stage's gradients, with loss
     /// scaling): a gradient sum over no gradients, which settles the step's non-finite flag
-    /// over every stage (as a data-parallel plan's last sum does over the replicas), so that
-    /// all stages update, or all keep their weights and halve their loss scale, alike.
+    /// over every rank of the job, each stage of each replica (as a data-parallel plan's last
+    /// sum does over the replicas), so that all stages update, or all keep their weights and
+    /// halve their loss scale, alike.
     fn settle_flags(&mut self) {
         self.micro_batch.push(0);
         self.steps.push(SStep {

@@ -207,8 +207,17 @@ fn a_malformed_split_is_an_error_that_names_it() {
     checkpointed.checkpoint(&["b0_mlp1", "b0_mlp2", "b0_res2", "b1_ln1"], 0);
     let e = err(&checkpointed, Pipeline::new(g, 2, &["b1_ln1"]));
     assert!(e.contains("checkpoint segment 0"), "{e}");
-    let e = err(&mlp(64).with_replicas(2), Pipeline::new(g, 2, &["logits"]));
-    assert!(e.contains("replicas"), "{e}");
+    let e = err(&mlp(64).with_replicas(2), Pipeline::new(g, 3, &["logits"]));
+    assert!(
+        e.contains("does not split into 3 micro-batches and 2 replicas"),
+        "{e}"
+    );
+    assert!(e.contains("`batch = 60` or `batch = 66`"), "{e}");
+    let zero = mlp(64)
+        .with_replicas(2)
+        .with_sharding(memwise_plan::data_parallel::Sharding::OptimizerState);
+    let e = err(&zero, Pipeline::new(g, 2, &["logits"]));
+    assert!(e.contains("ZeRO sharding within a pipeline"), "{e}");
 }
 
 #[test]
@@ -291,5 +300,89 @@ fn with_loss_scaling_each_stage_checks_its_gradients_before_the_stages_agree() {
             assert_eq!(checked.len(), stage.params.len(), "{} stage {k}", spec.name);
             assert!(checked.iter().all(|&p| (p as usize) < stage.params.len()));
         }
+    }
+}
+
+/// A replica of a pipeline is the whole pipeline on its share of the batch: each stage's
+/// plan over `r` replicas at batch `B` is its plan at batch `B / r`, its memory to the byte,
+/// with its gradients summed over its replicas — every trained parameter once, each bucket
+/// after the last backward step (of the last micro-batch) that writes its gradients, all
+/// before the finite check and the flag sum every rank agrees on.
+#[test]
+fn a_replicated_pipeline_stage_is_its_share_of_the_batch_with_its_gradients_summed() {
+    for (spec, boundaries) in splits() {
+        for schedule in SCHEDULES {
+            let pipe = Pipeline::new(schedule, 4, &boundaries);
+            let mut replicated = spec.with_replicas(2);
+            replicated.precision = Precision::MixedFloat16;
+            let mut half = spec.with_batch(spec.batch / 2);
+            half.precision = Precision::MixedFloat16;
+            let alone = plan_pipeline(&half, &pipe).unwrap();
+            let both = plan_pipeline(&replicated, &pipe).unwrap();
+            for (k, (a, r)) in alone.stages.iter().zip(&both.stages).enumerate() {
+                let what = format!("{} {schedule:?} stage {k}", spec.name);
+                assert_eq!(r.replicas, 2, "{what}");
+                assert_eq!(r.batch, a.batch, "{what}");
+                assert_eq!(r.memory.total, a.memory.total, "{what}");
+                let sums: Vec<(usize, &PlanStep)> = (r.steps.iter().enumerate())
+                    .filter(|(_, s)| matches!(s.op, Op::AllReduceGradients { .. }))
+                    .filter(|(_, s)| !s.params.is_empty())
+                    .collect();
+                let mut summed: Vec<u32> = sums
+                    .iter()
+                    .flat_map(|(_, s)| s.params.iter().copied())
+                    .collect();
+                summed.sort_unstable();
+                let trained: Vec<u32> = (0..r.params.len() as u32)
+                    .filter(|&i| r.params[i as usize].trainable)
+                    .collect();
+                assert_eq!(
+                    summed, trained,
+                    "{what}: every trained parameter summed once"
+                );
+                for &(at, sum) in &sums {
+                    let Op::AllReduceGradients { bytes, last } = sum.op else {
+                        unreachable!()
+                    };
+                    assert!(!last, "{what}: the stages settle the flag together");
+                    let elems: usize = sum
+                        .params
+                        .iter()
+                        .map(|&p| r.params[p as usize].elems())
+                        .sum();
+                    assert_eq!(bytes, elems as u64 * 4, "{what}");
+                    let last_writer = (r.steps.iter())
+                        .rposition(|s| {
+                            s.phase == Phase::Backward
+                                && !matches!(s.op, Op::AllReduceGradients { .. })
+                                && s.params.iter().any(|p| sum.params.contains(p))
+                        })
+                        .unwrap();
+                    assert!(
+                        last_writer < at,
+                        "{what}: a sum before its gradients are written"
+                    );
+                    assert_eq!(r.steps[last_writer].micro_batch, 3, "{what}");
+                }
+                let check = r
+                    .steps
+                    .iter()
+                    .position(|s| s.op == Op::CheckFinite)
+                    .unwrap();
+                assert!(sums.iter().all(|&(at, _)| at < check), "{what}");
+                let settle = (r.steps.iter())
+                    .position(|s| {
+                        s.params.is_empty()
+                            && matches!(s.op, Op::AllReduceGradients { last: true, .. })
+                    })
+                    .unwrap();
+                assert!(check < settle, "{what}");
+            }
+        }
+    }
+    for rank in 0..8 {
+        let (stage, replica) = memwise_plan::stage::stage_of_rank(rank, 2);
+        assert_eq!(memwise_plan::stage::stage_rank(stage, replica, 2), rank);
+        assert_eq!((stage, replica), (rank / 2, rank % 2));
     }
 }

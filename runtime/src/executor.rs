@@ -274,11 +274,14 @@ pub(crate) fn attention_dims(a: &AttentionSettings) -> k::attention::AttentionDi
 /// A pipeline stage's inputs from the whole batch's: for each input of the stage's plan
 /// (micro-batch `k`'s copy of a model input, `memwise_plan::stage::micro_batch_name`), its
 /// rows of the model input of that name in `whole`, one per name of `model_inputs` (the
-/// one-device plan's input tensors' names, in its order).
+/// one-device plan's input tensors' names, in its order). The stage runs pipeline replica
+/// `replica` of the plan's `replicas`, whose `m` micro-batches are the parts `replica · m …
+/// replica · m + m − 1` of the whole batch.
 pub fn stage_inputs<'a>(
     plan: &StaticPlan,
     model_inputs: &[&str],
     whole: &[Batch<'a>],
+    replica: usize,
 ) -> Result<Vec<Batch<'a>>> {
     if whole.len() != model_inputs.len() {
         return Err(RuntimeError::Input(format!(
@@ -289,6 +292,8 @@ pub fn stage_inputs<'a>(
         )));
     }
     let micro = plan.micro_batches.max(1) as usize;
+    let parts = micro * plan.replicas.max(1);
+    let first = replica * micro;
     (plan.inputs.iter())
         .map(|&id| {
             let t = plan.tensor(id);
@@ -303,16 +308,16 @@ pub fn stage_inputs<'a>(
             };
             let each = t.elems();
             whole[i]
-                .slice(k * each..(k + 1) * each)
-                .filter(|_| whole[i].len() == micro * each)
+                .slice((first + k) * each..(first + k + 1) * each)
+                .filter(|_| whole[i].len() == parts * each)
                 .ok_or_else(|| {
                     RuntimeError::Input(format!(
-                        "model input `{}` holds {} values; the pipeline's {micro} micro-batches \
+                        "model input `{}` holds {} values; the pipeline's {parts} micro-batches \
                          of {} samples take {}",
                         model_inputs[i],
                         whole[i].len(),
                         plan.batch,
-                        micro * each
+                        parts * each
                     ))
                 })
         })

@@ -30,14 +30,19 @@ pub struct StageTrainer {
     input_sizes: Vec<u64>,
     global_batch: usize,
     schedule: PipelineSchedule,
+    /// Which replica of the pipeline this stage is (0 of 1 unless the model has `replicas`).
+    replica: usize,
     /// Started before the stage was built: its growth is what the stage holds.
     monitor: MemoryMonitor,
 }
 
 impl StageTrainer {
-    /// Stage `c.rank()` of `spec`'s pipeline (`spec.pipeline`, which needs `c.size()`
-    /// stages) on `device`, its weights initialised from `seed` as the one-device model's
-    /// (the same seed on every stage).
+    /// Rank `c.rank()`'s stage of `spec`'s pipeline (`spec.pipeline`) on `device`, its
+    /// weights initialised from `seed` as the one-device model's (the same seed on every
+    /// rank). The job has a rank per stage, or with `spec.replicas` a rank per stage of each
+    /// replica of the whole pipeline (stage `s` of replica `r` on rank
+    /// [`memwise_plan::stage::stage_rank`]`(s, r, replicas)`), each replica training on its
+    /// share of every batch and each stage's gradients summed over its replicas.
     pub fn build(
         spec: &ModelSpec,
         device: &Device,
@@ -52,17 +57,24 @@ impl StageTrainer {
                 spec.name
             )));
         };
-        if c.size() != pipe.stages() {
+        let replicas = spec.replicas.max(1);
+        if c.size() != pipe.stages() * replicas {
+            let per = if replicas > 1 {
+                format!(" of each of its {replicas} replicas")
+            } else {
+                String::new()
+            };
             return Err(RuntimeError::Input(format!(
                 "`{}` is split into {} stages, and the {} job has {} ranks: launch one rank per \
-                 stage",
+                 stage{per}",
                 spec.name,
                 pipe.stages(),
                 c.engine(),
                 c.size()
             )));
         }
-        let one = memwise_plan::plan(&spec.with_batch(1))?;
+        let (stage, replica) = memwise_plan::stage::stage_of_rank(c.rank(), replicas);
+        let one = memwise_plan::plan(&spec.one_device().with_batch(1))?;
         let model_inputs = (one.inputs.iter())
             .map(|&i| one.tensor(i).name.to_string())
             .collect();
@@ -72,7 +84,7 @@ impl StageTrainer {
         let input_sizes = (one.inputs.iter())
             .map(|&i| one.tensor(i).dtype.size())
             .collect();
-        let plan = plan_stage(spec, pipe, c.rank())?;
+        let plan = plan_stage(spec, pipe, stage)?;
         let mut engine = build_engine(plan, device, seed)?;
         engine.set_collective(c)?;
         Ok(StageTrainer {
@@ -82,6 +94,7 @@ impl StageTrainer {
             input_sizes,
             global_batch: spec.batch,
             schedule: pipe.schedule,
+            replica,
             monitor,
         })
     }
@@ -91,9 +104,15 @@ impl StageTrainer {
         self.engine.plan()
     }
 
+    /// Which replica of the pipeline this stage is (0 without `replicas`).
+    pub fn replica(&self) -> usize {
+        self.replica
+    }
+
     /// Host bytes the stage holds beside its plan's `memory.total`: the whole batch's
-    /// gather buffers ([`StageTrainer::train_steps`]), the collective's send buffer, and on
-    /// the CPU the GEMM library's resident heap — what a measured peak is compared with.
+    /// gather buffers ([`StageTrainer::train_steps`]), the collective's send buffer and its
+    /// buffers for the gradient sums over the stage's replicas, and on the CPU the GEMM
+    /// library's resident heap — what a measured peak is compared with.
     pub fn host_bytes(&self) -> u64 {
         let plan = self.engine.plan();
         let gather: u64 = (self.per_sample.iter().zip(&self.input_sizes))
@@ -104,7 +123,15 @@ impl StageTrainer {
         } else {
             crate::cpu_heap::gemm_library_resident_bytes(std::iter::once(plan))
         };
-        gather + self.engine.send_buffer_bytes() + gemm
+        let sums = match self.engine.collective() {
+            Some(c) if plan.replicas > 1 => crate::train::collective_host_bytes(
+                plan,
+                c,
+                self.engine.device_bytes_used().is_some(),
+            ),
+            _ => 0,
+        };
+        gather + self.engine.send_buffer_bytes() + sums + gemm
     }
 
     /// What the stage is estimated to hold: its plan's total and the host bytes beside it
@@ -120,7 +147,7 @@ impl StageTrainer {
     ///
     /// ```json
     /// {"schema": "memwise.report/1", "model", "device", "batch", "steps",
-    ///  "stage", "stages", "micro_batches", "schedule", "estimate": {…},
+    ///  "stage", "stages", "replica", "replicas", "micro_batches", "schedule", "estimate": {…},
     ///  "measured": {"peak_rss_growth_bytes", "error_percent"}, "loss": [per step]}
     /// ```
     pub fn report(&self, device: &Device, losses: &[f32], peak_rss_growth: Option<u64>) -> Value {
@@ -134,6 +161,8 @@ impl StageTrainer {
             "steps": losses.len(),
             "stage": plan.stage,
             "stages": plan.stages,
+            "replica": self.replica,
+            "replicas": plan.replicas,
             "micro_batches": plan.micro_batches,
             "schedule": self.schedule.name(),
             "estimate": crate::report::estimate_json(&plan.memory, total),
@@ -155,7 +184,7 @@ impl StageTrainer {
     /// takes the step together; each returns the whole step's loss.
     pub fn train_step(&mut self, whole: &[Batch<'_>]) -> Result<StepOutput> {
         let names: Vec<&str> = self.model_inputs.iter().map(String::as_str).collect();
-        let mine = stage_inputs(self.engine.plan(), &names, whole)?;
+        let mine = stage_inputs(self.engine.plan(), &names, whole, self.replica)?;
         self.engine.train_step(&mine)
     }
 
@@ -179,11 +208,11 @@ impl StageTrainer {
     /// Trains `opts.epochs` epochs over `data` as [`crate::train::Trainer::fit`] does on one
     /// device: full global batches (a final partial batch waits for the next epoch's
     /// shuffle), the samples reshuffled every epoch from `opts.seed` — the same order on
-    /// every stage, and the same batches `Trainer::fit` trains one device on —, and
+    /// every rank, and the same batches `Trainer::fit` trains one device on —, and
     /// `steps_per_epoch` and `max_steps` honoured, and the same errors for a diverged loss
-    /// or loss scaling that keeps skipping. Every stage returns the same losses; the
-    /// last stage prints a line per epoch when `opts.verbose`. The epochs' accuracy and
-    /// validation figures are `None`: a stage plan keeps no one prediction to score.
+    /// or loss scaling that keeps skipping. Every rank returns the same losses; the last
+    /// stage of replica 0 prints a line per epoch when `opts.verbose`. The epochs' accuracy
+    /// and validation figures are `None`: a stage plan keeps no one prediction to score.
     pub fn fit(&mut self, data: &dyn Dataset, opts: &FitOptions) -> Result<History> {
         let b = self.global_batch;
         self.check_columns(data)?;
@@ -195,7 +224,7 @@ impl StageTrainer {
         }
         let per_epoch = (data.len() / b).min(opts.steps_per_epoch.unwrap_or(usize::MAX));
         let plan = self.engine.plan();
-        let verbose = opts.verbose && plan.stage + 1 == plan.stages;
+        let verbose = opts.verbose && plan.stage + 1 == plan.stages && self.replica == 0;
         let mut remaining = opts.max_steps.unwrap_or(usize::MAX);
         let mut order: Vec<usize> = (0..data.len()).collect();
         let mut rng = shuffle_seed(opts.seed);

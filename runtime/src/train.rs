@@ -576,40 +576,12 @@ impl Trainer {
         }
     }
 
-    /// Host bytes of the largest gradient sum or weight gather: the CPU sums each bucket's
-    /// gradients in place (one call per bucket, its padding included) and gathers each
-    /// parameter's shards in place (ZeRO stage 1), so only the engine's own buffers count;
-    /// CUDA without NCCL sums one bucket at a time through the host, holding its gradients downloaded (the
-    /// bytes and the f32 values) and again as the bytes uploaded back, and gathers one
-    /// parameter's weights through the host (downloaded, as f32, as the bytes uploaded and
-    /// their 16-bit copy).
+    /// [`collective_host_bytes`] of this trainer's plan and collective (0 on one device).
     fn collective_bytes(&self) -> u64 {
         let Some(c) = self.train.collective() else {
             return 0;
         };
-        let p = self.plan();
-        // On CUDA without device collectives (NCCL), the sums and gathers go through the host.
-        let cuda = self.device.is_cuda() && c.device().is_none();
-        let largest = |s: &memwise_plan::PlanStep| {
-            s.params.iter().map(|&i| p.params[i as usize].elems()).max()
-        };
-        // (elements the engine carries at once, bytes of CUDA's host copies)
-        let (n, copies) = p
-            .steps
-            .iter()
-            .filter_map(|s| match s.op {
-                Op::AllReduceGradients { bytes, .. } => {
-                    let e = (bytes + s.params.len() as u64 * p.alignment) as usize / 4;
-                    Some((e, if cuda { 12 * e as u64 } else { 0 }))
-                }
-                Op::AllGatherParams { .. } => largest(s).map(|e| {
-                    let shard = memwise_plan::data_parallel::shard_elems(e, p.replicas);
-                    (shard, if cuda { 14 * e as u64 } else { 0 })
-                }),
-                _ => None,
-            })
-            .fold((0, 0), |(n, b), (m, c)| (n.max(m), b.max(c)));
-        c.scratch_bytes(n) + copies
+        collective_host_bytes(self.plan(), c, self.device.is_cuda())
     }
 
     fn is_classifier(p: &StaticPlan) -> bool {
@@ -1008,4 +980,35 @@ pub fn epoch_line(l: &EpochLog, epochs: usize, estimate: u64) -> String {
         }
     }
     s
+}
+
+/// Host bytes of the largest gradient sum or weight gather of `p` carried by `c`: the CPU
+/// sums each bucket's gradients in place (one call per bucket, its padding included) and
+/// gathers each parameter's shards in place (ZeRO stage 1), so only the engine's own buffers
+/// count; CUDA (`cuda`) without NCCL sums one bucket at a time through the host, holding its
+/// gradients downloaded (the bytes and the f32 values) and again as the bytes uploaded back,
+/// and gathers one parameter's weights through the host (downloaded, as f32, as the bytes
+/// uploaded and their 16-bit copy).
+pub(crate) fn collective_host_bytes(p: &StaticPlan, c: &dyn Collective, cuda: bool) -> u64 {
+    // On CUDA without device collectives (NCCL), the sums and gathers go through the host.
+    let cuda = cuda && c.device().is_none();
+    let largest =
+        |s: &memwise_plan::PlanStep| s.params.iter().map(|&i| p.params[i as usize].elems()).max();
+    // (elements the engine carries at once, bytes of CUDA's host copies)
+    let (n, copies) = p
+        .steps
+        .iter()
+        .filter_map(|s| match s.op {
+            Op::AllReduceGradients { bytes, .. } => {
+                let e = (bytes + s.params.len() as u64 * p.alignment) as usize / 4;
+                Some((e, if cuda { 12 * e as u64 } else { 0 }))
+            }
+            Op::AllGatherParams { .. } => largest(s).map(|e| {
+                let shard = memwise_plan::data_parallel::shard_elems(e, p.replicas);
+                (shard, if cuda { 14 * e as u64 } else { 0 })
+            }),
+            _ => None,
+        })
+        .fold((0, 0), |(n, b), (m, c)| (n.max(m), b.max(c)));
+    c.scratch_bytes(n) + copies
 }

@@ -40,6 +40,10 @@ pub struct PlanExecutor<K: Kernels> {
     /// Data parallel: the other replicas ([`PlanExecutor::set_collective`]); model parallel:
     /// the other stages.
     collective: Option<std::sync::Arc<dyn Collective>>,
+    /// A replicated pipeline's stage: the replicas of this stage, its gradients' sums.
+    stage_replicas: Option<std::sync::Arc<dyn Collective>>,
+    /// A pipeline stage's replica (0 but in a replicated pipeline).
+    pipeline_replica: usize,
     /// [`PlanExecutor::send_buffer_bytes`].
     send_buffer_bytes: u64,
 }
@@ -76,6 +80,8 @@ impl<K: Kernels> PlanExecutor<K> {
             profile: None,
             steps_executed: 0,
             collective: None,
+            stage_replicas: None,
+            pipeline_replica: 0,
             send_buffer_bytes: 0,
         }
     }
@@ -99,9 +105,18 @@ impl<K: Kernels> PlanExecutor<K> {
             )));
         }
         self.share_counters(&*c)?;
-        // Rank 0's parameters and batch-norm statistics, in place (no copy on the CPU), as
-        // PyTorch's DistributedDataParallel does when it wraps a model: the replicas start
-        // equal whatever each was initialised with or loaded.
+        self.take_rank0_params(&*c)?;
+        // Under ZeRO stage 1 each replica's optimizer state is its own shard's: kept as it
+        // is (zeros, or this rank's checkpoint), never rank 0's.
+        self.k.set_replica(c.rank())?;
+        self.collective = Some(c);
+        Ok(())
+    }
+
+    /// Rank 0's parameters and batch-norm statistics, in place (no copy on the CPU), as
+    /// PyTorch's DistributedDataParallel does when it wraps a model: the replicas start equal
+    /// whatever each was initialised with or loaded.
+    fn take_rank0_params(&mut self, c: &dyn Collective) -> Result<()> {
         let params: Vec<(usize, usize)> = (self.plan().params.iter())
             .map(|p| (p.offset as usize, p.elems() * 4))
             .collect();
@@ -110,12 +125,7 @@ impl<K: Kernels> PlanExecutor<K> {
                 c.broadcast(0, &mut region[at..at + len])?;
             }
             Ok(())
-        })?;
-        // Under ZeRO stage 1 each replica's optimizer state is its own shard's: kept as it
-        // is (zeros, or this rank's checkpoint), never rank 0's.
-        self.k.set_replica(c.rank())?;
-        self.collective = Some(c);
-        Ok(())
+        })
     }
 
     /// Rank 0's seed and counters, so every rank keys its random streams and its optimizer's
@@ -131,17 +141,37 @@ impl<K: Kernels> PlanExecutor<K> {
         Ok(())
     }
 
-    /// Model parallel: this executor runs stage `c.rank()` of the plan's pipeline, whose
-    /// other stages are the other ranks of `c`. Each stage keeps its own parameters, the
+    /// Model parallel: this executor runs the plan's stage on rank `c.rank()` of the job,
+    /// whose other ranks run the other stages and, with the plan's `replicas`, the other
+    /// replicas of the pipeline (stage `s` of replica `r` on rank
+    /// [`memwise_plan::stage::stage_rank`]). Each stage keeps its own parameters, the
     /// one-device model's as initialised from the seed, which must be the same on every
-    /// stage (an `Err` says so otherwise); the ranks take rank 0's counters, so that every
-    /// micro-batch draws the random numbers it would draw on one device.
+    /// rank (an `Err` says so otherwise); the ranks take rank 0's counters, so that every
+    /// micro-batch draws the random numbers it would draw on one device. A replicated
+    /// stage's gradients are summed over its replicas, split from `c` here.
     fn set_stages(&mut self, c: std::sync::Arc<dyn Collective>) -> Result<()> {
-        let (stage, stages) = (self.plan().stage as usize, self.plan().stages as usize);
-        if c.size() != stages || c.rank() != stage {
+        let plan = self.plan();
+        let (stage, stages) = (plan.stage as usize, plan.stages as usize);
+        let replicas = plan.replicas.max(1);
+        let (at, replica) = memwise_plan::stage::stage_of_rank(c.rank(), replicas);
+        if c.size() != stages * replicas || at != stage {
+            let launch = if replicas > 1 {
+                format!(
+                    "launch {} ranks ({stages} stages × {replicas} replicas) and give rank k \
+                     stage k / {replicas}'s plan",
+                    stages * replicas
+                )
+            } else {
+                format!("launch {stages} ranks and give rank k stage k's plan")
+            };
             return Err(RuntimeError::Input(format!(
-                "the plan is stage {stage} of a {stages}-stage pipeline, and this is rank {} of \
-                 a {}-rank {} job: launch {stages} ranks and give rank k stage k's plan",
+                "the plan is stage {stage} of a {stages}-stage pipeline{}, and this is rank {} \
+                 of a {}-rank {} job: {launch}",
+                if replicas > 1 {
+                    format!(" of {replicas} replicas")
+                } else {
+                    String::new()
+                },
                 c.rank(),
                 c.size(),
                 c.engine()
@@ -156,6 +186,12 @@ impl<K: Kernels> PlanExecutor<K> {
                 self.seed
             )));
         }
+        if replicas > 1 {
+            let group = c.split(stage, replica)?;
+            self.take_rank0_params(&*group)?;
+            self.stage_replicas = Some(group);
+        }
+        self.pipeline_replica = replica;
         // One step's sends, buffered once where a send could wait for its receiver.
         let sends = (self.plan().steps.iter()).filter_map(|s| match s.op {
             memwise_plan::Op::SendTensor { bytes, .. } => Some(bytes as usize),
@@ -178,11 +214,14 @@ impl<K: Kernels> PlanExecutor<K> {
         self.collective.as_deref()
     }
 
-    /// This executor's replica index (0 on one device, and on a pipeline's stages, whose
-    /// ranks are stages, not replicas).
+    /// Where this executor's random streams start, in parts of the whole batch: its
+    /// replica index (0 on one device), and on a pipeline stage the index of its replica's
+    /// first micro-batch (its replica's `m` micro-batches are `r·m … r·m + m − 1`).
     fn replica(&self) -> u32 {
+        let plan = self.plan();
         match &self.collective {
-            Some(c) if self.plan().replicas > 1 => c.rank() as u32,
+            Some(_) if plan.stages > 1 => self.pipeline_replica as u32 * plan.micro_batches,
+            Some(c) if plan.replicas > 1 => c.rank() as u32,
             _ => 0,
         }
     }
@@ -194,6 +233,8 @@ impl<K: Kernels> PlanExecutor<K> {
             step: self.step_counter,
             replica: self.replica(),
             collective: self.collective.as_deref(),
+            stage_replicas: self.stage_replicas.as_deref(),
+            pipeline_replica: self.pipeline_replica,
         }
     }
 
@@ -353,11 +394,14 @@ impl<K: Kernels> PlanExecutor<K> {
                 self.plan().replicas
             )));
         }
+        // Field by field: the walk below borrows the kernels and the profile mutably.
         let cx = StepCx {
             seed: self.seed,
             step: scalars.step,
             replica: self.replica(),
             collective: self.collective.as_deref(),
+            stage_replicas: self.stage_replicas.as_deref(),
+            pipeline_replica: self.pipeline_replica,
         };
         let (profile, poison) = (&mut self.profile, &self.poison_after);
         // Without loss scaling a non-finite loss ends the step where the device can tell at
@@ -501,7 +545,13 @@ pub struct StepCx<'c> {
     pub step: u64,
     /// This replica's index (0 on one device): where its random streams start.
     pub replica: u32,
+    /// Every rank of the job: data parallelism's replicas, or a pipeline's stages.
     pub collective: Option<&'c dyn Collective>,
+    /// A replicated pipeline's stage: the replicas of this stage, which sum its gradients.
+    pub stage_replicas: Option<&'c dyn Collective>,
+    /// A pipeline stage: its pipeline's replica, whose stages it sends to and receives from
+    /// (on the ranks [`memwise_plan::stage::stage_rank`] gives).
+    pub pipeline_replica: usize,
 }
 
 impl StepCx<'_> {
@@ -522,6 +572,8 @@ impl StepCx<'_> {
             step,
             replica: 0,
             collective: None,
+            stage_replicas: None,
+            pipeline_replica: 0,
         }
     }
 
@@ -889,12 +941,15 @@ fn transfer<K: Kernels>(k: &K, s: &PlanStep, cx: &StepCx<'_>) -> std::result::Re
                 .into(),
         )));
     };
+    let rank = |stage: u32| {
+        memwise_plan::stage::stage_rank(stage as usize, cx.pipeline_replica, k.plan().replicas)
+    };
     match s.op {
         Op::SendTensor { stage, .. } => {
-            k.send_tensor(&SendIo::of(s).map_err(io_err)?, stage as usize, c)
+            k.send_tensor(&SendIo::of(s).map_err(io_err)?, rank(stage), c)
         }
         Op::RecvTensor { stage, .. } => {
-            k.recv_tensor(&RecvIo::of(s).map_err(io_err)?, stage as usize, c)
+            k.recv_tensor(&RecvIo::of(s).map_err(io_err)?, rank(stage), c)
         }
         _ => Err(not_in_phase(s)),
     }
@@ -1010,14 +1065,19 @@ fn loss<K: Kernels>(k: &K, s: &PlanStep) -> std::result::Result<(), OpError> {
     }
 }
 
-/// A data-parallel gradient sum (or a pipeline stage's flag sum: no gradients, `last`).
+/// A data-parallel gradient sum, over the replicas (of this stage, in a replicated
+/// pipeline); or a pipeline's flag sum (no gradients, `last`), over every rank.
 fn all_reduce_gradients<K: Kernels>(
     k: &K,
     s: &PlanStep,
     last: bool,
     cx: &StepCx<'_>,
 ) -> std::result::Result<(), OpError> {
-    match cx.collective {
+    let over = match cx.stage_replicas {
+        Some(replicas) if !s.params.is_empty() => Some(replicas),
+        _ => cx.collective,
+    };
+    match over {
         Some(c) => k.all_reduce_gradients(&s.params, last, c),
         None => Err(OpError::Runtime(RuntimeError::Input(
             "a data-parallel plan's gradient sum without the other replicas".into(),

@@ -25,7 +25,7 @@ use memwise_kernels::cuda::{Float, KernelCall};
 use memwise_plan::data_parallel::Sharding;
 use memwise_plan::generate::{random_chain, random_dag};
 use memwise_plan::{plan, zoo, DType, ModelSpec, Precision, StaticPlan};
-use memwise_runtime::collective::{Collective, DeviceCollective, ThreadGroup, Threads};
+use memwise_runtime::collective::{Collective, DeviceCollective, ThreadGroup};
 use memwise_runtime::cuda::{scalars_bytes, Backend, GpuExecutor};
 use memwise_runtime::monitor::MemoryMonitor;
 use memwise_runtime::reference::{random_digits, random_inputs};
@@ -1604,7 +1604,7 @@ fn emulated_replicas_summing(
 /// each call is queued on the emulated collective stream and runs when the backend joins it.
 /// The GPU executor's NCCL path without NCCL. Counts its device calls.
 struct HostMemorySums {
-    threads: std::sync::Arc<Threads>,
+    threads: std::sync::Arc<dyn Collective>,
     on_device: bool,
     calls: std::sync::atomic::AtomicUsize,
 }
@@ -1633,6 +1633,17 @@ impl Collective for HostMemorySums {
     }
     fn recv(&self, from: usize, bytes: &mut [u8]) -> memwise_runtime::Result<()> {
         self.threads.recv(from, bytes)
+    }
+    fn split(
+        &self,
+        color: usize,
+        key: usize,
+    ) -> memwise_runtime::Result<std::sync::Arc<dyn Collective>> {
+        Ok(std::sync::Arc::new(HostMemorySums {
+            threads: self.threads.split(color, key)?,
+            on_device: self.on_device,
+            calls: Default::default(),
+        }))
     }
     fn engine(&self) -> &'static str {
         "emulated device memory"
@@ -1687,7 +1698,7 @@ impl DeviceCollective for HostMemorySums {
 
 impl HostMemorySums {
     /// Checks a call is for the emulated collective stream and counts it.
-    fn enqueue(&self, stream: u64) -> std::sync::Arc<Threads> {
+    fn enqueue(&self, stream: u64) -> std::sync::Arc<dyn Collective> {
         assert_eq!(
             stream, EMU_COLLECTIVE_STREAM,
             "the emulated collective stream"
@@ -1736,7 +1747,8 @@ fn pipeline_stages_on_emulated_devices_train_as_one_cpu() {
                         let losses = (inputs.iter())
                             .map(|raw| {
                                 let whole = batches(one, raw);
-                                let mine = stage_inputs(gpu.plan(), &model_inputs, &whole).unwrap();
+                                let mine =
+                                    stage_inputs(gpu.plan(), &model_inputs, &whole, 0).unwrap();
                                 gpu.train_step(&mine).unwrap().loss
                             })
                             .collect();

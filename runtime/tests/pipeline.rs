@@ -46,7 +46,7 @@ impl Owned {
 
 /// Step `step`'s inputs for `spec`'s one-device plan: a different batch every step.
 fn batch_of(spec: &ModelSpec, step: u64) -> Vec<Owned> {
-    let p = plan(spec).unwrap();
+    let p = plan(&spec.one_device()).unwrap();
     let mut state = 0x2545_f491_4f6c_dd1d_u64 ^ step.wrapping_mul(0x9e37_79b9);
     let mut next = move || {
         state ^= state << 13;
@@ -81,6 +81,7 @@ fn weights_of(ex: &Executor) -> Weights {
 
 /// `spec` trained on one device: its weights before and after, and its losses.
 fn one_device(spec: &ModelSpec) -> (Weights, Weights, Vec<f32>) {
+    let spec = &spec.one_device();
     let mut ex = Executor::new(plan(spec).unwrap(), &Device::cpu(), SEED).unwrap();
     let start = weights_of(&ex);
     let losses = (0..STEPS)
@@ -103,8 +104,9 @@ struct Run {
     loss_scale: f32,
 }
 
-/// `spec` trained split by `pipe`, each stage a thread: every stage's weights (before and
-/// after) together, and the losses every stage reports (the same on all).
+/// `spec` trained split by `pipe`, each stage (of each of `spec.replicas` pipelines) a
+/// thread: every stage's weights (before and after) together, and the losses every rank
+/// reports (the same on all).
 fn pipelined(spec: &ModelSpec, pipe: &Pipeline) -> (Weights, Weights, Vec<f32>) {
     let run = pipelined_run(spec, pipe);
     (run.start, run.end, run.losses)
@@ -112,16 +114,18 @@ fn pipelined(spec: &ModelSpec, pipe: &Pipeline) -> (Weights, Weights, Vec<f32>) 
 
 fn pipelined_run(spec: &ModelSpec, pipe: &Pipeline) -> Run {
     let names: Vec<String> = {
-        let p = plan(spec).unwrap();
+        let p = plan(&spec.one_device()).unwrap();
         (p.inputs.iter())
             .map(|&i| p.tensor(i).name.to_string())
             .collect()
     };
-    let ranks = ThreadGroup::new(pipe.stages());
-    let results: Vec<Run> = std::thread::scope(|scope| {
+    let replicas = spec.replicas.max(1);
+    let ranks = ThreadGroup::new(pipe.stages() * replicas);
+    let results: Vec<(usize, Run)> = std::thread::scope(|scope| {
         let handles: Vec<_> = (ranks.into_iter().enumerate())
-            .map(|(s, c)| {
+            .map(|(rank, c)| {
                 let names = &names;
+                let (s, replica) = memwise_plan::stage::stage_of_rank(rank, replicas);
                 scope.spawn(move || {
                     let stage = plan_stage(spec, pipe, s).unwrap();
                     let mut ex = Executor::new(stage, &Device::cpu(), SEED).unwrap();
@@ -133,27 +137,44 @@ fn pipelined_run(spec: &ModelSpec, pipe: &Pipeline) -> Run {
                     for step in 0..STEPS {
                         let data = batch_of(spec, step);
                         let whole: Vec<Batch<'_>> = data.iter().map(Owned::batch).collect();
-                        let mine = stage_inputs(ex.plan(), &model_inputs, &whole).unwrap();
+                        let mine = stage_inputs(ex.plan(), &model_inputs, &whole, replica).unwrap();
                         let out = ex.train_step(&mine).unwrap();
                         losses.push(out.loss);
                         skipped.push(out.skipped);
                     }
                     let (end, loss_scale) = (weights_of(&ex), ex.loss_scale());
-                    Run {
+                    let run = Run {
                         start,
                         end,
                         losses,
                         skipped,
                         loss_scale,
-                    }
+                    };
+                    (replica, run)
                 })
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    let mut results = results.into_iter();
+    // Replica 0's stages; every other replica's stage must hold the same weights, bit for bit.
+    let (first, others): (Vec<_>, Vec<_>) = results.into_iter().partition(|(r, _)| *r == 0);
+    let mut results = first.into_iter().map(|(_, run)| run);
     let mut all = results.next().unwrap();
-    for run in results {
+    let mut rest: Vec<Run> = results.collect();
+    for (replica, run) in others {
+        for (name, w) in &run.end {
+            let mine = (std::iter::once(&all).chain(&rest)).find_map(|r| r.end.get(name));
+            assert!(
+                mine == Some(w),
+                "replica {replica}'s `{name}` is not replica 0's"
+            );
+        }
+        assert_eq!(
+            run.losses, all.losses,
+            "replica {replica} reports other losses"
+        );
+    }
+    for run in rest.drain(..) {
         assert_eq!(run.losses, all.losses, "the stages report different losses");
         assert_eq!(
             run.skipped, all.skipped,
@@ -204,11 +225,12 @@ fn check(spec: &ModelSpec, boundaries: &[&str], schedule: PipelineSchedule) {
         .map(|(a, b)| (a - b).abs() / a.abs().max(1e-3))
         .fold(0f32, f32::max);
     eprintln!(
-        "{} in {} stages, 4 micro-batches, {}: after {STEPS} steps the largest weight \
-         difference from one device is {worst:e} of its tensor's largest value ({which}); \
-         losses within {loss_gap:e}",
+        "{} in {} stages × {} replicas, 4 micro-batches, {}: after {STEPS} steps the \
+         largest weight difference from one device is {worst:e} of its tensor's largest value \
+         ({which}); losses within {loss_gap:e}",
         spec.name,
         pipe.stages(),
+        spec.replicas,
         schedule.name()
     );
     assert!(worst <= 1e-5, "{which} differs by {worst:e}");
@@ -228,6 +250,17 @@ fn a_gpt_in_two_and_four_stages_trains_as_one_device_dropout_included() {
     for schedule in [PipelineSchedule::GPipe, PipelineSchedule::OneFOneB] {
         check(&spec, &["b2_ln1"], schedule);
         check(&spec, &["b1_ln1", "b2_ln1", "b3_ln1"], schedule);
+    }
+}
+
+/// Data parallelism composes with stages, a replica being a whole pipeline: the MLP and
+/// the 4-block GPT (dropout included) in 2 stages × 2 replicas, 4 ranks, each replica's
+/// 4 micro-batches its half of the global batch, train to one device's weights.
+#[test]
+fn replicated_pipelines_train_as_one_device() {
+    for schedule in [PipelineSchedule::GPipe, PipelineSchedule::OneFOneB] {
+        check(&mlp(64).with_replicas(2), &["logits"], schedule);
+        check(&gpt(4, 8).with_replicas(2), &["b2_ln1"], schedule);
     }
 }
 
@@ -263,7 +296,7 @@ fn a_stage_that_leaves_ends_the_others_step_with_an_error() {
                     for step in 0..last {
                         let data = batch_of(spec, step);
                         let whole: Vec<Batch<'_>> = data.iter().map(Owned::batch).collect();
-                        let mine = stage_inputs(ex.plan(), &model_inputs, &whole).unwrap();
+                        let mine = stage_inputs(ex.plan(), &model_inputs, &whole, 0).unwrap();
                         if let Err(e) = ex.train_step(&mine) {
                             return Err(e.to_string());
                         }
@@ -280,20 +313,34 @@ fn a_stage_that_leaves_ends_the_others_step_with_an_error() {
     assert!(err.contains("rank 1"), "{err}");
 }
 
-/// `StageTrainer` on the bundled digits: every stage trains the same steps to the same
-/// losses, and its report says which stage it is and counts its estimate as its plan plus
-/// the host bytes beside it.
+/// `StageTrainer` on the bundled digits, alone and over 2 replicas: every rank trains the
+/// same steps to the same losses, and its report says which stage of which replica it is and
+/// counts its estimate as its plan plus the host bytes beside it (with replicas, its
+/// gradient sums' buffers too).
 #[test]
 fn stage_trainers_report_their_stage_and_estimate() {
+    let alone = stage_reports(1);
+    let replicated = stage_reports(2);
+    let host = |r: &serde_json::Value| {
+        r["estimate"]["total"].as_u64().unwrap() - r["estimate"]["plan_total"].as_u64().unwrap()
+    };
+    // Rank k of the replicated job is stage k / 2: its sums hold the threads' copies.
+    for (k, r) in replicated.iter().enumerate() {
+        assert!(host(r) > host(&alone[k / 2]), "rank {k}");
+    }
+}
+
+/// Every rank's report after 3 steps of the MLP in 2 stages × `replicas`.
+fn stage_reports(replicas: usize) -> Vec<serde_json::Value> {
     use memwise_runtime::data::dataset::InMemory;
     use memwise_runtime::data::idx::load_bundled_digits;
     use memwise_runtime::stage::StageTrainer;
-    let mut spec = mlp(32);
+    let mut spec = mlp(32).with_replicas(replicas);
     spec.pipeline = Some(Pipeline::new(PipelineSchedule::GPipe, 2, &["logits"]));
     let (train, _) = load_bundled_digits().unwrap();
     let data = InMemory::mnist(&train);
     let reports: Vec<serde_json::Value> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (ThreadGroup::new(2).into_iter())
+        let handles: Vec<_> = (ThreadGroup::new(2 * replicas).into_iter())
             .map(|c| {
                 let (spec, data) = (&spec, &data);
                 scope.spawn(move || {
@@ -313,7 +360,9 @@ fn stage_trainers_report_their_stage_and_estimate() {
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     for (k, r) in reports.iter().enumerate() {
-        assert_eq!(r["stage"], k as u64);
+        assert_eq!(r["stage"], (k / replicas) as u64);
+        assert_eq!(r["replica"], (k % replicas) as u64);
+        assert_eq!(r["replicas"], replicas as u64);
         assert_eq!(r["stages"], 2);
         assert_eq!(r["micro_batches"], 2);
         assert_eq!(r["schedule"], "gpipe");
@@ -321,15 +370,17 @@ fn stage_trainers_report_their_stage_and_estimate() {
         assert_eq!(r["steps"], 3);
         assert_eq!(r["measured"]["peak_rss_growth_bytes"], 1 << 20);
         assert!(r["loss"][0].as_f64().unwrap().is_finite());
+        assert_eq!(r["loss"], reports[0]["loss"]);
     }
-    assert_eq!(reports[0]["loss"], reports[1]["loss"]);
+    reports
 }
 
 /// Dynamic loss scaling across stages: the VAE in float16 (its reconstruction loss weighted
 /// so that the first scales overflow float16 and steps are skipped), in 2 stages of 4
 /// micro-batches, skips the same steps with the same loss scale on every stage as one device
-/// accumulating the same 4 micro-batches, and ends at the same weights. Each stage checks its
-/// own gradients and the stages then agree (`memwise_plan::stage`'s flag sum).
+/// accumulating the same 4 micro-batches, and ends at the same weights; and so it does over
+/// 2 replicas of the pipeline. Each stage checks its own gradients (summed over its
+/// replicas) and the stages then agree (`memwise_plan::stage`'s flag sum).
 #[test]
 fn float16_stages_skip_the_steps_one_device_skips_with_its_loss_scale() {
     let mut spec = memwise_plan::zoo::conv_vae(32);
@@ -353,6 +404,25 @@ fn float16_stages_skip_the_steps_one_device_skips_with_its_loss_scale() {
         .fold((0f32, ""), |m, d| if d.0 > m.0 { d } else { m });
     eprintln!(
         "float16 VAE in 2 stages: largest weight difference {:e} ({})",
+        worst.0, worst.1
+    );
+    assert!(worst.0 <= 1e-5, "{} differs by {:e}", worst.1, worst.0);
+    // Over 2 replicas of the 2 stages (4 ranks) every rank settles the same flag: the same
+    // steps skipped, the same weights. Under momentum SGD: each replica sums its own half's
+    // micro-batches first, and Adam would turn that rounding, on the decoder's dense bias
+    // whose gradient is zero but for rounding, into full steps (as docs/PIPELINE.md says of
+    // the GPT's attention key bias).
+    spec.optimizer = memwise_plan::Optimizer::MOMENTUM;
+    let one = pipelined_run(&spec, &whole);
+    let four = pipelined_run(&spec.with_replicas(2), &split);
+    assert!(one.skipped.iter().any(|&s| s), "{:?}", one.skipped);
+    assert_eq!(four.skipped, one.skipped);
+    assert_eq!(four.loss_scale, one.loss_scale);
+    let worst = (one.end.iter())
+        .map(|(name, a)| (scaled_diff(a, &four.end[name]), name.as_str()))
+        .fold((0f32, ""), |m, d| if d.0 > m.0 { d } else { m });
+    eprintln!(
+        "float16 VAE in 2 stages × 2 replicas: largest weight difference {:e} ({})",
         worst.0, worst.1
     );
     assert!(worst.0 <= 1e-5, "{} differs by {:e}", worst.1, worst.0);
@@ -400,7 +470,6 @@ fn checkpointed_blocks_in_stages_train_as_one_device_and_hold_less() {
 fn stage_fit_reshuffles_as_one_device_fit_and_ends_at_its_weights() {
     use memwise_runtime::data::dataset::InMemory;
     use memwise_runtime::data::idx::load_bundled_digits;
-    use memwise_runtime::stage::StageTrainer;
     use memwise_runtime::train::{FitOptions, Trainer};
     let spec = mlp(32);
     let (train, _) = load_bundled_digits().unwrap();
@@ -417,12 +486,35 @@ fn stage_fit_reshuffles_as_one_device_fit_and_ends_at_its_weights() {
     let names: Vec<String> = (one.plan().params.iter())
         .map(|p| p.name.to_string())
         .collect();
-    let mut split = spec.clone();
-    split.pipeline = Some(Pipeline::new(PipelineSchedule::OneFOneB, 4, &["logits"]));
+    assert_eq!(history.step_losses.len(), 40);
+    for replicas in [1, 2] {
+        let mut split = spec.with_replicas(replicas);
+        split.pipeline = Some(Pipeline::new(PipelineSchedule::OneFOneB, 4, &["logits"]));
+        let worst = fit_stages(&split, &data, &opts, (&one, &history.step_losses), &names);
+        eprintln!(
+            "MLP fit in 2 stages × {replicas} replicas vs one device, 2 epochs: largest weight \
+             difference {worst:e}"
+        );
+        assert!(worst <= 1e-5, "{worst:e}");
+    }
+}
+
+/// `split` fit on its stages (× its replicas) as threads: every rank's losses checked
+/// against one device's (`losses`), the stages holding `names` once per replica; the largest
+/// weight difference from `one`'s.
+fn fit_stages(
+    split: &ModelSpec,
+    data: &memwise_runtime::data::dataset::InMemory,
+    opts: &memwise_runtime::train::FitOptions,
+    (one, history): (&memwise_runtime::train::Trainer, &[f32]),
+    names: &[String],
+) -> f32 {
+    use memwise_runtime::stage::StageTrainer;
+    let ranks = 2 * split.replicas;
     let stages: Vec<(Weights, Vec<f32>, usize)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (ThreadGroup::new(2).into_iter())
+        let handles: Vec<_> = (ThreadGroup::new(ranks).into_iter())
             .map(|c| {
-                let (split, data, opts) = (&split, &data, &opts);
+                let (split, data, opts) = (split, data, opts);
                 scope.spawn(move || {
                     let c: Arc<dyn Collective> = Arc::new(c);
                     let mut t = StageTrainer::build(split, &Device::cpu(), SEED, c).unwrap();
@@ -436,12 +528,11 @@ fn stage_fit_reshuffles_as_one_device_fit_and_ends_at_its_weights() {
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    assert_eq!(history.step_losses.len(), 40);
     let mut worst = 0f32;
     for (w, losses, epochs) in &stages {
         assert_eq!(*epochs, 2);
         assert_eq!(losses.len(), 40);
-        for (a, b) in losses.iter().zip(&history.step_losses) {
+        for (a, b) in losses.iter().zip(history) {
             assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs {b}");
         }
         for (name, v) in w {
@@ -449,7 +540,6 @@ fn stage_fit_reshuffles_as_one_device_fit_and_ends_at_its_weights() {
         }
     }
     let held: usize = stages.iter().map(|s| s.0.len()).sum();
-    assert_eq!(held, names.len());
-    eprintln!("MLP fit in 2 stages vs one device, 2 epochs: largest weight difference {worst:e}");
-    assert!(worst <= 1e-5, "{worst:e}");
+    assert_eq!(held, names.len() * split.replicas);
+    worst
 }

@@ -47,7 +47,33 @@ struct Mlp {
     label: Input,
 }
 
+// Two replicas of a 2-stage MLP (4 ranks): each stage plans its replica's half of the batch
+// in 4 micro-batches, and sums its gradients over its replicas.
+#[memwise::model(batch = 64, replicas = 2, micro_batches = 4, budget = "64 MiB",
+                 loss = sparse_categorical_crossentropy)]
+struct Replicated {
+    #[input(shape = [784], dtype = u8, scale = 1.0 / 255.0)]
+    pixels: Input,
+    #[dense(256, activation = relu)]
+    a: Dense,
+    #[stage(1)]
+    #[dense(10, activation = softmax)]
+    probs: Dense,
+    #[input(shape = [], dtype = i32)]
+    label: Input,
+}
+
+const _: () = assert!(Replicated::STAGES.len() == 2 && Replicated::STAGES[0].replicas == 2);
+const _: () = assert!(Replicated::STAGES[0].batch == 8 && Replicated::MAX_BATCH % 8 == 0);
+
 fn main() {
+    // A replicated stage is the same stage at its replica's share of the batch, to the byte.
+    let half = plan_pipeline(&Replicated::spec().one_device().with_batch(32), &Replicated::spec().pipeline.unwrap()).unwrap();
+    for (s, plan) in Replicated::STAGES.iter().enumerate() {
+        assert_eq!(plan.memory.total, half.stages[s].memory.total);
+    }
+    assert_eq!(<Replicated as memwise::Model>::max_batch(64 << 20), Some(Replicated::MAX_BATCH));
+
     let spec = Vae::spec();
     let pipe = spec.pipeline.clone().unwrap();
     assert_eq!(pipe, Pipeline::new(PipelineSchedule::GPipe, 4, &["dec"]));

@@ -92,6 +92,12 @@ pub trait Collective: Send + Sync {
         let parts = shard_byte_ranges(bytes.len(), elem_bytes, self.size())?;
         self.all_gather_parts(bytes, &|r| parts[r].clone())
     }
+    /// Splits the job into groups, as `MPI_Comm_split` does: the ranks that give the same
+    /// `color` form one group, ranked within it by `key` (ties by their rank here), and each
+    /// gets its own group's collective, carried by the same engine. A collective call: every
+    /// rank makes it. What a replicated pipeline's stages sum their gradients over: the
+    /// replicas of one stage (issue 16).
+    fn split(&self, color: usize, key: usize) -> Result<std::sync::Arc<dyn Collective>>;
     /// What carries it, for messages ("threads", "MPI", "NCCL").
     fn engine(&self) -> &'static str;
     /// The same replicas' collectives on device memory, where this engine has them (NCCL):

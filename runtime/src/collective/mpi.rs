@@ -24,16 +24,18 @@
 //! trait is `Send + Sync`, so a rank may be driven from any thread (the trainer's, a worker's);
 //! every MPI call is made while holding one `Mutex`, which is exactly the serialisation that
 //! level asks of the caller. `MPI_THREAD_MULTIPLE` would only add locking inside Open MPI for
-//! concurrency the lock forbids anyway. No `unsafe impl Send/Sync` is needed: the state kept
-//! across calls is the mpi crate's `Universe` (which is `Send`) and the send buffers; the
-//! communicator handle, a raw pointer that is neither `Send` nor `Sync`, is made afresh under
-//! the lock for each call (`MPI_COMM_WORLD` is a constant: that costs nothing).
+//! concurrency the lock forbids anyway. The state kept across calls is the mpi crate's
+//! `Universe` (which is `Send`) and the send buffers; `MPI_COMM_WORLD`'s handle, a raw pointer
+//! that is neither `Send` nor `Sync`, is made afresh under the lock for each call (it is a
+//! constant: that costs nothing). A group split from the job ([`Mpi::split_group`]: the
+//! replicas of one pipeline stage) keeps its communicator, marked `Send + Sync` by hand for
+//! the same reason: it is only used, and freed, under the one lock every group shares.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use mpi::collective::SystemOperation;
 use mpi::environment::Universe;
-use mpi::topology::SimpleCommunicator;
+use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::{Communicator, CommunicatorCollectives, Destination, Equivalence, Root, Source};
 use mpi::Threading;
 
@@ -63,7 +65,30 @@ struct Inner {
 pub struct Mpi {
     rank: usize,
     size: usize,
-    inner: Mutex<Inner>,
+    /// Shared by every group split from the job: MPI is called by one thread at a time.
+    inner: Arc<Mutex<Inner>>,
+    /// The group's communicator, for a group [`Collective::split`] made; `None`:
+    /// `MPI_COMM_WORLD`.
+    group: Option<GroupComm>,
+}
+
+/// A communicator `MPI_Comm_split` made, freed (`MPI_Comm_free`) when dropped.
+struct GroupComm(SimpleCommunicator);
+
+// SAFETY: an MPI communicator handle may be used from any thread under
+// `MPI_THREAD_SERIALIZED`, one call at a time; `Mpi` only uses it, and frees it, while holding
+// the lock around every MPI call of the process.
+unsafe impl Send for GroupComm {}
+// SAFETY: as above; a shared reference is only used under the same lock.
+unsafe impl Sync for GroupComm {}
+
+impl Drop for Mpi {
+    fn drop(&mut self) {
+        if let Some(group) = self.group.take() {
+            let _serialised = self.lock();
+            drop(group);
+        }
+    }
 }
 
 impl Mpi {
@@ -107,12 +132,13 @@ impl Mpi {
         Ok(Mpi {
             rank: usize::try_from(rank).expect("MPI ranks are non-negative"),
             size: usize::try_from(size).expect("MPI sizes are positive"),
-            inner: Mutex::new(Inner {
+            inner: Arc::new(Mutex::new(Inner {
                 universe,
                 send_f32: Vec::new(),
                 send_f64: Vec::new(),
                 buffered: false,
-            }),
+            })),
+            group: None,
         })
     }
 
@@ -129,12 +155,50 @@ impl Mpi {
             .ok()
     }
 
+    /// This rank's group of a split of its job ([`Collective::split`], `MPI_Comm_split`),
+    /// an `Mpi` of its own that shares this one's MPI: the group is freed when it is dropped,
+    /// and MPI finalised once the last `Mpi` of the process is.
+    pub fn split_group(&self, color: usize, key: usize) -> Result<Mpi> {
+        let (Ok(color), Ok(key)) = (i32::try_from(color), i32::try_from(key)) else {
+            return Err(RuntimeError::Input(format!(
+                "MPI: a split's color {color} and key {key} must fit an int"
+            )));
+        };
+        let group = self.with_comm(|comm, _| {
+            let made = comm.split_by_color_with_key(Color::with_value(color), key);
+            made.map(|g| (g.rank(), g.size(), GroupComm(g)))
+        });
+        let Some((rank, size, group)) = group else {
+            return Err(RuntimeError::Device(
+                "MPI: MPI_Comm_split gave this rank no group".into(),
+            ));
+        };
+        Ok(Mpi {
+            rank: usize::try_from(rank).expect("MPI ranks are non-negative"),
+            size: usize::try_from(size).expect("MPI sizes are positive"),
+            inner: self.inner.clone(),
+            group: Some(group),
+        })
+    }
+
     /// This rank's index among the ranks on its own node (`MPI_Comm_split_type` with
     /// `MPI_COMM_TYPE_SHARED`): with one process per GPU, the GPU this rank drives.
     pub fn local_rank(&self) -> usize {
         let inner = self.lock();
         let node = inner.universe.world().split_shared(self.rank as mpi::Rank);
         usize::try_from(node.rank()).expect("MPI ranks are non-negative")
+    }
+
+    /// Runs `f` on this rank's communicator (its group's, or `MPI_COMM_WORLD`) under the lock.
+    fn with_comm<R>(&self, f: impl FnOnce(&SimpleCommunicator, &mut Inner) -> R) -> R {
+        let mut inner = self.lock();
+        match &self.group {
+            Some(group) => f(&group.0, &mut inner),
+            None => {
+                let world = inner.universe.world();
+                f(&world, &mut inner)
+            }
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -173,16 +237,12 @@ impl Collective for Mpi {
     }
 
     fn all_reduce_sum_f32(&self, values: &mut [f32]) -> Result<()> {
-        let mut inner = self.lock();
-        let inner = &mut *inner;
-        all_reduce_sum(&inner.universe.world(), &mut inner.send_f32, values);
+        self.with_comm(|comm, inner| all_reduce_sum(comm, &mut inner.send_f32, values));
         Ok(())
     }
 
     fn all_reduce_sum_f64(&self, values: &mut [f64]) -> Result<()> {
-        let mut inner = self.lock();
-        let inner = &mut *inner;
-        all_reduce_sum(&inner.universe.world(), &mut inner.send_f64, values);
+        self.with_comm(|comm, inner| all_reduce_sum(comm, &mut inner.send_f64, values));
         Ok(())
     }
 
@@ -195,34 +255,34 @@ impl Collective for Mpi {
                 self.rank, self.size
             )));
         }
-        let inner = self.lock();
-        let world = inner.universe.world();
-        let root = world.process_at_rank(root as mpi::Rank);
-        // MPI counts in `int`: pieces of at most 1 GiB.
-        for piece in bytes.chunks_mut(1 << 30) {
-            root.broadcast_into(piece);
-        }
+        self.with_comm(|comm, _| {
+            let root = comm.process_at_rank(root as mpi::Rank);
+            // MPI counts in `int`: pieces of at most 1 GiB.
+            for piece in bytes.chunks_mut(1 << 30) {
+                root.broadcast_into(piece);
+            }
+        });
         Ok(())
     }
 
     fn barrier(&self) -> Result<()> {
-        self.lock().universe.world().barrier();
+        self.with_comm(|comm, _| comm.barrier());
         Ok(())
     }
 
     fn send(&self, to: usize, bytes: &[u8]) -> Result<()> {
         check_peer("an MPI send to", to, self.size)?;
-        let inner = self.lock();
-        let world = inner.universe.world();
-        let dest = world.process_at_rank(to as mpi::Rank);
-        // MPI counts in `int`: pieces of at most 1 GiB, received piece by piece alike.
-        for piece in bytes.chunks(1 << 30) {
-            if inner.buffered {
-                dest.buffered_send(piece);
-            } else {
-                dest.send(piece);
+        self.with_comm(|comm, inner| {
+            let dest = comm.process_at_rank(to as mpi::Rank);
+            // MPI counts in `int`: pieces of at most 1 GiB, received piece by piece alike.
+            for piece in bytes.chunks(1 << 30) {
+                if inner.buffered {
+                    dest.buffered_send(piece);
+                } else {
+                    dest.send(piece);
+                }
             }
-        }
+        });
         Ok(())
     }
 
@@ -244,22 +304,26 @@ impl Collective for Mpi {
 
     fn recv(&self, from: usize, bytes: &mut [u8]) -> Result<()> {
         check_peer("an MPI receive from", from, self.size)?;
-        let inner = self.lock();
-        let world = inner.universe.world();
-        let src = world.process_at_rank(from as mpi::Rank);
-        for piece in bytes.chunks_mut(1 << 30) {
-            // A longer message than `piece` is MPI_ERR_TRUNCATE, fatal under
-            // MPI_ERRORS_ARE_FATAL; a shorter one is counted here.
-            let got = src.receive_into(piece).count(u8::equivalent_datatype()) as usize;
-            if got != piece.len() {
-                return Err(RuntimeError::Input(format!(
-                    "MPI: rank {from} sent {got} bytes where rank {} expected {}",
-                    self.rank,
-                    piece.len()
-                )));
+        self.with_comm(|comm, _| {
+            let src = comm.process_at_rank(from as mpi::Rank);
+            for piece in bytes.chunks_mut(1 << 30) {
+                // A longer message than `piece` is MPI_ERR_TRUNCATE, fatal under
+                // MPI_ERRORS_ARE_FATAL; a shorter one is counted here.
+                let got = src.receive_into(piece).count(u8::equivalent_datatype()) as usize;
+                if got != piece.len() {
+                    return Err(RuntimeError::Input(format!(
+                        "MPI: rank {from} sent {got} bytes where rank {} expected {}",
+                        self.rank,
+                        piece.len()
+                    )));
+                }
             }
-        }
-        Ok(())
+            Ok(())
+        })
+    }
+
+    fn split(&self, color: usize, key: usize) -> Result<Arc<dyn Collective>> {
+        Ok(Arc::new(self.split_group(color, key)?))
     }
 
     fn engine(&self) -> &'static str {

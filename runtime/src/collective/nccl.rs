@@ -80,6 +80,11 @@ impl Nccl {
             }
             Ok(d) => d,
         };
+        Nccl::join(mpi, dev)
+    }
+
+    /// Joins every rank of `mpi`'s job, each on its device `dev`, to one new communicator.
+    fn join(mpi: Mpi, dev: Arc<CudaDevice>) -> Result<Nccl> {
         let mut id = [0u8; 128];
         if mpi.rank() == 0 {
             let made = result::get_uniqueid().map_err(|e| nccl_error("ncclGetUniqueId", e))?;
@@ -194,6 +199,12 @@ impl Collective for Nccl {
 
     fn reserve_sends(&self, bytes: usize, messages: usize) -> Result<u64> {
         self.mpi.reserve_sends(bytes, messages)
+    }
+
+    fn split(&self, color: usize, key: usize) -> Result<Arc<dyn Collective>> {
+        // A group's own communicator, over its own MPI group (as `ncclCommSplit` would make).
+        let group = self.mpi.split_group(color, key)?;
+        Ok(Arc::new(Nccl::join(group, self.device.clone())?))
     }
 
     fn engine(&self) -> &'static str {

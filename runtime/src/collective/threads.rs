@@ -14,6 +14,10 @@ enum Payload {
     F32(Vec<f32>),
     F64(Vec<f64>),
     Bytes(Vec<u8>),
+    /// A split's `(color, key)`.
+    Split(usize, usize),
+    /// A split's result: per rank, its group and its rank in it.
+    Groups(Vec<(Arc<Shared>, usize)>),
 }
 
 /// One round of a collective: every rank's contribution, then the result they all copy.
@@ -40,6 +44,48 @@ struct Shared {
     changed: Condvar,
 }
 
+impl Shared {
+    fn new(size: usize, timeout: Duration) -> Arc<Shared> {
+        Arc::new(Shared {
+            size,
+            timeout,
+            state: Mutex::new(State {
+                round: Round {
+                    given: (0..size).map(|_| None).collect(),
+                    ..Round::default()
+                },
+                broken: None,
+                mail: HashMap::new(),
+            }),
+            changed: Condvar::new(),
+        })
+    }
+}
+
+/// Per rank of a split, its group and its rank in it: one group per color, its members
+/// ranked by `(key, rank)`.
+fn split_groups(given: &[Option<Payload>], timeout: Duration) -> Vec<(Arc<Shared>, usize)> {
+    let asked: Vec<(usize, usize)> = (given.iter())
+        .map(|p| match p {
+            Some(Payload::Split(color, key)) => (*color, *key),
+            _ => (usize::MAX, usize::MAX),
+        })
+        .collect();
+    let mut out: Vec<Option<(Arc<Shared>, usize)>> = vec![None; given.len()];
+    for (rank, &(color, _)) in asked.iter().enumerate() {
+        if out[rank].is_some() {
+            continue;
+        }
+        let mut members: Vec<usize> = (0..asked.len()).filter(|&r| asked[r].0 == color).collect();
+        members.sort_by_key(|&r| (asked[r].1, r));
+        let group = Shared::new(members.len(), timeout);
+        for (i, &r) in members.iter().enumerate() {
+            out[r] = Some((group.clone(), i));
+        }
+    }
+    out.into_iter().flatten().collect()
+}
+
 /// Makes the handles of one job: [`ThreadGroup::new`]`(n)` gives `n` of them, one per thread.
 pub struct ThreadGroup;
 
@@ -53,19 +99,7 @@ impl ThreadGroup {
     /// `n` ranks that wait at most `timeout` for each other.
     pub fn with_timeout(n: usize, timeout: Duration) -> Vec<Threads> {
         let n = n.max(1);
-        let shared = Arc::new(Shared {
-            size: n,
-            timeout,
-            state: Mutex::new(State {
-                round: Round {
-                    given: (0..n).map(|_| None).collect(),
-                    ..Round::default()
-                },
-                broken: None,
-                mail: HashMap::new(),
-            }),
-            changed: Condvar::new(),
-        });
+        let shared = Shared::new(n, timeout);
         (0..n)
             .map(|rank| Threads {
                 rank,
@@ -326,6 +360,30 @@ impl Collective for Threads {
         }
         bytes.copy_from_slice(&message);
         Ok(())
+    }
+
+    fn split(&self, color: usize, key: usize) -> Result<Arc<dyn Collective>> {
+        let timeout = self.shared.timeout;
+        let combine = |g: &[Option<Payload>]| {
+            if !g.iter().all(|p| matches!(p, Some(Payload::Split(..)))) {
+                return Err("the ranks called different collectives".to_string());
+            }
+            Ok(Payload::Groups(split_groups(g, timeout)))
+        };
+        let mut mine: Option<(Arc<Shared>, usize)> = None;
+        let take = |r: &Payload| {
+            if let Payload::Groups(groups) = r {
+                mine = groups.get(self.rank).cloned();
+            }
+        };
+        self.round("a split", Payload::Split(color, key), combine, take)?;
+        let (shared, rank) = mine.ok_or_else(|| {
+            RuntimeError::Device(format!(
+                "threads job: rank {} was left out of a split",
+                self.rank
+            ))
+        })?;
+        Ok(Arc::new(Threads { rank, shared }))
     }
 
     fn engine(&self) -> &'static str {
