@@ -214,35 +214,28 @@ bin=target/release/examples/pipeline
 rc=0
 timeout 300 "$bin" --one-device --steps 10 --save-weights "$LOG/pipeline.1process.safetensors" \
     > "$LOG/pipeline.1process.txt" 2>&1 || rc=$?
-for schedule in one_f_one_b gpipe; do
-    w="$LOG/pipeline.$schedule.safetensors"
-    timeout 300 "${MPIRUN[@]}" "$bin" --mpi --schedule "$schedule" --steps 10 --save-weights "$w" \
-        > "$LOG/pipeline.$schedule.txt" 2>&1 || rc=$?
-    cat "$LOG/pipeline.$schedule.txt"
+# Under both schedules, and 2 replicas of the whole pipeline under 1F1B (4 ranks, rank 2·s + r
+# runs stage s of replica r, each replica on half of every batch): replica 0's stages end at
+# one process's weights.
+for run in one_f_one_b:1 gpipe:1 one_f_one_b:2; do
+    schedule=${run%:*}
+    replicas=${run#*:}
+    launch=("${MPIRUN[@]}")
+    [[ $replicas == 2 ]] && launch=("${MPIRUN4[@]}")
+    rc=0
+    w="$LOG/pipeline.$schedule.$replicas.safetensors"
+    timeout 300 "${launch[@]}" "$bin" --mpi --schedule "$schedule" --replicas "$replicas" \
+        --steps 10 --save-weights "$w" > "$LOG/pipeline.$run.txt" 2>&1 || rc=$?
+    cat "$LOG/pipeline.$run.txt"
     if [[ $rc != 0 ]]; then
-        fail "pipeline ($schedule): a run exited with status $rc"
+        fail "pipeline ($schedule, $replicas replicas): a run exited with status $rc"
     elif python3 scripts/compare_weights.py --tol 1e-5 "$LOG/pipeline.1process.safetensors" \
         "$w.stage0" "$w.stage1"; then
-        pass "pipeline ($schedule): 2 stages = 1 process after 10 steps"
+        pass "pipeline ($schedule, $replicas replicas): 2 stages = 1 process after 10 steps"
     else
-        fail "pipeline ($schedule): the stages trained different weights from one process"
+        fail "pipeline ($schedule, $replicas replicas): the stages trained different weights from one process"
     fi
 done
-# Two replicas of the whole pipeline (4 ranks, rank 2·s + r runs stage s of replica r), each
-# on half of every batch: replica 0's stages end at one process's weights.
-rc=0
-w="$LOG/pipeline.replicated.safetensors"
-timeout 300 "${MPIRUN4[@]}" "$bin" --mpi --replicas 2 --steps 10 --save-weights "$w" \
-    > "$LOG/pipeline.replicated.txt" 2>&1 || rc=$?
-cat "$LOG/pipeline.replicated.txt"
-if [[ $rc != 0 ]]; then
-    fail "pipeline (2 replicas): a run exited with status $rc"
-elif python3 scripts/compare_weights.py --tol 1e-5 "$LOG/pipeline.1process.safetensors" \
-    "$w.stage0" "$w.stage1"; then
-    pass "pipeline (2 stages x 2 replicas): = 1 process after 10 steps"
-else
-    fail "pipeline (2 replicas): the replicated stages trained different weights from one process"
-fi
 # Each stage's measured peak RSS growth within 5 % of its estimate (its plan plus the host
 # bytes beside it), at batch 2048, under both schedules, and over 2 replicas under 1F1B.
 for run in one_f_one_b:1 gpipe:1 one_f_one_b:2; do

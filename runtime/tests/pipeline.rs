@@ -203,6 +203,14 @@ fn scaled_diff(a: &[f32], b: &[f32]) -> f32 {
         / scale
 }
 
+/// The largest [`scaled_diff`] between `a`'s tensors and `b`'s of the same names, and its
+/// tensor's name.
+fn largest_difference<'a>(a: &'a Weights, b: &Weights) -> (f32, &'a str) {
+    (a.iter())
+        .map(|(name, x)| (scaled_diff(x, &b[name]), name.as_str()))
+        .fold((0f32, ""), |m, d| if d.0 > m.0 { d } else { m })
+}
+
 fn check(spec: &ModelSpec, boundaries: &[&str], schedule: PipelineSchedule) {
     let (start, end, losses) = one_device(spec);
     let pipe = Pipeline::new(schedule, 4, boundaries);
@@ -399,9 +407,7 @@ fn float16_stages_skip_the_steps_one_device_skips_with_its_loss_scale() {
     assert_eq!(two.skipped, one.skipped);
     assert_eq!(two.loss_scale, one.loss_scale);
     assert!(two.start == one.start);
-    let worst = (one.end.iter())
-        .map(|(name, a)| (scaled_diff(a, &two.end[name]), name.as_str()))
-        .fold((0f32, ""), |m, d| if d.0 > m.0 { d } else { m });
+    let worst = largest_difference(&one.end, &two.end);
     eprintln!(
         "float16 VAE in 2 stages: largest weight difference {:e} ({})",
         worst.0, worst.1
@@ -418,9 +424,7 @@ fn float16_stages_skip_the_steps_one_device_skips_with_its_loss_scale() {
     assert!(one.skipped.iter().any(|&s| s), "{:?}", one.skipped);
     assert_eq!(four.skipped, one.skipped);
     assert_eq!(four.loss_scale, one.loss_scale);
-    let worst = (one.end.iter())
-        .map(|(name, a)| (scaled_diff(a, &four.end[name]), name.as_str()))
-        .fold((0f32, ""), |m, d| if d.0 > m.0 { d } else { m });
+    let worst = largest_difference(&one.end, &four.end);
     eprintln!(
         "float16 VAE in 2 stages × 2 replicas: largest weight difference {:e} ({})",
         worst.0, worst.1
