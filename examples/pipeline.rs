@@ -10,6 +10,8 @@
 //! each stage as its own process; each writes its stage's weights (`PATH.stage0`, …).
 //! `--replicas 2` trains 2 replicas of the whole pipeline data-parallel (`mpirun -n 4`, or 4
 //! threads), each on half of every batch: rank `2·s + r` runs stage `s` of replica `r`.
+//! After training, every run evaluates the 2,000 held-out digits through the same pipeline
+//! (`StageTrainer::evaluate`) and prints their loss, which one device's run matches.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -105,8 +107,11 @@ fn main() -> Res<()> {
         println!("{}", ConvVae::summary());
         return Ok(());
     }
-    let (train, _) = load_bundled_digits()?;
-    let data = InMemory::mnist_images(&train);
+    let (train, test) = load_bundled_digits()?;
+    let data = (
+        InMemory::mnist_images(&train),
+        InMemory::mnist_images(&test),
+    );
     if flags.one_device {
         return one_device(&flags, &data);
     }
@@ -114,7 +119,7 @@ fn main() -> Res<()> {
         return on_mpi(&flags, &data);
     }
     let stages = ThreadGroup::new(ConvVae::STAGES.len() * flags.replicas.max(1));
-    let losses: Vec<Res<Vec<f32>>> = std::thread::scope(|scope| {
+    let losses: Vec<Res<Trained>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (stages.into_iter())
             .map(|c| {
                 let (flags, data) = (&flags, &data);
@@ -133,9 +138,13 @@ fn main() -> Res<()> {
     for l in losses {
         first = first.or(Some(l?));
     }
-    print_losses(&ranks_text(&flags, "threads"), &first.unwrap_or_default());
+    let (losses, held_out) = first.unwrap_or_default();
+    print_losses(&ranks_text(&flags, "threads"), &losses, held_out);
     Ok(())
 }
+
+/// A run's training losses by step, and its loss on the held-out digits afterwards.
+type Trained = (Vec<f32>, f32);
 
 /// The model as declared, under `--schedule` if given.
 fn spec(flags: &Flags) -> Res<memwise::plan::ModelSpec> {
@@ -162,8 +171,9 @@ fn ranks_text(flags: &Flags, what: &str) -> String {
     }
 }
 
-/// Trains rank `c.rank()`'s stage and writes its weights (replica 0's) and report.
-fn run_stage(flags: &Flags, data: &InMemory, c: Arc<dyn Collective>) -> Res<Vec<f32>> {
+/// Trains rank `c.rank()`'s stage, writes its weights (replica 0's) and report, and
+/// evaluates the held-out digits (`data.1`) with the other stages.
+fn run_stage(flags: &Flags, data: &(InMemory, InMemory), c: Arc<dyn Collective>) -> Res<Trained> {
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     let mut t = StageTrainer::build(&spec(flags)?, &Device::cpu(), flags.seed, c)?;
     let (stage, replica) = (t.plan().stage as usize, t.replica());
@@ -177,7 +187,7 @@ fn run_stage(flags: &Flags, data: &InMemory, c: Arc<dyn Collective>) -> Res<Vec<
         flags.steps,
         mib(t.plan().memory.total)
     ));
-    let losses = t.train_steps(data, flags.steps)?;
+    let losses = t.train_steps(&data.0, flags.steps)?;
     // Per process: meaningful when each stage is its own process (`--mpi`).
     // (The stage's baseline is taken before it is built: its growth is what it holds.)
     let peak = t.peak_rss_growth().filter(|_| flags.mpi);
@@ -208,7 +218,9 @@ fn run_stage(flags: &Flags, data: &InMemory, c: Arc<dyn Collective>) -> Res<Vec<
         std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
         say(format!("{who}'s report written to {}", path.display()));
     }
-    Ok(losses)
+    // After the report: its peak is the training's.
+    let held_out = t.evaluate(&data.1)?;
+    Ok((losses, held_out.loss))
 }
 
 /// One line on stderr in one write: the stages share it (threads, or ranks whose output
@@ -220,23 +232,23 @@ fn say(mut line: String) {
 }
 
 #[cfg(feature = "mpi")]
-fn on_mpi(flags: &Flags, data: &InMemory) -> Res<()> {
+fn on_mpi(flags: &Flags, data: &(InMemory, InMemory)) -> Res<()> {
     let mpi = memwise::runtime::collective::Mpi::init()?;
     let rank = mpi.rank();
-    let losses = run_stage(flags, data, Arc::new(mpi))?;
+    let (losses, held_out) = run_stage(flags, data, Arc::new(mpi))?;
     if rank == 0 {
-        print_losses(&ranks_text(flags, "MPI ranks"), &losses);
+        print_losses(&ranks_text(flags, "MPI ranks"), &losses, held_out);
     }
     Ok(())
 }
 
 #[cfg(not(feature = "mpi"))]
-fn on_mpi(_: &Flags, _: &InMemory) -> Res<()> {
+fn on_mpi(_: &Flags, _: &(InMemory, InMemory)) -> Res<()> {
     Err("--mpi needs the example built with `--features mpi`".into())
 }
 
 /// The whole model on one device, on the same batches in the same order.
-fn one_device(flags: &Flags, data: &InMemory) -> Res<()> {
+fn one_device(flags: &Flags, data: &(InMemory, InMemory)) -> Res<()> {
     let mut spec = ConvVae::spec();
     spec.pipeline = None;
     let whole = memwise::plan::plan(&spec)?;
@@ -252,16 +264,17 @@ fn one_device(flags: &Flags, data: &InMemory) -> Res<()> {
     if t.plan().memory.total != whole.memory.total {
         return Err("one stage of one micro-batch should plan as the whole model".into());
     }
-    let losses = t.train_steps(data, flags.steps)?;
+    let losses = t.train_steps(&data.0, flags.steps)?;
     if let Some(p) = &flags.save_weights {
         t.engine().save_weights(p)?;
         eprintln!("weights written to {}", p.display());
     }
-    print_losses("one device", &losses);
+    print_losses("one device", &losses, t.evaluate(&data.1)?.loss);
     Ok(())
 }
 
-fn print_losses(what: &str, losses: &[f32]) {
+fn print_losses(what: &str, losses: &[f32], held_out: f32) {
     let text: Vec<String> = losses.iter().map(|l| format!("{l:.2}")).collect();
     println!("{what}: loss by step {}", text.join(", "));
+    println!("{what}: held-out loss {held_out:.6} (2000 test digits)");
 }

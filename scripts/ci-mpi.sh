@@ -17,7 +17,8 @@
 #      mid-training ends the job within 60 s;
 #   6. model parallel (issue 16): the example `pipeline` (the VAE, encoder and decoder on two
 #      ranks, 4 micro-batches) under 1F1B and GPipe ends 10 steps with the weights of one
-#      process (1e-5), and so do 2 replicas of the pipeline (4 ranks); each stage's peak RSS
+#      process (1e-5), and so do 2 replicas of the pipeline (4 ranks), whose evaluation of the
+#      2,000 held-out digits through the pipeline gives one process's loss; each stage's peak RSS
 #      growth is within 5 % of its estimate (batch 2048, and 2 replicas under 1F1B); a stage
 #      killed mid-training ends the job within 60 s.
 # Prints a PASS or FAIL line per check; exits non-zero when any fails.
@@ -234,6 +235,14 @@ for run in one_f_one_b:1 gpipe:1 one_f_one_b:2; do
         pass "pipeline ($schedule, $replicas replicas): 2 stages = 1 process after 10 steps"
     else
         fail "pipeline ($schedule, $replicas replicas): the stages trained different weights from one process"
+    fi
+    # `evaluate` through the ranks' inference stages: one process's held-out loss (1e-5).
+    one=$(sed -n 's/^one device: held-out loss \([0-9.]*\).*/\1/p' "$LOG/pipeline.1process.txt")
+    got=$(sed -n 's/.*(MPI ranks): held-out loss \([0-9.]*\).*/\1/p' "$LOG/pipeline.$run.txt")
+    if [[ $rc == 0 ]] && python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(abs(a - b) > 1e-5 * abs(a))" "$one" "$got"; then
+        pass "pipeline ($schedule, $replicas replicas): held-out loss $got = 1 process's $one"
+    else
+        fail "pipeline ($schedule, $replicas replicas): held-out loss '$got', 1 process '$one'"
     fi
 done
 # Each stage's measured peak RSS growth within 5 % of its estimate (its plan plus the host

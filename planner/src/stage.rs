@@ -235,13 +235,7 @@ pub fn plan_stage(
     pipeline: &Pipeline,
     stage: usize,
 ) -> Result<StaticPlan, PlanError> {
-    let p = pipeline.stages();
-    if stage >= p {
-        return Err(PlanError::model(format!(
-            "stage {stage} of a {p}-stage pipeline"
-        )));
-    }
-    let stage_of_layer = pipeline.stage_of_layers(spec)?;
+    let p = check_stage(pipeline, stage)?;
     let micro = pipeline.micro_spec(spec)?;
     let mut graph = Graph::build(&micro)?;
     let mut step = StepGraph::build(&mut graph, &micro)?;
@@ -249,27 +243,84 @@ pub fn plan_stage(
     // replicas once, after its last micro-batch's backward (`unroll`).
     step.replicas = 1;
     let base = Schedule::build(&graph, &step);
-    check_segments(&micro, &stage_of_layer)?;
-    let cut = Cut::new(&base, &graph, &stage_of_layer, p)?;
     let work = stage_work(pipeline.schedule, stage, p, pipeline.micro_batches);
+    let mut plan = cut_stage(spec, pipeline, stage, (&micro, &graph, &base), &work)?;
+    plan.micro_batches = pipeline.micro_batches as u32;
+    crate::arena::validate(&plan)
+        .map_err(|e| PlanError::internal(format!("stage {stage}'s plan failed validation: {e}")))?;
+    Ok(plan)
+}
+
+/// Plans stage `stage` of `spec`'s pipeline in inference mode (batch norm from its running
+/// statistics, no dropout, no backward), over `batch` samples of one replica run as one
+/// micro-batch: its forward steps between its receives and sends, and on the last stage the
+/// loss terms and the prediction, kept to the end as one device's inference plan keeps it —
+/// what `evaluate` and `predict` of a split model run on every stage's rank. `replicas` is the
+/// model's, so that each stage sends within its own replica of the pipeline.
+pub fn plan_stage_inference(
+    spec: &ModelSpec,
+    pipeline: &Pipeline,
+    stage: usize,
+    batch: usize,
+) -> Result<StaticPlan, PlanError> {
+    check_stage(pipeline, stage)?;
+    let one = spec.one_device().with_batch(batch);
+    let graph = Graph::build_inference(&one)?;
+    let base = Schedule::build(&graph, &StepGraph::inference(&graph));
+    let mut plan = cut_stage(
+        spec,
+        pipeline,
+        stage,
+        (&one, &graph, &base),
+        &[Work::Forward(0)],
+    )?;
+    (plan.micro_batches, plan.replicas) = (1, spec.replicas.max(1));
+    crate::arena::validate(&plan).map_err(|e| {
+        PlanError::internal(format!(
+            "stage {stage}'s inference plan failed validation: {e}"
+        ))
+    })?;
+    Ok(plan)
+}
+
+/// The pipeline's stage count, once `stage` is known to be one of its stages.
+fn check_stage(pipeline: &Pipeline, stage: usize) -> Result<usize, PlanError> {
+    let p = pipeline.stages();
+    if stage >= p {
+        return Err(PlanError::model(format!(
+            "stage {stage} of a {p}-stage pipeline"
+        )));
+    }
+    Ok(p)
+}
+
+/// Stage `stage`'s plan of `base` (the schedule of one micro-batch of `micro`, over `graph`)
+/// unrolled over `work`: its steps, its own parameters, its packed arena and its memory
+/// report, which lists its own layers only.
+fn cut_stage(
+    spec: &ModelSpec,
+    pipeline: &Pipeline,
+    stage: usize,
+    (micro, graph, base): (&ModelSpec, &Graph, &Schedule),
+    work: &[Work],
+) -> Result<StaticPlan, PlanError> {
+    let p = pipeline.stages();
+    let stage_of_layer = pipeline.stage_of_layers(spec)?;
+    check_segments(micro, &stage_of_layer)?;
+    let cut = Cut::new(base, graph, &stage_of_layer, p)?;
     let held: Vec<u32> = (0..graph.params.len() as u32)
         .filter(|&p| stage_of_layer[graph.params[p as usize].layer] == stage)
         .collect();
-    let m = pipeline.micro_batches;
+    let m = (work.iter())
+        .filter(|w| matches!(w, Work::Forward(_)))
+        .count();
     // Per stage parameter: its elements if its gradients are summed over the replicas.
     let summed: Vec<Option<usize>> = (held.iter())
         .map(|&p| &graph.params[p as usize])
-        .map(|q| (micro.replicas > 1 && q.trainable).then(|| q.elems()))
+        .map(|q| (micro.replicas > 1 && q.trainable && base.training).then(|| q.elems()))
         .collect();
-    let (schedule, micro_batch_of, inputs) = unroll(
-        &cut,
-        &base,
-        (&held, &summed),
-        stage,
-        &work,
-        m,
-        &graph.inputs,
-    );
+    let (schedule, micro_batch_of, inputs) =
+        unroll(&cut, base, (&held, &summed), stage, work, m, &graph.inputs);
     let mut sub = graph.clone();
     sub.params = (held.iter())
         .map(|&p| graph.params[p as usize].clone())
@@ -277,7 +328,7 @@ pub fn plan_stage(
     sub.inputs = inputs;
     let lifetimes = crate::liveness::Lifetimes::compute(&schedule, crate::ALIGNMENT);
     let arena = crate::arena::ArenaPlan::build(&schedule, &lifetimes, crate::ALIGNMENT);
-    let mut plan = crate::estimate::assemble(&micro, &sub, &schedule, &lifetimes, &arena);
+    let mut plan = crate::estimate::assemble(micro, &sub, &schedule, &lifetimes, &arena);
     let mine: Vec<&str> = (spec.layers.iter().zip(&stage_of_layer))
         .filter(|(_, &s)| s == stage)
         .map(|(l, _)| l.name.as_str())
@@ -294,9 +345,7 @@ pub fn plan_stage(
     for (param, &id) in plan.params.to_mut().iter_mut().zip(&held) {
         param.id = id;
     }
-    (plan.stage, plan.stages, plan.micro_batches) = (stage as u32, p as u32, m as u32);
-    crate::arena::validate(&plan)
-        .map_err(|e| PlanError::internal(format!("stage {stage}'s plan failed validation: {e}")))?;
+    (plan.stage, plan.stages) = (stage as u32, p as u32);
     Ok(plan)
 }
 
@@ -529,7 +578,7 @@ fn unroll(
             });
         }
     }
-    if cut.stages > 1 {
+    if cut.stages > 1 && base.training {
         u.settle_flags();
     }
     for (i, st) in base.steps.iter().enumerate() {
@@ -548,15 +597,20 @@ fn unroll(
     let base_inputs: Vec<u32> = inputs.iter().map(|&t| t as u32).collect();
     let inputs = each(&base_inputs).into_iter().map(|t| t as usize).collect();
     let updated = held.iter().map(|&p| base.updated[p as usize]).collect();
+    // In training no one prediction: a stage's metrics are read from each micro-batch's
+    // prediction at its loss step, which keeps it alive that long. An inference stage runs
+    // one micro-batch, whose prediction (on the last stage) is kept to the end for `predict`,
+    // as a one-device plan keeps its one prediction to the end of its loss phase.
+    let prediction = match u.ids.get(&(0, base.prediction)) {
+        Some(&t) if !base.training && micro_batches == 1 => t,
+        _ => NONE,
+    };
     let micro_batch = u.micro_batch;
     let schedule = Schedule {
         tensors: u.tensors,
         steps: u.steps,
         losses,
-        // No one prediction: a stage's metrics are read from each micro-batch's prediction at
-        // its loss step, which keeps it alive that long (a one-device plan keeps its one
-        // prediction to the end of the loss phase).
-        prediction: NONE,
+        prediction,
         loss_scaling: base.loss_scaling,
         training: base.training,
         updated,

@@ -386,3 +386,68 @@ fn a_replicated_pipeline_stage_is_its_share_of_the_batch_with_its_gradients_summ
         assert_eq!((stage, replica), (rank / 2, rank % 2));
     }
 }
+
+/// `evaluate` and `predict` of a split model run each stage's inference plan: over a batch
+/// of any size (here 11, no multiple of anything), every stage runs one device's inference
+/// steps of its own layers, and together exactly one device's; the sends of each channel
+/// match its receives; nothing is trained, summed or settled; the prediction is kept to the
+/// end on the one stage that makes it; and each stage holds its training plan's parameters.
+#[test]
+fn an_inference_stage_runs_one_devices_inference_steps_of_its_layers() {
+    use memwise_plan::stage::plan_stage_inference;
+    let key = |s: &PlanStep| format!("{} {:?}", s.layer, s.op);
+    for (spec, boundaries) in splits() {
+        let pipe = Pipeline::new(PipelineSchedule::OneFOneB, 4, &boundaries);
+        let one = plan_inference(&spec.with_batch(11)).unwrap();
+        let stages: Vec<StaticPlan> = (0..pipe.stages())
+            .map(|s| plan_stage_inference(&spec, &pipe, s, 11).unwrap())
+            .collect();
+        let mut ran: Vec<String> = Vec::new();
+        for (k, p) in stages.iter().enumerate() {
+            assert!(
+                !p.training && p.batch == 11 && p.micro_batches == 1,
+                "{}",
+                spec.name
+            );
+            let trained = plan_stage(&spec, &pipe, k).unwrap();
+            let names = |p: &StaticPlan| -> Vec<String> {
+                p.params.iter().map(|q| q.name.to_string()).collect()
+            };
+            assert_eq!(names(p), names(&trained), "{} stage {k}", spec.name);
+            for s in p.steps.iter() {
+                assert!(
+                    matches!(s.phase, Phase::Forward | Phase::Loss),
+                    "{} stage {k}: {:?} {}",
+                    spec.name,
+                    s.phase,
+                    s.op.name()
+                );
+                if !matches!(s.op, Op::SendTensor { .. } | Op::RecvTensor { .. }) {
+                    ran.push(key(s));
+                }
+            }
+            if k + 1 < stages.len() {
+                let next = k as u32 + 1;
+                assert_eq!(
+                    transfers(p, next, true),
+                    transfers(&stages[k + 1], k as u32, false),
+                    "{} stage {k} to {next}",
+                    spec.name
+                );
+            }
+            if p.prediction != NONE {
+                assert_eq!(p.tensor(p.prediction).last as usize, p.steps.len() - 1);
+                assert_eq!(
+                    p.tensor(p.prediction).layer,
+                    one.tensor(one.prediction).layer
+                );
+            }
+        }
+        let holders = stages.iter().filter(|p| p.prediction != NONE).count();
+        assert_eq!(holders, 1, "{}", spec.name);
+        let mut all: Vec<String> = one.steps.iter().map(key).collect();
+        all.sort();
+        ran.sort();
+        assert_eq!(ran, all, "{}", spec.name);
+    }
+}

@@ -268,15 +268,14 @@ pub(crate) fn attention_dims(a: &AttentionSettings) -> k::attention::AttentionDi
     }
 }
 
-/// Checks `inputs` against `plan`'s inputs before anything is copied or run: their count,
-/// dtypes and lengths; no NaN or infinity in float inputs; labels and token ids in range.
-/// Shared by the CPU and GPU executors, so both refuse the same batches with the same words.
 /// A pipeline stage's inputs from the whole batch's: for each input of the stage's plan
 /// (micro-batch `k`'s copy of a model input, `memwise_plan::stage::micro_batch_name`), its
 /// rows of the model input of that name in `whole`, one per name of `model_inputs` (the
 /// one-device plan's input tensors' names, in its order). The stage runs pipeline replica
 /// `replica` of the plan's `replicas`, whose `m` micro-batches are the parts `replica · m …
-/// replica · m + m − 1` of the whole batch.
+/// replica · m + m − 1` of the whole batch. An inference stage's plan
+/// ([`memwise_plan::stage::plan_stage_inference`]) runs its replica's samples as its one
+/// micro-batch: `whole` is then that replica's samples alone, and `replica` is not read.
 pub fn stage_inputs<'a>(
     plan: &StaticPlan,
     model_inputs: &[&str],
@@ -292,8 +291,11 @@ pub fn stage_inputs<'a>(
         )));
     }
     let micro = plan.micro_batches.max(1) as usize;
-    let parts = micro * plan.replicas.max(1);
-    let first = replica * micro;
+    let (parts, first) = if plan.training {
+        (micro * plan.replicas.max(1), replica * micro)
+    } else {
+        (micro, 0)
+    };
     (plan.inputs.iter())
         .map(|&id| {
             let t = plan.tensor(id);
@@ -324,6 +326,9 @@ pub fn stage_inputs<'a>(
         .collect()
 }
 
+/// Checks `inputs` against `plan`'s inputs before anything is copied or run: their count,
+/// dtypes and lengths; no NaN or infinity in float inputs; labels and token ids in range.
+/// Shared by the CPU and GPU executors, so both refuse the same batches with the same words.
 pub(crate) fn check_inputs(plan: &StaticPlan, inputs: &[Batch<'_>]) -> Result<()> {
     let ids = &plan.inputs;
     if inputs.len() != ids.len() {

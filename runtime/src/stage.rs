@@ -3,11 +3,12 @@
 //! the other stages through their [`Collective`], and each step's micro-batches cut from the
 //! whole batch, so that every stage is handed the same batches one device would train on.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use memwise_plan::pipeline::PipelineSchedule;
-use memwise_plan::stage::plan_stage;
-use memwise_plan::{ModelSpec, StaticPlan};
+use memwise_plan::stage::{plan_stage, plan_stage_inference, stage_of_rank, Pipeline};
+use memwise_plan::{ModelSpec, StaticPlan, NONE};
 
 use serde_json::{json, Value};
 
@@ -18,7 +19,10 @@ use crate::engine::{build_engine, Engine};
 use crate::error::{Result, RuntimeError};
 use crate::executor::{stage_inputs, Batch, StepOutput};
 use crate::monitor::MemoryMonitor;
-use crate::train::{check_step, epoch_line, shuffle, shuffle_seed, EpochLog, FitOptions, History};
+use crate::train::{
+    check_step, epoch_line, in_dataset, scored_predictions, shuffle, shuffle_seed, EpochLog,
+    Evaluation, FitOptions, History,
+};
 
 /// One stage of a model split into a pipeline, trained on its own rank.
 pub struct StageTrainer {
@@ -34,6 +38,24 @@ pub struct StageTrainer {
     replica: usize,
     /// Started before the stage was built: its growth is what the stage holds.
     monitor: MemoryMonitor,
+    /// What the inference stages are planned and built from.
+    spec: ModelSpec,
+    pipeline: Pipeline,
+    device: Device,
+    collective: Arc<dyn Collective>,
+    /// The engines `evaluate` and `predict` run, one per batch size.
+    infer: Vec<InferenceStage>,
+    /// The predictions a sample scores for accuracy (0: the model is no classifier).
+    scored_per_sample: usize,
+    /// The model's prediction: its values per sample, and the stage that makes it.
+    prediction: Option<(usize, usize)>,
+}
+
+/// A stage's inference engine for one batch size, and whether its weights are the training
+/// engine's (they are copied when a training step has changed them).
+struct InferenceStage {
+    engine: Box<dyn Engine>,
+    current: bool,
 }
 
 impl StageTrainer {
@@ -84,9 +106,16 @@ impl StageTrainer {
         let input_sizes = (one.inputs.iter())
             .map(|&i| one.tensor(i).dtype.size())
             .collect();
+        let prediction = (one.prediction != NONE)
+            .then(|| {
+                let t = one.tensor(one.prediction);
+                let layer = spec.layers.iter().position(|l| *l.name == *t.layer)?;
+                Some((t.elems(), pipe.stage_of_layers(spec).ok()?[layer]))
+            })
+            .flatten();
         let plan = plan_stage(spec, pipe, stage)?;
         let mut engine = build_engine(plan, device, seed)?;
-        engine.set_collective(c)?;
+        engine.set_collective(c.clone())?;
         Ok(StageTrainer {
             engine,
             model_inputs,
@@ -96,6 +125,13 @@ impl StageTrainer {
             schedule: pipe.schedule,
             replica,
             monitor,
+            spec: spec.clone(),
+            pipeline: pipe.clone(),
+            device: device.clone(),
+            collective: c,
+            infer: Vec::new(),
+            scored_per_sample: scored_predictions(&one),
+            prediction,
         })
     }
 
@@ -111,8 +147,9 @@ impl StageTrainer {
 
     /// Host bytes the stage holds beside its plan's `memory.total`: the whole batch's
     /// gather buffers ([`StageTrainer::train_steps`]), the collective's send buffer and its
-    /// buffers for the gradient sums over the stage's replicas, and on the CPU the GEMM
-    /// library's resident heap — what a measured peak is compared with.
+    /// buffers for the gradient sums over the stage's replicas, the inference engines built
+    /// for `evaluate`, `predict` and validation, and on the CPU the GEMM library's resident
+    /// heap — what a measured peak is compared with.
     pub fn host_bytes(&self) -> u64 {
         let plan = self.engine.plan();
         let gather: u64 = (self.per_sample.iter().zip(&self.input_sizes))
@@ -121,7 +158,9 @@ impl StageTrainer {
         let gemm = if self.engine.device_bytes_used().is_some() {
             0
         } else {
-            crate::cpu_heap::gemm_library_resident_bytes(std::iter::once(plan))
+            // Evaluation's engines run GEMMs of their own shapes (one call at a time).
+            let engines = (self.infer.iter()).map(|e| e.engine.plan());
+            crate::cpu_heap::gemm_library_resident_bytes(std::iter::once(plan).chain(engines))
         };
         let sums = match self.engine.collective() {
             Some(c) if plan.replicas > 1 => crate::train::collective_host_bytes(
@@ -131,7 +170,14 @@ impl StageTrainer {
             ),
             _ => 0,
         };
-        gather + self.engine.send_buffer_bytes() + sums + gemm
+        // The inference engines' arenas and weights, and what their sends added.
+        let inference: u64 = (self.infer.iter())
+            .map(|e| {
+                let p = e.engine.plan();
+                p.arena_bytes + p.persistent_bytes + e.engine.send_buffer_bytes()
+            })
+            .sum();
+        gather + self.engine.send_buffer_bytes() + sums + gemm + inference
     }
 
     /// What the stage is estimated to hold: its plan's total and the host bytes beside it
@@ -185,6 +231,9 @@ impl StageTrainer {
     pub fn train_step(&mut self, whole: &[Batch<'_>]) -> Result<StepOutput> {
         let names: Vec<&str> = self.model_inputs.iter().map(String::as_str).collect();
         let mine = stage_inputs(self.engine.plan(), &names, whole, self.replica)?;
+        for e in &mut self.infer {
+            e.current = false;
+        }
         self.engine.train_step(&mine)
     }
 
@@ -210,10 +259,17 @@ impl StageTrainer {
     /// shuffle), the samples reshuffled every epoch from `opts.seed` — the same order on
     /// every rank, and the same batches `Trainer::fit` trains one device on —, and
     /// `steps_per_epoch` and `max_steps` honoured, and the same errors for a diverged loss
-    /// or loss scaling that keeps skipping. Every rank returns the same losses; the last
-    /// stage of replica 0 prints a line per epoch when `opts.verbose`. The epochs' accuracy
-    /// and validation figures are `None`: a stage plan keeps no one prediction to score.
-    pub fn fit(&mut self, data: &dyn Dataset, opts: &FitOptions) -> Result<History> {
+    /// or loss scaling that keeps skipping. After each epoch it evaluates `validation`
+    /// ([`StageTrainer::evaluate`]; its engines are built before the first step, so a
+    /// pipeline without room for them fails at once). Every rank returns the same history,
+    /// accuracy included for classifiers; the last stage of replica 0 prints a line per
+    /// epoch when `opts.verbose`.
+    pub fn fit(
+        &mut self,
+        data: &dyn Dataset,
+        validation: Option<&dyn Dataset>,
+        opts: &FitOptions,
+    ) -> Result<History> {
         let b = self.global_batch;
         self.check_columns(data)?;
         if data.len() < b {
@@ -221,6 +277,10 @@ impl StageTrainer {
                 "the dataset has {} samples, fewer than one batch of {b}",
                 data.len()
             )));
+        }
+        if let Some(v) = validation {
+            self.check_columns(v)?;
+            self.reserve_inference(v.len())?;
         }
         let per_epoch = (data.len() / b).min(opts.steps_per_epoch.unwrap_or(usize::MAX));
         let plan = self.engine.plan();
@@ -241,7 +301,7 @@ impl StageTrainer {
                 shuffle(&mut order, &mut rng);
             }
             let t0 = std::time::Instant::now();
-            let mut loss_sum = 0f64;
+            let (mut loss_sum, mut correct) = (0f64, 0usize);
             for s in 0..steps {
                 let ts = std::time::Instant::now();
                 let out = self.step_on(data, &order[s * b..][..b], &mut buffers)?;
@@ -254,8 +314,17 @@ impl StageTrainer {
                 )?;
                 history.step_losses.push(out.loss);
                 loss_sum += out.loss as f64;
+                correct += out.correct;
             }
-            let log = self.epoch_log(epoch, steps, loss_sum, t0.elapsed().as_secs_f64());
+            let seconds = t0.elapsed().as_secs_f64();
+            let mut log = self.epoch_log(epoch, steps, loss_sum, seconds);
+            // The step's correct predictions are summed over every rank, as its loss.
+            let scored = (self.scored_per_sample * b * steps).max(1);
+            log.accuracy = (self.scored_per_sample > 0).then_some(correct as f32 / scored as f32);
+            if let Some(v) = validation {
+                let e = self.evaluate(v)?;
+                (log.val_loss, log.val_accuracy) = (Some(e.loss), e.accuracy);
+            }
             if verbose {
                 eprintln!("{}", epoch_line(&log, opts.epochs, log.estimate_bytes));
             }
@@ -281,6 +350,176 @@ impl StageTrainer {
             estimate_bytes: self.estimate_bytes(),
             data_wait_seconds: 0.0,
         }
+    }
+
+    /// Loss (and accuracy for classifiers) over every sample of `data`, in inference mode
+    /// (batch norm from its running statistics, no dropout), as
+    /// [`crate::train::Trainer::evaluate`] gives it on one device. Every rank of the job
+    /// calls it on the same data and returns the same figures. The samples go through the
+    /// pipeline a global batch at a time (the tail in a smaller one), each replica taking
+    /// its share of the batch as in training, each stage running its inference plan
+    /// ([`memwise_plan::stage::plan_stage_inference`]) between its receives and sends; the
+    /// stages that hold loss terms add theirs, over every rank, after each batch.
+    pub fn evaluate(&mut self, data: &dyn Dataset) -> Result<Evaluation> {
+        self.check_columns(data)?;
+        // (loss × samples, correct predictions, scored predictions), summed.
+        let mut sums = [0f64; 3];
+        self.over_batches(data, "`evaluate`", |c, ran, _| {
+            let mut batch = [0f64; 3];
+            if let Some((engine, n, out)) = ran {
+                let scored = scored_predictions(engine.plan());
+                batch = [
+                    out.loss as f64 * n as f64,
+                    out.correct as f64,
+                    scored as f64,
+                ];
+            }
+            c.all_reduce_sum_f64(&mut batch)?;
+            for (sum, x) in sums.iter_mut().zip(batch) {
+                *sum += x;
+            }
+            Ok(())
+        })?;
+        let samples = data.len();
+        Ok(Evaluation {
+            loss: (sums[0] / samples as f64) as f32,
+            accuracy: (self.scored_per_sample > 0).then_some((sums[1] / sums[2].max(1.0)) as f32),
+            samples,
+        })
+    }
+
+    /// The model's prediction for every sample (row-major, `[samples, …]`), in inference
+    /// mode, as [`crate::train::Trainer::predict`] gives it on one device: the stage that
+    /// makes the prediction reads it after each batch, and every rank returns every sample's.
+    pub fn predict(&mut self, data: &dyn Dataset) -> Result<Vec<f32>> {
+        self.check_columns(data)?;
+        let Some((width, holder)) = self.prediction else {
+            return Err(RuntimeError::Input(
+                "`predict`: the model has no prediction (no loss reads a layer)".into(),
+            ));
+        };
+        let replicas = self.spec.replicas.max(1);
+        let mut out = vec![0f32; data.len() * width];
+        self.over_batches(data, "`predict`", |c, ran, all| {
+            let n = all.len();
+            let at = |r: usize| (all.start + r * n / replicas) * width;
+            if let Some((engine, _, _)) = ran.filter(|(e, _, _)| e.plan().prediction != NONE) {
+                let replica = stage_of_rank(c.rank(), replicas).1;
+                engine.read_prediction(&mut out[at(replica)..at(replica + 1)])?;
+            }
+            // Each replica's stage that makes the prediction holds its share of the batch.
+            let part = |rank: usize| {
+                let (stage, r) = stage_of_rank(rank, replicas);
+                let bytes = |i: usize| (at(i) - at(0)) * 4;
+                if stage == holder {
+                    bytes(r)..bytes(r + 1)
+                } else {
+                    0..0
+                }
+            };
+            let batch = &mut out[at(0)..at(replicas)];
+            // SAFETY: the f32 values' bytes, for as long as `batch` is borrowed here.
+            let bytes = unsafe {
+                std::slice::from_raw_parts_mut(batch.as_mut_ptr().cast::<u8>(), batch.len() * 4)
+            };
+            c.all_gather_parts(bytes, &part)
+        })?;
+        Ok(out)
+    }
+
+    /// The samples of `len` each batch of `evaluate` and `predict` covers, and of them the
+    /// ones this rank's replica runs: global batches, then the tail, each split over the
+    /// replicas as a training batch is (replica `r` of `R` takes `r·n/R .. (r+1)·n/R` of its
+    /// `n` samples).
+    fn inference_batches(&self, len: usize) -> Vec<(Range<usize>, Range<usize>)> {
+        let (b, replicas) = (self.global_batch, self.spec.replicas.max(1));
+        (0..len.div_ceil(b))
+            .map(|j| {
+                let start = j * b;
+                let n = b.min(len - start);
+                let at = |r: usize| start + r * n / replicas;
+                (start..start + n, at(self.replica)..at(self.replica + 1))
+            })
+            .collect()
+    }
+
+    /// Builds, before anything runs, the inference engines a pass over `len` samples needs:
+    /// their memory is taken when the pass (or a `fit` that validates on it) starts.
+    fn reserve_inference(&mut self, len: usize) -> Result<()> {
+        for (_, mine) in self.inference_batches(len) {
+            if !mine.is_empty() {
+                self.inference_engine(mine.len())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The index of the inference engine for batches of `n` samples, built on first use:
+    /// this stage's inference plan, the training engine's kind, joined to the pipeline.
+    fn inference_engine(&mut self, n: usize) -> Result<usize> {
+        if let Some(k) = self.infer.iter().position(|e| e.engine.plan().batch == n) {
+            return Ok(k);
+        }
+        let stage = self.engine.plan().stage as usize;
+        let p = plan_stage_inference(&self.spec, &self.pipeline, stage, n)?;
+        let mut engine = self.engine.inference_engine(p, &self.device)?;
+        engine.set_collective(self.collective.clone())?;
+        self.infer.push(InferenceStage {
+            engine,
+            current: false,
+        });
+        Ok(self.infer.len() - 1)
+    }
+
+    /// Runs `data` through the pipeline a batch at a time ([`StageTrainer::inference_batches`])
+    /// and hands `each`, after every batch and on every rank, the job's collective, what this
+    /// rank ran (its engine, its samples and the step's output; `None` when its replica's
+    /// share of a tail is empty) and the batch's samples. `each` must make a collective call
+    /// over every rank: it keeps the ranks a batch apart at most, so that no send waits
+    /// beyond the buffer its stage set aside. `what` names the caller in an error.
+    fn over_batches(
+        &mut self,
+        data: &dyn Dataset,
+        what: &str,
+        mut each: impl FnMut(
+            &dyn Collective,
+            Option<(&dyn Engine, usize, StepOutput)>,
+            &Range<usize>,
+        ) -> Result<()>,
+    ) -> Result<()> {
+        self.reserve_inference(data.len())?;
+        let c = self.collective.clone();
+        let names: Vec<&str> = self.model_inputs.iter().map(String::as_str).collect();
+        for (all, mine) in self.inference_batches(data.len()) {
+            let ran = match mine.len() {
+                0 => None,
+                n => {
+                    // Built by `reserve_inference` above.
+                    let k = (self.infer.iter())
+                        .position(|e| e.engine.plan().batch == n)
+                        .ok_or_else(|| {
+                            RuntimeError::Input(format!("no inference engine for {n} samples"))
+                        })?;
+                    let e = &mut self.infer[k];
+                    if !e.current {
+                        e.engine.copy_params_from(&*self.engine)?;
+                        e.current = true;
+                    }
+                    let idx: Vec<usize> = mine.collect();
+                    let mut bufs: Vec<Column> =
+                        data.columns().iter().map(|c| c.buffer(n)).collect();
+                    data.gather(&idx, &mut bufs)?;
+                    let whole: Vec<Batch<'_>> = bufs.iter().map(|b| b.as_batch(n)).collect();
+                    let inputs = stage_inputs(e.engine.plan(), &names, &whole, 0)?;
+                    let out = (e.engine.evaluate_step(&inputs))
+                        .map_err(|err| in_dataset(err, &idx, what))?;
+                    Some((k, n, out))
+                }
+            };
+            let ran = ran.map(|(k, n, out)| (&*self.infer[k].engine, n, out));
+            each(&*c, ran, &all)?;
+        }
+        Ok(())
     }
 
     /// The peak resident growth since the stage began to be built (`None` where the

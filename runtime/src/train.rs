@@ -231,7 +231,7 @@ pub const MAX_SKIPPED_IN_A_ROW: u32 = 40;
 
 /// An input error about one sample of a batch, told in the dataset's terms: the sample's
 /// index in the dataset, and where (`fit`'s epoch and step, or `evaluate`).
-fn in_dataset(e: RuntimeError, idx: &[usize], at: &str) -> RuntimeError {
+pub(crate) fn in_dataset(e: RuntimeError, idx: &[usize], at: &str) -> RuntimeError {
     match e {
         RuntimeError::InputSample {
             input,
@@ -365,7 +365,7 @@ pub(crate) fn splitmix(state: &mut u64) -> u64 {
 /// The predictions one pass of `p` scores for accuracy: the rows of its classification losses
 /// — one per sample for a class label, one per token for a sequence of labels — so that
 /// accuracy is a mean over what is scored, never over samples.
-fn scored_predictions(p: &StaticPlan) -> usize {
+pub(crate) fn scored_predictions(p: &StaticPlan) -> usize {
     p.steps
         .iter()
         .map(|s| match s.op {

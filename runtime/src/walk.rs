@@ -177,19 +177,8 @@ impl<K: Kernels> PlanExecutor<K> {
                 c.engine()
             )));
         }
-        let own = self.seed;
-        self.share_counters(&*c)?;
-        if self.seed != own {
-            return Err(RuntimeError::Input(format!(
-                "stage {stage} was built with seed {own} and stage 0 with {}: build every stage \
-                 with the same seed, so that together they hold the one-device model's weights",
-                self.seed
-            )));
-        }
-        if replicas > 1 {
-            let group = c.split(stage, replica)?;
-            self.take_rank0_params(&*group)?;
-            self.stage_replicas = Some(group);
+        if plan.training {
+            self.join_stage_replicas(&c, stage, replica)?;
         }
         self.pipeline_replica = replica;
         // One step's sends, buffered once where a send could wait for its receiver.
@@ -200,6 +189,35 @@ impl<K: Kernels> PlanExecutor<K> {
         let (bytes, messages) = sends.fold((0, 0), |(b, n), x| (b + x, n + 1));
         self.send_buffer_bytes = c.reserve_sends(bytes, messages)?;
         self.collective = Some(c);
+        Ok(())
+    }
+
+    /// A training stage takes rank 0's counters, checks that every stage was built from the
+    /// same seed, and with replicas splits off the ranks of its stage, which sum its
+    /// gradients, taking their first rank's parameters. Collective calls, every rank makes
+    /// them; an inference stage makes none (it draws no random numbers and its weights are
+    /// copied from its training stage), so that it can be built where only its own replica
+    /// of the pipeline runs it.
+    fn join_stage_replicas(
+        &mut self,
+        c: &std::sync::Arc<dyn Collective>,
+        stage: usize,
+        replica: usize,
+    ) -> Result<()> {
+        let own = self.seed;
+        self.share_counters(&**c)?;
+        if self.seed != own {
+            return Err(RuntimeError::Input(format!(
+                "stage {stage} was built with seed {own} and stage 0 with {}: build every stage \
+                 with the same seed, so that together they hold the one-device model's weights",
+                self.seed
+            )));
+        }
+        if self.plan().replicas > 1 {
+            let group = c.split(stage, replica)?;
+            self.take_rank0_params(&*group)?;
+            self.stage_replicas = Some(group);
+        }
         Ok(())
     }
 
@@ -431,7 +449,8 @@ impl<K: Kernels> PlanExecutor<K> {
         })?;
         self.steps_executed += executed;
         let mut flags = self.k.end_step()?;
-        if let Some(c) = &self.collective {
+        // An inference step's output is this rank's own: `evaluate` sums what it needs.
+        if let Some(c) = self.collective.as_ref().filter(|_| self.k.plan().training) {
             sum_over_replicas(&**c, &mut flags)?;
         }
         self.finish_step(inputs, flags)

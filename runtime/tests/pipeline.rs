@@ -522,7 +522,7 @@ fn fit_stages(
                 scope.spawn(move || {
                     let c: Arc<dyn Collective> = Arc::new(c);
                     let mut t = StageTrainer::build(split, &Device::cpu(), SEED, c).unwrap();
-                    let h = t.fit(data, opts).unwrap();
+                    let h = t.fit(data, None, opts).unwrap();
                     let w: Weights = (t.plan().params.iter())
                         .map(|p| (p.name.to_string(), t.engine().param(&p.name).unwrap()))
                         .collect();
@@ -546,4 +546,147 @@ fn fit_stages(
     let held: usize = stages.iter().map(|s| s.0.len()).sum();
     assert_eq!(held, names.len() * split.replicas);
     worst
+}
+
+/// What one pass over held-out samples gives: per epoch of `fit` its training accuracy, its
+/// validation loss and accuracy; then `evaluate`'s loss and accuracy, and `predict`'s values.
+#[derive(Debug)]
+struct HeldOut {
+    epochs: Vec<(Option<f32>, Option<f32>, Option<f32>)>,
+    loss: f32,
+    accuracy: Option<f32>,
+    predictions: Vec<f32>,
+}
+
+/// `spec` fit on `train` with `validation` on one device, then evaluated and predicted on it.
+fn held_out_on_one_device(
+    spec: &ModelSpec,
+    train: &memwise_runtime::data::dataset::InMemory,
+    validation: &memwise_runtime::data::dataset::InMemory,
+    opts: &memwise_runtime::train::FitOptions,
+) -> HeldOut {
+    use memwise_runtime::train::Trainer;
+    let mut t = Trainer::build(&spec.one_device(), &Device::cpu(), SEED).unwrap();
+    let h = t.fit(train, Some(validation), opts, &mut []).unwrap();
+    let e = t.evaluate(validation).unwrap();
+    HeldOut::of(&h, &e, t.predict(validation).unwrap())
+}
+
+impl HeldOut {
+    fn of(
+        h: &memwise_runtime::train::History,
+        e: &memwise_runtime::train::Evaluation,
+        predictions: Vec<f32>,
+    ) -> HeldOut {
+        HeldOut {
+            epochs: (h.epochs.iter())
+                .map(|l| (l.accuracy, l.val_loss, l.val_accuracy))
+                .collect(),
+            loss: e.loss,
+            accuracy: e.accuracy,
+            predictions,
+        }
+    }
+}
+
+/// The same on `split`'s stages (× its replicas) as threads: every rank's figures.
+fn held_out_on_stages(
+    split: &ModelSpec,
+    train: &memwise_runtime::data::dataset::InMemory,
+    validation: &memwise_runtime::data::dataset::InMemory,
+    opts: &memwise_runtime::train::FitOptions,
+) -> Vec<HeldOut> {
+    use memwise_runtime::stage::StageTrainer;
+    let stages = split.pipeline.as_ref().unwrap().stages();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (ThreadGroup::new(stages * split.replicas.max(1)).into_iter())
+            .map(|c| {
+                scope.spawn(move || {
+                    let c: Arc<dyn Collective> = Arc::new(c);
+                    let mut t = StageTrainer::build(split, &Device::cpu(), SEED, c).unwrap();
+                    let h = t.fit(train, Some(validation), opts).unwrap();
+                    let e = t.evaluate(validation).unwrap();
+                    HeldOut::of(&h, &e, t.predict(validation).unwrap())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Two figures that are both absent, or both present and within `tol` of each other
+/// relative to the larger (at least 1).
+fn close(a: Option<f32>, b: Option<f32>, tol: f32) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => (a - b).abs() <= tol * a.abs().max(b.abs()).max(1.0),
+        _ => false,
+    }
+}
+
+/// A split model validates, evaluates and predicts as one device does: the MLP in 2 stages
+/// (alone and over 2 replicas), a classifier whose accuracy is scored on the last stage, and
+/// the VAE in 2 stages, whose KL term is the encoder stage's and whose reconstruction and
+/// prediction are the decoder's. Each is fit for 2 epochs validating on held-out digits whose
+/// count is no multiple of the batch (a smaller tail, split unevenly over 2 replicas), then
+/// evaluated and predicted; every rank returns one device's figures.
+#[test]
+fn split_models_validate_evaluate_and_predict_as_one_device() {
+    use memwise_runtime::data::dataset::{Dataset, InMemory};
+    use memwise_runtime::data::idx::load_bundled_digits;
+    use memwise_runtime::train::FitOptions;
+    let (train, test) = load_bundled_digits().unwrap();
+    let opts = FitOptions {
+        epochs: 2,
+        seed: 11,
+        steps_per_epoch: Some(3),
+        verbose: false,
+        ..Default::default()
+    };
+    let digits = (InMemory::mnist(&train), InMemory::mnist(&test));
+    let images = (
+        InMemory::mnist_images(&train),
+        InMemory::mnist_images(&test),
+    );
+    // 75 held-out digits: 2 batches of 32 and a tail of 11 (5 and 6 over 2 replicas).
+    let held = |d: &InMemory| d.validation_split(75.0 / 2000.0).1;
+    let cases = [
+        ("MLP", mlp(32), "logits", 1, &digits),
+        ("MLP", mlp(32), "logits", 2, &digits),
+        (
+            "VAE",
+            memwise_plan::zoo::conv_vae(32),
+            "dec_dense",
+            1,
+            &images,
+        ),
+    ];
+    for (name, spec, boundary, replicas, (train, test)) in cases {
+        let validation = held(test);
+        assert_eq!(validation.len(), 75);
+        let one = held_out_on_one_device(&spec, train, &validation, &opts);
+        let mut split = spec.with_replicas(replicas);
+        split.pipeline = Some(Pipeline::new(PipelineSchedule::OneFOneB, 4, &[boundary]));
+        for (rank, got) in held_out_on_stages(&split, train, &validation, &opts)
+            .iter()
+            .enumerate()
+        {
+            let worst = scaled_diff(&one.predictions, &got.predictions);
+            eprintln!(
+                "{name} in 2 stages × {replicas} replicas, rank {rank}: evaluate loss {} vs {} \
+                 on one device, accuracy {:?} vs {:?}, predictions within {worst:e}",
+                got.loss, one.loss, got.accuracy, one.accuracy
+            );
+            assert!(close(Some(got.loss), Some(one.loss), 1e-5), "{got:?}");
+            assert!(close(got.accuracy, one.accuracy, 1e-6), "{got:?}");
+            assert_eq!(got.predictions.len(), one.predictions.len());
+            assert!(worst <= 1e-5, "{worst:e}");
+            assert_eq!(got.epochs.len(), 2);
+            for (g, o) in got.epochs.iter().zip(&one.epochs) {
+                assert!(close(g.0, o.0, 1e-6), "training accuracy {g:?} vs {o:?}");
+                assert!(close(g.1, o.1, 1e-5), "validation loss {g:?} vs {o:?}");
+                assert!(close(g.2, o.2, 1e-6), "validation accuracy {g:?} vs {o:?}");
+            }
+        }
+    }
 }

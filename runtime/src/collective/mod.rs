@@ -53,8 +53,10 @@ pub trait Collective: Send + Sync {
     /// A pipeline stage sends at most `bytes` in `messages` messages a step, each received
     /// within the step: an engine whose sends may wait for their receiver (MPI's rendezvous)
     /// sets that much buffer aside once, so that every later [`Collective::send`] returns at
-    /// once and two stages that send to each other cannot wait on each other. Returns the
-    /// host bytes it holds for it (0: its sends never wait).
+    /// once and two stages that send to each other cannot wait on each other. Every call
+    /// of a process shares one reservation, as large as the largest call's: returns the host
+    /// bytes it added to it (0: its sends never wait, or an earlier call set aside enough).
+    /// Called between steps only, when no send of this rank is on its way.
     fn reserve_sends(&self, bytes: usize, messages: usize) -> Result<u64> {
         let _ = (bytes, messages);
         Ok(0)

@@ -50,8 +50,8 @@ struct Inner {
     send_f32: Vec<f32>,
     send_f64: Vec<f64>,
     /// Sends go through the buffer attached for them (`MPI_Bsend`), once a pipeline stage
-    /// has reserved it ([`Collective::reserve_sends`]).
-    buffered: bool,
+    /// has reserved it ([`Collective::reserve_sends`]): `buffered` bytes (0: not yet).
+    buffered: usize,
 }
 
 /// This process's rank of a job launched by `mpirun` (`mpirun -n N program`): one per
@@ -136,7 +136,7 @@ impl Mpi {
                 universe,
                 send_f32: Vec::new(),
                 send_f64: Vec::new(),
-                buffered: false,
+                buffered: 0,
             })),
             group: None,
         })
@@ -276,7 +276,7 @@ impl Collective for Mpi {
             let dest = comm.process_at_rank(to as mpi::Rank);
             // MPI counts in `int`: pieces of at most 1 GiB, received piece by piece alike.
             for piece in bytes.chunks(1 << 30) {
-                if inner.buffered {
+                if inner.buffered > 0 {
                     dest.buffered_send(piece);
                 } else {
                     dest.send(piece);
@@ -297,9 +297,17 @@ impl Collective for Mpi {
                  use more micro-batches, or more stages"
             )));
         }
+        // One buffer for every plan of the process (a stage's training and inference
+        // plans), as large as the largest: it only grows, and only when no buffered send is
+        // on its way (a stage's engines are built between its steps, whose sends are all
+        // received within the step).
+        if size <= inner.buffered {
+            return Ok(0);
+        }
+        let grown = size - inner.buffered;
         inner.universe.set_buffer_size(size);
-        inner.buffered = true;
-        Ok(size as u64)
+        inner.buffered = size;
+        Ok(grown as u64)
     }
 
     fn recv(&self, from: usize, bytes: &mut [u8]) -> Result<()> {
