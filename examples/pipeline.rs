@@ -12,6 +12,8 @@
 //! threads), each on half of every batch: rank `2·s + r` runs stage `s` of replica `r`.
 //! After training, every run evaluates the 2,000 held-out digits through the same pipeline
 //! (`StageTrainer::evaluate`) and prints their loss, which one device's run matches.
+//! `--save-checkpoint PATH` writes the pipeline's training checkpoint after the steps (a file
+//! per stage), and `--resume PATH` goes on from one.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -99,6 +101,13 @@ struct Flags {
     /// The seed the weights start from.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// After training, write the pipeline's training checkpoint here (`PATH.stage<k>`).
+    #[arg(long)]
+    save_checkpoint: Option<PathBuf>,
+    /// Before training, resume from the checkpoint `--save-checkpoint` wrote: the steps go on
+    /// with the batches after it.
+    #[arg(long)]
+    resume: Option<PathBuf>,
 }
 
 fn main() -> Res<()> {
@@ -187,7 +196,24 @@ fn run_stage(flags: &Flags, data: &(InMemory, InMemory), c: Arc<dyn Collective>)
         flags.steps,
         mib(t.plan().memory.total)
     ));
+    if let Some(p) = &flags.resume {
+        t.load_checkpoint(p)?;
+        say(format!(
+            "{who}: resumed from {} at step {}",
+            p.display(),
+            t.engine().step_counter()
+        ));
+    }
     let losses = t.train_steps(&data.0, flags.steps)?;
+    if let Some(p) = &flags.save_checkpoint {
+        t.save_checkpoint(p)?;
+        if replica == 0 {
+            say(format!(
+                "{who}: checkpoint written to {}.stage{stage}",
+                p.display()
+            ));
+        }
+    }
     // Per process: meaningful when each stage is its own process (`--mpi`).
     // (The stage's baseline is taken before it is built: its growth is what it holds.)
     let peak = t.peak_rss_growth().filter(|_| flags.mpi);

@@ -18,7 +18,8 @@
 #   6. model parallel (issue 16): the example `pipeline` (the VAE, encoder and decoder on two
 #      ranks, 4 micro-batches) under 1F1B and GPipe ends 10 steps with the weights of one
 #      process (1e-5), and so do 2 replicas of the pipeline (4 ranks), whose evaluation of the
-#      2,000 held-out digits through the pipeline gives one process's loss; each stage's peak RSS
+#      2,000 held-out digits through the pipeline gives one process's loss; a job resumed
+#      from the stages' checkpoint ends at the uninterrupted run's weights; each stage's peak RSS
 #      growth is within 5 % of its estimate (batch 2048, and 2 replicas under 1F1B); a stage
 #      killed mid-training ends the job within 60 s.
 # Prints a PASS or FAIL line per check; exits non-zero when any fails.
@@ -245,6 +246,26 @@ for run in one_f_one_b:1 gpipe:1 one_f_one_b:2; do
         fail "pipeline ($schedule, $replicas replicas): held-out loss '$got', 1 process '$one'"
     fi
 done
+# Resuming across processes: 4 steps, the pipeline's checkpoint (a file per stage), then a
+# new job resumed from it for 6 more ends at the 10-step run's weights, bit for bit.
+rc=0
+ck="$LOG/pipeline.checkpoint"
+timeout 300 "${MPIRUN[@]}" "$bin" --mpi --steps 4 --save-checkpoint "$ck" \
+    > "$LOG/pipeline.resume.txt" 2>&1 || rc=$?
+[[ $rc == 0 ]] && { timeout 300 "${MPIRUN[@]}" "$bin" --mpi --steps 6 --resume "$ck" \
+    --save-weights "$LOG/pipeline.resumed.safetensors" >> "$LOG/pipeline.resume.txt" 2>&1 || rc=$?; }
+cat "$LOG/pipeline.resume.txt"
+w="$LOG/pipeline.one_f_one_b.1.safetensors"
+same=1
+for k in 0 1; do
+    python3 scripts/compare_weights.py --tol 0 "$w.stage$k" \
+        "$LOG/pipeline.resumed.safetensors.stage$k" || same=0
+done
+if [[ $rc == 0 && $same == 1 ]]; then
+    pass "pipeline: 4 steps, checkpoint, a new job resumed for 6 = 10 steps, bit for bit"
+else
+    fail "pipeline: resuming from the stages' checkpoint (status $rc) did not reach the 10-step weights"
+fi
 # Each stage's measured peak RSS growth within 5 % of its estimate (its plan plus the host
 # bytes beside it), at batch 2048, under both schedules, and over 2 replicas under 1F1B.
 for run in one_f_one_b:1 gpipe:1 one_f_one_b:2; do

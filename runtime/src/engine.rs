@@ -82,6 +82,8 @@ pub trait Engine: Any {
     fn checkpoint_to_bytes(&self) -> Result<Vec<u8>>;
     /// Restores a checkpoint (checked first; on error the model is unchanged).
     fn load_checkpoint(&mut self, path: &Path) -> Result<()>;
+    /// [`Engine::load_checkpoint`] from the bytes [`Engine::checkpoint_to_bytes`] gave.
+    fn load_checkpoint_from_bytes(&mut self, bytes: &[u8]) -> Result<()>;
     /// Data parallel: makes this engine one replica of `c`'s job
     /// ([`PlanExecutor::set_collective`]).
     fn set_collective(&mut self, c: Arc<dyn Collective>) -> Result<()>;
@@ -234,6 +236,9 @@ impl<K: Kernels + 'static> Engine for PlanExecutor<K> {
     }
     fn load_checkpoint(&mut self, path: &Path) -> Result<()> {
         weights::load_checkpoint(self, path)
+    }
+    fn load_checkpoint_from_bytes(&mut self, bytes: &[u8]) -> Result<()> {
+        weights::load_checkpoint_labelled(self, bytes, "checkpoint (in memory)")
     }
     fn set_collective(&mut self, c: Arc<dyn Collective>) -> Result<()> {
         PlanExecutor::set_collective(self, c)

@@ -4,6 +4,7 @@
 //! whole batch, so that every stage is handed the same batches one device would train on.
 
 use std::ops::Range;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use memwise_plan::pipeline::PipelineSchedule;
@@ -23,6 +24,13 @@ use crate::train::{
     check_step, epoch_line, in_dataset, scored_predictions, shuffle, shuffle_seed, EpochLog,
     Evaluation, FitOptions, History,
 };
+
+/// Stage `stage`'s file of the pipeline checkpoint `prefix`: `PREFIX.stage<k>`.
+pub fn stage_checkpoint_path(prefix: &Path, stage: usize) -> PathBuf {
+    let mut name = prefix.as_os_str().to_owned();
+    name.push(format!(".stage{stage}"));
+    PathBuf::from(name)
+}
 
 /// One stage of a model split into a pipeline, trained on its own rank.
 pub struct StageTrainer {
@@ -225,6 +233,74 @@ impl StageTrainer {
         &*self.engine
     }
 
+    /// Writes a training checkpoint of the whole pipeline under `prefix`: the stages of
+    /// replica 0 each write their own file ([`stage_checkpoint_path`]: weights, optimizer
+    /// state, counters and loss scaler, atomically), the other replicas holding the same
+    /// state. Every rank calls it between steps; it returns once every stage's file is
+    /// written, or on every rank an `Err` when any stage's write failed.
+    pub fn save_checkpoint(&self, prefix: &Path) -> Result<()> {
+        let stage = self.engine.plan().stage as usize;
+        let mine = match self.replica {
+            0 => (self.engine).save_checkpoint(&stage_checkpoint_path(prefix, stage)),
+            _ => Ok(()),
+        };
+        self.agree(mine, "saving the pipeline's checkpoint")
+    }
+
+    /// Restores the checkpoint [`StageTrainer::save_checkpoint`] wrote under `prefix`: each
+    /// stage (of every replica) its own file's weights, optimizer state, counters and loss
+    /// scaler; [`StageTrainer::train_steps`] then goes on with the batches after it. Every
+    /// rank calls it. The stages must all load, and their files be of one step: otherwise
+    /// every rank returns an `Err` and keeps the state it had, so a torn or mixed checkpoint
+    /// never starts a pipeline whose stages disagree.
+    pub fn load_checkpoint(&mut self, prefix: &Path) -> Result<()> {
+        let stage = self.engine.plan().stage as usize;
+        let before = self.engine.checkpoint_to_bytes()?;
+        let path = stage_checkpoint_path(prefix, stage);
+        let loaded = self.engine.load_checkpoint(&path);
+        // Every rank's step beside stage 0's (of replica 0): one step, or no resuming.
+        // (Every rank takes part in the broadcast, whether its own load failed or not.)
+        let step = self.engine.step_counter();
+        let mut first = step.to_le_bytes();
+        self.collective.broadcast(0, &mut first)?;
+        let agreed = loaded.and_then(|()| match u64::from_le_bytes(first) {
+            s if s == step => Ok(()),
+            s => Err(RuntimeError::Input(format!(
+                "{} is of step {step}, stage 0's checkpoint of step {s}: the stages' files are \
+                 of different checkpoints",
+                path.display()
+            ))),
+        });
+        let outcome = self.agree(agreed, "loading the pipeline's checkpoint");
+        if outcome.is_err() {
+            self.engine.load_checkpoint_from_bytes(&before)?;
+        }
+        for e in &mut self.infer {
+            e.current = false;
+        }
+        outcome
+    }
+
+    /// `mine`, this rank's outcome, agreed over every rank: `Ok` when every rank's is, else
+    /// on every rank an `Err` (this rank's own, or one naming the first rank that failed).
+    fn agree(&self, mine: Result<()>, what: &str) -> Result<()> {
+        let c = &self.collective;
+        let mut failed = vec![0f64; c.size()];
+        failed[c.rank()] = mine.is_err() as u8 as f64;
+        c.all_reduce_sum_f64(&mut failed)?;
+        mine?;
+        match failed.iter().position(|&f| f > 0.0) {
+            Some(rank) => {
+                let (stage, replica) = stage_of_rank(rank, self.spec.replicas.max(1));
+                Err(RuntimeError::Input(format!(
+                    "{what}: rank {rank} (stage {stage}, replica {replica}) failed; its error \
+                     says why"
+                )))
+            }
+            None => Ok(()),
+        }
+    }
+
     /// One training step on the whole batch (`batch` samples of every model input, in
     /// declaration order), of which this stage reads its micro-batches' share. Every stage
     /// takes the step together; each returns the whole step's loss.
@@ -238,13 +314,16 @@ impl StageTrainer {
     }
 
     /// `steps` training steps over `data`'s samples in order (wrapping round at its end),
-    /// the whole batch gathered once per step into buffers made once; the steps' losses.
+    /// from where the stage's step counter is (a stage resumed from a checkpoint goes on
+    /// with the batches after it), the whole batch gathered once per step into buffers made
+    /// once; the steps' losses.
     pub fn train_steps(&mut self, data: &dyn Dataset, steps: usize) -> Result<Vec<f32>> {
         let b = self.global_batch;
         self.check_columns(data)?;
         let mut buffers: Vec<Column> = data.columns().iter().map(|c| c.buffer(b)).collect();
         let mut indices = vec![0usize; b];
-        (0..steps)
+        let done = self.engine.step_counter() as usize;
+        (done..done + steps)
             .map(|step| {
                 for (j, i) in indices.iter_mut().enumerate() {
                     *i = (step * b + j) % data.len();

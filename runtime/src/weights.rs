@@ -794,7 +794,7 @@ fn load_weights_labelled<M: PersistentState + ?Sized>(
     write_slots(m, &slots, &checked.data)
 }
 
-fn load_checkpoint_labelled<M: PersistentState + ?Sized>(
+pub(crate) fn load_checkpoint_labelled<M: PersistentState + ?Sized>(
     m: &mut M,
     bytes: &[u8],
     label: &str,
