@@ -79,6 +79,20 @@ impl StageTrainer {
         seed: u64,
         c: Arc<dyn Collective>,
     ) -> Result<StageTrainer> {
+        StageTrainer::build_with(spec, device, c, &mut |plan| {
+            build_engine(plan, device, seed)
+        })
+    }
+
+    /// [`StageTrainer::build`] with the stage's engine made by `make` from its plan (the
+    /// CPU executor, or a CUDA executor over a backend of the caller's: the emulated GPU in
+    /// tests); its inference engines are then of the same kind. The weights are `make`'s.
+    pub fn build_with(
+        spec: &ModelSpec,
+        device: &Device,
+        c: Arc<dyn Collective>,
+        make: &mut dyn FnMut(StaticPlan) -> Result<Box<dyn Engine>>,
+    ) -> Result<StageTrainer> {
         let monitor = MemoryMonitor::start_on(device);
         let Some(pipe) = &spec.pipeline else {
             return Err(RuntimeError::Input(format!(
@@ -122,7 +136,7 @@ impl StageTrainer {
             })
             .flatten();
         let plan = plan_stage(spec, pipe, stage)?;
-        let mut engine = build_engine(plan, device, seed)?;
+        let mut engine = make(plan)?;
         engine.set_collective(c.clone())?;
         Ok(StageTrainer {
             engine,

@@ -1779,3 +1779,76 @@ fn pipeline_stages_on_emulated_devices_train_as_one_cpu() {
         assert_eq!(seen, one.params.len());
     }
 }
+
+/// A split model's `fit` with validation, `evaluate` and `predict` on emulated GPUs give the
+/// CPU stages' figures: the MLP in 2 stages of 4 micro-batches, 2 epochs validating on 19
+/// held-out samples (2 batches of 8 and a tail of 3), the inference stages built of the
+/// training engine's kind (the emulated backend), their transfers through the walk's host
+/// copies.
+#[test]
+fn a_split_model_evaluates_on_emulated_devices_as_on_the_cpu() {
+    use memwise_plan::pipeline::PipelineSchedule;
+    use memwise_plan::stage::Pipeline;
+    use memwise_runtime::stage::StageTrainer;
+    use std::sync::Arc;
+    let mut spec = zoo::mnist_mlp(8);
+    spec.pipeline = Some(Pipeline::new(PipelineSchedule::OneFOneB, 4, &["logits"]));
+    let (train, held_out) = (random_digits(40, 3), random_digits(19, 4));
+    let opts = FitOptions {
+        epochs: 2,
+        seed: 5,
+        verbose: false,
+        ..Default::default()
+    };
+    // Per rank: its engine's device, the validation losses, `evaluate`'s loss and accuracy,
+    // and the predictions.
+    type Figures = (String, Vec<Option<f32>>, f32, Option<f32>, Vec<f32>);
+    let run = |emulated: bool| -> Vec<Figures> {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (ThreadGroup::new(2).into_iter())
+                .map(|c| {
+                    let (spec, train, held_out, opts) = (&spec, &train, &held_out, &opts);
+                    s.spawn(move || {
+                        let c: Arc<dyn Collective> = Arc::new(c);
+                        let mut make = |p: StaticPlan| -> memwise_runtime::Result<Box<dyn Engine>> {
+                            let cpu = Device::cpu();
+                            Ok(match emulated {
+                                true => {
+                                    Box::new(GpuExecutor::new(p, &cpu, EmuBackend::default(), 11)?)
+                                }
+                                false => Box::new(Executor::new(p, &cpu, 11)?),
+                            })
+                        };
+                        let mut t =
+                            StageTrainer::build_with(spec, &Device::cpu(), c, &mut make).unwrap();
+                        let h = t.fit(train, Some(held_out), opts).unwrap();
+                        let e = t.evaluate(held_out).unwrap();
+                        let val = h.epochs.iter().map(|l| l.val_loss).collect();
+                        let p = t.predict(held_out).unwrap();
+                        (t.engine().device_name(), val, e.loss, e.accuracy, p)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    };
+    let (cpu, gpu) = (run(false), run(true));
+    let near = |a: f32, b: f32| (a - b).abs() <= 1e-4 * b.abs().max(1.0);
+    for (rank, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
+        assert_eq!((c.0.as_str(), g.0.as_str()), ("cpu", "emulated"));
+        eprintln!(
+            "rank {rank}: evaluate loss {} emulated, {} on the CPU; accuracy {:?} / {:?}",
+            g.2, c.2, g.3, c.3
+        );
+        assert_eq!(g.1.len(), 2);
+        for (a, b) in g.1.iter().zip(&c.1) {
+            assert!(
+                near(a.unwrap(), b.unwrap()),
+                "validation loss {a:?} vs {b:?}"
+            );
+        }
+        assert!(near(g.2, c.2) && g.3 == c.3, "{g:?} vs {c:?}");
+        assert_eq!(g.4.len(), 19 * 10);
+        assert!(rel(&g.4, &c.4) < 1e-4, "predictions {:e}", rel(&g.4, &c.4));
+    }
+}
