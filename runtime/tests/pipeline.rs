@@ -627,7 +627,7 @@ fn close(a: Option<f32>, b: Option<f32>, tol: f32) -> bool {
 /// A split model validates, evaluates and predicts as one device does: the MLP in 2 stages
 /// (alone and over 2 replicas), a classifier whose accuracy is scored on the last stage, and
 /// the VAE in 2 stages, whose KL term is the encoder stage's and whose reconstruction and
-/// prediction are the decoder's. Each is fit for 2 epochs validating on held-out digits whose
+/// prediction are the decoder's, and in 3, whose middle stage relays the encoder's output. Each is fit for 2 epochs validating on held-out digits whose
 /// count is no multiple of the batch (a smaller tail, split unevenly over 2 replicas), then
 /// evaluated and predicted; every rank returns one device's figures.
 #[test]
@@ -650,30 +650,28 @@ fn split_models_validate_evaluate_and_predict_as_one_device() {
     );
     // 75 held-out digits: 2 batches of 32 and a tail of 11 (5 and 6 over 2 replicas).
     let held = |d: &InMemory| d.validation_split(75.0 / 2000.0).1;
-    let cases = [
-        ("MLP", mlp(32), "logits", 1, &digits),
-        ("MLP", mlp(32), "logits", 2, &digits),
-        (
-            "VAE",
-            memwise_plan::zoo::conv_vae(32),
-            "dec_dense",
-            1,
-            &images,
-        ),
+    let vae = memwise_plan::zoo::conv_vae(32);
+    let cases: [(&str, ModelSpec, &[&str], usize, _); 4] = [
+        ("MLP", mlp(32), &["logits"], 1, &digits),
+        ("MLP", mlp(32), &["logits"], 2, &digits),
+        ("VAE", vae.clone(), &["dec_dense"], 1, &images),
+        // Three stages: the middle one relays the encoder's output to the decoder.
+        ("VAE", vae, &["enc_flatten", "dec_dense"], 1, &images),
     ];
-    for (name, spec, boundary, replicas, (train, test)) in cases {
+    for (name, spec, boundaries, replicas, (train, test)) in cases {
         let validation = held(test);
         assert_eq!(validation.len(), 75);
         let one = held_out_on_one_device(&spec, train, &validation, &opts);
         let mut split = spec.with_replicas(replicas);
-        split.pipeline = Some(Pipeline::new(PipelineSchedule::OneFOneB, 4, &[boundary]));
+        split.pipeline = Some(Pipeline::new(PipelineSchedule::OneFOneB, 4, boundaries));
+        let stages = boundaries.len() + 1;
         for (rank, got) in held_out_on_stages(&split, train, &validation, &opts)
             .iter()
             .enumerate()
         {
             let worst = scaled_diff(&one.predictions, &got.predictions);
             eprintln!(
-                "{name} in 2 stages × {replicas} replicas, rank {rank}: evaluate loss {} vs {} \
+                "{name} in {stages} stages × {replicas} replicas, rank {rank}: evaluate loss {} vs {} \
                  on one device, accuracy {:?} vs {:?}, predictions within {worst:e}",
                 got.loss, one.loss, got.accuracy, one.accuracy
             );
