@@ -21,8 +21,8 @@ use crate::error::{Result, RuntimeError};
 use crate::executor::{stage_inputs, Batch, StepOutput};
 use crate::monitor::MemoryMonitor;
 use crate::train::{
-    check_step, epoch_line, in_dataset, scored_predictions, shuffle, shuffle_seed, EpochLog,
-    Evaluation, FitOptions, History,
+    bar_step, check_step, epoch_bar, epoch_line, in_dataset, scored_predictions, shuffle,
+    shuffle_seed, EpochLog, Evaluation, FitOptions, History,
 };
 
 /// Stage `stage`'s file of the pipeline checkpoint `prefix`: `PREFIX.stage<k>`.
@@ -355,8 +355,8 @@ impl StageTrainer {
     /// or loss scaling that keeps skipping. After each epoch it evaluates `validation`
     /// ([`StageTrainer::evaluate`]; its engines are built before the first step, so a
     /// pipeline without room for them fails at once). Every rank returns the same history,
-    /// accuracy included for classifiers; the last stage of replica 0 prints a line per
-    /// epoch when `opts.verbose`.
+    /// accuracy included for classifiers; the last stage of replica 0 shows Keras's progress
+    /// bar (on a terminal) and prints a line per epoch when `opts.verbose`.
     pub fn fit(
         &mut self,
         data: &dyn Dataset,
@@ -393,6 +393,8 @@ impl StageTrainer {
             if opts.shuffle {
                 shuffle(&mut order, &mut rng);
             }
+            let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+            let bar = epoch_bar(verbose && tty, steps, (epoch, opts.epochs));
             let t0 = std::time::Instant::now();
             let (mut loss_sum, mut correct) = (0f64, 0usize);
             for s in 0..steps {
@@ -408,7 +410,11 @@ impl StageTrainer {
                 history.step_losses.push(out.loss);
                 loss_sum += out.loss as f64;
                 correct += out.correct;
+                let seen = self.scored_per_sample * b * (s + 1);
+                let accuracy = (seen > 0).then(|| correct as f64 / seen as f64);
+                bar_step(&bar, loss_sum / (s + 1) as f64, accuracy);
             }
+            bar.finish_and_clear();
             let seconds = t0.elapsed().as_secs_f64();
             let mut log = self.epoch_log(epoch, steps, loss_sum, seconds);
             // The step's correct predictions are summed over every rank, as its loss.

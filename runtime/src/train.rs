@@ -709,18 +709,7 @@ impl Trainer {
             let orders = (&mut order, &mut next_order, &mut rng);
             announce_epoch(train, orders, opts.shuffle, (steps, next_steps), shard);
             let mut data_wait = 0f64;
-            let bar = if verbose && tty {
-                let b = ProgressBar::new(steps as u64);
-                b.set_style(
-                    ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
-                        .unwrap_or_else(|_| ProgressStyle::default_bar())
-                        .progress_chars("=> "),
-                );
-                b.set_prefix(format!("Epoch {epoch}/{}", opts.epochs));
-                b
-            } else {
-                ProgressBar::hidden()
-            };
+            let bar = epoch_bar(verbose && tty, steps, (epoch, opts.epochs));
             let t0 = Instant::now();
             let (mut loss_sum, mut correct, mut seen) = (0f64, 0usize, 0usize);
             for s in 0..steps {
@@ -745,16 +734,8 @@ impl Trainer {
                 loss_sum += out.loss as f64;
                 correct += out.correct;
                 seen += scored_per_step;
-                bar.inc(1);
-                if classifier {
-                    bar.set_message(format!(
-                        "loss: {:.4} - accuracy: {:.4}",
-                        loss_sum / (s + 1) as f64,
-                        correct as f64 / seen as f64
-                    ));
-                } else {
-                    bar.set_message(format!("loss: {:.4}", loss_sum / (s + 1) as f64));
-                }
+                let accuracy = classifier.then(|| correct as f64 / seen as f64);
+                bar_step(&bar, loss_sum / (s + 1) as f64, accuracy);
             }
             bar.finish_and_clear();
             let seconds = t0.elapsed().as_secs_f64();
@@ -940,6 +921,31 @@ impl Trainer {
             c.all_gather_parts(bytes, &part)?;
         }
         Ok(out)
+    }
+}
+
+/// Keras's progress bar for one epoch of `steps` steps (`(epoch, epochs)`), shown when `shown`
+/// (verbose, on a terminal), else hidden.
+pub(crate) fn epoch_bar(shown: bool, steps: usize, (epoch, epochs): (usize, usize)) -> ProgressBar {
+    if !shown {
+        return ProgressBar::hidden();
+    }
+    let b = ProgressBar::new(steps as u64);
+    b.set_style(
+        ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    b.set_prefix(format!("Epoch {epoch}/{epochs}"));
+    b
+}
+
+/// One step more on `bar`, with the epoch's running mean loss (and accuracy).
+pub(crate) fn bar_step(bar: &ProgressBar, loss: f64, accuracy: Option<f64>) {
+    bar.inc(1);
+    match accuracy {
+        Some(a) => bar.set_message(format!("loss: {loss:.4} - accuracy: {a:.4}")),
+        None => bar.set_message(format!("loss: {loss:.4}")),
     }
 }
 
