@@ -399,8 +399,9 @@ struct Message {
     from: usize,
     to: usize,
     half: Half,
-    /// Where the sender sends it: right after this base step, or (`None`) at the start of its
-    /// backward half (a gradient a loss wrote in the forward half).
+    /// The base step that writes it (its send ends the sender's unit, in the writers' order),
+    /// or `None`: a gradient a loss wrote in the forward half, sent at the start of the
+    /// sender's backward half.
     after: Option<usize>,
 }
 
@@ -524,8 +525,8 @@ fn message(
     )))
 }
 
-/// Stage `stage`'s schedule: for each unit of `work`, its receives, its steps (each followed
-/// by its sends) for that micro-batch's own tensors; with replicas, the sums of its
+/// Stage `stage`'s schedule: for each unit of `work`, its receives, its steps and its sends
+/// for that micro-batch's own tensors; with replicas, the sums of its
 /// gradients over them, each after its last micro-batch's step that finishes them; then the
 /// updates of its parameters (`held`, the base ids of the stage's parameters, renumbered in
 /// order; `summed`, per renumbered parameter, its elements if its gradients are summed).
@@ -719,7 +720,7 @@ impl Unroller<'_> {
     }
 
     /// Micro-batch `k`'s `half` on `stage`: every receive first, in the senders' order; then
-    /// the steps, each send right after the step that writes its tensor.
+    /// the steps; then the sends of what they wrote, in the same order.
     fn unit(&mut self, cut: &Cut, stage: usize, k: usize, half: Half) {
         let mut recvs: Vec<&Message> = (cut.messages.iter())
             .filter(|m| m.to == stage && m.half == half)
@@ -736,13 +737,15 @@ impl Unroller<'_> {
             self.transfer(m, k, true);
         }
         for (i, st) in self.base.steps.iter().enumerate() {
-            if cut.stage_of_step[i] != stage || half_of(st.phase) != Some(half) {
-                continue;
+            if cut.stage_of_step[i] == stage && half_of(st.phase) == Some(half) {
+                self.push_step(st, Some(k));
             }
-            self.push_step(st, Some(k));
-            for m in sends.iter().filter(|m| m.after == Some(i)) {
-                self.transfer(m, k, true);
-            }
+        }
+        // The sends end the unit, next to the next unit's receives: a device whose sends wait
+        // for their receiver (NCCL) runs such a run of transfers as one group, so that 1F1B's
+        // crossing sends (an activation down, a gradient up) cannot wait on each other.
+        for m in sends.iter().filter(|m| m.after.is_some()) {
+            self.transfer(m, k, true);
         }
     }
 }

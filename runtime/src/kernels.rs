@@ -442,6 +442,11 @@ pub trait Kernels {
     fn send_tensor(&self, io: &SendIo, to: usize, c: &dyn Collective) -> OpResult;
     /// Model parallel: writes the bytes pipeline stage `from` sends into the tensor.
     fn recv_tensor(&self, io: &RecvIo, from: usize, c: &dyn Collective) -> OpResult;
+    /// Model parallel: a run of consecutive transfer steps begins (`begin`) or has ended.
+    /// Where sends wait for their receiver on the device (NCCL), the run is one group, so
+    /// that two stages' crossing sends do not wait on each other, and the later launches
+    /// wait for what it received; the CPU's transfers are blocking calls and need nothing.
+    fn transfer_run(&self, begin: bool, c: &dyn Collective) -> OpResult;
 }
 
 #[cfg(test)]

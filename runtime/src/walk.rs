@@ -431,9 +431,10 @@ impl<K: Kernels> PlanExecutor<K> {
             && self.k.plan().stages == 1;
         let mut executed = 0u64;
         self.k.run_steps(&mut |k: &K| {
-            for (i, s) in k.plan().steps.iter().enumerate() {
+            let steps = &k.plan().steps;
+            for (i, s) in steps.iter().enumerate() {
                 let t0 = profile.is_some().then(std::time::Instant::now);
-                run_step(k, s, &cx.for_step(s))?;
+                run_in_its_transfer_run(k, steps, i, &cx.for_step(s))?;
                 executed += 1;
                 if let (Some(t0), Some(p)) = (t0, profile.as_mut()) {
                     p[i] += t0.elapsed().as_secs_f64();
@@ -623,13 +624,46 @@ pub(crate) fn run_step<K: Kernels>(k: &K, s: &PlanStep, cx: &StepCx<'_>) -> Resu
         Phase::Loss => loss(k, s),
         Phase::Update => update(k, s, cx),
     };
-    r.map_err(|e| match e {
+    r.map_err(|e| step_error(s, e))
+}
+
+/// `e`, from step `s`, named by the step where the kernel's words do not name it.
+fn step_error(s: &PlanStep, e: OpError) -> RuntimeError {
+    match e {
         OpError::Kernel(e) => kerr(s, e),
         OpError::Runtime(RuntimeError::Memory(m)) => RuntimeError::Memory(at_step(s, &m)),
         // A device's failed launch, or a dtype mix it has no kernel for: named by its step too.
         OpError::Runtime(RuntimeError::Device(m)) => RuntimeError::Device(at_step(s, &m)),
         OpError::Runtime(e) => e,
-    })
+    }
+}
+
+/// Runs step `i` of `steps`. A pipeline stage's run of consecutive transfers (the sends that
+/// end one unit and the receives that begin the next) is opened before its first step and
+/// closed after its last ([`Kernels::transfer_run`]), or at once when a step inside it fails.
+fn run_in_its_transfer_run<K: Kernels>(
+    k: &K,
+    steps: &[PlanStep],
+    i: usize,
+    cx: &StepCx<'_>,
+) -> Result<()> {
+    let s = &steps[i];
+    let is_transfer = |t: &PlanStep| matches!(t.op, Op::SendTensor { .. } | Op::RecvTensor { .. });
+    let (Some(c), true) = (cx.collective, is_transfer(s)) else {
+        return run_step(k, s, cx);
+    };
+    let edge = |j: Option<usize>| j.and_then(|j| steps.get(j)).is_none_or(|t| !is_transfer(t));
+    let run = |begin: bool| k.transfer_run(begin, c).map_err(|e| step_error(s, e));
+    if edge(i.checked_sub(1)) {
+        run(true)?;
+    }
+    let ran = run_step(k, s, cx);
+    if edge(Some(i + 1)) || ran.is_err() {
+        let ended = run(false);
+        ran?;
+        return ended;
+    }
+    ran
 }
 
 fn at_step(s: &PlanStep, m: &str) -> String {

@@ -25,7 +25,7 @@ use memwise_kernels::cuda::{Float, KernelCall};
 use memwise_plan::data_parallel::Sharding;
 use memwise_plan::generate::{random_chain, random_dag};
 use memwise_plan::{plan, zoo, DType, ModelSpec, Precision, StaticPlan};
-use memwise_runtime::collective::{Collective, DeviceCollective, ThreadGroup};
+use memwise_runtime::collective::{Collective, DeviceCollective, ThreadGroup, Threads};
 use memwise_runtime::cuda::{scalars_bytes, Backend, GpuExecutor};
 use memwise_runtime::monitor::MemoryMonitor;
 use memwise_runtime::reference::{random_digits, random_inputs};
@@ -1562,11 +1562,7 @@ fn emulated_replicas_summing(
                     let mut gpu =
                         GpuExecutor::new(two.clone(), &Device::cpu(), EmuBackend::default(), 11)
                             .unwrap();
-                    let sums = Arc::new(HostMemorySums {
-                        threads: Arc::new(c),
-                        on_device,
-                        calls: Default::default(),
-                    });
+                    let sums = Arc::new(HostMemorySums::new(c, None, on_device));
                     gpu.set_collective(sums.clone() as Arc<dyn Collective>)
                         .unwrap();
                     let losses = inputs
@@ -1607,6 +1603,28 @@ struct HostMemorySums {
     threads: std::sync::Arc<dyn Collective>,
     on_device: bool,
     calls: std::sync::atomic::AtomicUsize,
+    /// With pipeline stages: a second group of the same ranks, on which each receive is
+    /// acknowledged, so that a device send waits for its receiver as NCCL's does (its stream
+    /// stops until the peer posts the receive); two stages whose sends cross then wait on
+    /// each other, unless the sends are in one group with the receives.
+    acks: Option<std::sync::Arc<dyn Collective>>,
+    /// Inside a group: the ranks whose acknowledgements this rank's sends wait for when the
+    /// group ends.
+    grouped: std::sync::Mutex<Option<Vec<usize>>>,
+}
+
+impl HostMemorySums {
+    /// Rank `c`'s device collective (device calls when `on_device`), its sends waiting for
+    /// acknowledgements on `acks` (the same ranks), as NCCL's wait for their receivers.
+    fn new(c: Threads, acks: Option<Threads>, on_device: bool) -> HostMemorySums {
+        HostMemorySums {
+            threads: std::sync::Arc::new(c),
+            on_device,
+            calls: Default::default(),
+            acks: acks.map(|a| std::sync::Arc::new(a) as std::sync::Arc<dyn Collective>),
+            grouped: Default::default(),
+        }
+    }
 }
 
 impl Collective for HostMemorySums {
@@ -1643,6 +1661,10 @@ impl Collective for HostMemorySums {
             threads: self.threads.split(color, key)?,
             on_device: self.on_device,
             calls: Default::default(),
+            acks: (self.acks.as_ref())
+                .map(|a| a.split(color, key))
+                .transpose()?,
+            grouped: Default::default(),
         }))
     }
     fn engine(&self) -> &'static str {
@@ -1691,12 +1713,87 @@ impl DeviceCollective for HostMemorySums {
         });
         Ok(())
     }
+    unsafe fn send(
+        &self,
+        to: usize,
+        at: u64,
+        bytes: usize,
+        stream: u64,
+    ) -> memwise_runtime::Result<()> {
+        let wait_now = match self.grouped.lock().unwrap().as_mut() {
+            Some(peers) => {
+                peers.push(to);
+                false
+            }
+            None => true,
+        };
+        self.transfer_job(stream, move |threads, acks| {
+            // SAFETY: as above.
+            let bytes = unsafe { std::slice::from_raw_parts(at as *const u8, bytes) };
+            threads.send(to, bytes)?;
+            // Alone, the stream waits here for the receiver; in a group, at its end.
+            if wait_now {
+                acks.recv(to, &mut [0u8])?;
+            }
+            Ok(())
+        });
+        Ok(())
+    }
+    unsafe fn recv(
+        &self,
+        from: usize,
+        at: u64,
+        bytes: usize,
+        stream: u64,
+    ) -> memwise_runtime::Result<()> {
+        self.transfer_job(stream, move |threads, acks| {
+            // SAFETY: as above.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(at as *mut u8, bytes) };
+            threads.recv(from, bytes)?;
+            acks.send(from, &[1])
+        });
+        Ok(())
+    }
+    fn begin_group(&self) -> memwise_runtime::Result<()> {
+        *self.grouped.lock().unwrap() = Some(Vec::new());
+        Ok(())
+    }
+    fn end_group(&self) -> memwise_runtime::Result<()> {
+        let Some(peers) = self.grouped.lock().unwrap().take() else {
+            return Ok(());
+        };
+        let Some(acks) = self.acks.clone() else {
+            return Ok(());
+        };
+        // The group's sends are done once their receivers have received.
+        COLLECTIVE_STREAM.with(|q| {
+            q.borrow_mut().push(Box::new(move || {
+                (peers.into_iter()).try_for_each(|p| acks.recv(p, &mut [0u8]))
+            }))
+        });
+        Ok(())
+    }
     fn ranks(&self) -> usize {
         self.threads.size()
     }
 }
 
 impl HostMemorySums {
+    /// Queues a transfer on the emulated collective stream: `job` gets the data ranks and
+    /// the acknowledgement ranks.
+    fn transfer_job(
+        &self,
+        stream: u64,
+        job: impl FnOnce(&dyn Collective, &dyn Collective) -> memwise_runtime::Result<()> + 'static,
+    ) {
+        let threads = self.enqueue(stream);
+        let acks = (self.acks.clone()).expect("a pipeline job's acknowledgements");
+        COLLECTIVE_STREAM.with(|q| {
+            q.borrow_mut()
+                .push(Box::new(move || job(&*threads, &*acks)))
+        });
+    }
+
     /// Checks a call is for the emulated collective stream and counts it.
     fn enqueue(&self, stream: u64) -> std::sync::Arc<dyn Collective> {
         assert_eq!(
@@ -1710,8 +1807,10 @@ impl HostMemorySums {
 }
 
 /// Model parallel on the GPU executor: the MLP in 2 pipeline stages of 4 micro-batches, each
-/// stage an emulated device on its own thread (its transfers through the host), trains as
-/// one CPU at the global batch — and the GPU executor's stages never capture a graph.
+/// stage an emulated device on its own thread, trains as one CPU at the global batch, its
+/// transfers through the host or (`on_device`) device to device as NCCL's: each send waits
+/// for its receiver, so 1F1B's crossing sends pass only because each run of transfers is one
+/// group — and the GPU executor's stages never capture a graph.
 #[test]
 fn pipeline_stages_on_emulated_devices_train_as_one_cpu() {
     use memwise_plan::pipeline::PipelineSchedule;
@@ -1728,20 +1827,27 @@ fn pipeline_stages_on_emulated_devices_train_as_one_cpu() {
     let names: Vec<String> = (one.inputs.iter())
         .map(|&i| one.tensor(i).name.to_string())
         .collect();
-    for schedule in [PipelineSchedule::GPipe, PipelineSchedule::OneFOneB] {
+    let runs = [PipelineSchedule::GPipe, PipelineSchedule::OneFOneB]
+        .into_iter()
+        .flat_map(|schedule| [(schedule, false), (schedule, true)]);
+    for (schedule, on_device) in runs {
         let pipe = Pipeline::new(schedule, 4, &["logits"]);
+        let device_calls = std::sync::atomic::AtomicUsize::new(0);
         // Per stage: its losses, and its parameters by name.
         type StageRun = (Vec<f32>, Vec<(String, Vec<f32>)>);
+        let ranks = ThreadGroup::new(2).into_iter().zip(ThreadGroup::new(2));
         let results: Vec<StageRun> = std::thread::scope(|s| {
-            let hs: Vec<_> = (ThreadGroup::new(2).into_iter())
-                .map(|c| {
+            let hs: Vec<_> = ranks
+                .map(|(c, acks)| {
                     let (spec, pipe, one, inputs, names) = (&spec, &pipe, &one, &inputs, &names);
+                    let device_calls = &device_calls;
                     s.spawn(move || {
                         let stage = plan_stage(spec, pipe, c.rank()).unwrap();
                         let mut gpu =
                             GpuExecutor::new(stage, &Device::cpu(), EmuBackend::default(), 11)
                                 .unwrap();
-                        gpu.set_collective(Arc::new(c) as Arc<dyn Collective>)
+                        let job = Arc::new(HostMemorySums::new(c, Some(acks), on_device));
+                        gpu.set_collective(job.clone() as Arc<dyn Collective>)
                             .unwrap();
                         let model_inputs: Vec<&str> = names.iter().map(String::as_str).collect();
                         let losses = (inputs.iter())
@@ -1755,16 +1861,24 @@ fn pipeline_stages_on_emulated_devices_train_as_one_cpu() {
                         let weights = (gpu.plan().params.iter())
                             .map(|p| (p.name.to_string(), gpu.param(&p.name).unwrap()))
                             .collect();
+                        let joined = COLLECTIVE_STREAM.with(|q| q.borrow().is_empty());
+                        assert!(joined, "a transfer was never joined");
+                        let n = job.calls.load(std::sync::atomic::Ordering::Relaxed);
+                        device_calls.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
                         (losses, weights)
                     })
                 })
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
+        // Device to device: every transfer (2 a micro-batch, 4 micro-batches, 3 steps, at
+        // both ends) and nothing else.
+        let calls = device_calls.into_inner();
+        assert_eq!(calls, if on_device { 2 * 2 * 4 * 3 } else { 0 });
         for (c, g) in cpu_losses.iter().zip(&results[0].0) {
             assert!(
                 (c - g).abs() / c.abs().max(1e-3) < 1e-4,
-                "{schedule:?}: loss {c} vs {g}"
+                "{schedule:?}, on device {on_device}: loss {c} vs {g}"
             );
         }
         let mut seen = 0;

@@ -163,6 +163,21 @@ pub trait DeviceCollective: Send + Sync {
         let ended = self.end_group();
         sent.and(ended)
     }
+    /// Sends the `bytes` bytes at `at` to rank `to` (NCCL's `ncclSend`), whose
+    /// [`DeviceCollective::recv`] from this rank receives them, in order. The stream waits
+    /// until the receiver has posted its receive: a pipeline stage's transfers between two
+    /// units (an activation down and a gradient up cross under 1F1B) go in one group
+    /// ([`DeviceCollective::begin_group`]), or the two stages' streams would wait on each other.
+    ///
+    /// # Safety
+    /// As [`DeviceCollective::broadcast`], for `bytes` bytes.
+    unsafe fn send(&self, to: usize, at: u64, bytes: usize, stream: u64) -> Result<()>;
+    /// Receives the next message of rank `from` into the `bytes` bytes at `at` (NCCL's
+    /// `ncclRecv`), which must be its length.
+    ///
+    /// # Safety
+    /// As [`DeviceCollective::broadcast`], for `bytes` bytes.
+    unsafe fn recv(&self, from: usize, at: u64, bytes: usize, stream: u64) -> Result<()>;
     /// Starts a group of calls that the engine may run together (NCCL's `ncclGroupStart`);
     /// nothing by default.
     fn begin_group(&self) -> Result<()> {

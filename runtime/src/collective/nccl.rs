@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use memwise_kernels::cuda::device::cudarc::nccl::{result, sys};
 use memwise_kernels::cuda::device::CudaDevice;
 
-use super::{Collective, DeviceCollective, Mpi};
+use super::{check_peer, Collective, DeviceCollective, Mpi};
 use crate::device::{Device, DeviceKind};
 use crate::error::{Result, RuntimeError};
 
@@ -249,6 +249,36 @@ impl DeviceCollective for Nccl {
             stream as sys::cudaStream_t,
         )
         .map_err(|e| nccl_error("ncclBroadcast", e))?;
+        Ok(())
+    }
+
+    unsafe fn send(&self, to: usize, at: u64, bytes: usize, stream: u64) -> Result<()> {
+        check_peer("an NCCL send to", to, self.mpi.size())?;
+        let comm = self.lock()?;
+        result::send(
+            at as *const c_void,
+            bytes,
+            sys::ncclDataType_t::ncclUint8,
+            to as c_int,
+            comm.0,
+            stream as sys::cudaStream_t,
+        )
+        .map_err(|e| nccl_error("ncclSend", e))?;
+        Ok(())
+    }
+
+    unsafe fn recv(&self, from: usize, at: u64, bytes: usize, stream: u64) -> Result<()> {
+        check_peer("an NCCL receive from", from, self.mpi.size())?;
+        let comm = self.lock()?;
+        result::recv(
+            at as *mut c_void,
+            bytes,
+            sys::ncclDataType_t::ncclUint8,
+            from as c_int,
+            comm.0,
+            stream as sys::cudaStream_t,
+        )
+        .map_err(|e| nccl_error("ncclRecv", e))?;
         Ok(())
     }
 

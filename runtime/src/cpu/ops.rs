@@ -1368,6 +1368,12 @@ impl Kernels for CpuKernels {
         c.send(to, bytes).map_err(OpError::Runtime)
     }
 
+    fn transfer_run(&self, _begin: bool, _c: &dyn Collective) -> OpResult {
+        // Each transfer is a call of its own: a send is buffered or waits for a receive
+        // that the other stage's order posts first (`Collective::reserve_sends`).
+        Ok(())
+    }
+
     fn recv_tensor(&self, io: &RecvIo, from: usize, c: &dyn Collective) -> OpResult {
         let t = self.plan.tensor(io.x);
         // SAFETY: the receive is the tensor's writer; no other view of its bytes is live.

@@ -1819,15 +1819,43 @@ impl<B: Backend> Kernels for CudaKernels<B> {
     }
 
     fn send_tensor(&self, io: &SendIo, to: usize, c: &dyn Collective) -> OpResult {
+        let t = self.plan.tensor(io.x);
+        if let Some((device, stream)) = self.device_collective(c)? {
+            // Device to device, on the collective stream, which waits for the launches that
+            // wrote the tensor; `transfer_run` groups it with the run's other transfers.
+            let bytes = t.elems() * t.dtype.size() as usize;
+            // SAFETY: the tensor's bytes lie inside the arena, and the plan keeps them until
+            // its run of transfers ends (the send ends its unit).
+            unsafe { device.send(to, self.arena + t.offset, bytes, stream)? };
+            return Ok(());
+        }
         // Through the host, as the data-parallel sums without NCCL: the download waits for
         // the launches before it on the stream.
-        let t = self.plan.tensor(io.x);
         let bytes = self.tensor_bytes(io.x, t.elems())?;
         c.send(to, &bytes).map_err(OpError::Runtime)
     }
 
+    fn transfer_run(&self, begin: bool, c: &dyn Collective) -> OpResult {
+        let Some((device, _)) = self.device_collective(c)? else {
+            return Ok(());
+        };
+        if begin {
+            return Ok(device.begin_group()?);
+        }
+        device.end_group()?;
+        // The next launches read what the run received.
+        Ok(self.backend.join_collectives().map_err(dev)?)
+    }
+
     fn recv_tensor(&self, io: &RecvIo, from: usize, c: &dyn Collective) -> OpResult {
         let t = self.plan.tensor(io.x);
+        if let Some((device, stream)) = self.device_collective(c)? {
+            let bytes = t.elems() * t.dtype.size() as usize;
+            // SAFETY: the tensor's bytes lie inside the arena; the receive is their writer,
+            // and the launches after the run wait for it (`transfer_run`).
+            unsafe { device.recv(from, self.arena + t.offset, bytes, stream)? };
+            return Ok(());
+        }
         let mut bytes = vec![0u8; t.elems() * t.dtype.size() as usize];
         c.recv(from, &mut bytes).map_err(OpError::Runtime)?;
         // SAFETY: the tensor's bytes lie inside the arena.
