@@ -216,15 +216,20 @@ bin=target/release/examples/pipeline
 rc=0
 timeout 300 "$bin" --one-device --steps 10 --save-weights "$LOG/pipeline.1process.safetensors" \
     > "$LOG/pipeline.1process.txt" 2>&1 || rc=$?
+# A pipeline run `schedule:replicas`: sets `schedule`, `replicas`, the `launch` command (4
+# ranks for 2 replicas, else 2) and `rc=0`.
+pipeline_run() {
+    schedule=${1%:*}
+    replicas=${1#*:}
+    launch=("${MPIRUN[@]}")
+    [[ $replicas == 2 ]] && launch=("${MPIRUN4[@]}")
+    rc=0
+}
 # Under both schedules, and 2 replicas of the whole pipeline under 1F1B (4 ranks, rank 2·s + r
 # runs stage s of replica r, each replica on half of every batch): replica 0's stages end at
 # one process's weights.
 for run in one_f_one_b:1 gpipe:1 one_f_one_b:2; do
-    schedule=${run%:*}
-    replicas=${run#*:}
-    launch=("${MPIRUN[@]}")
-    [[ $replicas == 2 ]] && launch=("${MPIRUN4[@]}")
-    rc=0
+    pipeline_run "$run"
     w="$LOG/pipeline.$schedule.$replicas.safetensors"
     timeout 300 "${launch[@]}" "$bin" --mpi --schedule "$schedule" --replicas "$replicas" \
         --steps 10 --save-weights "$w" > "$LOG/pipeline.$run.txt" 2>&1 || rc=$?
@@ -269,11 +274,7 @@ fi
 # Each stage's measured peak RSS growth within 5 % of its estimate (its plan plus the host
 # bytes beside it), at batch 2048, under both schedules, and over 2 replicas under 1F1B.
 for run in one_f_one_b:1 gpipe:1 one_f_one_b:2; do
-    schedule=${run%:*}
-    replicas=${run#*:}
-    launch=("${MPIRUN[@]}")
-    [[ $replicas == 2 ]] && launch=("${MPIRUN4[@]}")
-    rc=0
+    pipeline_run "$run"
     r="$LOG/pipeline.memory.$schedule.$replicas.json"
     rm -f "$r".stage*
     timeout 600 "${launch[@]}" "$bin" --mpi --schedule "$schedule" --replicas "$replicas" \

@@ -497,13 +497,12 @@ impl StageTrainer {
                 "`predict`: the model has no prediction (no loss reads a layer)".into(),
             ));
         };
-        let replicas = self.spec.replicas.max(1);
+        let (replica, replicas) = (self.replica, self.spec.replicas.max(1));
         let mut out = vec![0f32; data.len() * width];
         self.over_batches(data, "`predict`", |c, ran, all| {
             let n = all.len();
             let at = |r: usize| (all.start + r * n / replicas) * width;
             if let Some((engine, _, _)) = ran.filter(|(e, _, _)| e.plan().prediction != NONE) {
-                let replica = stage_of_rank(c.rank(), replicas).1;
                 engine.read_prediction(&mut out[at(replica)..at(replica + 1)])?;
             }
             // Each replica's stage that makes the prediction holds its share of the batch.
@@ -556,7 +555,7 @@ impl StageTrainer {
     /// The index of the inference engine for batches of `n` samples, built on first use:
     /// this stage's inference plan, the training engine's kind, joined to the pipeline.
     fn inference_engine(&mut self, n: usize) -> Result<usize> {
-        if let Some(k) = self.infer.iter().position(|e| e.engine.plan().batch == n) {
+        if let Some(k) = self.inference_index(n) {
             return Ok(k);
         }
         let stage = self.engine.plan().stage as usize;
@@ -568,6 +567,11 @@ impl StageTrainer {
             current: false,
         });
         Ok(self.infer.len() - 1)
+    }
+
+    /// The index of the inference engine built for batches of `n` samples, if there is one.
+    fn inference_index(&self, n: usize) -> Option<usize> {
+        self.infer.iter().position(|e| e.engine.plan().batch == n)
     }
 
     /// Runs `data` through the pipeline a batch at a time ([`StageTrainer::inference_batches`])
@@ -594,11 +598,9 @@ impl StageTrainer {
                 0 => None,
                 n => {
                     // Built by `reserve_inference` above.
-                    let k = (self.infer.iter())
-                        .position(|e| e.engine.plan().batch == n)
-                        .ok_or_else(|| {
-                            RuntimeError::Input(format!("no inference engine for {n} samples"))
-                        })?;
+                    let k = self.inference_index(n).ok_or_else(|| {
+                        RuntimeError::Input(format!("no inference engine for {n} samples"))
+                    })?;
                     let e = &mut self.infer[k];
                     if !e.current {
                         e.engine.copy_params_from(&*self.engine)?;
